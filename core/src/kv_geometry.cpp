@@ -1,0 +1,59 @@
+#include "writescope/core/kv_geometry.hpp"
+
+#include <cmath>
+
+namespace writescope {
+
+float KvGeometry::scale() const noexcept {
+    if (softmax_scale > 0.0f) return softmax_scale;
+    const int d = qk_scale_dim > 0 ? qk_scale_dim : head_dim_k;
+    return d > 0 ? 1.0f / std::sqrt(static_cast<float>(d)) : 0.0f;
+}
+
+std::string KvGeometry::validate() const {
+    auto positive = [](int v) { return v > 0; };
+    if (!positive(num_layers)) return "num_layers must be positive";
+    if (!positive(num_q_heads)) return "num_q_heads must be positive";
+    if (!positive(num_kv_heads)) return "num_kv_heads must be positive";
+    if (!positive(head_dim_k)) return "head_dim_k must be positive";
+    if (!positive(head_dim_v)) return "head_dim_v must be positive";
+    if (num_q_heads % num_kv_heads != 0)
+        return "num_q_heads (" + std::to_string(num_q_heads) +
+               ") must be a multiple of num_kv_heads (" + std::to_string(num_kv_heads) + ")";
+    if (head_dim_k % 2 != 0 || head_dim_v % 2 != 0) return "head dims must be even";
+    if (mla) {
+        if (num_kv_heads != 1) return "an MLA geometry has num_kv_heads = 1 (one shared latent)";
+        if (head_dim_v > head_dim_k)
+            return "MLA head_dim_v (the value part of the latent) cannot exceed head_dim_k";
+    }
+    if (softmax_scale < 0.0f || !std::isfinite(softmax_scale)) return "softmax_scale must be >= 0";
+    return {};
+}
+
+std::optional<KvGeometry> kv_geometry_preset(std::string_view name, DType dtype) {
+    KvGeometry g;
+    g.dtype = dtype;
+    if (name == "qwen3-30b-a3b") {
+        // config.json: num_hidden_layers 48, num_attention_heads 32, num_key_value_heads 4,
+        // head_dim 128.
+        g = {std::string(name), 48, 32, 4, 128, 128, false, dtype, 0.0f, 128};
+    } else if (name == "mixtral-8x7b") {
+        // config.json: num_hidden_layers 32, num_attention_heads 32, num_key_value_heads 8,
+        // hidden_size 4096 → head_dim 128.
+        g = {std::string(name), 32, 32, 8, 128, 128, false, dtype, 0.0f, 128};
+    } else if (name == "deepseek-v2-lite") {
+        // config.json: num_hidden_layers 27, num_attention_heads 16, kv_lora_rank 512,
+        // qk_rope_head_dim 64, qk_nope_head_dim 128, v_head_dim 128. Absorbed MLA attends the
+        // 576-wide latent with every head; the softmax scale is 1/sqrt(128 + 64).
+        g = {std::string(name), 27, 16, 1, 576, 512, true, dtype, 0.0f, 192};
+    } else {
+        return std::nullopt;
+    }
+    return g;
+}
+
+std::vector<std::string> kv_geometry_preset_names() {
+    return {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"};
+}
+
+}  // namespace writescope

@@ -1,0 +1,64 @@
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "test_seed.hpp"
+#include "writescope/core/dtype.hpp"
+#include "writescope/core/kv_geometry.hpp"
+
+using namespace writescope;
+
+TEST_CASE("fp16 round trip is exact for every fp16 bit pattern", "[unit][dtype]") {
+    for (std::uint32_t h = 0; h < 0x10000u; ++h) {
+        const auto bits = static_cast<std::uint16_t>(h);
+        const float f = f16_to_f32(bits);
+        if (std::isnan(f)) {
+            REQUIRE(std::isnan(f16_to_f32(f32_to_f16(f))));
+            continue;
+        }
+        REQUIRE(f32_to_f16(f) == bits);
+    }
+}
+
+TEST_CASE("fp16 and bf16 conversion round to nearest", "[unit][dtype]") {
+    auto rng = test::seeded_rng("dtype rounding");
+    std::uniform_real_distribution<float> u(-70000.0f, 70000.0f);
+    for (int i = 0; i < 200000; ++i) {
+        const float f = u(rng) * (i % 7 == 0 ? 1e-6f : 1.0f);
+        const float h = f16_to_f32(f32_to_f16(f));
+        if (std::fabs(f) >= 65520.0f) {
+            REQUIRE(std::isinf(h));
+            continue;
+        }
+        // Half an ulp of fp16 relative (2^-11), or half the smallest subnormal (2^-25).
+        REQUIRE(std::fabs(h - f) <= std::max(std::fabs(f) * 0x1p-11f, 0x1p-25f));
+        const float b = bf16_to_f32(f32_to_bf16(f));
+        REQUIRE(std::fabs(b - f) <= std::fabs(f) * 0x1p-8f);
+    }
+    REQUIRE(f32_to_bf16(1.0f) == 0x3f80);
+    REQUIRE(std::isnan(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+    REQUIRE(parse_dtype("bf16") == DType::bf16);
+    REQUIRE_FALSE(parse_dtype("int4").has_value());
+}
+
+TEST_CASE("KV geometry presets have the published bytes per token", "[unit][geometry]") {
+    auto q = kv_geometry_preset("qwen3-30b-a3b").value();
+    auto m = kv_geometry_preset("mixtral-8x7b").value();
+    auto d = kv_geometry_preset("deepseek-v2-lite").value();
+    CHECK(q.bytes_per_token_layer() == 2048);
+    CHECK(m.bytes_per_token_layer() == 4096);
+    CHECK(d.bytes_per_token_layer() == 1152);
+    CHECK(q.group_size() == 8);
+    CHECK(m.group_size() == 4);
+    CHECK(d.group_size() == 16);
+    CHECK(d.scale() == Approx(1.0 / std::sqrt(192.0)));
+    CHECK(q.validate().empty());
+    CHECK(d.validate().empty());
+    CHECK(kv_geometry_preset("qwen3-30b-a3b", DType::f32)->bytes_per_token_layer() == 4096);
+    CHECK_FALSE(kv_geometry_preset("llama-7b").has_value());
+    auto bad = q;
+    bad.num_kv_heads = 5;
+    CHECK_THAT(bad.validate(), Catch::Contains("multiple of num_kv_heads"));
+}
