@@ -1,0 +1,110 @@
+// The engine: the KV cache, the attention backends and the policy behind one object that the
+// daemon drives. This header is the contract between core and the daemon; it names no backend
+// types (the daemon picks backends through EngineOptions, the engine builds them).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "writescope/core/kv_block.hpp"
+#include "writescope/core/kv_geometry.hpp"
+
+namespace writescope {
+
+struct EngineOptions {
+    KvGeometry geometry;             // from a preset or a model directory's config.json
+    std::size_t block_tokens = 128;  // tokens per KV block (64–256)
+    int gpu_index = -1;              // -1: no GPU (CPU backend only; r = 1)
+    std::uint64_t vram_kv_bytes = 0;     // GPU budget for T + G (+ staging), bytes
+    std::uint64_t pinned_kv_bytes = 0;   // P region budget, bytes (pinned host memory)
+    std::uint64_t host_kv_bytes = 0;     // U region budget, bytes (ordinary host memory)
+    int attention_threads = 0;           // CPU attention threads; 0 = one per online core
+    bool pin_threads = true;             // pin attention threads to cores
+    std::size_t max_batch = 64;          // most sequences in one step
+    std::string mode = "writescope";     // writescope | gpu-only | cpu-only | static:R | monolithic
+    // Tracker settings (robust EWMA): smoothing factor and outlier clamp ratio.
+    double tracker_alpha = 0.2;
+    double tracker_clamp = 3.0;
+};
+
+// One measured point of a calibration: attention over `tokens` spilled tokens per layer.
+struct CalibrationPoint {
+    std::size_t tokens = 0;
+    double cpu_seconds = 0;  // CPU attending all of them (while the GPU path runs, if any)
+    double gpu_seconds = 0;  // GPU path (PCIe + attention) for all of them; 0 without a GPU
+};
+
+// The fitted constants of the roofline: seconds per spilled token per layer (A: CPU, B: GPU
+// path), Δ: the GPU path's fixed cost per step (seconds), and the quality of the line fits.
+struct Calibration {
+    double a = 0, b = 0, delta = 0;
+    double a_r2 = 0, b_r2 = 0;  // coefficient of determination of the two line fits
+    double cpu_intercept = 0;   // fixed CPU cost per step (seconds) from the A fit
+    bool has_gpu = false;
+    std::vector<CalibrationPoint> points;
+    double seconds_taken = 0;
+};
+
+struct RegionStats {
+    Region region = Region::T;
+    std::size_t capacity_blocks = 0, used_blocks = 0, reserved_blocks = 0;
+    std::uint64_t capacity_bytes = 0, used_bytes = 0, reserved_bytes = 0;
+};
+
+struct EngineStatus {
+    std::array<RegionStats, kNumRegions> regions{};
+    std::size_t sequences = 0;
+    std::string mode;
+    double a = 0, b = 0, delta = 0;  // tracked constants (s/token/layer, s)
+    double r_target = 1.0;           // CPU share new spilled blocks are routed toward
+    double r_deployed = 1.0;         // CPU share of the last step's spilled work
+    std::uint64_t steps = 0;         // decode steps run
+    double step_seconds_mean = 0;    // mean step time (per layer)
+    std::string cpu_isa;             // the CPU attention kernel in use
+    int attention_threads = 0;
+    bool gpu = false;
+};
+
+// The outcome of admission: ok, or a message naming what did not fit.
+struct Admission {
+    bool ok = false;
+    std::string error;
+};
+
+class Engine {
+public:
+    // Builds the backends and the KV cache within the budgets. Throws std::runtime_error with a
+    // message naming the problem (bad geometry, budget too small for one sequence, no GPU...).
+    static std::unique_ptr<Engine> create(const EngineOptions& opts);
+    virtual ~Engine() = default;
+
+    // Measures A, B and Δ with the real kernels on synthetic KV of the engine's geometry and dtype
+    // at several lengths and fits the lines. progress(fraction in [0,1], stage). Stops early
+    // (throwing std::runtime_error("calibration cancelled")) when *cancel becomes true.
+    virtual Calibration calibrate(const std::function<void(double, std::string_view)>& progress,
+                                  const std::atomic<bool>* cancel = nullptr) = 0;
+    // Deploys constants (from calibrate() or from the store) into the policy.
+    virtual void set_calibration(const Calibration& c) = 0;
+
+    virtual EngineStatus status() const = 0;
+    // Changes the execution mode; throws std::invalid_argument naming the bad value.
+    virtual void set_mode(std::string_view mode) = 0;
+    virtual void set_tracker(double alpha, double clamp) = 0;
+
+    // Warm start: the tracked state of one workload, as stable text (see the policy docs), and
+    // its restoration (throws std::invalid_argument naming the bad line).
+    virtual std::string export_policy_state() const = 0;
+    virtual void import_policy_state(std::string_view text) = 0;
+
+    // Sequences: admission is prepare-then-apply; a refusal leaves no trace.
+    virtual Admission admit(std::uint64_t seq_id, std::size_t max_tokens) = 0;
+    virtual void release(std::uint64_t seq_id) = 0;
+};
+
+}  // namespace writescope
