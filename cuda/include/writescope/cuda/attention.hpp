@@ -1,0 +1,82 @@
+// GPU decode attention over linear-layout KV blocks (T, G in place; P chunks after staging),
+// the merge of partial states, and the append of new K/V into the open T block.
+// Plain C++ launchers over raw device pointers and plain params (FlashInfer style): plan on the
+// host into caller-owned arrays, then run; nothing here allocates.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "writescope/core/kv_geometry.hpp"
+
+namespace writescope::cuda {
+
+// One unit of GPU attention work: one (sequence, KV head) over a run of blocks. Its G = group
+// size partial states go to rows [item·G, item·G + G) of the part workspace.
+// Every block of an item but the last must be full (sealed blocks are; the open T block goes
+// last or alone).
+struct AttnWorkItem {
+    std::int32_t seq = 0;          // index into q
+    std::int32_t kv_head = 0;      // 0 for MLA
+    std::int32_t first_block = 0;  // index into block_ptrs / block_tokens
+    std::int32_t num_blocks = 0;
+};
+
+struct DecodeAttnParams {
+    KvGeometry geo;                 // dims, dtype (bf16 or fp16), MLA flag, scale
+    std::int32_t block_tokens = 0;  // B
+    // q: (num_seqs, num_q_heads, head_dim_k) in geo.dtype, device memory.
+    const void* q = nullptr;
+    // Device array of device pointers: the base of each block of this layer (linear layout).
+    const void* const* block_ptrs = nullptr;
+    // Device array: valid tokens in each block (≤ B).
+    const std::int32_t* block_tokens_valid = nullptr;
+    // Device array of work items; this launch runs items [item_begin, item_begin + item_count).
+    const AttnWorkItem* items = nullptr;
+    std::int32_t item_begin = 0, item_count = 0;
+    // Part workspace: o (num_items·G, head_dim_v) fp32 and lse (num_items·G) fp32, natural log of
+    // the scaled scores; an item with no tokens writes the empty state (0, −inf).
+    float* part_o = nullptr;
+    float* part_lse = nullptr;
+};
+
+// Returns false (and launches nothing) for a shape outside the compiled set: head_dim 128 with
+// group size 1, 2, 4, 8 or 16, and the MLA latent 576/512 with 16 heads; bf16 or fp16.
+bool decode_attention_supported(const KvGeometry& geo) noexcept;
+// Launches on `stream` (a cudaStream_t as void*). Throws std::invalid_argument for an unsupported
+// shape and std::runtime_error for a launch error.
+void decode_attention(const DecodeAttnParams& p, void* stream);
+
+// Merges, for every (sequence, query head) row, the parts listed for its (sequence, KV head):
+// item indices part_items[part_offsets[s·kvh + h] .. part_offsets[s·kvh + h + 1]), and optionally
+// one external state per row (the CPU's partial: ext_o (rows, dv), ext_lse (rows); null = none).
+// Output rows are seq-major: row = s·num_q_heads + q_head. o fp32 (rows, dv), lse fp32 (rows).
+struct MergeParams {
+    std::int32_t num_seqs = 0, num_q_heads = 0, num_kv_heads = 0, head_dim_v = 0;
+    const float* part_o = nullptr;
+    const float* part_lse = nullptr;
+    const std::int32_t* part_offsets = nullptr;  // (num_seqs·num_kv_heads + 1)
+    const std::int32_t* part_items = nullptr;
+    const float* ext_o = nullptr;
+    const float* ext_lse = nullptr;
+    float* out_o = nullptr;
+    float* out_lse = nullptr;
+};
+void merge_partials(const MergeParams& p, void* stream);
+
+// Appends one token's K and V per sequence into the open block of this layer.
+// k_new: (num_seqs, num_kv_heads, head_dim_k), v_new: (num_seqs, num_kv_heads, head_dim_v), in
+// geo.dtype (MLA: k_new is the latent (num_seqs, head_dim_k) and v_new is unused).
+// t_blocks: device array of the T block base of each sequence; t_pos: device array of the slot
+// (0..B-1) each sequence writes.
+struct AppendParams {
+    KvGeometry geo;
+    std::int32_t block_tokens = 0, num_seqs = 0;
+    const void* k_new = nullptr;
+    const void* v_new = nullptr;
+    void* const* t_blocks = nullptr;
+    const std::int32_t* t_pos = nullptr;
+};
+void append_kv(const AppendParams& p, void* stream);
+
+}  // namespace writescope::cuda
