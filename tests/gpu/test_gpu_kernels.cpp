@@ -260,6 +260,7 @@ TEST_CASE("GPU decode attention + merge equals fp64 attention", "[gpu]") {
             const int B = (rng() % 2) ? 64 : 128;
             std::vector<HostSeq> seqs;
             const int nseq = 1 + static_cast<int>(rng() % 4);
+            seqs.push_back(make_seq(g, B, 2000 + static_cast<int>(rng() % 3000), rng));
             for (int i = 0; i < nseq; ++i) {
                 // Lengths: empty, single token, non-multiples of B, a few thousand.
                 const int choices[] = {0,     1,          B - 1,
@@ -375,10 +376,14 @@ TEST_CASE("the device pool honours its budget and reuses freed space", "[gpu]") 
     void* b = pool.allocate(20ull << 20, "staging");
     REQUIRE(pool.used() == (60ull << 20));
     pool.free(a);
-    void* c = pool.allocate(44ull << 20, "again");  // fits only after a is freed and coalesced
-    REQUIRE(c != nullptr);
-    pool.free(b);
+    REQUIRE_THROWS(pool.allocate(44ull << 20, "too big for any free piece"));
+    void* c = pool.allocate(40ull << 20, "reuses a's space");
+    REQUIRE(c == a);
     pool.free(c);
+    pool.free(b);
+    void* all = pool.allocate(64ull << 20, "whole budget after coalescing");
+    REQUIRE(all != nullptr);
+    pool.free(all);
     REQUIRE(pool.used() == 0);
     cuda::PinnedSlabs slabs(3ull << 20 | 12345, 1ull << 20);
     REQUIRE(slabs.slab_count() == 4);
