@@ -1,0 +1,94 @@
+#include "engine_options.hpp"
+
+#include <filesystem>
+
+#include <fmt/format.h>
+
+namespace writescope::daemon {
+namespace {
+
+[[noreturn]] void fail(std::string_view source, std::string key, std::string message) {
+    throw ProfileError(std::string(source), {{std::move(key), std::move(message), 0, 0}});
+}
+
+// A value names a directory when it could only be a path; preset names have no slash.
+bool looks_like_path(const std::string& s) {
+    return s.find('/') != std::string::npos || s.starts_with('.') || s.starts_with('~');
+}
+
+KvGeometry resolve_model(const Profile& p, std::string_view source) {
+    const auto& src = p.model.source;
+    if (auto g = kv_geometry_preset(src, p.kv.dtype)) return *g;
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (!looks_like_path(src) && !fs::is_directory(src, ec)) {
+        fail(source, "model.source",
+             fmt::format("\"{}\" is neither a built-in preset ({}) nor a model directory", src,
+                         fmt::join(kv_geometry_preset_names(), ", ")));
+    }
+    if (!fs::is_directory(src, ec))
+        fail(source, "model.source", fmt::format("model directory {} does not exist", src));
+    if (!fs::is_regular_file(fs::path(src) / "config.json", ec))
+        fail(source, "model.source",
+             fmt::format("{} holds no config.json: a model directory is a Hugging Face "
+                         "checkpoint (config.json and *.safetensors)",
+                         src));
+    fail(source, "model.source",
+         fmt::format("{}: model directories are not supported by this version yet (they arrive "
+                     "with the model runtime); use a built-in preset ({})",
+                     src, fmt::join(kv_geometry_preset_names(), ", ")));
+}
+
+}  // namespace
+
+bool build_has_cuda() noexcept {
+#if defined(WRITESCOPE_HAVE_CUDA) && WRITESCOPE_HAVE_CUDA
+    return true;
+#else
+    return false;
+#endif
+}
+
+EngineOptions engine_options_from_profile(const Profile& p, const MachineInfo& m,
+                                          std::string_view source) {
+    EngineOptions o;
+    o.geometry = resolve_model(p, source);
+    if (auto e = o.geometry.validate(); !e.empty())
+        fail(source, "model.source", fmt::format("geometry of {}: {}", o.geometry.name, e));
+    o.block_tokens = p.kv.block_tokens;
+    switch (p.hardware.gpu.choice) {
+        case GpuChoice::none:
+            o.gpu_index = -1;
+            break;
+        case GpuChoice::automatic:
+            o.gpu_index = build_has_cuda() && !m.gpus.empty() ? 0 : -1;
+            break;
+        case GpuChoice::index:
+            if (!build_has_cuda())
+                fail(source, "hardware.gpu",
+                     fmt::format("GPU {} requested, but this build has no CUDA backend; use "
+                                 "\"none\" or \"auto\"",
+                                 p.hardware.gpu.index));
+            o.gpu_index = p.hardware.gpu.index;
+            break;
+    }
+    o.vram_kv_bytes = p.hardware.vram_kv_budget;
+    // Without a GPU nothing streams over PCIe, so pinning host memory would only take it away
+    // from everything else.
+    o.pinned_kv_bytes = o.gpu_index >= 0 ? p.hardware.pinned_kv_budget.resolve(m.memory_bytes) : 0;
+    o.host_kv_bytes = p.hardware.host_kv_budget.resolve(m.memory_bytes);
+    if (m.memory_bytes && o.pinned_kv_bytes + o.host_kv_bytes > m.memory_bytes)
+        fail(source, "hardware.host_kv_budget",
+             fmt::format("pinned ({}) and host ({}) KV budgets together exceed the physical "
+                         "memory ({} bytes)",
+                         o.pinned_kv_bytes, o.host_kv_bytes, m.memory_bytes));
+    o.attention_threads = p.hardware.attention_threads;
+    o.pin_threads = p.hardware.pin_threads;
+    o.max_batch = p.kv.max_batch;
+    o.mode = p.policy.mode;
+    o.tracker_alpha = p.policy.tracker_alpha;
+    o.tracker_clamp = p.policy.tracker_clamp;
+    return o;
+}
+
+}  // namespace writescope::daemon

@@ -1,0 +1,801 @@
+#include "profile.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+#include "units.hpp"
+
+namespace writescope::daemon {
+namespace {
+
+std::string quote(std::string_view s) {
+    std::string out = "\"";
+    for (const char c : s) {
+        switch (c) {
+            case '"':
+                out += "\\\"";
+                break;
+            case '\\':
+                out += "\\\\";
+                break;
+            case '\n':
+                out += "\\n";
+                break;
+            case '\t':
+                out += "\\t";
+                break;
+            default:
+                if (static_cast<unsigned char>(c) < 0x20)
+                    out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
+                else
+                    out += c;
+        }
+    }
+    return out + "\"";
+}
+
+std::string render_double(double v) {
+    std::string s = fmt::format("{}", v);
+    if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // keep it a TOML float
+    return s;
+}
+
+std::string_view type_name(const toml::node& n) {
+    switch (n.type()) {
+        case toml::node_type::string:
+            return "a string";
+        case toml::node_type::integer:
+            return "an integer";
+        case toml::node_type::floating_point:
+            return "a float";
+        case toml::node_type::boolean:
+            return "a boolean";
+        case toml::node_type::table:
+            return "a table";
+        case toml::node_type::array:
+            return "an array";
+        case toml::node_type::date:
+            return "a date";
+        case toml::node_type::time:
+            return "a time";
+        case toml::node_type::date_time:
+            return "a date-time";
+        default:
+            return "nothing";
+    }
+}
+
+// What a key does when it meets a TOML node: "" on success, otherwise the problem.
+using Apply = std::function<std::string(const toml::node&, Profile&)>;
+using Render = std::function<std::string(const Profile&)>;
+
+struct KeyDef {
+    std::string_view section;
+    std::string_view name;
+    std::string_view default_toml;
+    std::string_view doc;
+    bool reloadable;
+    Apply apply;
+    Render render;
+};
+
+template <class T>
+using Field = T& (*)(Profile&);
+
+template <class T>
+const T& read(Field<T> f, const Profile& p) {
+    return f(const_cast<Profile&>(p));
+}
+
+KeyDef bool_key(std::string_view sec, std::string_view name, std::string_view def,
+                std::string_view doc, bool reloadable, Field<bool> f) {
+    return {sec,
+            name,
+            def,
+            doc,
+            reloadable,
+            [f](const toml::node& n, Profile& p) -> std::string {
+                if (!n.is_boolean())
+                    return fmt::format("expected true or false, got {}", type_name(n));
+                f(p) = *n.value<bool>();
+                return {};
+            },
+            [f](const Profile& p) { return std::string(read(f, p) ? "true" : "false"); }};
+}
+
+template <class T>
+KeyDef int_key(std::string_view sec, std::string_view name, std::string_view def,
+               std::string_view doc, bool reloadable, Field<T> f, std::int64_t lo, std::int64_t hi,
+               std::int64_t multiple_of = 1) {
+    return {sec,
+            name,
+            def,
+            doc,
+            reloadable,
+            [=](const toml::node& n, Profile& p) -> std::string {
+                if (!n.is_integer())
+                    return fmt::format("expected an integer, got {}", type_name(n));
+                const std::int64_t v = *n.value<std::int64_t>();
+                if (v < lo || v > hi)
+                    return fmt::format("{} is out of range: expected {}..{}", v, lo, hi);
+                if (v % multiple_of != 0)
+                    return fmt::format("{} must be a multiple of {}", v, multiple_of);
+                f(p) = static_cast<T>(v);
+                return {};
+            },
+            [f](const Profile& p) { return fmt::format("{}", read(f, p)); }};
+}
+
+// A float in [lo, hi] (or (lo, hi] when lo_open); integers are accepted too.
+KeyDef float_key(std::string_view sec, std::string_view name, std::string_view def,
+                 std::string_view doc, bool reloadable, Field<double> f, double lo, bool lo_open,
+                 double hi) {
+    return {sec,
+            name,
+            def,
+            doc,
+            reloadable,
+            [=](const toml::node& n, Profile& p) -> std::string {
+                if (!n.is_number()) return fmt::format("expected a number, got {}", type_name(n));
+                const double v = *n.value<double>();
+                const bool ok = std::isfinite(v) && (lo_open ? v > lo : v >= lo) && v <= hi;
+                if (!ok) {
+                    const std::string upper =
+                        std::isfinite(hi) ? fmt::format("{}]", hi) : std::string("inf)");
+                    return fmt::format("{} is out of range: expected a value in {}{}, {}", v,
+                                       lo_open ? "(" : "[", lo, upper);
+                }
+                f(p) = v;
+                return {};
+            },
+            [f](const Profile& p) { return render_double(read(f, p)); }};
+}
+
+// Sizes: a string with a unit ("32GiB") or a plain integer of bytes.
+std::string read_size(const toml::node& n, std::uint64_t& out) {
+    if (n.is_integer()) {
+        const std::int64_t v = *n.value<std::int64_t>();
+        if (v < 0) return fmt::format("a size cannot be negative ({})", v);
+        out = static_cast<std::uint64_t>(v);
+        return {};
+    }
+    if (!n.is_string())
+        return fmt::format("expected a size such as \"32GiB\" or a byte count, got {}",
+                           type_name(n));
+    const auto s = *n.value<std::string>();
+    const auto v = parse_size(s);
+    if (!v)
+        return fmt::format(
+            "\"{}\" is not a size: write a number with a unit such as \"512MiB\", "
+            "\"32GiB\" or \"1.5TB\"",
+            s);
+    out = *v;
+    return {};
+}
+
+KeyDef size_key(std::string_view sec, std::string_view name, std::string_view def,
+                std::string_view doc, bool reloadable, Field<std::uint64_t> f, std::uint64_t lo,
+                std::uint64_t hi) {
+    return {sec,
+            name,
+            def,
+            doc,
+            reloadable,
+            [=](const toml::node& n, Profile& p) -> std::string {
+                std::uint64_t v = 0;
+                if (auto e = read_size(n, v); !e.empty()) return e;
+                if (v < lo || v > hi)
+                    return fmt::format("{} is out of range: expected {}..{}", format_size(v),
+                                       format_size(lo), format_size(hi));
+                f(p) = v;
+                return {};
+            },
+            [f](const Profile& p) { return quote(format_size(read(f, p))); }};
+}
+
+KeyDef host_budget_key(std::string_view sec, std::string_view name, std::string_view def,
+                       std::string_view doc, bool reloadable, Field<HostBudget> f) {
+    return {sec,
+            name,
+            def,
+            doc,
+            reloadable,
+            [=](const toml::node& n, Profile& p) -> std::string {
+                if (n.is_string()) {
+                    const auto s = *n.value<std::string>();
+                    if (!s.empty() && s.back() == '%') {
+                        const std::string body = s.substr(0, s.size() - 1);
+                        const bool numeric =
+                            !body.empty() &&
+                            body.find_first_not_of("0123456789.") == std::string::npos &&
+                            std::count(body.begin(), body.end(), '.') <= 1 && body != ".";
+                        if (!numeric) return fmt::format("\"{}\" is not a percentage", s);
+                        const double pct = std::strtod(body.c_str(), nullptr);
+                        if (!(pct > 0 && pct <= 100))
+                            return fmt::format("{} is out of range: expected (0%, 100%]", s);
+                        f(p) = HostBudget{0, pct, true};
+                        return {};
+                    }
+                }
+                std::uint64_t v = 0;
+                if (auto e = read_size(n, v); !e.empty())
+                    return e + " (or a share of physical memory such as \"50%\")";
+                f(p) = HostBudget{v, 0, false};
+                return {};
+            },
+            [f](const Profile& p) {
+                const auto& b = read(f, p);
+                return b.relative ? quote(fmt::format("{}%", b.percent))
+                                  : quote(format_size(b.bytes));
+            }};
+}
+
+KeyDef duration_key(std::string_view sec, std::string_view name, std::string_view def,
+                    std::string_view doc, bool reloadable, Field<std::chrono::milliseconds> f,
+                    std::chrono::milliseconds lo) {
+    return {sec,
+            name,
+            def,
+            doc,
+            reloadable,
+            [=](const toml::node& n, Profile& p) -> std::string {
+                std::optional<std::chrono::milliseconds> v;
+                if (n.is_integer()) {
+                    const auto s = *n.value<std::int64_t>();
+                    if (s >= 0 && s < std::numeric_limits<std::int64_t>::max() / 1000)
+                        v = std::chrono::seconds(s);
+                } else if (n.is_string()) {
+                    v = parse_duration(*n.value<std::string>());
+                } else {
+                    return fmt::format("expected a duration such as \"30s\" or \"7d\", got {}",
+                                       type_name(n));
+                }
+                if (!v)
+                    return fmt::format(
+                        "not a duration: write a number with a unit ms, s, m, h or "
+                        "d, such as \"90s\" or \"30d\"");
+                if (*v < lo)
+                    return fmt::format("{} is too short: at least {}", format_duration(*v),
+                                       format_duration(lo));
+                f(p) = *v;
+                return {};
+            },
+            [f](const Profile& p) { return quote(format_duration(read(f, p))); }};
+}
+
+KeyDef string_key(std::string_view sec, std::string_view name, std::string_view def,
+                  std::string_view doc, bool reloadable, Field<std::string> f,
+                  std::function<std::string(const std::string&)> check) {
+    return {sec,
+            name,
+            def,
+            doc,
+            reloadable,
+            [=](const toml::node& n, Profile& p) -> std::string {
+                if (!n.is_string()) return fmt::format("expected a string, got {}", type_name(n));
+                auto v = *n.value<std::string>();
+                if (auto e = check(v); !e.empty()) return e;
+                f(p) = std::move(v);
+                return {};
+            },
+            [f](const Profile& p) { return quote(read(f, p)); }};
+}
+
+std::string check_path(const std::string& v, std::size_t max_len) {
+    if (v.empty()) return "must not be empty";
+    if (v.size() > max_len) return fmt::format("is {} bytes long; at most {}", v.size(), max_len);
+    if (v.find('\0') != std::string::npos) return "must not contain NUL";
+    return {};
+}
+
+// The key table: the single source of truth for parsing, defaults and documentation. Order is
+// the order of the shipped file.
+const std::vector<KeyDef>& key_table() {
+    using std::chrono::milliseconds;
+    static const std::vector<KeyDef> table = [] {
+        std::vector<KeyDef> t;
+        // --- hardware
+        t.push_back(
+            {"hardware", "gpu", "\"auto\"",
+             "GPU to use: \"auto\" (GPU 0 when an NVIDIA GPU and the CUDA backend are present), "
+             "\"none\" (CPU only), or a GPU index",
+             false,
+             [](const toml::node& n, Profile& p) -> std::string {
+                 if (n.is_integer()) {
+                     const auto v = *n.value<std::int64_t>();
+                     if (v < 0 || v > 255) return fmt::format("GPU index {} is out of range", v);
+                     p.hardware.gpu = {GpuChoice::index, static_cast<int>(v)};
+                     return {};
+                 }
+                 if (n.is_string()) {
+                     const auto s = *n.value<std::string>();
+                     if (s == "auto") {
+                         p.hardware.gpu = {GpuChoice::automatic, 0};
+                         return {};
+                     }
+                     if (s == "none") {
+                         p.hardware.gpu = {GpuChoice::none, 0};
+                         return {};
+                     }
+                     return fmt::format(
+                         "\"{}\" is not a GPU: expected \"auto\", \"none\" or an "
+                         "index such as 0",
+                         s);
+                 }
+                 return fmt::format("expected \"auto\", \"none\" or an index, got {}",
+                                    type_name(n));
+             },
+             [](const Profile& p) -> std::string {
+                 switch (p.hardware.gpu.choice) {
+                     case GpuChoice::automatic:
+                         return "\"auto\"";
+                     case GpuChoice::none:
+                         return "\"none\"";
+                     case GpuChoice::index:
+                         return fmt::format("{}", p.hardware.gpu.index);
+                 }
+                 return {};
+             }});
+        t.push_back(size_key(
+            "hardware", "vram_kv_budget", "\"16GiB\"",
+            "GPU memory for the KV cache: open tail blocks (T), resident blocks "
+            "(G) and the staging ring",
+            false, [](Profile & p) -> auto& { return p.hardware.vram_kv_budget; }, 0, 1ull << 50));
+        t.push_back(host_budget_key(
+            "hardware", "pinned_kv_budget", "\"25%\"",
+            "pinned host memory for the P region, pinned once at start-up (a size, or a share of "
+            "physical memory); unused without a GPU",
+            false, [](Profile & p) -> auto& { return p.hardware.pinned_kv_budget; }));
+        t.push_back(host_budget_key(
+            "hardware", "host_kv_budget", "\"50%\"",
+            "ordinary host memory for the U region that CPU threads attend in place (a size, or a "
+            "share of physical memory)",
+            false, [](Profile & p) -> auto& { return p.hardware.host_kv_budget; }));
+        t.push_back(int_key<int>(
+            "hardware", "attention_threads", "0",
+            "CPU threads for attention; 0 = one per online core", false,
+            [](Profile & p) -> auto& { return p.hardware.attention_threads; }, 0, 4096));
+        t.push_back(int_key<int>(
+            "hardware", "expert_threads", "0",
+            "CPU threads for the MoE experts run on the CPU (used by the model runtime); 0 = as "
+            "many as attention_threads",
+            false, [](Profile & p) -> auto& { return p.hardware.expert_threads; }, 0, 4096));
+        t.push_back(bool_key(
+            "hardware", "pin_threads", "true", "pin CPU attention threads to cores", false,
+            [](Profile & p) -> auto& { return p.hardware.pin_threads; }));
+        // --- model
+        t.push_back(string_key(
+            "model", "source", "\"qwen3-30b-a3b\"",
+            "a built-in preset (qwen3-30b-a3b, mixtral-8x7b, deepseek-v2-lite) or the path of a "
+            "Hugging Face model directory",
+            false, [](Profile & p) -> auto& { return p.model.source; },
+            [](const std::string& v) { return check_path(v, 4096); }));
+        // --- kv
+        t.push_back({"kv", "dtype", "\"bf16\"", "element type of the KV cache: bf16 or fp16", false,
+                     [](const toml::node& n, Profile& p) -> std::string {
+                         if (!n.is_string())
+                             return fmt::format("expected a string, got {}", type_name(n));
+                         const auto s = *n.value<std::string>();
+                         const auto d = parse_dtype(s);
+                         if (!d)
+                             return fmt::format("\"{}\" is not a dtype: expected bf16 or fp16", s);
+                         p.kv.dtype = *d;
+                         return {};
+                     },
+                     [](const Profile& p) { return quote(dtype_name(p.kv.dtype)); }});
+        t.push_back(int_key<std::size_t>(
+            "kv", "block_tokens", "128",
+            "tokens per KV block (a multiple of 16 in 16..1024; 64 to 256 suits most machines)",
+            false, [](Profile & p) -> auto& { return p.kv.block_tokens; }, 16, 1024, 16));
+        t.push_back(int_key<std::size_t>(
+            "kv", "max_batch", "64", "most sequences decoded together in one step", false,
+            [](Profile & p) -> auto& { return p.kv.max_batch; }, 1, 4096));
+        // --- policy
+        t.push_back(string_key(
+            "policy", "mode", "\"writescope\"",
+            "step execution: writescope (roofline split), gpu-only, cpu-only, static:R (CPU "
+            "share R), monolithic",
+            true, [](Profile & p) -> auto& { return p.policy.mode; },
+            [](const std::string& v) { return validate_mode(v); }));
+        t.push_back(float_key(
+            "policy", "tracker_alpha", "0.2",
+            "smoothing factor of the online A and B trackers, in (0, 1]", true,
+            [](Profile & p) -> auto& { return p.policy.tracker_alpha; }, 0.0, true, 1.0));
+        t.push_back(float_key(
+            "policy", "tracker_clamp", "3.0",
+            "tracker outlier clamp: a step's sample is held within this ratio of the estimate "
+            "(>= 1)",
+            true, [](Profile & p) -> auto& { return p.policy.tracker_clamp; }, 1.0, false,
+            std::numeric_limits<double>::infinity()));
+        t.push_back(
+            {"policy", "recalibrate", "\"auto\"",
+             "at boot: auto (reuse a matching calibration younger than recalibrate_max_age), "
+             "always, or never (reuse any match)",
+             true,
+             [](const toml::node& n, Profile& p) -> std::string {
+                 if (!n.is_string()) return fmt::format("expected a string, got {}", type_name(n));
+                 const auto s = *n.value<std::string>();
+                 if (s == "auto")
+                     p.policy.recalibrate = Recalibrate::automatic;
+                 else if (s == "always")
+                     p.policy.recalibrate = Recalibrate::always;
+                 else if (s == "never")
+                     p.policy.recalibrate = Recalibrate::never;
+                 else
+                     return fmt::format("\"{}\" is not a choice: expected auto, always or never",
+                                        s);
+                 return {};
+             },
+             [](const Profile& p) { return quote(recalibrate_name(p.policy.recalibrate)); }});
+        t.push_back(duration_key(
+            "policy", "recalibrate_max_age", "\"30d\"",
+            "age past which \"auto\" measures again (units ms, s, m, h, d)", true,
+            [](Profile & p) -> auto& { return p.policy.recalibrate_max_age; }, milliseconds(0)));
+        t.push_back(bool_key(
+            "policy", "warm_start", "true",
+            "start the policy from the stored workload history instead of the "
+            "idle-machine calibration",
+            true, [](Profile & p) -> auto& { return p.policy.warm_start; }));
+        // --- server
+        t.push_back(string_key(
+            "server", "socket", "\"/run/writescope/writescoped.sock\"",
+            "the Unix socket of the API, used when systemd passes no socket", false,
+            [](Profile & p) -> auto& { return p.server.socket; },
+            [](const std::string& v) { return check_path(v, 107); }));
+        t.push_back(
+            {"server", "socket_mode", "\"0660\"",
+             "permission bits of that socket file, in octal (\"0660\" or 0o660)", false,
+             [](const toml::node& n, Profile& p) -> std::string {
+                 unsigned mode = 0;
+                 if (n.is_string()) {
+                     const auto s = *n.value<std::string>();
+                     if (s.empty() || s.size() > 4 ||
+                         s.find_first_not_of("01234567") != std::string::npos)
+                         return fmt::format("\"{}\" is not an octal mode such as \"0660\"", s);
+                     mode = static_cast<unsigned>(std::stoul(s, nullptr, 8));
+                 } else if (n.is_integer()) {
+                     const auto* v = n.as_integer();
+                     if (!(v->flags() & toml::value_flags::format_as_octal))
+                         return fmt::format(
+                             "{} is a decimal number: write the mode in octal, as "
+                             "\"0660\" or 0o660",
+                             v->get());
+                     if (v->get() < 0 || v->get() > 0777)
+                         return fmt::format("0o{:o} is not a permission mode", v->get());
+                     mode = static_cast<unsigned>(v->get());
+                 } else {
+                     return fmt::format("expected an octal mode such as \"0660\", got {}",
+                                        type_name(n));
+                 }
+                 if (mode > 0777) return fmt::format("0{:o} is not a permission mode", mode);
+                 if ((mode & 0600) != 0600)
+                     return fmt::format("0{:o} denies the daemon's own user; keep 0600", mode);
+                 p.server.socket_mode = mode;
+                 return {};
+             },
+             [](const Profile& p) { return quote(fmt::format("{:04o}", p.server.socket_mode)); }});
+        t.push_back(size_key(
+            "server", "max_body_bytes", "\"1MiB\"",
+            "largest request body accepted (larger ones get 413)", true,
+            [](Profile & p) -> auto& { return p.server.max_body_bytes; }, 1024, 1ull << 30));
+        t.push_back(int_key<std::size_t>(
+            "server", "max_concurrent_requests", "64", "requests served at once (more get 503)",
+            true, [](Profile & p) -> auto& { return p.server.max_concurrent_requests; }, 1, 65536));
+        t.push_back(int_key<std::size_t>(
+            "server", "max_prompt_tokens", "131072",
+            "longest prompt accepted by /v1/completions (the route arrives with the model "
+            "runtime)",
+            true, [](Profile & p) -> auto& { return p.server.max_prompt_tokens; }, 1,
+            std::int64_t{1} << 32));
+        t.push_back(duration_key(
+            "server", "request_timeout", "\"30s\"",
+            "time allowed to receive one request; idle keep-alive connections close after it", true,
+            [](Profile & p) -> auto& { return p.server.request_timeout; }, milliseconds(100)));
+        // --- storage
+        t.push_back(string_key(
+            "storage", "state_dir", "\"/var/lib/writescope\"",
+            "directory of the SQLite store (writescope.db): calibrations, history, samples", false,
+            [](Profile & p) -> auto& { return p.storage.state_dir; },
+            [](const std::string& v) { return check_path(v, 4000); }));
+        t.push_back(int_key<std::size_t>(
+            "storage", "sample_log_max", "10000",
+            "rows kept in the bounded sample log (the oldest go first)", true,
+            [](Profile & p) -> auto& { return p.storage.sample_log_max; }, 1, 100'000'000));
+        t.push_back(duration_key(
+            "storage", "sample_interval", "\"10s\"",
+            "how often the engine's state is appended to the sample log", true,
+            [](Profile & p) -> auto& { return p.storage.sample_interval; }, milliseconds(1)));
+        t.push_back(duration_key(
+            "storage", "history_flush_interval", "\"1m\"",
+            "how often the workload history is written (it is also written at shutdown)", true,
+            [](Profile & p) -> auto& { return p.storage.history_flush_interval; },
+            milliseconds(1)));
+        return t;
+    }();
+    return table;
+}
+
+const std::vector<std::string_view>& sections() {
+    static const std::vector<std::string_view> s = [] {
+        std::vector<std::string_view> out;
+        for (const auto& k : key_table())
+            if (std::find(out.begin(), out.end(), k.section) == out.end()) out.push_back(k.section);
+        return out;
+    }();
+    return s;
+}
+
+const KeyDef* find_key(std::string_view section, std::string_view name) {
+    for (const auto& k : key_table())
+        if (k.section == section && k.name == name) return &k;
+    return nullptr;
+}
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+    std::vector<std::size_t> row(b.size() + 1);
+    for (std::size_t j = 0; j <= b.size(); ++j)
+        row[j] = j;
+    for (std::size_t i = 1; i <= a.size(); ++i) {
+        std::size_t diag = row[0];
+        row[0] = i;
+        for (std::size_t j = 1; j <= b.size(); ++j) {
+            const std::size_t up = row[j];
+            row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1] ? 1 : 0)});
+            diag = up;
+        }
+    }
+    return row[b.size()];
+}
+
+// " (did you mean x?)" for a near miss among candidates, else "".
+std::string suggestion(std::string_view got, const std::vector<std::string>& candidates) {
+    std::string best;
+    std::size_t best_d = 3;
+    for (const auto& c : candidates) {
+        const auto d = edit_distance(got, c);
+        if (d < best_d) {
+            best_d = d;
+            best = c;
+        }
+    }
+    return best.empty() ? std::string() : fmt::format(" (did you mean {}?)", best);
+}
+
+void apply_table(const toml::table& root, Profile& p, std::vector<ProfileIssue>& issues) {
+    for (auto&& [sec_key, sec_node] : root) {
+        const std::string sec(sec_key.str());
+        const auto where = sec_key.source().begin;
+        if (std::find(sections().begin(), sections().end(), sec) == sections().end()) {
+            std::vector<std::string> names(sections().begin(), sections().end());
+            issues.push_back({sec,
+                              fmt::format("unknown section [{}]{}; the sections are {}", sec,
+                                          suggestion(sec, names), fmt::join(names, ", ")),
+                              where.line, where.column});
+            continue;
+        }
+        const auto* tbl = sec_node.as_table();
+        if (!tbl) {
+            issues.push_back(
+                {sec, fmt::format("must be a table ([{}]), got {}", sec, type_name(sec_node)),
+                 where.line, where.column});
+            continue;
+        }
+        for (auto&& [key, node] : *tbl) {
+            const std::string name(key.str());
+            const std::string full = sec + "." + name;
+            const KeyDef* def = find_key(sec, name);
+            if (!def) {
+                std::vector<std::string> names;
+                for (const auto& k : key_table())
+                    if (k.section == sec) names.emplace_back(k.name);
+                const auto kw = key.source().begin;
+                issues.push_back({full, fmt::format("unknown key{}", suggestion(name, names)),
+                                  kw.line, kw.column});
+                continue;
+            }
+            if (auto e = def->apply(node, p); !e.empty()) {
+                const auto nw = node.source().begin;
+                issues.push_back({full, std::move(e), nw.line, nw.column});
+            }
+        }
+    }
+}
+
+std::string format_issues(const std::string& source, const std::vector<ProfileIssue>& issues) {
+    std::string out;
+    for (const auto& i : issues) {
+        if (!out.empty()) out += '\n';
+        out += source;
+        if (i.line) out += fmt::format(":{}:{}", i.line, i.column);
+        out += ": ";
+        if (!i.key.empty()) out += i.key + ": ";
+        out += i.message;
+    }
+    return out;
+}
+
+// "# "-prefixed lines of at most 100 columns, broken between words.
+std::string comment_lines(std::string_view text) {
+    std::string out, line;
+    std::size_t i = 0;
+    while (i < text.size()) {
+        auto sp = text.find(' ', i);
+        if (sp == std::string_view::npos) sp = text.size();
+        const auto word = text.substr(i, sp - i);
+        if (!line.empty() && line.size() + 1 + word.size() > 98) {
+            out += "# " + line + "\n";
+            line.clear();
+        }
+        if (!line.empty()) line += ' ';
+        line += word;
+        i = sp + 1;
+    }
+    if (!line.empty()) out += "# " + line + "\n";
+    return out;
+}
+
+}  // namespace
+
+std::uint64_t HostBudget::resolve(std::uint64_t physical_bytes) const noexcept {
+    if (!relative) return bytes;
+    return static_cast<std::uint64_t>(static_cast<long double>(physical_bytes) * percent / 100.0L);
+}
+
+ProfileError::ProfileError(std::string source, std::vector<ProfileIssue> issues)
+    : std::runtime_error(format_issues(source, issues)),
+      source_(std::move(source)),
+      issues_(std::move(issues)) {}
+
+std::string_view recalibrate_name(Recalibrate r) noexcept {
+    switch (r) {
+        case Recalibrate::automatic:
+            return "auto";
+        case Recalibrate::always:
+            return "always";
+        case Recalibrate::never:
+            return "never";
+    }
+    return "?";
+}
+
+std::string validate_mode(std::string_view mode) {
+    if (mode == "writescope" || mode == "gpu-only" || mode == "cpu-only" || mode == "monolithic")
+        return {};
+    if (mode.starts_with("static:")) {
+        const std::string r(mode.substr(7));
+        char* end = nullptr;
+        const double v = r.empty() ? -1 : std::strtod(r.c_str(), &end);
+        if (!r.empty() && end && *end == '\0' && std::isfinite(v) && v >= 0 && v <= 1) return {};
+        return fmt::format("\"{}\": static:R takes a CPU share R in [0, 1], such as static:0.4",
+                           mode);
+    }
+    return fmt::format(
+        "\"{}\" is not a mode: expected writescope, gpu-only, cpu-only, "
+        "static:R or monolithic",
+        mode);
+}
+
+const Profile& default_profile() {
+    static const Profile p = [] {
+        std::string text;
+        for (const auto sec : sections()) {
+            text += fmt::format("[{}]\n", sec);
+            for (const auto& k : key_table())
+                if (k.section == sec) text += fmt::format("{} = {}\n", k.name, k.default_toml);
+        }
+        Profile out;
+        std::vector<ProfileIssue> issues;
+        apply_table(toml::parse(text, std::string_view("<defaults>")), out, issues);
+        if (!issues.empty())
+            throw std::logic_error("the built-in defaults do not parse: " +
+                                   format_issues("<defaults>", issues));
+        return out;
+    }();
+    return p;
+}
+
+Profile parse_profile(std::string_view toml_text, std::string_view source_name) {
+    const std::string source(source_name);
+    toml::table root;
+    try {
+        root = toml::parse(toml_text, source_name);
+    } catch (const toml::parse_error& e) {
+        const auto b = e.source().begin;
+        throw ProfileError(source, {{"", fmt::format("TOML syntax error: {}", e.description()),
+                                     b.line, b.column}});
+    }
+    Profile p = default_profile();
+    std::vector<ProfileIssue> issues;
+    apply_table(root, p, issues);
+    if (!issues.empty()) throw ProfileError(source, std::move(issues));
+    return p;
+}
+
+Profile load_profile(const std::filesystem::path& file) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) {
+        std::error_code ec;
+        const bool exists = std::filesystem::exists(file, ec);
+        throw ProfileError(
+            file.string(),
+            {{"", exists ? "cannot be read (permission denied?)" : "does not exist", 0, 0}});
+    }
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    return parse_profile(ss.str(), file.string());
+}
+
+std::string render_profile_toml(const Profile& p, bool comments) {
+    std::string out;
+    for (const auto sec : sections()) {
+        if (!out.empty()) out += '\n';
+        out += fmt::format("[{}]\n", sec);
+        for (const auto& k : key_table()) {
+            if (k.section != sec) continue;
+            if (comments) out += comment_lines(k.doc);
+            out += fmt::format("{} = {}\n", k.name, k.render(p));
+        }
+    }
+    return out;
+}
+
+std::string default_profile_toml() {
+    return "# writescope.toml: the profile of writescoped, the writescope inference daemon.\n"
+           "# Every key is listed at its default; see writescope.toml(5) and\n"
+           "# docs/configuration.md. Sizes take units (\"512MiB\", \"32GiB\"), durations too\n"
+           "# (\"90s\", \"30d\"). Check a changed file with `writescoped --check-config`;\n"
+           "# `systemctl reload writescoped` applies the keys that can change without a\n"
+           "# restart and keeps the running profile when the new file is bad.\n"
+           "# Generated by `writescoped --print-default-config`.\n\n" +
+           render_profile_toml(default_profile(), true);
+}
+
+std::string profile_reference_markdown() {
+    std::string out;
+    for (const auto sec : sections()) {
+        if (!out.empty()) out += '\n';
+        out += fmt::format(
+            "### [{}]\n\n| key | default | on SIGHUP | meaning |\n"
+            "| --- | --- | --- | --- |\n",
+            sec);
+        for (const auto& k : key_table()) {
+            if (k.section != sec) continue;
+            std::string doc(k.doc);
+            // A '|' would end the table cell.
+            for (std::size_t at = 0; (at = doc.find('|', at)) != std::string::npos; at += 2)
+                doc.replace(at, 1, "\\|");
+            out += fmt::format("| `{}.{}` | `{}` | {} | {} |\n", k.section, k.name, k.default_toml,
+                               k.reloadable ? "applied" : "restart", doc);
+        }
+    }
+    return out;
+}
+
+std::vector<KeyInfo> profile_keys() {
+    std::vector<KeyInfo> out;
+    for (const auto& k : key_table())
+        out.push_back({k.section, k.name, k.default_toml, k.doc, k.reloadable});
+    return out;
+}
+
+std::string profile_value(const Profile& p, std::string_view key) {
+    for (const auto& k : key_table())
+        if (fmt::format("{}.{}", k.section, k.name) == key) return k.render(p);
+    return {};
+}
+
+std::vector<std::string> changed_keys(const Profile& a, const Profile& b) {
+    std::vector<std::string> out;
+    for (const auto& k : key_table())
+        if (k.render(a) != k.render(b)) out.push_back(fmt::format("{}.{}", k.section, k.name));
+    return out;
+}
+
+}  // namespace writescope::daemon

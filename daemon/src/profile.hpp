@@ -1,0 +1,139 @@
+// The daemon's profile (the TOML configuration file): its values, and the one table of keys that
+// drives parsing, defaults, the shipped etc/writescope.toml and the key reference in the docs.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "writescope/core/dtype.hpp"
+
+namespace writescope::daemon {
+
+enum class GpuChoice : std::uint8_t { automatic, none, index };
+struct GpuSelector {
+    GpuChoice choice = GpuChoice::automatic;
+    int index = 0;  // meaningful only for GpuChoice::index
+    friend bool operator==(const GpuSelector&, const GpuSelector&) = default;
+};
+
+// A host-memory budget: a byte size, or a share of the machine's physical memory ("50%").
+struct HostBudget {
+    std::uint64_t bytes = 0;  // when !relative
+    double percent = 0;       // when relative, in (0, 100]
+    bool relative = false;
+    // Bytes this budget grants on a machine with physical_bytes of memory.
+    std::uint64_t resolve(std::uint64_t physical_bytes) const noexcept;
+    friend bool operator==(const HostBudget&, const HostBudget&) = default;
+};
+
+// When boot measures the roofline constants instead of reusing stored ones.
+enum class Recalibrate : std::uint8_t { automatic, always, never };
+
+struct Profile {
+    struct Hardware {
+        GpuSelector gpu;
+        std::uint64_t vram_kv_budget = 0;  // bytes of GPU memory for T + G + staging
+        HostBudget pinned_kv_budget;       // P region (pinned host memory)
+        HostBudget host_kv_budget;         // U region (ordinary host memory)
+        int attention_threads = 0;         // 0: one per online core
+        int expert_threads = 0;            // 0: as many as attention_threads
+        bool pin_threads = true;
+    } hardware;
+    struct Model {
+        std::string source;  // a preset name or a model directory
+    } model;
+    struct Kv {
+        DType dtype = DType::bf16;
+        std::size_t block_tokens = 0;
+        std::size_t max_batch = 0;
+    } kv;
+    struct Policy {
+        std::string mode;
+        double tracker_alpha = 0;
+        double tracker_clamp = 0;
+        Recalibrate recalibrate = Recalibrate::automatic;
+        std::chrono::milliseconds recalibrate_max_age{0};
+        bool warm_start = true;
+    } policy;
+    struct Server {
+        std::string socket;
+        unsigned socket_mode = 0;  // permission bits of the socket file when the daemon binds it
+        std::uint64_t max_body_bytes = 0;
+        std::size_t max_concurrent_requests = 0;
+        std::size_t max_prompt_tokens = 0;
+        std::chrono::milliseconds request_timeout{0};
+    } server;
+    struct Storage {
+        std::string state_dir;
+        std::size_t sample_log_max = 0;  // rows kept in the sample log
+        std::chrono::milliseconds sample_interval{0};
+        std::chrono::milliseconds history_flush_interval{0};
+    } storage;
+};
+
+// One problem found in a profile: the key (section.name, empty for a TOML syntax error), where
+// it is, and what is wrong.
+struct ProfileIssue {
+    std::string key;
+    std::string message;
+    std::size_t line = 0;  // 1-based; 0 when the problem has no place in the file
+    std::size_t column = 0;
+};
+
+class ProfileError : public std::runtime_error {
+  public:
+    ProfileError(std::string source, std::vector<ProfileIssue> issues);
+    const std::string& source() const noexcept { return source_; }
+    const std::vector<ProfileIssue>& issues() const noexcept { return issues_; }
+
+  private:
+    std::string source_;
+    std::vector<ProfileIssue> issues_;
+};
+
+// The built-in defaults (every key at its default).
+const Profile& default_profile();
+
+// Parses profile text; keys left out keep their defaults. Throws ProfileError listing every
+// problem ("FILE:LINE:COLUMN: section.key: message" per line of what()).
+Profile parse_profile(std::string_view toml_text, std::string_view source_name);
+// Reads and parses a file (an unreadable file is a ProfileError too).
+Profile load_profile(const std::filesystem::path& file);
+
+// The profile as TOML: every key, in table order. With comments, each key is preceded by its
+// one-line documentation; default_profile_toml() is exactly the shipped etc/writescope.toml.
+std::string render_profile_toml(const Profile& p, bool comments);
+std::string default_profile_toml();
+
+// The key reference of docs/configuration.md (Markdown tables, one per section), generated from
+// the key table so the docs cannot drift from the parser.
+std::string profile_reference_markdown();
+
+// The key table, for documentation and for reload decisions.
+struct KeyInfo {
+    std::string_view section;
+    std::string_view name;
+    std::string_view default_value;  // as written in TOML
+    std::string_view doc;
+    bool reloadable;  // SIGHUP applies it; otherwise it takes a restart
+};
+std::vector<KeyInfo> profile_keys();
+
+// The value of one key ("section.name") rendered as TOML; empty for an unknown key.
+std::string profile_value(const Profile& p, std::string_view key);
+// The keys ("section.name") whose values differ.
+std::vector<std::string> changed_keys(const Profile& a, const Profile& b);
+
+// Empty when mode is a valid execution mode (writescope, gpu-only, cpu-only, monolithic,
+// static:R with R in [0, 1]); otherwise why not.
+std::string validate_mode(std::string_view mode);
+
+std::string_view recalibrate_name(Recalibrate r) noexcept;
+
+}  // namespace writescope::daemon

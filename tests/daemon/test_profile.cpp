@@ -1,0 +1,278 @@
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <toml++/toml.h>
+
+#include "engine_options.hpp"
+#include "profile.hpp"
+
+using namespace writescope;
+using namespace writescope::daemon;
+
+namespace {
+
+std::filesystem::path source_dir() {
+    const char* env = std::getenv("WRITESCOPE_SOURCE_DIR");
+    REQUIRE(env);
+    return env;
+}
+
+std::string read_file(const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    REQUIRE(in);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+// The single issue of a profile that must fail.
+ProfileIssue only_issue(std::string_view text) {
+    try {
+        parse_profile(text, "test.toml");
+    } catch (const ProfileError& e) {
+        REQUIRE(e.issues().size() == 1);
+        return e.issues().front();
+    }
+    FAIL("the profile was accepted: " << text);
+    return {};
+}
+
+MachineInfo machine_without_gpu() {
+    MachineInfo m;
+    m.cpu_model = "test cpu";
+    m.online_cores = 2;
+    m.memory_bytes = 16ull << 30;
+    return m;
+}
+
+}  // namespace
+
+TEST_CASE("defaults are the documented values", "[unit][daemon][profile]") {
+    const Profile& d = default_profile();
+    CHECK(d.hardware.gpu.choice == GpuChoice::automatic);
+    CHECK(d.hardware.vram_kv_budget == 16ull << 30);
+    CHECK(d.hardware.host_kv_budget.relative);
+    CHECK(d.hardware.host_kv_budget.percent == 50);
+    CHECK(d.model.source == "qwen3-30b-a3b");
+    CHECK(d.kv.dtype == DType::bf16);
+    CHECK(d.kv.block_tokens == 128);
+    CHECK(d.policy.mode == "writescope");
+    CHECK(d.policy.recalibrate == Recalibrate::automatic);
+    CHECK(d.policy.recalibrate_max_age == std::chrono::hours(24 * 30));
+    CHECK(d.server.socket == "/run/writescope/writescoped.sock");
+    CHECK(d.server.socket_mode == 0660);
+    CHECK(d.storage.state_dir == "/var/lib/writescope");
+    // Every key's default renders back to the text in the table.
+    for (const auto& k : profile_keys())
+        CHECK(profile_value(d, fmt::format("{}.{}", k.section, k.name)) == k.default_value);
+}
+
+TEST_CASE("the shipped etc/writescope.toml is the generated default profile",
+          "[unit][daemon][profile]") {
+    const auto path = source_dir() / "etc" / "writescope.toml";
+    const std::string text = read_file(path);
+    CHECK(text == default_profile_toml());  // regenerate: writescoped --print-default-config
+    // Every key of the table is in it, at its default, with a comment line above.
+    const auto root = toml::parse(text, path.string());
+    for (const auto& k : profile_keys()) {
+        INFO(k.section << "." << k.name);
+        const auto* node = root[k.section][k.name].node();
+        REQUIRE(node);
+    }
+    const Profile p = parse_profile(text, path.string());
+    CHECK(changed_keys(p, default_profile()).empty());
+}
+
+TEST_CASE("every shipped and test profile parses", "[unit][daemon][profile]") {
+    std::vector<std::filesystem::path> files{source_dir() / "etc" / "writescope.toml"};
+    for (const auto& e :
+         std::filesystem::directory_iterator(source_dir() / "tests/daemon/profiles"))
+        if (e.path().extension() == ".toml") files.push_back(e.path());
+    REQUIRE(files.size() >= 2);
+    for (const auto& f : files) {
+        INFO(f);
+        const Profile p = load_profile(f);
+        CHECK_NOTHROW(engine_options_from_profile(p, machine_without_gpu(), f.string()));
+    }
+}
+
+TEST_CASE("the configuration docs describe every key", "[unit][daemon][profile]") {
+    const std::string doc = read_file(source_dir() / "docs" / "configuration.md");
+    // The key reference is the generated one (writescoped --print-config-reference).
+    CHECK(doc.find("<!-- BEGIN KEY REFERENCE -->\n" + profile_reference_markdown() +
+                   "<!-- END KEY REFERENCE -->") != std::string::npos);
+    for (const auto& k : profile_keys()) {
+        INFO(k.section << "." << k.name);
+        const std::string quoted = fmt::format("`{}.{}`", k.section, k.name);
+        CHECK(doc.find(quoted) != std::string::npos);
+    }
+}
+
+TEST_CASE("values with units and choices parse", "[unit][daemon][profile]") {
+    const Profile p = parse_profile(R"(
+[hardware]
+gpu = 1
+vram_kv_budget = "8GiB"
+pinned_kv_budget = 1073741824
+host_kv_budget = "12.5%"
+attention_threads = 6
+[kv]
+dtype = "fp16"
+block_tokens = 64
+[policy]
+mode = "static:0.25"
+tracker_clamp = 2
+recalibrate = "never"
+recalibrate_max_age = "12h"
+[server]
+socket = "/tmp/x.sock"
+socket_mode = 0o600
+max_body_bytes = "64KiB"
+request_timeout = "500ms"
+[storage]
+sample_interval = 5
+)",
+                                    "t.toml");
+    CHECK(p.hardware.gpu == GpuSelector{GpuChoice::index, 1});
+    CHECK(p.hardware.vram_kv_budget == 8ull << 30);
+    CHECK(p.hardware.pinned_kv_budget.bytes == 1ull << 30);
+    CHECK_FALSE(p.hardware.pinned_kv_budget.relative);
+    CHECK(p.hardware.host_kv_budget.relative);
+    CHECK(p.hardware.host_kv_budget.resolve(16ull << 30) == 2ull << 30);
+    CHECK(p.kv.dtype == DType::f16);
+    CHECK(p.kv.block_tokens == 64);
+    CHECK(p.policy.mode == "static:0.25");
+    CHECK(p.policy.tracker_clamp == 2.0);
+    CHECK(p.policy.recalibrate == Recalibrate::never);
+    CHECK(p.policy.recalibrate_max_age == std::chrono::hours(12));
+    CHECK(p.server.socket_mode == 0600);
+    CHECK(p.server.max_body_bytes == 64 * 1024);
+    CHECK(p.server.request_timeout == std::chrono::milliseconds(500));
+    CHECK(p.storage.sample_interval == std::chrono::seconds(5));
+    // Keys left out keep their defaults; the render of a parsed profile parses to itself.
+    CHECK(p.model.source == "qwen3-30b-a3b");
+    const Profile again = parse_profile(render_profile_toml(p, false), "render");
+    CHECK(changed_keys(p, again).empty());
+    CHECK(changed_keys(p, default_profile()).size() == 16);
+}
+
+TEST_CASE("a bad profile names the key and its line", "[unit][daemon][profile]") {
+    auto i = only_issue("[hardware]\n\nvram_kv_budget = \"32 gigs\"\n");
+    CHECK(i.key == "hardware.vram_kv_budget");
+    CHECK(i.line == 3);
+    CHECK_THAT(i.message, Catch::Contains("not a size"));
+
+    i = only_issue("[server]\nsockte = \"/tmp/a\"\n");
+    CHECK(i.key == "server.sockte");
+    CHECK(i.line == 2);
+    CHECK_THAT(i.message, Catch::Contains("did you mean socket"));
+
+    i = only_issue("[polcy]\nmode = \"cpu-only\"\n");
+    CHECK(i.key == "polcy");
+    CHECK_THAT(i.message, Catch::Contains("did you mean policy"));
+
+    i = only_issue("[policy]\nmode = \"static:1.5\"\n");
+    CHECK(i.key == "policy.mode");
+    CHECK(i.line == 2);
+
+    i = only_issue("[kv]\nblock_tokens = 100\n");
+    CHECK_THAT(i.message, Catch::Contains("multiple of 16"));
+
+    i = only_issue("[kv]\nblock_tokens = \"128\"\n");
+    CHECK_THAT(i.message, Catch::Contains("expected an integer, got a string"));
+
+    i = only_issue("[server]\nsocket_mode = 660\n");
+    CHECK_THAT(i.message, Catch::Contains("octal"));
+
+    i = only_issue("[policy]\ntracker_alpha = 0\n");
+    CHECK(i.key == "policy.tracker_alpha");
+
+    i = only_issue("[hardware]\nhost_kv_budget = \"150%\"\n");
+    CHECK_THAT(i.message, Catch::Contains("out of range"));
+
+    i = only_issue("[hardware]\ngpu = \"first\"\n");
+    CHECK(i.key == "hardware.gpu");
+
+    i = only_issue("[storage]\nsample_interval = \"often\"\n");
+    CHECK(i.key == "storage.sample_interval");
+
+    i = only_issue("hardware = 3\n");
+    CHECK(i.key == "hardware");
+
+    // A syntax error has a place but no key.
+    i = only_issue("[server\nsocket = 1\n");
+    CHECK(i.key.empty());
+    CHECK(i.line == 1);
+    CHECK_THAT(i.message, Catch::Contains("TOML syntax error"));
+}
+
+TEST_CASE("every problem of a profile is reported at once", "[unit][daemon][profile]") {
+    try {
+        parse_profile("[kv]\ndtype = \"int4\"\nmax_batch = 0\n[policy]\nwarm_start = 1\n",
+                      "m.toml");
+        FAIL("accepted");
+    } catch (const ProfileError& e) {
+        REQUIRE(e.issues().size() == 3);
+        const std::string what = e.what();
+        CHECK_THAT(what, Catch::Contains("m.toml:2:9: kv.dtype:"));
+        CHECK_THAT(what, Catch::Contains("m.toml:3:13: kv.max_batch:"));
+        CHECK_THAT(what, Catch::Contains("m.toml:5:14: policy.warm_start:"));
+    }
+}
+
+TEST_CASE("the profile maps onto EngineOptions", "[unit][daemon][profile]") {
+    Profile p = default_profile();
+    const MachineInfo m = machine_without_gpu();
+    EngineOptions o = engine_options_from_profile(p, m, "t");
+    CHECK(o.geometry.name == "qwen3-30b-a3b");
+    CHECK(o.geometry.dtype == DType::bf16);
+    CHECK(o.block_tokens == 128);
+    CHECK(o.host_kv_bytes == 8ull << 30);  // 50% of 16 GiB
+    CHECK(o.pinned_kv_bytes == 0);         // no GPU: nothing is pinned
+    CHECK(o.mode == "writescope");
+    if (!build_has_cuda()) CHECK(o.gpu_index == -1);
+
+    p.model.source = "deepseek-v2-lite";
+    p.kv.dtype = DType::f16;
+    o = engine_options_from_profile(p, m, "t");
+    CHECK(o.geometry.mla);
+    CHECK(o.geometry.dtype == DType::f16);
+
+    auto expect_issue = [&](const Profile& bad, std::string_view key, std::string_view text) {
+        try {
+            engine_options_from_profile(bad, m, "t");
+            FAIL("accepted");
+        } catch (const ProfileError& e) {
+            REQUIRE(e.issues().size() == 1);
+            CHECK(e.issues()[0].key == key);
+            CHECK_THAT(e.issues()[0].message, Catch::Contains(std::string(text)));
+        }
+    };
+    p = default_profile();
+    p.model.source = "llama-7b";
+    expect_issue(p, "model.source", "neither a built-in preset");
+    const auto dir =
+        std::filesystem::temp_directory_path() / ("ws-model-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+    p.model.source = dir.string();
+    expect_issue(p, "model.source", "holds no config.json");
+    std::ofstream(dir / "config.json") << "{}";
+    expect_issue(p, "model.source", "not supported by this version yet");
+    std::filesystem::remove_all(dir);
+    p.model.source = "/nonexistent/model";
+    expect_issue(p, "model.source", "does not exist");
+
+    p = default_profile();
+    p.hardware.host_kv_budget = HostBudget{15ull << 30, 0, false};
+    p.hardware.gpu = {GpuChoice::none, 0};
+    CHECK_NOTHROW(engine_options_from_profile(p, m, "t"));  // no GPU: pinned is not counted
+    if (!build_has_cuda()) {
+        p.hardware.gpu = {GpuChoice::index, 0};
+        expect_issue(p, "hardware.gpu", "no CUDA backend");
+    }
+}
