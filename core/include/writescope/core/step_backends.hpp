@@ -1,0 +1,74 @@
+// The attention engines as the step executor sees them: one interface for the CPU side and one
+// for the GPU side. Backends implement them (cpu/, cuda/); core drives them and never sees a
+// kernel, a thread pool or a CUDA type.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "writescope/core/attention_state.hpp"
+
+namespace writescope {
+
+// One block of one layer that the CPU attends in place: its first `tokens` rows are valid.
+// packed: the CPU kernel's U layout; otherwise the linear layout (P, or T/G in a CPU-only build).
+struct CpuBlock {
+    const void* data = nullptr;
+    std::uint32_t tokens = 0;
+    bool packed = false;
+};
+
+// One sequence's CPU share: q is (num_q_heads, head_dim_k) in the KV dtype, host memory.
+struct CpuSeqWork {
+    const void* q = nullptr;
+    std::span<const CpuBlock> blocks;
+};
+
+class CpuAttentionBackend {
+  public:
+    virtual ~CpuAttentionBackend() = default;
+    // Attends each sequence's blocks; out rows = seqs.size() × num_q_heads (sequence-major),
+    // o fp32 (rows, head_dim_v), lse fp32 natural log. Sequences with no blocks get the empty
+    // state. Blocking; allocation-free once sized for max_seqs.
+    virtual void attend(std::span<const CpuSeqWork> seqs, StateView out) = 0;
+    // Lays out one linear block in the U layout (the background packer of T → U seals).
+    virtual void pack_block(const void* linear, void* packed) const = 0;
+    virtual std::size_t packed_block_bytes() const noexcept = 0;
+    virtual const char* kernel_name() const noexcept = 0;
+    virtual int threads() const noexcept = 0;
+};
+
+// One sequence's GPU share of a layer.
+struct GpuSeqWork {
+    // GPU pool slots (T and G) attended in place, in token order; when has_open the last one is
+    // the open block with open_tokens valid tokens, every other one is full.
+    std::span<const std::uint32_t> pool_slots;
+    bool has_open = false;
+    std::uint32_t open_tokens = 0;
+    // P slots streamed through the staging ring (full blocks), in token order.
+    std::span<const std::uint32_t> p_slots;
+};
+
+// Seconds measured on the GPU side of one layer step.
+struct GpuLayerTiming {
+    double attention_seconds = 0;  // from the first copy/launch to the end of the GPU attention
+    double merge_seconds = 0;      // uploading the CPU partials and the final merge
+    double total_seconds = 0;      // launch to result
+    std::uint64_t p_bytes = 0;     // bytes streamed from P over PCIe
+    double p_copy_seconds = 0;     // time the copy engine spent on them
+};
+
+class GpuAttentionBackend {
+  public:
+    virtual ~GpuAttentionBackend() = default;
+    // Enqueues the layer's GPU attention asynchronously and returns at once: the in-place T/G
+    // work and the P stream (chunk i+1 copied while chunk i is attended). q: (seqs, num_q_heads,
+    // head_dim_k) in the KV dtype, host memory (the model's Q comes down to the CPU anyway).
+    virtual void launch(std::size_t layer, const void* q, std::span<const GpuSeqWork> seqs) = 0;
+    // Waits for the GPU attention, merges the CPU partial states (host, rows × dv; null o for
+    // none) with the GPU's, and writes the final states to out (host). Returns the timings.
+    virtual GpuLayerTiming finish(ConstStateView cpu_part, StateView out) = 0;
+};
+
+}  // namespace writescope

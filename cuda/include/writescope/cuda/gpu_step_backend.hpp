@@ -1,0 +1,52 @@
+// The GPU side of a decode step: T and G attended in place, P streamed through a staging ring
+// (the copy of chunk i+1 overlapping the attention of chunk i), and the final merge with the
+// CPU's partial states. Implements the core's GpuAttentionBackend; plain C++ header.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "writescope/core/kv_geometry.hpp"
+#include "writescope/core/step_backends.hpp"
+#include "writescope/cuda/device.hpp"
+#include "writescope/cuda/gpu_kv_memory.hpp"
+
+namespace writescope::cuda {
+
+struct GpuStepOptions {
+    KvGeometry geometry;
+    std::size_t block_tokens = 128;
+    std::size_t max_seqs = 64;
+    // Most blocks (T, G and P together) one layer step attends on the GPU over the batch: sizes
+    // the work item and partial-state workspaces once (every item holds at least one block).
+    std::size_t max_blocks = 4096;
+    // Staging ring: slots × chunk bytes of device memory from the pool. Chunks of several MiB
+    // keep each DMA near the pinned PCIe rate; three slots let one fill while one is attended.
+    std::size_t staging_chunk_bytes = std::size_t{8} << 20;
+    std::size_t staging_slots = 3;
+    // Blocks per work item (one CTA): in place and in staged chunks.
+    std::size_t inplace_item_blocks = 8;
+    std::size_t staged_item_blocks = 4;
+};
+
+class GpuStepBackend final : public GpuAttentionBackend {
+  public:
+    // gpu_pool: the T+G region memory on this device; pinned: the P region (may be null when
+    // there is no P budget). The staging ring and workspaces come from `pool`.
+    GpuStepBackend(const GpuStepOptions& opts, DevicePool& pool, DeviceRegionMemory& gpu_pool,
+                   PinnedRegionMemory* pinned);
+    ~GpuStepBackend() override;
+
+    void launch(std::size_t layer, const void* q, std::span<const GpuSeqWork> seqs) override;
+    GpuLayerTiming finish(ConstStateView cpu_part, StateView out) override;
+
+    std::size_t staging_bytes() const noexcept;
+
+  private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace writescope::cuda

@@ -1,0 +1,43 @@
+#include "writescope/cuda/gpu_kv_memory.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace writescope::cuda {
+
+DeviceRegionMemory::DeviceRegionMemory(std::string name, DevicePool& pool, std::size_t layers,
+                                       std::size_t slots, std::size_t slot_bytes)
+    : name_(std::move(name)), pool_(pool), layers_(layers), slots_(slots), slot_bytes_(slot_bytes) {
+    if (layers == 0 || slot_bytes == 0)
+        throw std::invalid_argument(name_ + ": layers and slot bytes must be positive");
+    if (slots_ > 0)
+        base_ = static_cast<char*>(pool_.allocate(layers_ * slots_ * slot_bytes_, name_.c_str()));
+}
+
+DeviceRegionMemory::~DeviceRegionMemory() {
+    pool_.free(base_);
+}
+
+PinnedRegionMemory::PinnedRegionMemory(std::string name, std::size_t layers, std::size_t slots,
+                                       std::size_t slot_bytes, std::size_t slot_alignment,
+                                       std::size_t slab_target_bytes)
+    : name_(std::move(name)), layers_(layers), slots_(slots), slot_bytes_(slot_bytes) {
+    if (layers == 0 || slot_bytes == 0 || slot_alignment == 0)
+        throw std::invalid_argument(name_ + ": layers, slot bytes and alignment must be positive");
+    const std::size_t per_slot = layers * slot_bytes;
+    std::size_t n = std::max<std::size_t>(1, slab_target_bytes / per_slot);
+    n = std::max(slot_alignment, n / slot_alignment * slot_alignment);
+    slab_slots_ = n;
+    if (slots_ == 0) return;
+    const std::size_t slabs = (slots_ + n - 1) / n;
+    // Every slab is allocated at full size (the last one too) so block() has one formula.
+    slabs_ = std::make_unique<PinnedSlabs>(slabs * n * per_slot, n * per_slot);
+}
+
+void* PinnedRegionMemory::block(std::size_t layer, std::size_t slot) noexcept {
+    if (!slabs_ || layer >= layers_ || slot >= slots_) return nullptr;
+    const std::size_t slab = slot / slab_slots_, in = slot % slab_slots_;
+    return static_cast<char*>(slabs_->slab(slab)) + (layer * slab_slots_ + in) * slot_bytes_;
+}
+
+}  // namespace writescope::cuda
