@@ -1,0 +1,135 @@
+// The daemon's persistent state: one SQLite database (WAL) in the state directory.
+//
+//   calibrations      the roofline constants measured at boot, keyed by the hardware fingerprint,
+//                     the KV geometry, the dtype and the software version; newest row wins
+//   workload_history  per workload (model, dtype, batch bucket, context bucket): the tracked A
+//                     and B, the deployed r, step statistics and the engine's policy state text
+//   samples           a bounded log of the engine's state over time (the newest N rows)
+//
+// The schema is versioned (PRAGMA user_version) and migrated forward at open. A database that
+// cannot be opened, fails its integrity check or comes from a newer release is moved aside
+// (writescope.db.bad-<UTC time>, with its -wal and -shm) and a fresh one is created; if even that
+// fails the store lives in memory for this run. Opening never throws.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "writescope/core/engine.hpp"
+
+struct sqlite3;
+
+namespace writescope::daemon {
+
+// A failed read or write after a successful open (disk full, I/O error): the caller logs it and
+// carries on without persistence for that operation.
+class StoreError : public std::runtime_error {
+  public:
+    using std::runtime_error::runtime_error;
+};
+
+struct CalibrationKey {
+    std::string fingerprint;       // HardwareFingerprint::text()
+    std::string geometry;          // KV geometry name and shape, and the block size
+    std::string dtype;             // "bf16"
+    std::string software_version;  // the project version
+    friend bool operator==(const CalibrationKey&, const CalibrationKey&) = default;
+};
+
+struct StoredCalibration {
+    std::int64_t id = 0;
+    CalibrationKey key;
+    Calibration calibration;      // A, B, Δ (s/token/layer, s), fit quality, points
+    std::int64_t created_at = 0;  // unix seconds
+};
+
+struct WorkloadKey {
+    std::string model;
+    std::string dtype;
+    std::int64_t batch_bucket = 1;    // sequences in a step, rounded up to a power of two
+    std::int64_t context_bucket = 0;  // spilled tokens per sequence, power of two; 0: none
+    friend bool operator==(const WorkloadKey&, const WorkloadKey&) = default;
+};
+
+struct WorkloadRecord {
+    WorkloadKey key;
+    double a = 0, b = 0, delta = 0;  // tracked constants (s/token/layer, s)
+    double r_target = 1, r_deployed = 1;
+    std::uint64_t steps = 0;       // decode steps the statistics cover
+    double step_seconds_mean = 0;  // mean step time per layer, seconds
+    std::string policy_state;      // Engine::export_policy_state()
+    std::int64_t updated_at = 0;   // unix seconds
+};
+
+struct Sample {
+    std::int64_t at_ms = 0;  // unix milliseconds
+    std::uint64_t steps = 0;
+    std::uint64_t sequences = 0;
+    double a = 0, b = 0, delta = 0;
+    double r_target = 1, r_deployed = 1;
+    double step_seconds_mean = 0;
+};
+
+// What happened at open, for the boot log and /v1/status.
+struct StoreOpenReport {
+    std::filesystem::path path;  // the database file (empty when in memory)
+    bool created = false;        // a new database was made
+    bool in_memory = false;      // nothing could be opened on disk: nothing persists
+    std::string moved_aside_to;  // where a bad database went (empty if none)
+    std::string problem;         // why it was moved aside / why in memory
+    int schema_version = 0;
+    int migrated_from = -1;  // the version migrated from; -1 when no migration ran
+};
+
+class Store {
+  public:
+    static constexpr int kSchemaVersion = 1;
+    static constexpr std::string_view kFileName = "writescope.db";
+
+    static std::unique_ptr<Store> open(const std::filesystem::path& state_dir);
+    // A store in memory only (tests, and the fallback).
+    static std::unique_ptr<Store> open_in_memory();
+    ~Store();
+    Store(const Store&) = delete;
+    Store& operator=(const Store&) = delete;
+
+    const StoreOpenReport& report() const noexcept { return report_; }
+
+    // The newest calibration with exactly this key.
+    std::optional<StoredCalibration> latest_calibration(const CalibrationKey& key) const;
+    std::int64_t save_calibration(const CalibrationKey& key, const Calibration& c,
+                                  std::int64_t created_at);
+    // Newest first.
+    std::vector<StoredCalibration> calibrations(std::size_t limit) const;
+
+    // Inserts or replaces the row of r.key.
+    void put_workload(const WorkloadRecord& r);
+    // Newest update first.
+    std::vector<WorkloadRecord> workloads() const;
+    std::optional<WorkloadRecord> latest_workload(std::string_view model,
+                                                  std::string_view dtype) const;
+
+    // Appends a sample and drops all but the newest `keep` rows.
+    void append_sample(const Sample& s, std::size_t keep);
+    // Newest first.
+    std::vector<Sample> samples(std::size_t limit) const;
+    std::size_t sample_count() const;
+
+    // PRAGMA quick_check == "ok".
+    bool check_integrity() const;
+
+  private:
+    explicit Store(sqlite3* db, StoreOpenReport report);
+    sqlite3* db_;
+    mutable std::mutex mutex_;  // one connection, used from the serving loop and the workers
+    StoreOpenReport report_;
+};
+
+}  // namespace writescope::daemon

@@ -1,0 +1,216 @@
+#include <catch2/catch.hpp>
+
+#include <sqlite3.h>
+
+#include <fstream>
+#include <random>
+
+#include "store.hpp"
+#include "temp_dir.hpp"
+#include "test_seed.hpp"
+
+using namespace writescope;
+using namespace writescope::daemon;
+using writescope::test::TempDir;
+
+namespace {
+
+CalibrationKey key_a() {
+    return {"gpu=none;cpu=x;cores=2", "qwen3-30b-a3b:L48", "bf16", "0.1.0"};
+}
+
+Calibration some_calibration(double a) {
+    Calibration c;
+    c.a = a;
+    c.b = 2e-9;
+    c.delta = 3e-5;
+    c.a_r2 = 0.99;
+    c.b_r2 = 0.98;
+    c.cpu_intercept = 1e-6;
+    c.has_gpu = true;
+    c.points = {{1024, 1e-3, 2e-3}, {4096, 4e-3, 5e-3}};
+    c.seconds_taken = 1.5;
+    return c;
+}
+
+WorkloadRecord some_workload(std::int64_t batch, std::int64_t updated) {
+    WorkloadRecord r;
+    r.key = {"qwen3-30b-a3b", "bf16", batch, 8192};
+    r.a = 1e-8;
+    r.b = 2e-8;
+    r.r_target = 0.6;
+    r.r_deployed = 0.55;
+    r.steps = 1000;
+    r.step_seconds_mean = 0.002;
+    r.policy_state = "writescope-policy v1\na 1e-8\n";
+    r.updated_at = updated;
+    return r;
+}
+
+void write_bytes(const std::filesystem::path& p, std::string_view bytes, std::size_t offset) {
+    std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+    REQUIRE(f);
+    f.seekp(static_cast<std::streamoff>(offset));
+    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::size_t count_bad_files(const std::filesystem::path& dir) {
+    std::size_t n = 0;
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+        if (e.path().filename().string().starts_with("writescope.db.bad-")) ++n;
+    return n;
+}
+
+}  // namespace
+
+TEST_CASE("a new store is created with the current schema and WAL", "[unit][daemon][store]") {
+    TempDir dir;
+    auto store = Store::open(dir.path() / "state");
+    CHECK(store->report().created);
+    CHECK_FALSE(store->report().in_memory);
+    CHECK(store->report().schema_version == Store::kSchemaVersion);
+    CHECK(store->report().migrated_from == 0);
+    CHECK(std::filesystem::exists(dir.path() / "state" / "writescope.db"));
+    CHECK(store->check_integrity());
+    store.reset();
+    // Reopening migrates nothing and keeps the file.
+    store = Store::open(dir.path() / "state");
+    CHECK_FALSE(store->report().created);
+    CHECK(store->report().migrated_from == -1);
+}
+
+TEST_CASE("calibrations round-trip and the newest matching one wins", "[unit][daemon][store]") {
+    TempDir dir;
+    {
+        auto store = Store::open(dir.path());
+        CHECK_FALSE(store->latest_calibration(key_a()));
+        store->save_calibration(key_a(), some_calibration(1e-8), 1000);
+        store->save_calibration(key_a(), some_calibration(3e-8), 2000);
+        auto other = key_a();
+        other.software_version = "0.2.0";
+        store->save_calibration(other, some_calibration(9e-8), 3000);
+    }
+    auto store = Store::open(dir.path());
+    const auto got = store->latest_calibration(key_a());
+    REQUIRE(got);
+    CHECK(got->created_at == 2000);
+    CHECK(got->calibration.a == 3e-8);
+    CHECK(got->calibration.b == 2e-9);
+    CHECK(got->calibration.delta == 3e-5);
+    CHECK(got->calibration.has_gpu);
+    REQUIRE(got->calibration.points.size() == 2);
+    CHECK(got->calibration.points[1].tokens == 4096);
+    CHECK(got->calibration.points[1].gpu_seconds == 5e-3);
+    CHECK(got->key == key_a());
+    auto dtype_differs = key_a();
+    dtype_differs.dtype = "fp16";
+    CHECK_FALSE(store->latest_calibration(dtype_differs));
+    CHECK(store->calibrations(10).size() == 3);
+    CHECK(store->calibrations(10).front().created_at == 3000);
+}
+
+TEST_CASE("workload history upserts per workload key", "[unit][daemon][store]") {
+    TempDir dir;
+    auto store = Store::open(dir.path());
+    store->put_workload(some_workload(1, 100));
+    store->put_workload(some_workload(4, 200));
+    auto again = some_workload(1, 300);
+    again.steps = 5000;
+    store->put_workload(again);
+    const auto all = store->workloads();
+    REQUIRE(all.size() == 2);
+    CHECK(all[0].key.batch_bucket == 1);
+    CHECK(all[0].steps == 5000);
+    CHECK(all[0].policy_state == again.policy_state);
+    const auto latest = store->latest_workload("qwen3-30b-a3b", "bf16");
+    REQUIRE(latest);
+    CHECK(latest->updated_at == 300);
+    CHECK_FALSE(store->latest_workload("qwen3-30b-a3b", "fp16"));
+}
+
+TEST_CASE("the sample log keeps the newest rows only", "[unit][daemon][store]") {
+    auto store = Store::open_in_memory();
+    for (int i = 0; i < 25; ++i) {
+        Sample s;
+        s.at_ms = i;
+        s.steps = static_cast<std::uint64_t>(i);
+        store->append_sample(s, 10);
+    }
+    CHECK(store->sample_count() == 10);
+    const auto rows = store->samples(100);
+    REQUIRE(rows.size() == 10);
+    CHECK(rows.front().steps == 24);
+    CHECK(rows.back().steps == 15);
+    store->append_sample(Sample{}, 3);  // a smaller bound takes effect at once
+    CHECK(store->sample_count() == 3);
+}
+
+TEST_CASE("a file that is not a database is moved aside", "[unit][daemon][store]") {
+    TempDir dir;
+    std::ofstream(dir / "writescope.db") << "this is not an SQLite database, just some text\n"
+                                         << std::string(8192, 'x');
+    std::ofstream(dir / "writescope.db-wal") << "junk";
+    auto store = Store::open(dir.path());
+    CHECK_FALSE(store->report().in_memory);
+    CHECK(store->report().created);
+    CHECK_FALSE(store->report().moved_aside_to.empty());
+    CHECK_THAT(store->report().problem, Catch::Contains("not a database"));
+    CHECK(count_bad_files(dir.path()) >= 1);
+    // The fresh store works.
+    store->save_calibration(key_a(), some_calibration(1e-8), 1);
+    CHECK(store->latest_calibration(key_a()));
+}
+
+TEST_CASE("a database with damaged pages is moved aside", "[unit][daemon][store]") {
+    TempDir dir;
+    {
+        auto store = Store::open(dir.path());
+        for (int i = 0; i < 200; ++i)
+            store->put_workload(some_workload(i, i));
+    }
+    // Checkpointed on close: the data is in the main file. Scribble over the pages after the
+    // first (which holds the header, so SQLite still opens the file).
+    const auto size = std::filesystem::file_size(dir / "writescope.db");
+    REQUIRE(size > 8192);
+    auto rng = writescope::test::seeded_rng("store page damage");
+    std::string noise(size - 4096, '\0');
+    for (auto& c : noise)
+        c = static_cast<char>(rng());
+    write_bytes(dir / "writescope.db", noise, 4096);
+    auto store = Store::open(dir.path());
+    CHECK_FALSE(store->report().in_memory);
+    CHECK_FALSE(store->report().moved_aside_to.empty());
+    CHECK(store->workloads().empty());
+    CHECK(count_bad_files(dir.path()) == 1);
+}
+
+TEST_CASE("a database from a newer release or another program is set aside",
+          "[unit][daemon][store]") {
+    TempDir dir;
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open((dir / "writescope.db").c_str(), &db) == SQLITE_OK);
+    REQUIRE(sqlite3_exec(db, "CREATE TABLE t(x); PRAGMA user_version = 99;", nullptr, nullptr,
+                         nullptr) == SQLITE_OK);
+    sqlite3_close(db);
+    auto store = Store::open(dir.path());
+    CHECK_THAT(store->report().problem, Catch::Contains("newer"));
+    CHECK(store->report().schema_version == Store::kSchemaVersion);
+
+    TempDir dir2;
+    REQUIRE(sqlite3_open((dir2 / "writescope.db").c_str(), &db) == SQLITE_OK);
+    REQUIRE(sqlite3_exec(db, "CREATE TABLE other(x);", nullptr, nullptr, nullptr) == SQLITE_OK);
+    sqlite3_close(db);
+    store = Store::open(dir2.path());
+    CHECK_THAT(store->report().problem, Catch::Contains("some other program"));
+}
+
+TEST_CASE("an unusable state directory gives an in-memory store", "[unit][daemon][store]") {
+    TempDir dir;
+    std::ofstream(dir / "file") << "x";
+    // A state "directory" below a regular file cannot be created, by anyone.
+    auto store = Store::open(dir / "file" / "state");
+    CHECK(store->report().in_memory);
+    CHECK_FALSE(store->report().problem.empty());
+    store->put_workload(some_workload(1, 1));
+    CHECK(store->workloads().size() == 1);
+}
