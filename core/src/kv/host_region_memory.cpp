@@ -1,0 +1,128 @@
+#include "writescope/core/host_region_memory.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+
+#include "byte_units.hpp"
+
+namespace writescope {
+namespace {
+
+constexpr std::size_t kHugePage = std::size_t{2} << 20;  // x86-64 transparent huge page
+
+std::size_t round_up(std::size_t v, std::size_t to) {
+    return (v + to - 1) / to * to;
+}
+
+std::size_t mul_checked(std::size_t a, std::size_t b, const std::string& what) {
+    std::size_t r;
+    if (__builtin_mul_overflow(a, b, &r)) throw std::invalid_argument(what + ": size overflows");
+    return r;
+}
+
+// Touches every page so that the memory is really there. MADV_POPULATE_WRITE (Linux 5.14)
+// reports a shortage as ENOMEM; older kernels answer EINVAL and get a plain write per page.
+int prefault(std::byte* p, std::size_t bytes, std::size_t page) {
+#ifdef MADV_POPULATE_WRITE
+    if (madvise(p, bytes, MADV_POPULATE_WRITE) == 0) return 0;
+    if (errno != EINVAL) return errno;
+#endif
+    for (std::size_t off = 0; off < bytes; off += page)
+        static_cast<volatile std::byte*>(p)[off] = {};
+    return 0;
+}
+
+}  // namespace
+
+HostRegionMemory::HostRegionMemory(std::string name, std::size_t layers, std::size_t slots,
+                                   std::size_t slot_bytes, const HostMemoryOptions& opts)
+    : name_(std::move(name)), layers_(layers), slots_(slots), slot_bytes_(slot_bytes) {
+    if (layers == 0 || slot_bytes == 0)
+        throw std::invalid_argument("region " + name_ + ": layers and slot bytes must be positive");
+    const std::size_t align = opts.slot_alignment ? opts.slot_alignment : 1;
+    const std::size_t slot_all_layers = mul_checked(layers, slot_bytes, "region " + name_);
+    std::size_t per_slab = opts.slab_bytes / slot_all_layers / align * align;
+    slab_slots_ = per_slab ? per_slab : align;
+    mul_checked(slab_slots_, slot_all_layers, "region " + name_ + " slab");
+
+    const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    const std::size_t count = (slots + slab_slots_ - 1) / slab_slots_;
+    slabs_.reserve(count);
+    try {
+        for (std::size_t i = 0; i < count; ++i) {
+            Slab s;
+            s.slots = i + 1 < count ? slab_slots_ : slots - i * slab_slots_;
+            const std::size_t bytes = round_up(s.slots * slot_all_layers, page);
+            const bool huge = opts.huge_pages && bytes >= kHugePage;
+            // Over-map by one huge page so the slot storage can start on a 2 MiB boundary, and
+            // keep the length a multiple of 2 MiB so its tail can be a huge page too.
+            const std::size_t want = huge ? round_up(bytes, kHugePage) : bytes;
+            const std::size_t map_bytes = huge ? want + kHugePage : want;
+            void* m = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                           -1, 0);
+            auto fail = [&](int err) {
+                throw std::runtime_error(
+                    "cannot allocate slab " + std::to_string(i + 1) + " of " +
+                    std::to_string(count) + " of region " + name_ + " (" +
+                    kv_detail::format_bytes(want) + " for " + std::to_string(s.slots) +
+                    " slots x " + std::to_string(layers) + " layers x " +
+                    kv_detail::format_bytes(slot_bytes) + "): " + std::strerror(err));
+            };
+            if (m == MAP_FAILED) fail(errno);
+            auto* base = static_cast<std::byte*>(m);
+            if (huge) {
+                const auto addr = reinterpret_cast<std::uintptr_t>(m);
+                const std::size_t head = round_up(addr, kHugePage) - addr;
+                if (head) munmap(m, head);
+                const std::size_t tail = map_bytes - head - want;
+                if (tail) munmap(base + head + want, tail);
+                base += head;
+                s.map = base;
+                s.map_bytes = want;
+                madvise(base, want, MADV_HUGEPAGE);  // advice only: without THP, 4 KiB pages
+            } else {
+                s.map = m;
+                s.map_bytes = map_bytes;
+            }
+            s.base = base;
+            slabs_.push_back(s);
+            if (opts.prefault) {
+                if (const int err = prefault(base, s.map_bytes, page); err != 0) fail(err);
+            }
+        }
+    } catch (...) {
+        release();
+        throw;
+    }
+}
+
+HostRegionMemory::~HostRegionMemory() {
+    release();
+}
+
+void HostRegionMemory::release() noexcept {
+    for (const Slab& s : slabs_)
+        munmap(s.map, s.map_bytes);
+    slabs_.clear();
+}
+
+void* HostRegionMemory::block(std::size_t layer, std::size_t slot) noexcept {
+    if (layer >= layers_ || slot >= slots_) return nullptr;
+    const Slab& s = slabs_[slot / slab_slots_];
+    const std::size_t in_slab = slot % slab_slots_;
+    return s.base + (layer * s.slots + in_slab) * slot_bytes_;
+}
+
+std::size_t HostRegionMemory::mapped_bytes() const noexcept {
+    std::size_t total = 0;
+    for (const Slab& s : slabs_)
+        total += s.map_bytes;
+    return total;
+}
+
+}  // namespace writescope
