@@ -236,7 +236,10 @@ SealMove KvCache::seal(std::uint64_t seq_id, Sequence& s) noexcept {
         route_sealed_block(room, s.blocks[kU], s.blocks[kP] + s.blocks[kU], r_);
     switch (choice.region) {
         case Region::G:
-            if (s.res_g > 0) --s.res_g, --res_g_;
+            if (s.res_g > 0) {
+                --s.res_g;
+                --res_g_;
+            }
             ++used_g_;
             m.dest = {Region::G, s.t_slot};
             m.kind = MoveKind::remap;
@@ -244,7 +247,10 @@ SealMove KvCache::seal(std::uint64_t seq_id, Sequence& s) noexcept {
             gpu_free_.pop_back();
             break;
         case Region::U:
-            if (s.res_u > 0) --s.res_u, --res_u_;
+            if (s.res_u > 0) {
+                --s.res_u;
+                --res_u_;
+            }
             ++used_u_;
             m.dest = {Region::U, u_free_.back()};
             m.kind = MoveKind::pack_to_unpinned;
@@ -254,7 +260,10 @@ SealMove KvCache::seal(std::uint64_t seq_id, Sequence& s) noexcept {
         case Region::T: {
             const std::size_t e = cap_.extent_slots;
             if (s.p_open == 0) {
-                if (s.res_p_ext > 0) --s.res_p_ext, --res_p_ext_;
+                if (s.res_p_ext > 0) {
+                    --s.res_p_ext;
+                    --res_p_ext_;
+                }
                 const std::uint32_t ext = take_extent(s);
                 extent_taken_[ext] = 1;
                 s.p_extents.push_back(ext);
@@ -321,10 +330,12 @@ bool KvCache::free(std::uint64_t seq_id) noexcept {
     for (const BlockRef& ref : s.table) {
         switch (ref.region) {
             case Region::G:
-                gpu_free_.push_back(ref.slot), --used_g_;
+                gpu_free_.push_back(ref.slot);
+                --used_g_;
                 break;
             case Region::U:
-                u_free_.push_back(ref.slot), --used_u_;
+                u_free_.push_back(ref.slot);
+                --used_u_;
                 break;
             case Region::P:
                 --used_p_;
