@@ -1,0 +1,108 @@
+// CPU decode attention (one query token per sequence) over KV blocks in place, in the linear
+// (T/G/P) or the packed (U) layout, producing partial states (attention_state.hpp).
+//
+// Work split: each sequence's blocks are cut, per KV head, into chunks of whole blocks; each
+// chunk is one work item producing a partial state for the KV head's query group, and the last
+// item of a (sequence, KV head) to finish merges its parts. The chunk size is chosen per call so
+// that there are about items_per_worker items per worker: batch 1 with 32K tokens keeps every
+// thread busy, and so does batch 16.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "writescope/core/attention_state.hpp"
+#include "writescope/core/kv_geometry.hpp"
+#include "writescope/cpu/cpu_isa.hpp"
+#include "writescope/cpu/packed_layout.hpp"
+#include "writescope/cpu/worker_pool.hpp"
+
+namespace writescope::cpu {
+
+// linear: the T/G/P layout (LinearBlockLayout); packed: the U layout (PackedBlockLayout).
+enum class BlockLayout : std::uint8_t { linear, packed };
+
+// One block of one layer: block_tokens rows in `layout`, of which the first `tokens`
+// (<= block_tokens) are valid. The rest may hold anything (NaN included): it is never read into
+// the result.
+struct AttnBlock {
+    const void* data = nullptr;
+    std::uint32_t tokens = 0;
+    BlockLayout layout = BlockLayout::linear;
+};
+
+// One sequence's decode query and the blocks it attends (in token order; the order does not
+// change the result beyond rounding).
+//   q: (num_q_heads, head_dim_k) row-major in the KV dtype; query head i reads KV head
+//      i / group_size (MLA: every head reads the one latent).
+struct AttnSeq {
+    const void* q = nullptr;
+    std::span<const AttnBlock> blocks;
+};
+
+struct CpuAttentionOptions {
+    // Force (at most) this kernel level; default: select_isa() (WRITESCOPE_CPU_ISA, else the
+    // best the CPU runs). Levels the geometry cannot use fall back (see CpuAttention::isa()).
+    std::optional<Isa> isa;
+    // Sequences per run() reserved at construction (reserve() raises it).
+    std::size_t max_seqs = 64;
+    // Work items aimed at per worker: more balances uneven sequences better, fewer saves
+    // merges. Every item is at least one block.
+    std::size_t items_per_worker = 4;
+    // Software-prefetch the next block of an item into L2 while attending the current one
+    // (blocks sit anywhere in memory, and the hardware prefetcher stops at 4 KiB pages).
+    bool prefetch = true;
+};
+
+class CpuAttention {
+  public:
+    // Throws std::invalid_argument for a geometry that does not validate or block_tokens == 0,
+    // std::runtime_error when a forced level is above what the CPU runs.
+    CpuAttention(const KvGeometry& geometry, std::size_t block_tokens, WorkerPool& pool,
+                 const CpuAttentionOptions& opts = {});
+    ~CpuAttention();
+    CpuAttention(const CpuAttention&) = delete;
+    CpuAttention& operator=(const CpuAttention&) = delete;
+
+    // Sizes the workspaces for up to max_seqs sequences per run() (allocates; not for the
+    // decode path).
+    void reserve(std::size_t max_seqs);
+
+    // Attends every sequence's blocks with its query. out: rows = seqs.size() × num_q_heads
+    // (sequence-major, then query head), dim = head_dim_v; o fp32 (normalised), lse natural log
+    // of the scaled scores. A sequence with no valid token gets the empty state (0, −inf).
+    // Allocates nothing. Throws std::invalid_argument when out's shape does not match and
+    // std::length_error when seqs.size() exceeds the reserved count.
+    void run(std::span<const AttnSeq> seqs, StateView out);
+
+    // The kernel level in use: the forced or selected one, lowered to portable when the
+    // geometry's head dims are not multiples of 32 (the vector kernels' chunk width).
+    Isa isa() const noexcept { return isa_; }
+    const KvGeometry& geometry() const noexcept { return geometry_; }
+    std::size_t block_tokens() const noexcept { return block_tokens_; }
+    const PackedBlockLayout& packed_layout() const noexcept { return packed_; }
+
+    // Bytes of one block of one layer (packed == linear: the U layout costs nothing extra).
+    std::size_t packed_block_bytes() const noexcept { return packed_.bytes(); }
+    void pack_block(const void* linear, void* packed) const noexcept;
+    void unpack_block(const void* packed, void* linear) const noexcept;
+
+    // Whether the vector levels can serve this geometry (head dims multiples of 32).
+    static bool vector_kernels_support(const KvGeometry& g) noexcept;
+
+  private:
+    struct Plan;
+    KvGeometry geometry_;
+    std::size_t block_tokens_;
+    WorkerPool& pool_;
+    CpuAttentionOptions opts_;
+    Isa isa_;
+    PackedBlockLayout packed_;
+    std::unique_ptr<Plan> plan_;
+};
+
+}  // namespace writescope::cpu

@@ -1,0 +1,109 @@
+// A persistent pool of worker threads with an allocation-free parallel-for.
+//
+// The threads are created once (optionally pinned to cores) and sleep between dispatches; a
+// dispatch hands out item indices [0, n) through one shared atomic counter, so uneven items
+// balance themselves. Nothing is allocated per dispatch: the callable is passed by reference
+// (FunctionRef), never copied into a std::function.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace writescope::cpu {
+
+// A non-owning reference to a callable: two pointers, no allocation. The callable must outlive
+// every call through the reference (true for a lambda passed straight to parallel_for).
+template <class Sig>
+class FunctionRef;
+
+template <class R, class... Args>
+class FunctionRef<R(Args...)> {
+  public:
+    template <class F, class = std::enable_if_t<!std::is_same_v<std::decay_t<F>, FunctionRef>>>
+    FunctionRef(F&& f) noexcept  // NOLINT(google-explicit-constructor): used like a std::function
+        : obj_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
+          call_([](void* o, Args... a) -> R {
+              return (*static_cast<std::remove_reference_t<F>*>(o))(std::forward<Args>(a)...);
+          }) {}
+    R operator()(Args... a) const { return call_(obj_, std::forward<Args>(a)...); }
+
+  private:
+    void* obj_;
+    R (*call_)(void*, Args...);
+};
+
+struct WorkerPoolOptions {
+    // Workers taking part in a dispatch, the calling thread included when caller_participates.
+    // 0: one per CPU in the process's affinity mask.
+    std::size_t threads = 0;
+    // Pin each pool thread to one CPU of the affinity mask (sched_setaffinity). Failure to pin
+    // is not fatal: it is reported in pin_report(). The calling thread is never re-pinned.
+    bool pin = false;
+    // The calling thread runs items too (worker index 0) instead of only waiting.
+    bool caller_participates = true;
+    // Pause-loop iterations a worker spins before it sleeps on a futex, and the caller spins
+    // before it sleeps waiting for the stragglers: decode dispatches come in quick succession
+    // (one per layer), and a futex wake costs tens of microseconds.
+    std::uint32_t spin_iterations = 4000;
+};
+
+// What pinning achieved: one entry per pool thread.
+struct PinReport {
+    std::size_t requested = 0;  // pool threads asked to pin (0 when pinning is off)
+    std::size_t pinned = 0;     // pool threads pinned successfully
+    std::vector<int> cpus;      // the CPU each pool thread was pinned to (-1: not pinned)
+    std::string error;          // first failure (strerror text), empty when none
+};
+
+class WorkerPool {
+  public:
+    explicit WorkerPool(const WorkerPoolOptions& opts = {});
+    ~WorkerPool();  // wakes every thread, lets it exit and joins it
+    WorkerPool(const WorkerPool&) = delete;
+    WorkerPool& operator=(const WorkerPool&) = delete;
+
+    // The number of distinct worker indices fn may see: indices are in [0, concurrency()).
+    std::size_t concurrency() const noexcept { return concurrency_; }
+    // Pool threads owned (concurrency() − 1 when the caller participates).
+    std::size_t pool_threads() const noexcept { return threads_.size(); }
+    const PinReport& pin_report() const noexcept { return pin_report_; }
+
+    // Calls fn(item, worker) exactly once for every item in [0, n) and returns when all calls
+    // have returned. worker is the index of the thread running the call, stable for the thread
+    // (so it can index per-thread scratch). fn must not throw. Dispatches from several threads
+    // are serialised. Allocates nothing.
+    void parallel_for(std::size_t n, FunctionRef<void(std::size_t, std::size_t)> fn);
+
+    // CPUs in the process's affinity mask, in ascending order.
+    static std::vector<int> allowed_cpus();
+
+  private:
+    void worker_main(std::size_t worker_index, int cpu);
+    void run_items(std::size_t worker_index) noexcept;
+
+    std::size_t concurrency_ = 1;
+    bool caller_participates_ = true;
+    std::uint32_t spin_ = 0;
+    std::vector<std::thread> threads_;
+    PinReport pin_report_;
+    std::mutex dispatch_mutex_;  // serialises parallel_for callers
+
+    // The current dispatch. Written by the caller before generation_ is bumped (release), read
+    // by the workers after they observe the new generation (acquire).
+    std::size_t n_items_ = 0;
+    FunctionRef<void(std::size_t, std::size_t)>* fn_ = nullptr;
+    alignas(64) std::atomic<std::uint32_t> generation_{0};
+    alignas(64) std::atomic<std::size_t> next_item_{0};
+    alignas(64) std::atomic<std::uint32_t> finished_threads_{0};
+    std::atomic<bool> stop_{false};
+};
+
+}  // namespace writescope::cpu

@@ -1,0 +1,236 @@
+#include "writescope/cpu/attention.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+#include "kernel_api.hpp"
+
+namespace writescope::cpu {
+
+namespace {
+
+// A 64-byte aligned float array (worker scratch must not share cache lines).
+struct AlignedFloats {
+    float* p = nullptr;
+    std::size_t n = 0;
+    AlignedFloats() = default;
+    explicit AlignedFloats(std::size_t count)
+        : p(count
+                ? static_cast<float*>(::operator new[](count * sizeof(float), std::align_val_t{64}))
+                : nullptr),
+          n(count) {}
+    AlignedFloats(AlignedFloats&& o) noexcept : p(std::exchange(o.p, nullptr)), n(o.n) {}
+    AlignedFloats& operator=(AlignedFloats&& o) noexcept {
+        std::swap(p, o.p);
+        std::swap(n, o.n);
+        return *this;
+    }
+    ~AlignedFloats() {
+        if (p) ::operator delete[](p, std::align_val_t{64});
+    }
+};
+
+std::size_t pad16(std::size_t n) {
+    return (n + 15) / 16 * 16;
+}
+
+// Offsets (floats) of the parts of one worker's scratch (see detail::Scratch).
+struct ScratchOffsets {
+    std::size_t s, o, m, l, alpha, qf, total;
+};
+ScratchOffsets scratch_offsets(const detail::KernelShape& k) {
+    ScratchOffsets L{};
+    L.s = 0;
+    L.o = L.s + pad16(std::size_t{k.group} * k.s_stride);
+    L.m = L.o + pad16(std::size_t{k.group} * k.dv);
+    L.l = L.m + pad16(k.group);
+    L.alpha = L.l + pad16(k.group);
+    L.qf = L.alpha + pad16(k.group);
+    L.total = L.qf + pad16(std::size_t{k.group} * k.dk);
+    return L;
+}
+
+}  // namespace
+
+// One work item: KV head `kv_head` of sequence `seq`, blocks [block0, block0 + nblocks).
+struct WorkItem {
+    std::uint32_t seq, kv_head, block0, nblocks;
+    std::uint32_t group;  // index of its (sequence, KV head) merge group
+    std::uint32_t part;   // its slot among the parts (unused when the group has one part)
+};
+
+// The parts of one (sequence, KV head): the last item to finish merges them into the output.
+struct MergeGroup {
+    std::atomic<std::uint32_t> remaining{0};
+    std::uint32_t first_part = 0, nparts = 0;
+};
+
+struct CpuAttention::Plan {
+    detail::KernelShape shape{};
+    void (*kernel)(const detail::KernelShape&, const detail::ChunkArgs&) noexcept = nullptr;
+    std::size_t workers = 1;
+    ScratchOffsets offs{};
+    std::size_t scratch_stride = 0;  // floats per worker, a multiple of 16 (64 bytes)
+    AlignedFloats scratch;           // (workers, scratch_stride) fp32
+
+    // Sized by reserve(); run() only indexes into them.
+    std::size_t max_seqs = 0;
+    std::size_t max_items = 0;
+    std::vector<WorkItem> items;           // (max_items)
+    std::unique_ptr<MergeGroup[]> groups;  // (max_seqs × kv_heads)
+    AlignedFloats part_o;                  // (max_items, group, dv) fp32 partial outputs
+    AlignedFloats part_lse;                // (max_items, group) fp32 partial lse
+    std::vector<ConstStateView> views;     // (workers, max_items): merge argument scratch
+};
+
+bool CpuAttention::vector_kernels_support(const KvGeometry& g) noexcept {
+    return g.head_dim_k % 32 == 0 && g.head_dim_v % 32 == 0;
+}
+
+CpuAttention::CpuAttention(const KvGeometry& geometry, std::size_t block_tokens, WorkerPool& pool,
+                           const CpuAttentionOptions& opts)
+    : geometry_(geometry),
+      block_tokens_(block_tokens),
+      pool_(pool),
+      opts_(opts),
+      isa_(Isa::portable),
+      packed_(PackedBlockLayout::of(geometry, block_tokens)),
+      plan_(std::make_unique<Plan>()) {
+    if (const std::string err = geometry.validate(); !err.empty())
+        throw std::invalid_argument("CpuAttention: bad geometry: " + err);
+    if (block_tokens == 0 || block_tokens > (1u << 20))
+        throw std::invalid_argument("CpuAttention: block_tokens must be in [1, 2^20]");
+    isa_ = select_isa(opts.isa);
+    if (!vector_kernels_support(geometry)) isa_ = Isa::portable;
+
+    Plan& P = *plan_;
+    auto& k = P.shape;
+    k.dtype = geometry.dtype;
+    k.group = static_cast<std::uint32_t>(geometry.group_size());
+    k.kv_heads = static_cast<std::uint32_t>(geometry.num_kv_heads);
+    k.dk = static_cast<std::uint32_t>(geometry.head_dim_k);
+    k.dv = static_cast<std::uint32_t>(geometry.head_dim_v);
+    k.block_tokens = static_cast<std::uint32_t>(block_tokens);
+    k.s_stride = static_cast<std::uint32_t>(pad16(block_tokens));
+    k.mla = geometry.mla;
+    k.prefetch = opts.prefetch;
+    k.scale = geometry.scale();
+    P.kernel = &detail::attend_chunk_portable;
+#if defined(WRITESCOPE_CPU_X86)  // elsewhere select_isa() never returns a vector level
+    if (isa_ == Isa::avx2) P.kernel = &detail::attend_chunk_avx2;
+    if (isa_ == Isa::avx512) P.kernel = &detail::attend_chunk_avx512;
+#endif
+    P.workers = pool.concurrency();
+    P.offs = scratch_offsets(k);
+    P.scratch_stride = P.offs.total;
+    P.scratch = AlignedFloats(P.workers * P.scratch_stride);
+    reserve(opts.max_seqs);
+}
+
+CpuAttention::~CpuAttention() = default;
+
+void CpuAttention::reserve(std::size_t max_seqs) {
+    Plan& P = *plan_;
+    if (max_seqs <= P.max_seqs && P.max_items) return;
+    max_seqs = std::max(max_seqs, P.max_seqs);
+    const std::size_t kvh = P.shape.kv_heads, g = P.shape.group, dv = P.shape.dv;
+    // With chunks of c >= N / target blocks, Σ ceil(n_i / c) <= target + (number of groups).
+    const std::size_t target = P.workers * std::max<std::size_t>(1, opts_.items_per_worker);
+    P.max_items = target + max_seqs * kvh;
+    P.max_seqs = max_seqs;
+    P.items.assign(P.max_items, WorkItem{});
+    P.groups = std::make_unique<MergeGroup[]>(max_seqs * kvh);
+    P.part_o = AlignedFloats(P.max_items * g * dv);
+    P.part_lse = AlignedFloats(P.max_items * g);
+    P.views.assign(P.workers * P.max_items, ConstStateView{});
+}
+
+void CpuAttention::pack_block(const void* linear, void* packed) const noexcept {
+    cpu::pack_block(packed_, linear, packed);
+}
+
+void CpuAttention::unpack_block(const void* packed, void* linear) const noexcept {
+    cpu::unpack_block(packed_, packed, linear);
+}
+
+void CpuAttention::run(std::span<const AttnSeq> seqs, StateView out) {
+    Plan& P = *plan_;
+    const std::size_t hq = static_cast<std::size_t>(geometry_.num_q_heads);
+    const std::size_t g = P.shape.group, kvh = P.shape.kv_heads, dv = P.shape.dv;
+    if (out.rows != seqs.size() * hq || out.dim != dv || (out.rows && (!out.o || !out.lse)))
+        throw std::invalid_argument("CpuAttention::run: out must be (seqs × num_q_heads = " +
+                                    std::to_string(seqs.size() * hq) + ") rows of head_dim_v (" +
+                                    std::to_string(dv) + ")");
+    if (seqs.size() > P.max_seqs)
+        throw std::length_error("CpuAttention::run: " + std::to_string(seqs.size()) +
+                                " sequences, reserve() was for " + std::to_string(P.max_seqs));
+
+    // Chunk size: about `target` items over all (sequence, KV head) block lists.
+    std::size_t head_blocks = 0;
+    for (const auto& s : seqs)
+        head_blocks += s.blocks.size() * kvh;
+    const std::size_t target = P.workers * std::max<std::size_t>(1, opts_.items_per_worker);
+    const std::size_t chunk = std::max<std::size_t>(1, (head_blocks + target - 1) / target);
+
+    std::size_t n_items = 0, n_parts = 0;
+    for (std::size_t s = 0; s < seqs.size(); ++s) {
+        const std::size_t nb = seqs[s].blocks.size();
+        for (std::size_t h = 0; h < kvh; ++h) {
+            MergeGroup& grp = P.groups[s * kvh + h];
+            const std::size_t parts = (nb + chunk - 1) / chunk;
+            grp.first_part = static_cast<std::uint32_t>(n_parts);
+            grp.nparts = static_cast<std::uint32_t>(parts);
+            grp.remaining.store(static_cast<std::uint32_t>(parts), std::memory_order_relaxed);
+            if (parts == 0) {  // no blocks: the empty state
+                clear_states({out.o + (s * hq + h * g) * dv, out.lse + s * hq + h * g, g, dv});
+                continue;
+            }
+            for (std::size_t p = 0; p < parts; ++p) {
+                WorkItem& it = P.items[n_items++];
+                it.seq = static_cast<std::uint32_t>(s);
+                it.kv_head = static_cast<std::uint32_t>(h);
+                it.block0 = static_cast<std::uint32_t>(p * chunk);
+                it.nblocks = static_cast<std::uint32_t>(std::min(chunk, nb - p * chunk));
+                it.group = static_cast<std::uint32_t>(s * kvh + h);
+                it.part = static_cast<std::uint32_t>(n_parts + p);
+            }
+            if (parts > 1) n_parts += parts;
+        }
+    }
+
+    const std::size_t es = dtype_bytes(geometry_.dtype);
+    pool_.parallel_for(n_items, [&](std::size_t i, std::size_t worker) {
+        const WorkItem& it = P.items[i];
+        MergeGroup& grp = P.groups[it.group];
+        const AttnSeq& seq = seqs[it.seq];
+        const std::size_t row0 = it.seq * hq + std::size_t{it.kv_head} * g;  // first output row
+        const bool single = grp.nparts == 1;
+
+        float* ws = P.scratch.p + worker * P.scratch_stride;
+        detail::ChunkArgs a{};
+        a.q = static_cast<const char*>(seq.q) + std::size_t{it.kv_head} * g * P.shape.dk * es;
+        a.blocks = seq.blocks.data() + it.block0;
+        a.nblocks = it.nblocks;
+        a.kv_head = geometry_.mla ? 0 : it.kv_head;
+        a.o = single ? out.o + row0 * dv : P.part_o.p + std::size_t{it.part} * g * dv;
+        a.lse = single ? out.lse + row0 : P.part_lse.p + std::size_t{it.part} * g;
+        a.scratch = {ws + P.offs.s, ws + P.offs.o,     ws + P.offs.m,
+                     ws + P.offs.l, ws + P.offs.alpha, ws + P.offs.qf};
+        P.kernel(P.shape, a);
+        if (single) return;
+
+        // acq_rel: the last finisher sees every other part's writes.
+        if (grp.remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+        ConstStateView* views = P.views.data() + worker * P.max_items;
+        for (std::uint32_t p = 0; p < grp.nparts; ++p) {
+            const std::size_t part = grp.first_part + p;
+            views[p] = {P.part_o.p + part * g * dv, P.part_lse.p + part * g, g, dv};
+        }
+        merge_states({views, grp.nparts}, {out.o + row0 * dv, out.lse + row0, g, dv});
+    });
+}
+
+}  // namespace writescope::cpu

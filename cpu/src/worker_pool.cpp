@@ -1,0 +1,156 @@
+#include "writescope/cpu/worker_pool.hpp"
+
+#include <sched.h>
+
+#include <cerrno>
+#include <cstring>
+#include <latch>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace writescope::cpu {
+namespace {
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#endif
+}
+
+// Spins up to `spin` iterations for *a to differ from `old`, then sleeps on it (futex).
+// Returns the new value.
+std::uint32_t wait_for_change(const std::atomic<std::uint32_t>& a, std::uint32_t old,
+                              std::uint32_t spin) noexcept {
+    for (std::uint32_t i = 0; i < spin; ++i) {
+        const std::uint32_t v = a.load(std::memory_order_acquire);
+        if (v != old) return v;
+        cpu_relax();
+    }
+    for (;;) {
+        a.wait(old, std::memory_order_acquire);
+        const std::uint32_t v = a.load(std::memory_order_acquire);
+        if (v != old) return v;
+    }
+}
+
+}  // namespace
+
+std::vector<int> WorkerPool::allowed_cpus() {
+    std::vector<int> cpus;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+        for (int c = 0; c < CPU_SETSIZE; ++c)
+            if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    }
+    if (cpus.empty()) {
+        const unsigned n = std::thread::hardware_concurrency();
+        for (unsigned c = 0; c < (n ? n : 1); ++c)
+            cpus.push_back(static_cast<int>(c));
+    }
+    return cpus;
+}
+
+WorkerPool::WorkerPool(const WorkerPoolOptions& opts)
+    : caller_participates_(opts.caller_participates), spin_(opts.spin_iterations) {
+    const std::vector<int> cpus = allowed_cpus();
+    concurrency_ = opts.threads ? opts.threads : cpus.size();
+    const std::size_t n_threads = caller_participates_ ? concurrency_ - 1 : concurrency_;
+    const std::size_t first_index = caller_participates_ ? 1 : 0;
+
+    pin_report_.requested = opts.pin ? n_threads : 0;
+    pin_report_.cpus.assign(n_threads, -1);
+    std::latch started(static_cast<std::ptrdiff_t>(n_threads));
+    std::mutex report_mutex;
+    threads_.reserve(n_threads);
+    for (std::size_t t = 0; t < n_threads; ++t) {
+        const std::size_t index = first_index + t;
+        // The caller (index 0) keeps its own affinity; pool thread i takes the i-th allowed CPU,
+        // wrapping when there are more threads than CPUs.
+        const int cpu = opts.pin ? cpus[index % cpus.size()] : -1;
+        threads_.emplace_back([this, index, cpu, t, &started, &report_mutex] {
+            if (cpu >= 0) {
+                cpu_set_t set;
+                CPU_ZERO(&set);
+                CPU_SET(cpu, &set);
+                const int rc = sched_setaffinity(0, sizeof(set), &set);  // 0: this thread
+                const int err = errno;
+                std::lock_guard lock(report_mutex);
+                if (rc == 0) {
+                    ++pin_report_.pinned;
+                    pin_report_.cpus[t] = cpu;
+                } else if (pin_report_.error.empty()) {
+                    pin_report_.error =
+                        "sched_setaffinity(cpu " + std::to_string(cpu) + "): " + std::strerror(err);
+                }
+            }
+            started.count_down();
+            worker_main(index, cpu);
+        });
+    }
+    started.wait();
+}
+
+WorkerPool::~WorkerPool() {
+    stop_.store(true, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
+    generation_.notify_all();
+    for (auto& t : threads_)
+        t.join();
+}
+
+void WorkerPool::run_items(std::size_t worker_index) noexcept {
+    const std::size_t n = n_items_;
+    for (;;) {
+        const std::size_t i = next_item_.fetch_add(1, std::memory_order_relaxed);
+        if (i >= n) break;
+        (*fn_)(i, worker_index);
+    }
+}
+
+void WorkerPool::worker_main(std::size_t worker_index, int /*cpu*/) {
+    std::uint32_t seen = generation_.load(std::memory_order_acquire);
+    for (;;) {
+        seen = wait_for_change(generation_, seen, spin_);
+        if (stop_.load(std::memory_order_relaxed)) return;
+        run_items(worker_index);
+        // Release: the caller reads what the items wrote after it sees every thread finished.
+        const std::uint32_t done = finished_threads_.fetch_add(1, std::memory_order_acq_rel) + 1;
+        if (done == threads_.size()) finished_threads_.notify_one();
+    }
+}
+
+void WorkerPool::parallel_for(std::size_t n, FunctionRef<void(std::size_t, std::size_t)> fn) {
+    if (n == 0) return;
+    std::lock_guard lock(dispatch_mutex_);
+    if (threads_.empty()) {  // a pool of one: the caller runs everything
+        for (std::size_t i = 0; i < n; ++i)
+            fn(i, 0);
+        return;
+    }
+    n_items_ = n;
+    fn_ = &fn;
+    next_item_.store(0, std::memory_order_relaxed);
+    finished_threads_.store(0, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
+    generation_.notify_all();
+    if (caller_participates_) run_items(0);
+
+    // Wait for every pool thread to finish this generation (each counts itself once, also when
+    // it found no item left), so none can still be reading n_items_ or fn_ when we return.
+    const auto target = static_cast<std::uint32_t>(threads_.size());
+    std::uint32_t done = finished_threads_.load(std::memory_order_acquire);
+    for (std::uint32_t i = 0; i < spin_ && done != target; ++i) {
+        cpu_relax();
+        done = finished_threads_.load(std::memory_order_acquire);
+    }
+    while (done != target) {
+        finished_threads_.wait(done, std::memory_order_acquire);
+        done = finished_threads_.load(std::memory_order_acquire);
+    }
+    fn_ = nullptr;
+}
+
+}  // namespace writescope::cpu
