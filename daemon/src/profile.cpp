@@ -791,6 +791,25 @@ std::string profile_value(const Profile& p, std::string_view key) {
     return {};
 }
 
+Profile merge_reloadable(const Profile& running, const Profile& next,
+                         std::vector<std::string>* needs_restart) {
+    Profile out = running;
+    for (const auto& k : key_table()) {
+        const auto value = k.render(next);
+        if (value == k.render(running)) continue;
+        if (!k.reloadable) {
+            if (needs_restart) needs_restart->push_back(fmt::format("{}.{}", k.section, k.name));
+            continue;
+        }
+        // Through the key's own parser, so the table stays the only place that knows fields.
+        const auto doc = toml::parse(fmt::format("v = {}", value), std::string_view("<reload>"));
+        if (auto e = k.apply(*doc.get("v"), out); !e.empty())
+            throw std::logic_error(
+                fmt::format("{}.{} does not read back: {}", k.section, k.name, e));
+    }
+    return out;
+}
+
 std::vector<std::string> changed_keys(const Profile& a, const Profile& b) {
     std::vector<std::string> out;
     for (const auto& k : key_table())

@@ -125,6 +125,11 @@ struct KeyInfo {
 };
 std::vector<KeyInfo> profile_keys();
 
+// The running profile after a reload to `next`: the reloadable keys take next's values, the
+// others keep running's. needs_restart (when given) receives the non-reloadable keys that differ.
+Profile merge_reloadable(const Profile& running, const Profile& next,
+                         std::vector<std::string>* needs_restart);
+
 // The value of one key ("section.name") rendered as TOML; empty for an unknown key.
 std::string profile_value(const Profile& p, std::string_view key);
 // The keys ("section.name") whose values differ.

@@ -1,0 +1,133 @@
+// Engine::create: picks the backends for the options and hands them to the engine.
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "cpu_attention_backend.hpp"
+#include "writescope/core/engine_impl.hpp"
+#include "writescope/core/host_kv_memory.hpp"
+#include "writescope/core/kv_cache.hpp"
+
+#if WRITESCOPE_HAVE_CUDA
+#include "writescope/cuda/device.hpp"
+#include "writescope/cuda/gpu_kv_memory.hpp"
+#include "writescope/cuda/gpu_step_backend.hpp"
+#endif
+
+namespace writescope {
+
+namespace {
+
+std::string mib(std::uint64_t b) { return std::to_string(b >> 20) + " MiB"; }
+
+}  // namespace
+
+std::unique_ptr<Engine> Engine::create(const EngineOptions& o) {
+    const KvGeometry& g = o.geometry;
+    if (const std::string e = g.validate(); !e.empty())
+        throw std::runtime_error("model geometry '" + g.name + "': " + e);
+    const std::size_t B = o.block_tokens;
+    if (B < 16 || B > 1024 || B % 16 != 0)
+        throw std::runtime_error("kv.block_tokens = " + std::to_string(B) +
+                                 ": must be a multiple of 16 in [16, 1024]");
+    if (o.max_batch == 0) throw std::runtime_error("max_batch must be at least 1");
+    const std::size_t threads = o.attention_threads > 0 ? static_cast<std::size_t>(o.attention_threads) : 0;
+    auto cpu = std::make_unique<runtime::CpuAttentionBackendImpl>(g, B, threads, o.pin_threads,
+                                                                  o.max_batch);
+    EngineParts parts;
+    KvCacheConfig kv;
+    kv.geometry = g;
+    kv.block_tokens = B;
+    kv.t_slots = o.max_batch;
+    kv.host_bytes = o.host_kv_bytes;
+    kv.u_block_bytes = cpu->packed_block_bytes();
+    const std::size_t lin = LinearBlockLayout::of(g, B).elems() * dtype_bytes(g.dtype);
+    const std::size_t layers = static_cast<std::size_t>(g.num_layers);
+
+    if (o.gpu_index < 0) {
+        // CPU only: T lives in host memory, there is no G and no P (pinning buys nothing without
+        // a GPU), every sealed block goes to U and the CPU attends everything (r = 1).
+        kv.g_slots = 0;
+        kv.pinned_bytes = 0;
+        kv.target_r = 1.0;
+        HostKvMemory mem = HostKvMemory::create(kv);
+        RegionMemory* pool = mem.gpu_pool.get();
+        parts.write_pool_block = [pool, lin](std::size_t layer, std::uint32_t slot,
+                                             const void* src) {
+            std::memcpy(pool->block(layer, slot), src, lin);
+        };
+        parts.gpu_pool = std::move(mem.gpu_pool);
+        parts.pinned = std::move(mem.pinned);
+        parts.unpinned = std::move(mem.unpinned);
+        parts.kv = kv;
+        parts.cpu = std::move(cpu);
+        return std::make_unique<EngineImpl>(o, std::move(parts));
+    }
+#if WRITESCOPE_HAVE_CUDA
+    const int n = cuda::device_count();
+    if (o.gpu_index >= n)
+        throw std::runtime_error("hardware.gpu = " + std::to_string(o.gpu_index) + ": " +
+                                 (n == 0 ? std::string("no CUDA device is visible")
+                                         : std::to_string(n) + " CUDA device(s) visible"));
+    cuda::set_device(o.gpu_index);
+    const cuda::DeviceInfo info = cuda::device_info(o.gpu_index);
+    auto pool = std::make_shared<cuda::DevicePool>(o.vram_kv_bytes);
+    // Size P and U first (their slots do not depend on the VRAM), then give the GPU pool what
+    // the workspaces leave: T = one open block per sequence, G the rest.
+    kv.pinned_bytes = o.pinned_kv_bytes;
+    kv.g_slots = 0;
+    const KvCapacity pre = kv_capacity(kv);
+    const std::size_t per_pool_slot = layers * lin;
+    const std::size_t p_slots = pre.slots[static_cast<int>(Region::P)];
+    const std::size_t g_upper = o.vram_kv_bytes / per_pool_slot;
+    cuda::GpuStepOptions so;
+    so.geometry = g;
+    so.block_tokens = B;
+    so.max_seqs = o.max_batch;
+    so.max_blocks = g_upper + p_slots + o.max_batch;
+    // Workspace: staging ring, metadata, partial states (one row per block per query head).
+    const std::uint64_t workspace =
+        so.staging_slots * so.staging_chunk_bytes +
+        static_cast<std::uint64_t>(so.max_blocks + 2 * o.max_batch) *
+            (g.num_q_heads * (g.head_dim_v + 1) * 4 + 64) +
+        static_cast<std::uint64_t>(o.max_batch) * g.num_q_heads * (g.head_dim_k * 2 + (g.head_dim_v + 1) * 8) +
+        (4u << 20);
+    if (o.vram_kv_bytes < workspace + o.max_batch * per_pool_slot)
+        throw std::runtime_error("hardware.vram_budget = " + mib(o.vram_kv_bytes) +
+                                 " is too small: the GPU workspace takes " + mib(workspace) +
+                                 " and the open blocks of " + std::to_string(o.max_batch) +
+                                 " sequences " + mib(o.max_batch * per_pool_slot));
+    kv.g_slots = (o.vram_kv_bytes - workspace) / per_pool_slot - o.max_batch;
+    so.max_blocks = kv.g_slots + p_slots + o.max_batch;
+    kv.target_r = 0.5;
+    const KvCapacity cap = kv_capacity(kv);
+    auto gpu_pool = std::make_unique<cuda::DeviceRegionMemory>("T+G (GPU)", *pool, layers,
+                                                               cap.gpu_pool_slots(), lin);
+    std::unique_ptr<cuda::PinnedRegionMemory> pinned;
+    if (cap.slots[static_cast<int>(Region::P)] > 0)
+        pinned = std::make_unique<cuda::PinnedRegionMemory>(
+            "P (pinned)", layers, cap.slots[static_cast<int>(Region::P)], lin, cap.extent_slots);
+    HostMemoryOptions ho;
+    auto unpinned = std::make_unique<HostRegionMemory>(
+        "U (host)", layers, cap.slots[static_cast<int>(Region::U)], cap.u_block_bytes, ho);
+    auto gpu = std::make_unique<cuda::GpuStepBackend>(so, *pool, *gpu_pool, pinned.get());
+    cuda::DeviceRegionMemory* gp = gpu_pool.get();
+    parts.write_pool_block = [gp, lin](std::size_t layer, std::uint32_t slot, const void* src) {
+        cuda::copy_sync(gp->device_block(layer, slot), src, lin);
+    };
+    parts.keepalive = pool;
+    parts.gpu_pool = std::move(gpu_pool);
+    parts.pinned = std::move(pinned);
+    parts.unpinned = std::move(unpinned);
+    parts.gpu = std::move(gpu);
+    parts.gpu_description = info.name + " (GPU " + std::to_string(o.gpu_index) + ")";
+    parts.kv = kv;
+    parts.cpu = std::move(cpu);
+    return std::make_unique<EngineImpl>(o, std::move(parts));
+#else
+    throw std::runtime_error("hardware.gpu = " + std::to_string(o.gpu_index) +
+                             ": this build of writescope has no CUDA backend");
+#endif
+}
+
+}  // namespace writescope

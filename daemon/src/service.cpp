@@ -1,0 +1,601 @@
+#include "service.hpp"
+
+#include <bit>
+#include <chrono>
+#include <cmath>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "log.hpp"
+
+namespace writescope::daemon {
+namespace {
+
+// How long an API change waits for the engine before answering "busy" (a calibration holds it).
+constexpr auto kEngineWait = std::chrono::milliseconds(250);
+
+std::int64_t unix_s_now() {
+    return std::chrono::duration_cast<std::chrono::seconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+}  // namespace
+
+std::int64_t unix_ms_now() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+std::string_view phase_name(Phase p) noexcept {
+    switch (p) {
+        case Phase::starting:
+            return "starting";
+        case Phase::ready:
+            return "ready";
+        case Phase::stopping:
+            return "stopping";
+    }
+    return "?";
+}
+
+std::string geometry_key(const EngineOptions& o) {
+    const auto& g = o.geometry;
+    return fmt::format("{}:layers={}:q_heads={}:kv_heads={}:dk={}:dv={}:mla={}:block={}", g.name,
+                       g.num_layers, g.num_q_heads, g.num_kv_heads, g.head_dim_k, g.head_dim_v,
+                       g.mla ? 1 : 0, o.block_tokens);
+}
+
+WorkloadKey workload_key_of(const EngineOptions& o, const EngineStatus& s) {
+    WorkloadKey k;
+    k.model = o.geometry.name;
+    k.dtype = std::string(dtype_name(o.geometry.dtype));
+    const std::uint64_t seqs = std::max<std::uint64_t>(s.sequences, 1);
+    k.batch_bucket = static_cast<std::int64_t>(std::bit_ceil(seqs));
+    // Spilled blocks are P and U; a block holds block_tokens tokens of every layer.
+    const std::uint64_t spilled_blocks = s.regions[static_cast<int>(Region::P)].used_blocks +
+                                         s.regions[static_cast<int>(Region::U)].used_blocks;
+    const std::uint64_t per_seq = spilled_blocks * o.block_tokens / seqs;
+    k.context_bucket = per_seq ? static_cast<std::int64_t>(std::bit_ceil(per_seq)) : 0;
+    return k;
+}
+
+Service::Service(Profile profile, std::string profile_source, EngineOptions options,
+                 MachineInfo machine, EngineFactory factory, AllocatorInfo allocator)
+    : profile_source_(std::move(profile_source)),
+      options_(std::move(options)),
+      machine_(std::move(machine)),
+      factory_(std::move(factory)),
+      allocator_(std::move(allocator)),
+      started_at_ms_(unix_ms_now()),
+      profile_(std::move(profile)) {}
+
+Service::~Service() {
+    request_stop();
+    if (job_thread_.joinable()) job_thread_.join();
+}
+
+void Service::set_stage(const StatusFn& status, std::string stage) {
+    {
+        std::lock_guard lock(state_mu_);
+        stage_ = stage;
+    }
+    if (status) status(stage);
+}
+
+void Service::boot(const StatusFn& status) {
+    const Profile profile = this->profile();
+    set_stage(status, "opening the store");
+    {
+        auto store = Store::open(profile.storage.state_dir);
+        std::lock_guard lock(state_mu_);
+        store_ = std::move(store);
+    }
+    if (cancel_) throw std::runtime_error("stopped during boot");
+
+    set_stage(status,
+              fmt::format("starting the engine ({}, {})", options_.geometry.name,
+                          options_.gpu_index >= 0 ? fmt::format("GPU {}", options_.gpu_index)
+                                                  : std::string("CPU only")));
+    std::unique_lock engine_lock(engine_mu_);
+    try {
+        engine_ = factory_(options_);
+    } catch (const std::exception& e) {
+        throw std::runtime_error(fmt::format("the engine did not start: {}", e.what()));
+    }
+    if (!engine_) throw std::runtime_error("the engine did not start");
+    engine_up_ = true;
+    refresh_snapshot_locked();
+    const EngineStatus first = [&] {
+        std::lock_guard lock(snapshot_mu_);
+        return snapshot_;
+    }();
+    log_info("engine.started",
+             "engine up: {} {} KV, mode {}, CPU kernel {}, {} attention threads, GPU {}",
+             options_.geometry.name, dtype_name(options_.geometry.dtype), first.mode, first.cpu_isa,
+             first.attention_threads, first.gpu ? "yes" : "no");
+
+    const auto fp = fingerprint_of(machine_, options_.gpu_index, first.attention_threads);
+    const CalibrationKey key{fp.text(), geometry_key(options_),
+                             std::string(dtype_name(options_.geometry.dtype)), WRITESCOPE_VERSION};
+    {
+        std::lock_guard lock(state_mu_);
+        key_ = key;
+    }
+
+    // Reuse or measure.
+    std::optional<StoredCalibration> stored;
+    try {
+        stored = store_->latest_calibration(key);
+    } catch (const StoreError& e) {
+        log_warning("store.read-failed", "cannot read stored calibrations: {}", e.what());
+    }
+    const auto age_s = stored ? unix_s_now() - stored->created_at : 0;
+    bool reuse = false;
+    std::string why;
+    switch (profile.policy.recalibrate) {
+        case Recalibrate::always:
+            why = "policy.recalibrate = \"always\"";
+            break;
+        case Recalibrate::never:
+            reuse = stored.has_value();
+            why = reuse ? "" : "no stored calibration matches this machine and model";
+            break;
+        case Recalibrate::automatic:
+            if (!stored) {
+                why = "no stored calibration matches this machine and model";
+            } else if (std::chrono::seconds(age_s) > profile.policy.recalibrate_max_age) {
+                why = fmt::format("the stored calibration is {} s old, past recalibrate_max_age",
+                                  age_s);
+            } else {
+                reuse = true;
+            }
+            break;
+    }
+    if (reuse) {
+        engine_->set_calibration(stored->calibration);
+        {
+            std::lock_guard lock(state_mu_);
+            calibration_ = {true, stored->calibration, "stored", stored->created_at, stored->id};
+        }
+        log_info("calibration.reused",
+                 "reusing calibration #{} from {} s ago: A {:.4g} s/token, B {:.4g} s/token, "
+                 "delta {:.4g} s",
+                 stored->id, age_s, stored->calibration.a, stored->calibration.b,
+                 stored->calibration.delta);
+    } else {
+        log_info("calibration.needed", "calibrating: {}", why);
+        run_calibration_locked("boot", &status);
+    }
+
+    // Warm start from the workload history.
+    WarmStartInfo warm;
+    if (!profile.policy.warm_start) {
+        warm.detail = "disabled (policy.warm_start = false)";
+    } else {
+        std::optional<WorkloadRecord> rec;
+        try {
+            rec = store_->latest_workload(options_.geometry.name,
+                                          dtype_name(options_.geometry.dtype));
+        } catch (const StoreError& e) {
+            log_warning("store.read-failed", "cannot read the workload history: {}", e.what());
+        }
+        if (!rec) {
+            warm.detail = "no history for this model and dtype";
+        } else {
+            warm.key = rec->key;
+            warm.updated_at = rec->updated_at;
+            try {
+                engine_->import_policy_state(rec->policy_state);
+                warm.applied = true;
+                warm.detail = fmt::format("from the history of batch {} / context {}",
+                                          rec->key.batch_bucket, rec->key.context_bucket);
+                log_info("history.warm-start",
+                         "policy warm-started from workload {} {} batch {} context {} "
+                         "(updated {} s ago, {} steps)",
+                         rec->key.model, rec->key.dtype, rec->key.batch_bucket,
+                         rec->key.context_bucket, unix_s_now() - rec->updated_at, rec->steps);
+            } catch (const std::exception& e) {
+                warm.detail = fmt::format("the stored policy state was refused: {}", e.what());
+                log_warning("history.warm-start-failed",
+                            "cannot warm-start from the stored history: {}", e.what());
+            }
+        }
+    }
+    refresh_snapshot_locked();
+    engine_lock.unlock();
+    {
+        std::lock_guard lock(state_mu_);
+        warm_ = std::move(warm);
+        stage_ = "ready";
+    }
+    Phase expected = Phase::starting;
+    if (!phase_.compare_exchange_strong(expected, Phase::ready))
+        throw std::runtime_error("stopped during boot");
+}
+
+void Service::run_calibration_locked(const std::string& trigger, const StatusFn* status) {
+    {
+        std::lock_guard lock(job_mu_);
+        job_ = {"running", trigger, 0, "starting", unix_ms_now(), 0, {}};
+    }
+    int last_percent = -1;
+    std::string last_stage;
+    auto progress = [&](double fraction, std::string_view stage) {
+        fraction = std::clamp(std::isfinite(fraction) ? fraction : 0.0, 0.0, 1.0);
+        {
+            std::lock_guard lock(job_mu_);
+            job_.progress = fraction;
+            job_.stage = std::string(stage);
+        }
+        const int percent = static_cast<int>(fraction * 100);
+        if (status && *status && (percent != last_percent || stage != last_stage)) {
+            last_percent = percent;
+            last_stage = std::string(stage);
+            set_stage(*status, fmt::format("calibrating: {}% ({})", percent, stage));
+        }
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    Calibration c;
+    try {
+        c = engine_->calibrate(progress, &cancel_);
+    } catch (const std::exception& e) {
+        const bool cancelled = cancel_.load();
+        std::lock_guard lock(job_mu_);
+        job_.state = cancelled ? "cancelled" : "failed";
+        job_.error = e.what();
+        job_.finished_at_ms = unix_ms_now();
+        if (trigger == "boot")
+            throw std::runtime_error(cancelled ? std::string("calibration cancelled")
+                                               : fmt::format("calibration failed: {}", e.what()));
+        throw;
+    }
+    if (c.seconds_taken <= 0)
+        c.seconds_taken =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    engine_->set_calibration(c);
+    const auto created = unix_s_now();
+    std::int64_t id = 0;
+    try {
+        id = store_->save_calibration(key_, c, created);
+    } catch (const StoreError& e) {
+        log_warning("store.write-failed", "calibration not saved: {}", e.what());
+    }
+    {
+        std::lock_guard lock(state_mu_);
+        calibration_ = {true, c, "measured", created, id};
+    }
+    log_info("calibration.done",
+             "calibrated in {:.2f} s: A {:.4g} s/token (R² {:.3f}), B {:.4g} s/token (R² {:.3f}), "
+             "delta {:.4g} s, {} points{}",
+             c.seconds_taken, c.a, c.a_r2, c.b, c.b_r2, c.delta, c.points.size(),
+             c.has_gpu ? "" : ", no GPU");
+    refresh_snapshot_locked();
+    std::lock_guard lock(job_mu_);
+    job_.progress = 1;
+    job_.stage = "done";
+    job_.state = "done";
+    job_.finished_at_ms = unix_ms_now();
+}
+
+Service::Result Service::start_calibration() {
+    if (phase_ != Phase::ready) return {Outcome::busy, unavailable_message()};
+    std::lock_guard lock(job_mu_);
+    if (job_.state == "running")
+        return {Outcome::busy,
+                fmt::format("a calibration is already running ({:.0f}%)", job_.progress * 100)};
+    // The previous job's last act was to set its final state under job_mu_, so it is done.
+    if (job_thread_.joinable()) job_thread_.join();
+    job_ = {"running", "api", 0, "waiting for the engine", unix_ms_now(), 0, {}};
+    job_thread_ = std::thread([this] {
+        std::unique_lock engine_lock(engine_mu_);
+        try {
+            run_calibration_locked("api", nullptr);
+        } catch (const std::exception& e) {
+            log_warning("calibration.failed", "recalibration {}: {}",
+                        cancel_ ? "cancelled" : "failed", e.what());
+        }
+        apply_pending_policy_locked();
+        refresh_snapshot_locked();
+    });
+    log_info("calibration.started", "recalibration requested through the API");
+    return {Outcome::ok, "calibration started"};
+}
+
+void Service::request_stop() {
+    Phase p = phase_.load();
+    while (p != Phase::stopping && !phase_.compare_exchange_weak(p, Phase::stopping)) {
+    }
+    cancel_ = true;
+}
+
+void Service::finish() {
+    std::call_once(finished_, [this] {
+        request_stop();
+        {
+            // A job thread that was started is joined here; none can start any more.
+            std::unique_lock lock(job_mu_);
+            auto t = std::move(job_thread_);
+            lock.unlock();
+            if (t.joinable()) t.join();
+        }
+        persist_history(true);
+    });
+}
+
+void Service::refresh_snapshot_locked() const {
+    if (!engine_) return;
+    EngineStatus s;
+    try {
+        s = engine_->status();
+    } catch (const std::exception& e) {
+        log_warning("engine.status-failed", "engine status failed: {}", e.what());
+        return;
+    }
+    std::lock_guard lock(snapshot_mu_);
+    snapshot_ = std::move(s);
+}
+
+ServiceView Service::view() const {
+    ServiceView v;
+    v.phase = phase_.load();
+    v.started_at_ms = started_at_ms_;
+    v.uptime_seconds = static_cast<double>(unix_ms_now() - started_at_ms_) / 1000.0;
+    v.version = WRITESCOPE_VERSION;
+    v.engine_options = options_;
+    v.allocator = allocator_;
+    v.profile_source = profile_source_;
+    v.engine_up = engine_up_.load();
+    if (v.engine_up) {
+        std::unique_lock engine_lock(engine_mu_, std::try_to_lock);
+        if (engine_lock.owns_lock())
+            refresh_snapshot_locked();
+        else
+            v.engine_busy = true;
+        std::lock_guard lock(snapshot_mu_);
+        v.engine = snapshot_;
+    }
+    {
+        std::lock_guard lock(state_mu_);
+        v.profile = profile_;
+        v.boot_stage = stage_;
+        v.calibration_key = key_;
+        v.calibration = calibration_;
+        v.warm_start = warm_;
+        if (store_) v.store = store_->report();
+    }
+    {
+        std::lock_guard lock(job_mu_);
+        v.job = job_;
+    }
+    {
+        std::lock_guard lock(requests_mu_);
+        for (const auto& [k, n] : requests_)
+            v.requests.push_back({k.first, k.second, n});
+    }
+    return v;
+}
+
+Profile Service::profile() const {
+    std::lock_guard lock(state_mu_);
+    return profile_;
+}
+
+std::string Service::unavailable_message() const {
+    switch (phase_.load()) {
+        case Phase::starting: {
+            std::lock_guard lock(state_mu_);
+            return fmt::format("writescoped is starting: {}", stage_);
+        }
+        case Phase::stopping:
+            return "writescoped is stopping";
+        case Phase::ready:
+            break;
+    }
+    return "writescoped is ready";
+}
+
+Service::Result Service::change_policy(const PolicyChange& change) {
+    if (change.mode)
+        if (auto e = validate_mode(*change.mode); !e.empty()) return {Outcome::invalid, e};
+    if (change.tracker_alpha && !(std::isfinite(*change.tracker_alpha) &&
+                                  *change.tracker_alpha > 0 && *change.tracker_alpha <= 1))
+        return {Outcome::invalid, "tracker.alpha must be in (0, 1]"};
+    if (change.tracker_clamp &&
+        !(std::isfinite(*change.tracker_clamp) && *change.tracker_clamp >= 1))
+        return {Outcome::invalid, "tracker.clamp must be at least 1"};
+    if (phase_ != Phase::ready) return {Outcome::busy, unavailable_message()};
+
+    std::unique_lock engine_lock(engine_mu_, kEngineWait);
+    if (!engine_lock.owns_lock())
+        return {Outcome::busy, "a calibration holds the engine; retry when it has finished"};
+    Profile p = profile();
+    const std::string old_mode = p.policy.mode;
+    try {
+        if (change.mode) engine_->set_mode(*change.mode);
+        if (change.tracker_alpha || change.tracker_clamp)
+            engine_->set_tracker(change.tracker_alpha.value_or(p.policy.tracker_alpha),
+                                 change.tracker_clamp.value_or(p.policy.tracker_clamp));
+    } catch (const std::invalid_argument& e) {
+        if (change.mode) {
+            try {
+                engine_->set_mode(old_mode);
+            } catch (const std::exception&) {
+            }
+        }
+        return {Outcome::invalid, e.what()};
+    }
+    if (change.mode) p.policy.mode = *change.mode;
+    if (change.tracker_alpha) p.policy.tracker_alpha = *change.tracker_alpha;
+    if (change.tracker_clamp) p.policy.tracker_clamp = *change.tracker_clamp;
+    refresh_snapshot_locked();
+    engine_lock.unlock();
+    {
+        std::lock_guard lock(state_mu_);
+        profile_.policy = p.policy;
+        pending_policy_.reset();
+    }
+    log_info("policy.changed", "policy set through the API: mode {}, tracker alpha {} clamp {}",
+             p.policy.mode, p.policy.tracker_alpha, p.policy.tracker_clamp);
+    return {Outcome::ok, {}};
+}
+
+void Service::apply_pending_policy_locked() {
+    std::optional<PendingPolicy> pending;
+    {
+        std::lock_guard lock(state_mu_);
+        pending.swap(pending_policy_);
+    }
+    if (!pending || !engine_) return;
+    try {
+        engine_->set_mode(pending->mode);
+        engine_->set_tracker(pending->alpha, pending->clamp);
+        log_info("reload.policy-applied", "reloaded policy applied after the calibration: mode {}",
+                 pending->mode);
+    } catch (const std::exception& e) {
+        log_error("reload.policy-failed", "the reloaded policy was refused by the engine: {}",
+                  e.what());
+    }
+}
+
+Service::ReloadResult Service::reload(const Profile& next) {
+    ReloadResult r;
+    const Profile running = profile();
+    Profile merged;
+    try {
+        merged = merge_reloadable(running, next, &r.needs_restart);
+    } catch (const std::exception& e) {
+        r.error = e.what();
+        return r;
+    }
+    r.applied = changed_keys(running, merged);
+    const auto& np = merged.policy;
+    const auto& op = running.policy;
+    const bool policy_changed = np.mode != op.mode || np.tracker_alpha != op.tracker_alpha ||
+                                np.tracker_clamp != op.tracker_clamp;
+    if (policy_changed && engine_up_) {
+        std::unique_lock engine_lock(engine_mu_, kEngineWait);
+        if (engine_lock.owns_lock()) {
+            try {
+                engine_->set_mode(np.mode);
+                engine_->set_tracker(np.tracker_alpha, np.tracker_clamp);
+            } catch (const std::exception& e) {
+                try {
+                    engine_->set_mode(op.mode);
+                    engine_->set_tracker(op.tracker_alpha, op.tracker_clamp);
+                } catch (const std::exception&) {
+                }
+                r.error =
+                    fmt::format("policy.mode: the engine refused \"{}\": {}", np.mode, e.what());
+                r.applied.clear();
+                return r;
+            }
+            refresh_snapshot_locked();
+        } else {
+            r.policy_deferred = true;
+        }
+    }
+    {
+        std::lock_guard lock(state_mu_);
+        profile_ = merged;
+        if (r.policy_deferred)
+            pending_policy_ = PendingPolicy{np.mode, np.tracker_alpha, np.tracker_clamp};
+    }
+    r.ok = true;
+    return r;
+}
+
+std::vector<WorkloadRecord> Service::history() const {
+    std::lock_guard lock(state_mu_);
+    return store_ ? store_->workloads() : std::vector<WorkloadRecord>{};
+}
+
+std::vector<Sample> Service::samples(std::size_t limit) const {
+    std::lock_guard lock(state_mu_);
+    return store_ ? store_->samples(limit) : std::vector<Sample>{};
+}
+
+void Service::take_sample() {
+    if (!engine_up_ || phase_ != Phase::ready) return;
+    std::unique_lock engine_lock(engine_mu_, std::try_to_lock);
+    if (!engine_lock.owns_lock()) return;
+    refresh_snapshot_locked();
+    engine_lock.unlock();
+    Sample x;
+    {
+        std::lock_guard lock(snapshot_mu_);
+        x.at_ms = unix_ms_now();
+        x.steps = snapshot_.steps;
+        x.sequences = snapshot_.sequences;
+        x.a = snapshot_.a;
+        x.b = snapshot_.b;
+        x.delta = snapshot_.delta;
+        x.r_target = snapshot_.r_target;
+        x.r_deployed = snapshot_.r_deployed;
+        x.step_seconds_mean = snapshot_.step_seconds_mean;
+    }
+    const std::size_t keep = profile().storage.sample_log_max;
+    try {
+        std::lock_guard lock(state_mu_);
+        if (store_) store_->append_sample(x, keep);
+    } catch (const StoreError& e) {
+        log_warning("store.write-failed", "sample not written: {}", e.what());
+    }
+}
+
+WorkloadRecord Service::workload_record_locked() const {
+    const EngineStatus s = engine_->status();
+    WorkloadRecord r;
+    r.key = workload_key_of(options_, s);
+    r.a = s.a;
+    r.b = s.b;
+    r.delta = s.delta;
+    r.r_target = s.r_target;
+    r.r_deployed = s.r_deployed;
+    r.steps = s.steps;
+    r.step_seconds_mean = s.step_seconds_mean;
+    r.policy_state = engine_->export_policy_state();
+    r.updated_at = unix_s_now();
+    return r;
+}
+
+void Service::persist_history(bool wait) {
+    if (!engine_up_) return;
+    // Until boot has finished, the engine's state is not a workload's history yet.
+    if (!wait && phase_ != Phase::ready) return;
+    {
+        std::lock_guard lock(state_mu_);
+        if (!store_ || calibration_.present == false) return;
+    }
+    std::unique_lock engine_lock(engine_mu_, std::defer_lock);
+    if (wait)
+        engine_lock.lock();
+    else if (!engine_lock.try_lock_for(kEngineWait))
+        return;
+    WorkloadRecord r;
+    try {
+        r = workload_record_locked();
+    } catch (const std::exception& e) {
+        log_warning("history.export-failed", "cannot export the policy state: {}", e.what());
+        return;
+    }
+    engine_lock.unlock();
+    try {
+        std::lock_guard lock(state_mu_);
+        store_->put_workload(r);
+    } catch (const StoreError& e) {
+        log_warning("store.write-failed", "history not written: {}", e.what());
+        return;
+    }
+    log_debug("history.written", "history of {} {} batch {} context {} written ({} steps)",
+              r.key.model, r.key.dtype, r.key.batch_bucket, r.key.context_bucket, r.steps);
+}
+
+void Service::count_request(std::string_view route, int status) {
+    std::lock_guard lock(requests_mu_);
+    ++requests_[{std::string(route), status}];
+}
+
+}  // namespace writescope::daemon

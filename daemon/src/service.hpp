@@ -1,0 +1,212 @@
+// The daemon's state and behaviour, apart from any event loop: boot (store → engine → calibrate
+// or reuse → warm start), runtime changes (policy, recalibration, reload), persistence (history,
+// samples) and a consistent view of it all for the API.
+//
+// Threads: the serving loop calls everything but boot(); boot() runs on its own thread; an API
+// recalibration runs on a job thread. Engine calls are serialised by one mutex, which a
+// calibration holds for its whole run: readers then get the last status snapshot instead of
+// waiting (ServiceView::engine_busy says so).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "engine_host.hpp"
+#include "machine.hpp"
+#include "profile.hpp"
+#include "store.hpp"
+#include "writescope/core/engine.hpp"
+
+namespace writescope::daemon {
+
+enum class Phase : std::uint8_t { starting, ready, stopping };
+std::string_view phase_name(Phase p) noexcept;
+
+struct AllocatorInfo {
+    std::string name = "libc";
+    std::string version;
+    bool overrides_malloc = false;  // malloc() itself returns the allocator's memory
+};
+
+// The calibration the policy runs on.
+struct CalibrationInfo {
+    bool present = false;
+    Calibration calibration;
+    std::string source;           // "measured" (by this process) or "stored" (reused)
+    std::int64_t created_at = 0;  // unix seconds
+    std::int64_t store_id = 0;    // its row in the store; 0 when it could not be saved
+};
+
+// The latest calibration run (at boot or from POST /v1/calibration).
+struct CalibrationJobInfo {
+    std::string state = "idle";  // idle | running | done | failed | cancelled
+    std::string trigger;         // boot | api
+    double progress = 0;         // in [0, 1]
+    std::string stage;
+    std::int64_t started_at_ms = 0, finished_at_ms = 0;  // unix milliseconds
+    std::string error;
+};
+
+struct WarmStartInfo {
+    bool applied = false;
+    std::string detail;  // why not, or what was imported
+    WorkloadKey key;
+    std::int64_t updated_at = 0;
+};
+
+struct RequestCount {
+    std::string route;
+    int status = 0;
+    std::uint64_t count = 0;
+};
+
+// Everything the API reports, taken at one moment.
+struct ServiceView {
+    Phase phase = Phase::starting;
+    std::string boot_stage;
+    double uptime_seconds = 0;
+    std::int64_t started_at_ms = 0;
+    std::string version;
+    Profile profile;
+    std::string profile_source;
+    EngineOptions engine_options;
+    bool engine_up = false;
+    bool engine_busy = false;  // a calibration holds the engine: `engine` is the last snapshot
+    EngineStatus engine;
+    CalibrationKey calibration_key;
+    CalibrationInfo calibration;
+    CalibrationJobInfo job;
+    WarmStartInfo warm_start;
+    StoreOpenReport store;
+    AllocatorInfo allocator;
+    std::vector<RequestCount> requests;
+};
+
+class Service {
+  public:
+    using StatusFn = std::function<void(std::string_view status)>;
+
+    Service(Profile profile, std::string profile_source, EngineOptions options, MachineInfo machine,
+            EngineFactory factory, AllocatorInfo allocator);
+    ~Service();
+    Service(const Service&) = delete;
+    Service& operator=(const Service&) = delete;
+
+    // Opens the store, builds the engine, calibrates or reuses a stored calibration, warm-starts
+    // the policy, then enters Phase::ready. status() is told each stage (for STATUS=). Throws
+    // std::runtime_error on a failure that leaves the daemon unable to serve (and when
+    // request_stop() cancels it).
+    void boot(const StatusFn& status);
+
+    Phase phase() const noexcept { return phase_.load(); }
+    // Stops new work: the phase becomes stopping and a running calibration is cancelled.
+    void request_stop();
+    // After request_stop(): waits for the calibration job, then persists the history (once).
+    void finish();
+
+    ServiceView view() const;
+    Profile profile() const;
+    // What a 503 says while starting or stopping.
+    std::string unavailable_message() const;
+
+    enum class Outcome : std::uint8_t { ok, invalid, busy };
+    struct Result {
+        Outcome outcome = Outcome::ok;
+        std::string message;
+    };
+
+    struct PolicyChange {
+        std::optional<std::string> mode;
+        std::optional<double> tracker_alpha;
+        std::optional<double> tracker_clamp;
+    };
+    Result change_policy(const PolicyChange& change);
+
+    // Starts a recalibration on a job thread (busy when one runs).
+    Result start_calibration();
+
+    struct ReloadResult {
+        bool ok = false;
+        std::string error;                       // why the new profile was not taken
+        std::vector<std::string> applied;        // reloadable keys that changed
+        std::vector<std::string> needs_restart;  // changed keys that wait for a restart
+        bool policy_deferred = false;            // engine busy: applied when calibration ends
+    };
+    ReloadResult reload(const Profile& next);
+
+    std::vector<WorkloadRecord> history() const;
+    std::vector<Sample> samples(std::size_t limit) const;
+    // Appends the engine's state to the sample log (skips when the engine is busy).
+    void take_sample();
+    // Writes the current workload's history row. wait: block for the engine (shutdown).
+    void persist_history(bool wait);
+
+    void count_request(std::string_view route, int status);
+
+  private:
+    struct PendingPolicy {
+        std::string mode;
+        double alpha = 0, clamp = 0;
+    };
+
+    void set_stage(const StatusFn& status, std::string stage);
+    // With engine_mu_ held.
+    void refresh_snapshot_locked() const;
+    void run_calibration_locked(const std::string& trigger, const StatusFn* status);
+    void apply_pending_policy_locked();
+    WorkloadRecord workload_record_locked() const;
+
+    const std::string profile_source_;
+    const EngineOptions options_;
+    const MachineInfo machine_;
+    const EngineFactory factory_;
+    const AllocatorInfo allocator_;
+    const std::int64_t started_at_ms_;
+
+    std::atomic<Phase> phase_{Phase::starting};
+    std::atomic<bool> cancel_{false};
+
+    mutable std::mutex state_mu_;  // profile_, stage_, calibration_, warm_, key_, store_ pointer
+    Profile profile_;
+    std::string stage_ = "starting";
+    CalibrationKey key_;
+    CalibrationInfo calibration_;
+    WarmStartInfo warm_;
+    std::unique_ptr<Store> store_;
+    std::optional<PendingPolicy> pending_policy_;
+
+    mutable std::timed_mutex engine_mu_;  // every call into engine_
+    std::unique_ptr<Engine> engine_;
+    std::atomic<bool> engine_up_{false};
+
+    mutable std::mutex snapshot_mu_;
+    mutable EngineStatus snapshot_;
+
+    mutable std::mutex job_mu_;
+    CalibrationJobInfo job_;
+    std::thread job_thread_;
+
+    mutable std::mutex requests_mu_;
+    std::map<std::pair<std::string, int>, std::uint64_t> requests_;
+
+    std::once_flag finished_;
+};
+
+// Text of the KV geometry for a calibration key: name, shape and block size.
+std::string geometry_key(const EngineOptions& o);
+// The workload bucket of an engine state.
+WorkloadKey workload_key_of(const EngineOptions& o, const EngineStatus& s);
+
+std::int64_t unix_ms_now();
+
+}  // namespace writescope::daemon

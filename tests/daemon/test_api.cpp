@@ -1,0 +1,352 @@
+// The service and the API routes with a stand-in engine, in process (no socket, no event loop).
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "api.hpp"
+#include "engine_options.hpp"
+#include "fake_engine.hpp"
+#include "service.hpp"
+#include "temp_dir.hpp"
+
+using namespace writescope;
+using namespace writescope::daemon;
+using json = nlohmann::json;
+using writescope::test::FakeEngine;
+using writescope::test::FakeEngineLog;
+using writescope::test::TempDir;
+
+namespace {
+
+MachineInfo test_machine() {
+    MachineInfo m;
+    m.cpu_model = "test cpu";
+    m.online_cores = 2;
+    m.memory_bytes = 8ull << 30;
+    return m;
+}
+
+Profile test_profile(const std::filesystem::path& dir) {
+    Profile p = default_profile();
+    p.hardware.gpu = {GpuChoice::none, 0};
+    p.hardware.host_kv_budget = HostBudget{64ull << 20, 0, false};
+    p.storage.state_dir = (dir / "state").string();
+    p.storage.sample_log_max = 5;
+    return p;
+}
+
+struct Harness {
+    std::shared_ptr<FakeEngineLog> log = std::make_shared<FakeEngineLog>();
+    std::unique_ptr<Service> service;
+    std::unique_ptr<Api> api;
+
+    explicit Harness(const Profile& p) {
+        auto opts = engine_options_from_profile(p, test_machine(), "test");
+        auto l = log;
+        service = std::make_unique<Service>(
+            p, "test.toml", opts, test_machine(),
+            [l](const EngineOptions& o) -> std::unique_ptr<Engine> {
+                if (l->fail_create) throw std::runtime_error("no such device");
+                return std::make_unique<FakeEngine>(o, l);
+            },
+            AllocatorInfo{});
+        api = std::make_unique<Api>(*service);
+    }
+    ~Harness() {
+        if (service) service->finish();
+    }
+    HttpResponse call(std::string method, std::string target, std::string body = {}) {
+        return api->handle({std::move(method), std::move(target), std::move(body)});
+    }
+    json get(std::string target) {
+        const auto r = call("GET", std::move(target));
+        REQUIRE(r.status == 200);
+        return json::parse(r.body);
+    }
+};
+
+// The error shape, with the expected status.
+void require_error(const HttpResponse& r, int status, std::string_view type) {
+    INFO(r.body);
+    REQUIRE(r.status == status);
+    REQUIRE(r.content_type == "application/json");
+    const auto j = json::parse(r.body);
+    REQUIRE(j.contains("error"));
+    CHECK(j["error"]["code"] == status);
+    CHECK(j["error"]["type"] == type);
+    CHECK(j["error"]["message"].is_string());
+    CHECK_FALSE(j["error"]["message"].get<std::string>().empty());
+}
+
+void wait_for_job(Harness& h) {
+    for (int i = 0; i < 500; ++i) {
+        if (h.get("/v1/calibration")["job"]["state"] != "running") return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    FAIL("the calibration job did not finish");
+}
+
+}  // namespace
+
+TEST_CASE("every route answers 503 in the error shape while starting", "[unit][daemon][api]") {
+    TempDir dir;
+    Harness h(test_profile(dir.path()));
+    for (const auto* path :
+         {"/v1/health", "/v1/status", "/v1/calibration", "/v1/policy", "/v1/history", "/metrics"}) {
+        INFO(path);
+        const auto r = h.call("GET", path);
+        require_error(r, 503, "unavailable_error");
+        CHECK_THAT(r.body, Catch::Contains("starting"));
+        CHECK(std::find(r.headers.begin(), r.headers.end(),
+                        std::pair<std::string, std::string>{"Retry-After", "1"}) !=
+              r.headers.end());
+    }
+    // Routing still answers first.
+    require_error(h.call("GET", "/v1/nothing"), 404, "not_found_error");
+    require_error(h.call("DELETE", "/v1/status"), 405, "invalid_request_error");
+}
+
+TEST_CASE("routes answer after boot; errors keep the shape", "[unit][daemon][api]") {
+    TempDir dir;
+    Harness h(test_profile(dir.path()));
+    h.service->boot(nullptr);
+    REQUIRE(h.service->phase() == Phase::ready);
+
+    CHECK(h.get("/v1/health")["status"] == "ok");
+    const auto st = h.get("/v1/status");
+    CHECK(st["state"] == "ready");
+    CHECK(st["model"]["name"] == "qwen3-30b-a3b");
+    CHECK(st["regions"].size() == 4);
+    CHECK(st["regions"][3]["region"] == "U");
+    CHECK(st["regions"][3]["capacity_bytes"] == 64ull << 20);
+    CHECK(st["budgets"]["host_kv_bytes"] == 64ull << 20);
+    CHECK(st["policy"]["mode"] == "writescope");
+    CHECK(st["calibration"]["source"] == "measured");
+    CHECK(st["hardware"]["gpu"].is_null());
+    CHECK(st["store"]["in_memory"] == false);
+
+    const auto cal = h.get("/v1/calibration");
+    CHECK(cal["calibration"]["points"].size() == 2);
+    CHECK(cal["job"]["state"] == "done");
+    CHECK(cal["job"]["trigger"] == "boot");
+    CHECK_THAT(cal["key"]["fingerprint"].get<std::string>(), Catch::Contains("cpu=test cpu"));
+    CHECK_THAT(cal["key"]["geometry"].get<std::string>(), Catch::Contains("block=128"));
+
+    require_error(h.call("GET", "/v1/completions"), 404, "not_found_error");
+    auto r = h.call("POST", "/v1/health");
+    require_error(r, 405, "invalid_request_error");
+    CHECK(r.headers.front() == std::pair<std::string, std::string>{"Allow", "GET"});
+    r = h.call("DELETE", "/v1/policy");
+    require_error(r, 405, "invalid_request_error");
+    CHECK(r.headers.front().second == "GET, PUT");
+
+    require_error(h.call("PUT", "/v1/policy", "{\"mode\": "), 400, "invalid_request_error");
+    require_error(h.call("PUT", "/v1/policy", "[1, 2]"), 400, "invalid_request_error");
+    require_error(h.call("PUT", "/v1/policy", ""), 400, "invalid_request_error");
+    require_error(h.call("PUT", "/v1/policy", "{}"), 400, "invalid_request_error");
+    require_error(h.call("PUT", "/v1/policy", R"({"mood": "x"})"), 400, "invalid_request_error");
+    require_error(h.call("PUT", "/v1/policy", R"({"mode": 3})"), 400, "invalid_request_error");
+    require_error(h.call("PUT", "/v1/policy", R"({"mode": "fast"})"), 400, "invalid_request_error");
+    require_error(h.call("PUT", "/v1/policy", R"({"tracker": {"alpha": 2}})"), 400,
+                  "invalid_request_error");
+    require_error(h.call("PUT", "/v1/policy", R"({"tracker": {"beta": 2}})"), 400,
+                  "invalid_request_error");
+    // The engine's own refusal comes back as a 400 with its message; nothing changes.
+    r = h.call("PUT", "/v1/policy", R"({"mode": "gpu-only"})");
+    require_error(r, 400, "invalid_request_error");
+    CHECK_THAT(r.body, Catch::Contains("needs a GPU"));
+    CHECK(h.get("/v1/policy")["mode"] == "writescope");
+    require_error(h.call("POST", "/v1/calibration", "{oops"), 400, "invalid_request_error");
+    require_error(h.call("GET", "/v1/history?samples=many"), 400, "invalid_request_error");
+}
+
+TEST_CASE("PUT /v1/policy changes the engine's mode and tracker", "[unit][daemon][api]") {
+    TempDir dir;
+    Harness h(test_profile(dir.path()));
+    h.service->boot(nullptr);
+    const auto r = h.call("PUT", "/v1/policy",
+                          R"({"mode": "static:0.5", "tracker": {"alpha": 0.5, "clamp": 4}})");
+    REQUIRE(r.status == 200);
+    const auto j = json::parse(r.body);
+    CHECK(j["mode"] == "static:0.5");
+    CHECK(j["engine_mode"] == "static:0.5");
+    CHECK(j["tracker"]["alpha"] == 0.5);
+    CHECK(j["tracker"]["clamp"] == 4.0);
+    std::lock_guard lock(h.log->mu);
+    CHECK(h.log->last_mode == "static:0.5");
+}
+
+TEST_CASE("POST /v1/calibration runs a job; a second one while it runs is a conflict",
+          "[unit][daemon][api]") {
+    TempDir dir;
+    Harness h(test_profile(dir.path()));
+    h.service->boot(nullptr);
+    const auto first_created = h.get("/v1/calibration")["calibration"]["store_id"];
+    h.log->calibrate_ms = 300;
+    auto r = h.call("POST", "/v1/calibration");
+    REQUIRE(r.status == 202);
+    CHECK(json::parse(r.body)["job"]["state"] == "running");
+    require_error(h.call("POST", "/v1/calibration", "{}"), 409, "conflict_error");
+    // While the engine is held, reads still answer (from the snapshot) and changes are refused.
+    CHECK(h.call("GET", "/v1/status").status == 200);
+    wait_for_job(h);
+    const auto cal = h.get("/v1/calibration");
+    CHECK(cal["job"]["state"] == "done");
+    CHECK(cal["job"]["trigger"] == "api");
+    CHECK(cal["job"]["progress"] == 1.0);
+    CHECK(cal["calibration"]["store_id"] != first_created);
+    CHECK(h.log->calibrations == 2);
+
+    h.log->fail_calibration = true;
+    h.log->calibrate_ms = 0;
+    REQUIRE(h.call("POST", "/v1/calibration").status == 202);
+    wait_for_job(h);
+    const auto failed = h.get("/v1/calibration");
+    CHECK(failed["job"]["state"] == "failed");
+    CHECK(failed["job"]["error"] == "synthetic failure");
+    CHECK(failed["calibration"]["store_id"] == cal["calibration"]["store_id"]);  // kept
+}
+
+TEST_CASE("boot reuses a stored calibration per policy.recalibrate", "[unit][daemon][api]") {
+    TempDir dir;
+    Profile p = test_profile(dir.path());
+    {
+        Harness h(p);
+        h.service->boot(nullptr);
+        CHECK(h.get("/v1/calibration")["calibration"]["source"] == "measured");
+    }
+    std::int64_t stored_id = 0;
+    {
+        Harness h(p);
+        h.service->boot(nullptr);
+        const auto c = h.get("/v1/calibration")["calibration"];
+        CHECK(c["source"] == "stored");
+        stored_id = c["store_id"];
+        CHECK(h.log->calibrations == 0);
+    }
+    SECTION("always") {
+        p.policy.recalibrate = Recalibrate::always;
+        Harness h(p);
+        h.service->boot(nullptr);
+        CHECK(h.get("/v1/calibration")["calibration"]["source"] == "measured");
+        CHECK(h.log->calibrations == 1);
+    }
+    SECTION("auto past the maximum age") {
+        p.policy.recalibrate_max_age = std::chrono::milliseconds(0);
+        std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // a whole second older
+        Harness h(p);
+        h.service->boot(nullptr);
+        CHECK(h.get("/v1/calibration")["calibration"]["source"] == "measured");
+    }
+    SECTION("never, and another block size does not match") {
+        p.policy.recalibrate = Recalibrate::never;
+        p.policy.recalibrate_max_age = std::chrono::milliseconds(0);
+        {
+            Harness h(p);
+            h.service->boot(nullptr);
+            CHECK(h.get("/v1/calibration")["calibration"]["store_id"] == stored_id);
+        }
+        p.kv.block_tokens = 64;
+        Harness h(p);
+        h.service->boot(nullptr);
+        CHECK(h.get("/v1/calibration")["calibration"]["source"] == "measured");
+    }
+}
+
+TEST_CASE("history is persisted at finish and warm-starts the next boot", "[unit][daemon][api]") {
+    TempDir dir;
+    const Profile p = test_profile(dir.path());
+    {
+        Harness h(p);
+        h.service->boot(nullptr);
+        CHECK(h.get("/v1/status")["warm_start"]["applied"] == false);
+        for (int i = 0; i < 8; ++i)
+            h.service->take_sample();
+        const auto hist = h.get("/v1/history?samples=3");
+        CHECK(hist["samples"].size() == 3);
+        CHECK(hist["sample_log_max"] == 5);
+        CHECK(hist["workloads"].empty());
+        h.service->finish();
+    }
+    Harness h(p);
+    h.service->boot(nullptr);
+    CHECK(h.log->imports == 1);
+    {
+        std::lock_guard lock(h.log->mu);
+        CHECK_THAT(h.log->last_import, Catch::StartsWith("fake-policy v1\n"));
+    }
+    const auto st = h.get("/v1/status");
+    CHECK(st["warm_start"]["applied"] == true);
+    const auto hist = h.get("/v1/history");
+    REQUIRE(hist["workloads"].size() == 1);
+    CHECK(hist["workloads"][0]["model"] == "qwen3-30b-a3b");
+    CHECK(hist["workloads"][0]["batch_bucket"] == 1);
+    CHECK(hist["samples"].size() == 5);  // bounded by storage.sample_log_max
+}
+
+TEST_CASE("a failing engine or a cancelled boot throws from boot()", "[unit][daemon][api]") {
+    TempDir dir;
+    {
+        Harness h(test_profile(dir.path()));
+        h.log->fail_create = true;
+        CHECK_THROWS_WITH(h.service->boot(nullptr), Catch::Contains("no such device"));
+        CHECK(h.service->phase() == Phase::starting);
+    }
+    Harness h(test_profile(dir / "other"));
+    h.log->calibrate_ms = 2000;
+    std::thread stopper([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        h.service->request_stop();
+    });
+    CHECK_THROWS_WITH(h.service->boot(nullptr), Catch::Contains("cancelled"));
+    stopper.join();
+    require_error(h.call("GET", "/v1/health"), 503, "unavailable_error");
+}
+
+TEST_CASE("reload applies reloadable keys and reports the others", "[unit][daemon][api]") {
+    TempDir dir;
+    const Profile p = test_profile(dir.path());
+    Harness h(p);
+    h.service->boot(nullptr);
+    Profile next = p;
+    next.policy.mode = "cpu-only";
+    next.storage.sample_log_max = 7;
+    next.kv.block_tokens = 256;
+    auto r = h.service->reload(next);
+    REQUIRE(r.ok);
+    CHECK(r.applied == std::vector<std::string>{"policy.mode", "storage.sample_log_max"});
+    CHECK(r.needs_restart == std::vector<std::string>{"kv.block_tokens"});
+    CHECK(h.get("/v1/policy")["engine_mode"] == "cpu-only");
+    CHECK(h.service->profile().kv.block_tokens == 128);  // still the running value
+
+    next.policy.mode = "gpu-only";  // valid syntax, refused by this engine
+    r = h.service->reload(next);
+    CHECK_FALSE(r.ok);
+    CHECK_THAT(r.error, Catch::Contains("policy.mode"));
+    CHECK(h.get("/v1/policy")["engine_mode"] == "cpu-only");
+    CHECK(h.service->profile().policy.mode == "cpu-only");
+}
+
+TEST_CASE("metrics are Prometheus text with the documented families", "[unit][daemon][api]") {
+    TempDir dir;
+    Harness h(test_profile(dir.path()));
+    h.service->boot(nullptr);
+    h.call("GET", "/v1/nothing");
+    const auto r = h.call("GET", "/metrics");
+    REQUIRE(r.status == 200);
+    CHECK_THAT(r.content_type, Catch::StartsWith("text/plain; version=0.0.4"));
+    for (const auto* needle :
+         {"# TYPE writescope_up gauge\nwritescope_up 1\n",
+          "writescope_region_capacity_bytes{region=\"U\"} 67108864\n",
+          "writescope_budget_bytes{budget=\"host_kv\"} 67108864\n",
+          "# TYPE writescope_decode_steps_total counter\n", "writescope_policy_r_target 1\n",
+          "writescope_policy_a_seconds_per_token ",
+          "writescope_http_requests_total{route=\"unmatched\",code=\"404\"} 1\n",
+          "writescope_calibration_age_seconds "}) {
+        INFO(needle);
+        CHECK_THAT(r.body, Catch::Contains(needle));
+    }
+}
