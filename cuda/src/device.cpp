@@ -240,6 +240,10 @@ void DeviceBuffer::fill_bytes(int value) {
     check(cudaMemset(ptr_, value, bytes_), "memset");
 }
 
+void copy_sync(void* dst, const void* src, std::size_t bytes) {
+    check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy");
+}
+
 void copy_async(void* dst, const void* src, std::size_t bytes, const Stream& s) {
     check(
         cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(s.handle())),

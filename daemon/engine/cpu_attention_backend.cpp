@@ -21,7 +21,8 @@ const char* CpuAttentionBackendImpl::kernel_name() const noexcept {
 
 void CpuAttentionBackendImpl::attend(std::span<const CpuSeqWork> seqs, StateView out) {
     std::size_t total = 0;
-    for (const auto& s : seqs) total += s.blocks.size();
+    for (const auto& s : seqs)
+        total += s.blocks.size();
     if (blocks_.size() < total) blocks_.resize(total);  // grows to the largest step, then stays
     if (seqs_.size() < seqs.size()) seqs_.resize(seqs.size());
     std::size_t n = 0;

@@ -11,7 +11,7 @@
 namespace writescope::runtime {
 
 class CpuAttentionBackendImpl final : public CpuAttentionBackend {
-public:
+  public:
     // threads: attention threads (0 = every CPU of the affinity mask); pin: pin them to cores.
     CpuAttentionBackendImpl(const KvGeometry& g, std::size_t block_tokens, std::size_t threads,
                             bool pin, std::size_t max_seqs);
@@ -24,7 +24,7 @@ public:
     int threads() const noexcept override { return static_cast<int>(pool_->concurrency()); }
     cpu::CpuAttention& attention() noexcept { return *attn_; }
 
-private:
+  private:
     std::unique_ptr<cpu::WorkerPool> pool_;
     std::unique_ptr<cpu::CpuAttention> attn_;
     std::vector<cpu::AttnBlock> blocks_;  // converted lists, grown to the largest step seen

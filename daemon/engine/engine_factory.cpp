@@ -18,7 +18,9 @@ namespace writescope {
 
 namespace {
 
-std::string mib(std::uint64_t b) { return std::to_string(b >> 20) + " MiB"; }
+std::string mib(std::uint64_t b) {
+    return std::to_string(b >> 20) + " MiB";
+}
 
 }  // namespace
 
@@ -31,7 +33,8 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& o) {
         throw std::runtime_error("kv.block_tokens = " + std::to_string(B) +
                                  ": must be a multiple of 16 in [16, 1024]");
     if (o.max_batch == 0) throw std::runtime_error("max_batch must be at least 1");
-    const std::size_t threads = o.attention_threads > 0 ? static_cast<std::size_t>(o.attention_threads) : 0;
+    const std::size_t threads =
+        o.attention_threads > 0 ? static_cast<std::size_t>(o.attention_threads) : 0;
     auto cpu = std::make_unique<runtime::CpuAttentionBackendImpl>(g, B, threads, o.pin_threads,
                                                                   o.max_batch);
     EngineParts parts;
@@ -86,12 +89,12 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& o) {
     so.max_seqs = o.max_batch;
     so.max_blocks = g_upper + p_slots + o.max_batch;
     // Workspace: staging ring, metadata, partial states (one row per block per query head).
-    const std::uint64_t workspace =
-        so.staging_slots * so.staging_chunk_bytes +
-        static_cast<std::uint64_t>(so.max_blocks + 2 * o.max_batch) *
-            (g.num_q_heads * (g.head_dim_v + 1) * 4 + 64) +
-        static_cast<std::uint64_t>(o.max_batch) * g.num_q_heads * (g.head_dim_k * 2 + (g.head_dim_v + 1) * 8) +
-        (4u << 20);
+    const std::uint64_t workspace = so.staging_slots * so.staging_chunk_bytes +
+                                    static_cast<std::uint64_t>(so.max_blocks + 2 * o.max_batch) *
+                                        (g.num_q_heads * (g.head_dim_v + 1) * 4 + 64) +
+                                    static_cast<std::uint64_t>(o.max_batch) * g.num_q_heads *
+                                        (g.head_dim_k * 2 + (g.head_dim_v + 1) * 8) +
+                                    (4u << 20);
     if (o.vram_kv_bytes < workspace + o.max_batch * per_pool_slot)
         throw std::runtime_error("hardware.vram_budget = " + mib(o.vram_kv_bytes) +
                                  " is too small: the GPU workspace takes " + mib(workspace) +

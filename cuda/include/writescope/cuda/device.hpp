@@ -130,6 +130,8 @@ class DeviceBuffer {
     std::size_t bytes_ = 0;
 };
 
+// A synchronous copy (directions inferred by unified addressing); for set-up, not the decode path.
+void copy_sync(void* dst, const void* src, std::size_t bytes);
 // Asynchronous copies on a stream (directions inferred by unified addressing).
 void copy_async(void* dst, const void* src, std::size_t bytes, const Stream& s);
 // One strided copy: `rows` rows of `width` bytes, with the given pitches (cudaMemcpy2DAsync).

@@ -1,0 +1,81 @@
+// The engine over any backends: what Engine::create builds once it has picked them.
+// Core only: the backends come in through EngineParts (the runtime layer fills it).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "writescope/core/engine.hpp"
+#include "writescope/core/execution_mode.hpp"
+#include "writescope/core/kv_cache.hpp"
+#include "writescope/core/policy_state.hpp"
+#include "writescope/core/policy_trackers.hpp"
+#include "writescope/core/region_memory.hpp"
+#include "writescope/core/step_backends.hpp"
+#include "writescope/core/step_executor.hpp"
+
+namespace writescope {
+
+struct EngineParts {
+    // Owns whatever the region memories and the GPU backend were carved from (the device pool);
+    // declared first so it is released last.
+    std::shared_ptr<void> keepalive;
+    KvCacheConfig kv;  // capacities already fitted to the budgets
+    std::unique_ptr<RegionMemory> gpu_pool, pinned, unpinned;
+    std::unique_ptr<CpuAttentionBackend> cpu;
+    std::unique_ptr<GpuAttentionBackend> gpu;  // null: CPU-only
+    // Writes one linear block (host memory) into the T/G pool at (layer, slot).
+    std::function<void(std::size_t layer, std::uint32_t slot, const void* linear)> write_pool_block;
+    std::string gpu_description;  // "NVIDIA H200 (GPU 0)", or empty
+};
+
+// One line fitted by least squares: y = intercept + slope·x, with its R².
+struct LineFit {
+    double slope = 0, intercept = 0, r2 = 0;
+};
+LineFit fit_line(const std::vector<double>& x, const std::vector<double>& y) noexcept;
+
+class EngineImpl final : public Engine {
+  public:
+    EngineImpl(const EngineOptions& opts, EngineParts parts);
+    ~EngineImpl() override;
+
+    Calibration calibrate(const std::function<void(double, std::string_view)>& progress,
+                          const std::atomic<bool>* cancel) override;
+    void set_calibration(const Calibration& c) override;
+    EngineStatus status() const override;
+    void set_mode(std::string_view mode) override;
+    void set_tracker(double alpha, double clamp) override;
+    std::string export_policy_state() const override;
+    void import_policy_state(std::string_view text) override;
+    Admission admit(std::uint64_t seq_id, std::size_t max_tokens) override;
+    void release(std::uint64_t seq_id) override;
+
+  private:
+    // Fills `tokens` tokens of every sequence (admitted into `cache`) with random KV in layer 0
+    // of their final regions.
+    void fill_layer0(KvCache& cache, std::span<const std::uint64_t> ids, std::size_t tokens,
+                     std::mt19937_64& rng);
+    WorkloadKey workload_key() const;
+
+    mutable std::mutex mu_;
+    EngineOptions opts_;
+    EngineParts parts_;
+    std::unique_ptr<KvCache> cache_;
+    std::unique_ptr<StepExecutor> exec_;
+    ExecutionMode mode_;
+    TrackerConfig tracker_cfg_;
+    PolicyTrackers trackers_;
+    Calibration calib_;
+    StepTimeStats step_stats_;
+    std::uint64_t steps_ = 0;
+    double r_deployed_ = 1.0;
+    bool calibrating_ = false;
+    std::vector<std::vector<std::byte>> random_blocks_;  // linear blocks of random KV values
+};
+
+}  // namespace writescope

@@ -1,0 +1,82 @@
+// One decode step over the InplaceKVCache: plan once per step (which engine attends which block),
+// then run every layer: the GPU side is enqueued (T and G in place, P streamed), the CPU threads
+// attend their share in place meanwhile, and the CPU partials go up for one exact merge.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "writescope/core/kv_cache.hpp"
+#include "writescope/core/region_memory.hpp"
+#include "writescope/core/step_backends.hpp"
+#include "writescope/core/step_plan.hpp"
+
+namespace writescope {
+
+struct StepExecutorConfig {
+    std::size_t max_seqs = 64;  // most sequences in one step
+};
+
+// What one layer step did and how long it took (seconds of wall time on the host).
+struct LayerStepResult {
+    double step_seconds = 0;        // whole layer: launch, CPU attention, wait, merge
+    double cpu_seconds = 0;         // CPU attention (0 when it had nothing)
+    double gpu_launch_seconds = 0;  // host time spent enqueueing the GPU side
+    GpuLayerTiming gpu;             // the GPU side's own timings (zero without a GPU)
+    std::uint64_t cpu_tokens = 0;   // tokens the CPU attended (spilled, and T/G without a GPU)
+    std::uint64_t cpu_spilled_tokens = 0;
+    std::uint64_t gpu_spilled_tokens = 0;  // P tokens the GPU streamed
+    std::uint64_t gpu_inplace_tokens = 0;  // T and G tokens the GPU attended in place
+};
+
+class StepExecutor {
+  public:
+    // gpu_pool: the T+G memory (host-accessible in a CPU-only build); pinned (P) and unpinned
+    // (U) may be null when their budgets are zero. gpu null: a CPU-only build, the CPU attends
+    // everything.
+    StepExecutor(const StepExecutorConfig& cfg, const KvCache& cache, RegionMemory& gpu_pool,
+                 RegionMemory* pinned, RegionMemory* unpinned, CpuAttentionBackend& cpu,
+                 GpuAttentionBackend* gpu);
+
+    bool has_gpu() const noexcept { return gpu_ != nullptr; }
+
+    // Plans the step for the batch (sequence ids in batch order: row order of q and out).
+    // Block tables are read from the cache now; do not append or free before the layers ran.
+    const StepPlan& plan(std::span<const std::uint64_t> seq_ids, const ExecutionMode& mode,
+                         const PlanCosts& costs);
+    const StepPlan& current_plan() const noexcept { return plan_; }
+
+    // Runs one layer of the planned step. q: (seqs, num_q_heads, head_dim_k) in the KV dtype,
+    // host. out: rows = seqs × num_q_heads, dim = head_dim_v (final, merged states).
+    LayerStepResult run_layer(std::size_t layer, const void* q, StateView out);
+
+  private:
+    void ensure_tables(std::size_t seqs, std::size_t blocks);
+
+    StepExecutorConfig cfg_;
+    const KvCache& cache_;
+    RegionMemory& pool_;
+    RegionMemory* pinned_;
+    RegionMemory* unpinned_;
+    CpuAttentionBackend& cpu_;
+    GpuAttentionBackend* gpu_;
+    std::size_t qh_, dk_, dv_, q_row_bytes_, B_;
+
+    // The batch as planned: block tables with the open T block appended (one per sequence).
+    std::vector<std::vector<BlockRef>> tables_;
+    std::vector<std::uint32_t> open_tokens_;
+    std::vector<SequenceBlocks> batch_;
+    StepPlan plan_;
+    std::size_t nseq_ = 0;
+
+    // Per-layer work lists, reserved to the largest batch seen (no allocation in steady state).
+    std::vector<CpuBlock> cpu_blocks_;
+    std::vector<CpuSeqWork> cpu_work_;
+    std::vector<std::uint32_t> gpu_pool_slots_, gpu_p_slots_;
+    std::vector<GpuSeqWork> gpu_work_;
+    std::vector<float> cpu_o_, cpu_lse_;  // CPU partial states (rows, dv) and (rows)
+};
+
+}  // namespace writescope

@@ -1,0 +1,346 @@
+#include "writescope/core/engine_impl.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <stdexcept>
+
+namespace writescope {
+
+namespace {
+
+double median(std::vector<double> v) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double now_seconds() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+// Random KV values (never zeros: they hide unwritten outputs and can run faster).
+void random_values(void* dst, std::size_t n, DType t, std::mt19937_64& rng) {
+    std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+    for (std::size_t i = 0; i < n; ++i)
+        store_from_f32(dst, i, t, u(rng));
+}
+
+}  // namespace
+
+LineFit fit_line(const std::vector<double>& x, const std::vector<double>& y) noexcept {
+    LineFit f;
+    const std::size_t n = std::min(x.size(), y.size());
+    if (n == 0) return f;
+    const double mx = std::accumulate(x.begin(), x.begin() + n, 0.0) / n;
+    const double my = std::accumulate(y.begin(), y.begin() + n, 0.0) / n;
+    double sxx = 0, sxy = 0, syy = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        sxx += (x[i] - mx) * (x[i] - mx);
+        sxy += (x[i] - mx) * (y[i] - my);
+        syy += (y[i] - my) * (y[i] - my);
+    }
+    f.slope = sxx > 0 ? sxy / sxx : 0;
+    f.intercept = my - f.slope * mx;
+    double ss_res = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        const double e = y[i] - (f.intercept + f.slope * x[i]);
+        ss_res += e * e;
+    }
+    f.r2 = syy > 0 ? 1.0 - ss_res / syy : 1.0;
+    return f;
+}
+
+EngineImpl::EngineImpl(const EngineOptions& opts, EngineParts parts)
+    : opts_(opts),
+      parts_(std::move(parts)),
+      mode_(parse_execution_mode(opts.mode)),
+      tracker_cfg_{},
+      trackers_(tracker_cfg_) {
+    if (!parts_.gpu_pool || !parts_.cpu) throw std::invalid_argument("engine: missing backends");
+    if (mode_needs_gpu(mode_) && !parts_.gpu)
+        throw std::invalid_argument("policy mode '" + opts.mode +
+                                    "' needs a GPU; this engine runs on the CPU only");
+    set_tracker(opts.tracker_alpha, opts.tracker_clamp);
+    cache_ = std::make_unique<KvCache>(
+        parts_.kv, parts_.pinned ? parts_.pinned->slab_slots() : std::size_t{0});
+    exec_ = std::make_unique<StepExecutor>(StepExecutorConfig{opts_.max_batch}, *cache_,
+                                           *parts_.gpu_pool, parts_.pinned.get(),
+                                           parts_.unpinned.get(), *parts_.cpu, parts_.gpu.get());
+    r_deployed_ = parts_.gpu ? 0.5 : 1.0;
+    // A handful of random linear blocks, copied round-robin wherever synthetic KV is needed.
+    std::mt19937_64 rng(0x5eed);
+    const std::size_t elems =
+        LinearBlockLayout::of(parts_.kv.geometry, parts_.kv.block_tokens).elems();
+    random_blocks_.resize(7);
+    for (auto& b : random_blocks_) {
+        b.resize(elems * dtype_bytes(parts_.kv.geometry.dtype));
+        random_values(b.data(), elems, parts_.kv.geometry.dtype, rng);
+    }
+}
+
+EngineImpl::~EngineImpl() {
+    // The executor and cache refer to the parts: release them first.
+    exec_.reset();
+    cache_.reset();
+}
+
+void EngineImpl::fill_layer0(KvCache& cache, std::span<const std::uint64_t> ids, std::size_t tokens,
+                             std::mt19937_64& rng) {
+    std::vector<std::byte> packed(parts_.cpu->packed_block_bytes());
+    std::size_t k = rng() % random_blocks_.size();
+    auto next_block = [&]() -> const std::vector<std::byte>& {
+        k = (k + 1) % random_blocks_.size();
+        return random_blocks_[k];
+    };
+    for (std::uint64_t id : ids) {
+        for (const SealMove& m : cache.append(id, tokens)) {
+            const auto& src = next_block();
+            switch (m.kind) {
+                case MoveKind::remap:
+                    parts_.write_pool_block(0, m.dest.slot, src.data());
+                    break;
+                case MoveKind::copy_to_pinned:
+                    std::memcpy(parts_.pinned->block(0, m.dest.slot), src.data(), src.size());
+                    break;
+                case MoveKind::pack_to_unpinned:
+                    parts_.cpu->pack_block(src.data(), parts_.unpinned->block(0, m.dest.slot));
+                    break;
+            }
+        }
+        parts_.write_pool_block(0, cache.open_block(id).t_slot, next_block().data());
+    }
+}
+
+Calibration EngineImpl::calibrate(const std::function<void(double, std::string_view)>& progress,
+                                  const std::atomic<bool>* cancel) {
+    // The calibration works on the regions' memory with a cache of its own; the engine stays
+    // answerable (status, policy) meanwhile, and admission waits for it to finish.
+    {
+        std::lock_guard lock(mu_);
+        if (calibrating_) throw std::runtime_error("a calibration is already running");
+        if (cache_->sequence_count() != 0)
+            throw std::runtime_error(
+                "calibration needs an idle engine: " + std::to_string(cache_->sequence_count()) +
+                " sequences are active");
+        calibrating_ = true;
+    }
+    struct Done {
+        EngineImpl* e;
+        ~Done() {
+            std::lock_guard lock(e->mu_);
+            e->calibrating_ = false;
+        }
+    } done{this};
+    const PlanCosts plan_costs = [&] {
+        std::lock_guard lock(mu_);
+        return trackers_.plan_costs();
+    }();
+    const double t_start = now_seconds();
+    const bool gpu = parts_.gpu != nullptr;
+    const std::size_t B = parts_.kv.block_tokens;
+    // A temporary cache over the same memory with no G: every sealed block spills, half to U and
+    // half to P with a GPU (so each engine is measured while the other runs), all to U without.
+    KvCacheConfig cfg = parts_.kv;
+    cfg.g_slots = 0;
+    cfg.target_r = gpu ? 0.5 : 1.0;
+    KvCache cache(cfg, parts_.pinned ? parts_.pinned->slab_slots() : std::size_t{0});
+    const auto& cap = cache.capacity();
+    const std::size_t nseq = std::min<std::size_t>(4, std::max<std::size_t>(1, cfg.t_slots));
+    std::size_t spill_blocks = cap.slots[static_cast<int>(Region::U)];
+    if (gpu) {
+        const std::size_t p_blocks = cache.region_stats(Region::P).capacity_blocks;
+        spill_blocks = 2 * std::min(spill_blocks, p_blocks);
+    }
+    // Lengths: up to 64K spilled tokens (enough for a stable slope, seconds of work), leaving a
+    // margin of a few blocks per sequence for rounding and P extents.
+    const std::size_t margin = nseq * (cache.extent_slots() + 2);
+    if (spill_blocks <= margin + nseq)
+        throw std::runtime_error("calibration needs spill room: the KV budgets leave " +
+                                 std::to_string(spill_blocks) + " spill blocks (need more than " +
+                                 std::to_string(margin + nseq) + ")");
+    const std::size_t max_tokens = std::min<std::size_t>(65536, (spill_blocks - margin) * B);
+    const std::vector<double> fractions{0.125, 0.25, 0.5, 0.75, 1.0};
+    StepExecutor exec(StepExecutorConfig{nseq}, cache, *parts_.gpu_pool, parts_.pinned.get(),
+                      parts_.unpinned.get(), *parts_.cpu, parts_.gpu.get());
+    const auto& g = parts_.kv.geometry;
+    std::mt19937_64 rng(0xca11b);
+    std::vector<std::byte> q(nseq * g.num_q_heads * g.head_dim_k * dtype_bytes(g.dtype));
+    random_values(q.data(), q.size() / dtype_bytes(g.dtype), g.dtype, rng);
+    const std::size_t rows = nseq * g.num_q_heads;
+    std::vector<float> o(rows * g.head_dim_v), lse(rows);
+    const ExecutionMode split =
+        gpu ? ExecutionMode{ModeKind::static_split, 0.5} : ExecutionMode{ModeKind::cpu_only, 0};
+    Calibration c;
+    c.has_gpu = gpu;
+    std::vector<double> cx, cy, gx, gy, overhead;
+    std::vector<std::uint64_t> ids(nseq);
+    for (std::size_t pi = 0; pi < fractions.size(); ++pi) {
+        if (cancel && cancel->load()) throw std::runtime_error("calibration cancelled");
+        const std::size_t per_seq =
+            std::max<std::size_t>(B, static_cast<std::size_t>(fractions[pi] * max_tokens) / nseq);
+        for (std::size_t i = 0; i < nseq; ++i) {
+            ids[i] = 1000000 + pi * 100 + i;
+            auto t = cache.admit(ids[i], per_seq + 1);
+            if (!t.ok()) throw std::runtime_error("calibration: " + t.error());
+        }
+        fill_layer0(cache, ids, per_seq, rng);
+        exec.plan(ids, split, plan_costs);
+        std::vector<double> ct, gt, ov;
+        std::uint64_t cpu_tokens = 0, gpu_tokens = 0;
+        for (int rep = 0; rep < 9; ++rep) {
+            const auto r = exec.run_layer(
+                0, q.data(), {o.data(), lse.data(), rows, static_cast<std::size_t>(g.head_dim_v)});
+            if (rep < 2) continue;  // warm-up
+            ct.push_back(r.cpu_seconds);
+            gt.push_back(r.gpu.attention_seconds);
+            ov.push_back(r.gpu.merge_seconds + r.gpu_launch_seconds);
+            cpu_tokens = r.cpu_spilled_tokens;
+            gpu_tokens = r.gpu_spilled_tokens;
+        }
+        CalibrationPoint p;
+        p.tokens = per_seq * nseq;
+        p.cpu_seconds = median(ct);
+        p.gpu_seconds = median(gt);
+        c.points.push_back(p);
+        cx.push_back(static_cast<double>(cpu_tokens));
+        cy.push_back(p.cpu_seconds);
+        gx.push_back(static_cast<double>(gpu_tokens));
+        gy.push_back(p.gpu_seconds);
+        overhead.push_back(median(ov));
+        for (auto id : ids)
+            cache.free(id);
+        if (progress)
+            progress(static_cast<double>(pi + 1) / fractions.size(),
+                     gpu ? "measuring CPU and GPU attention together" : "measuring CPU attention");
+    }
+    const LineFit fa = fit_line(cx, cy);
+    c.a = std::max(fa.slope, 0.0);
+    c.cpu_intercept = std::max(fa.intercept, 0.0);
+    c.a_r2 = fa.r2;
+    if (gpu) {
+        const LineFit fb = fit_line(gx, gy);
+        c.b = std::max(fb.slope, 0.0);
+        c.delta = std::max(fb.intercept, 0.0) + median(overhead);
+        c.b_r2 = fb.r2;
+    }
+    c.seconds_taken = now_seconds() - t_start;
+    return c;
+}
+
+void EngineImpl::set_calibration(const Calibration& c) {
+    std::lock_guard lock(mu_);
+    calib_ = c;
+    RooflineCosts rc;
+    rc.a = c.a;
+    rc.b = parts_.gpu ? c.b : std::numeric_limits<double>::infinity();
+    rc.delta = c.delta;
+    rc.cpu_fixed = c.cpu_intercept;
+    trackers_.seed(rc);
+    const double L = static_cast<double>(cache_->region_stats(Region::P).used_blocks +
+                                         cache_->region_stats(Region::U).used_blocks) *
+                     static_cast<double>(parts_.kv.block_tokens);
+    cache_->set_target_r(routing_target_share(mode_, trackers_.costs(), L, parts_.gpu != nullptr));
+}
+
+EngineStatus EngineImpl::status() const {
+    std::lock_guard lock(mu_);
+    EngineStatus s;
+    const auto st = cache_->stats();
+    for (int i = 0; i < kNumRegions; ++i) {
+        auto& r = s.regions[i];
+        r.region = st[i].region;
+        r.capacity_blocks = st[i].capacity_blocks;
+        r.used_blocks = st[i].used_blocks;
+        r.reserved_blocks = st[i].reserved_blocks;
+        r.capacity_bytes = st[i].capacity_bytes;
+        r.used_bytes = st[i].used_bytes;
+        r.reserved_bytes = st[i].reserved_bytes;
+    }
+    s.sequences = cache_->sequence_count();
+    s.mode = format_execution_mode(mode_);
+    const auto c = trackers_.costs();
+    s.a = c.a;
+    s.b = parts_.gpu ? c.b : 0.0;
+    s.delta = c.delta;
+    s.r_target = cache_->target_r();
+    s.r_deployed = r_deployed_;
+    s.steps = steps_;
+    s.step_seconds_mean = step_stats_.mean;
+    s.cpu_isa = parts_.cpu->kernel_name();
+    s.attention_threads = parts_.cpu->threads();
+    s.gpu = parts_.gpu != nullptr;
+    return s;
+}
+
+void EngineImpl::set_mode(std::string_view mode) {
+    const ExecutionMode m = parse_execution_mode(mode);
+    std::lock_guard lock(mu_);
+    if (mode_needs_gpu(m) && !parts_.gpu)
+        throw std::invalid_argument("policy mode '" + std::string(mode) +
+                                    "' needs a GPU; this engine runs on the CPU only");
+    mode_ = m;
+    cache_->set_target_r(
+        routing_target_share(mode_, trackers_.costs(), 0.0, parts_.gpu != nullptr));
+}
+
+void EngineImpl::set_tracker(double alpha, double clamp) {
+    TrackerConfig cfg = tracker_cfg_;
+    cfg.alpha = alpha;
+    cfg.clamp = clamp;
+    if (const std::string e = cfg.validate(); !e.empty()) throw std::invalid_argument(e);
+    std::unique_lock lock(mu_, std::defer_lock);
+    if (cache_) lock.lock();  // not yet shared while constructing
+    const RooflineCosts keep = trackers_.costs();
+    const bool had = trackers_.a().has_estimate();
+    tracker_cfg_ = cfg;
+    trackers_ = PolicyTrackers(cfg);
+    if (had) trackers_.seed(keep);
+}
+
+WorkloadKey EngineImpl::workload_key() const {
+    std::uint64_t tokens = 0;
+    for (auto id : cache_->sequences())
+        tokens += cache_->sequence_stats(id).tokens;
+    const std::size_t n = cache_->sequence_count();
+    return make_workload_key(parts_.kv.geometry.name, parts_.kv.geometry.dtype, n,
+                             n ? tokens / n : 0);
+}
+
+std::string EngineImpl::export_policy_state() const {
+    std::lock_guard lock(mu_);
+    return format_policy_state(
+        capture_policy_state(workload_key(), trackers_, r_deployed_, step_stats_));
+}
+
+void EngineImpl::import_policy_state(std::string_view text) {
+    const PolicyState s = parse_policy_state(text);
+    std::lock_guard lock(mu_);
+    if (s.key.model != parts_.kv.geometry.name || s.key.kv_dtype != parts_.kv.geometry.dtype)
+        throw std::invalid_argument("policy state is for " + format_workload_key(s.key) +
+                                    ", not for this engine's model " + parts_.kv.geometry.name +
+                                    "/" + std::string(dtype_name(parts_.kv.geometry.dtype)));
+    restore_policy_state(s, trackers_);
+    r_deployed_ = s.r_deployed;
+    step_stats_ = s.step_seconds;
+}
+
+Admission EngineImpl::admit(std::uint64_t seq_id, std::size_t max_tokens) {
+    std::lock_guard lock(mu_);
+    if (calibrating_) return {false, "the engine is calibrating; retry when it has finished"};
+    AdmissionTicket t = cache_->prepare_admit(seq_id, max_tokens);
+    if (!t.ok()) return {false, t.error()};
+    cache_->apply(std::move(t));
+    return {true, {}};
+}
+
+void EngineImpl::release(std::uint64_t seq_id) {
+    std::lock_guard lock(mu_);
+    cache_->free(seq_id);
+}
+
+}  // namespace writescope

@@ -1,0 +1,129 @@
+// A batch of sequences with known random KV, stored through the real KvCache and region
+// memories, and the fp64 reference of their attention: shared by the CPU-only executor tests
+// and the GPU hybrid-step tests.
+#pragma once
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <random>
+#include <vector>
+
+#include "writescope/core/kv_cache.hpp"
+#include "writescope/core/region_memory.hpp"
+#include "writescope/core/step_backends.hpp"
+#include "writescope/cpu/reference_attention.hpp"
+
+namespace writescope::test {
+
+struct StepFixture {
+    KvGeometry g;
+    std::size_t B;
+    KvCache& cache;
+    RegionMemory* pinned;
+    RegionMemory* unpinned;
+    CpuAttentionBackend& cpu;
+    std::function<void(std::size_t layer, std::uint32_t slot, const void* linear)> write_pool;
+
+    // truth[seq][layer][block k]: the block in the linear layout; the last one is the open block.
+    std::map<std::uint64_t, std::vector<std::vector<std::vector<std::byte>>>> truth;
+    std::map<std::uint64_t, std::size_t> tokens;
+
+    std::size_t block_bytes() const {
+        return LinearBlockLayout::of(g, B).elems() * dtype_bytes(g.dtype);
+    }
+    std::vector<std::byte> random_block(std::mt19937_64& rng) const {
+        std::vector<std::byte> b(block_bytes());
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        const std::size_t n = b.size() / dtype_bytes(g.dtype);
+        for (std::size_t i = 0; i < n; ++i)
+            store_from_f32(b.data(), i, g.dtype, nd(rng));
+        return b;
+    }
+
+    // Admits the sequence and appends n tokens; every sealed block gets random data in every
+    // layer at its final home, and the open block in the T/G pool. Returns false on refusal.
+    bool add_sequence(std::uint64_t id, std::size_t n, std::size_t max_tokens,
+                      std::mt19937_64& rng) {
+        if (!cache.admit(id, max_tokens).ok()) return false;
+        const std::size_t L = static_cast<std::size_t>(g.num_layers);
+        auto& t = truth[id];
+        t.assign(L, {});
+        std::vector<std::byte> packed(cpu.packed_block_bytes());
+        for (const SealMove& m : cache.append(id, n)) {
+            for (std::size_t l = 0; l < L; ++l) {
+                auto blk = random_block(rng);
+                switch (m.kind) {
+                    case MoveKind::remap:
+                        write_pool(l, m.dest.slot, blk.data());
+                        break;
+                    case MoveKind::copy_to_pinned:
+                        std::memcpy(pinned->block(l, m.dest.slot), blk.data(), blk.size());
+                        break;
+                    case MoveKind::pack_to_unpinned:
+                        cpu.pack_block(blk.data(), unpinned->block(l, m.dest.slot));
+                        break;
+                }
+                t[l].push_back(std::move(blk));
+            }
+        }
+        const auto open = cache.open_block(id);
+        for (std::size_t l = 0; l < L; ++l) {
+            auto blk = random_block(rng);
+            write_pool(l, open.t_slot, blk.data());
+            t[l].push_back(std::move(blk));
+        }
+        tokens[id] = n;
+        return true;
+    }
+
+    std::vector<std::byte> random_q(std::size_t nseq, std::mt19937_64& rng) const {
+        std::vector<std::byte> q(nseq * g.num_q_heads * g.head_dim_k * dtype_bytes(g.dtype));
+        std::normal_distribution<float> nd(0.0f, 0.5f);
+        for (std::size_t i = 0; i < q.size() / dtype_bytes(g.dtype); ++i)
+            store_from_f32(q.data(), i, g.dtype, nd(rng));
+        return q;
+    }
+
+    // fp64 reference of one layer for the batch: o (rows, dv), lse (rows).
+    void reference(std::size_t layer, const std::vector<std::uint64_t>& ids, const void* q,
+                   std::vector<double>& o, std::vector<double>& lse) const {
+        std::vector<std::vector<cpu::AttnBlock>> blocks(ids.size());
+        std::vector<cpu::AttnSeq> seqs;
+        const std::size_t q_row = g.num_q_heads * g.head_dim_k * dtype_bytes(g.dtype);
+        for (std::size_t i = 0; i < ids.size(); ++i) {
+            const auto& t = truth.at(ids[i])[layer];
+            const std::size_t n = tokens.at(ids[i]);
+            for (std::size_t k = 0; k < t.size(); ++k) {
+                const std::size_t valid = std::min(B, n - std::min(n, k * B));
+                blocks[i].push_back(
+                    {t[k].data(), static_cast<std::uint32_t>(valid), cpu::BlockLayout::linear});
+            }
+            seqs.push_back({static_cast<const char*>(q) + i * q_row, blocks[i]});
+        }
+        o.assign(ids.size() * g.num_q_heads * g.head_dim_v, 0.0);
+        lse.assign(ids.size() * g.num_q_heads, 0.0);
+        cpu::reference_attention(g, B, seqs, o, lse);
+    }
+
+    // Relative L2 error of out against the reference, and the largest lse error.
+    static std::pair<double, double> error(const std::vector<float>& o,
+                                           const std::vector<float>& lse,
+                                           const std::vector<double>& ro,
+                                           const std::vector<double>& rl) {
+        double num = 0, den = 0, le = 0;
+        for (std::size_t i = 0; i < ro.size(); ++i) {
+            if (!std::isfinite(o[i])) return {INFINITY, INFINITY};
+            num += (o[i] - ro[i]) * (o[i] - ro[i]);
+            den += ro[i] * ro[i];
+        }
+        for (std::size_t i = 0; i < rl.size(); ++i) {
+            if (std::isinf(rl[i]) && std::isinf(lse[i])) continue;
+            le = std::max(le, std::fabs(lse[i] - rl[i]) / (1 + std::fabs(rl[i])));
+        }
+        return {den > 0 ? std::sqrt(num / den) : std::sqrt(num), le};
+    }
+};
+
+}  // namespace writescope::test

@@ -1,0 +1,152 @@
+// The step executor in a CPU-only build (host memory for every region) against fp64 attention,
+// and the engine (Engine::create) end to end on the CPU backend.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+
+#include "cpu_attention_backend.hpp"
+#include "step_fixture.hpp"
+#include "test_seed.hpp"
+#include "writescope/core/engine.hpp"
+#include "writescope/core/host_kv_memory.hpp"
+#include "writescope/core/step_executor.hpp"
+
+using namespace writescope;
+
+namespace {
+
+KvGeometry small(const char* preset, int layers) {
+    auto g = *kv_geometry_preset(preset, DType::bf16);
+    g.num_layers = layers;
+    return g;
+}
+
+}  // namespace
+
+TEST_CASE("CPU-only steps over T and U equal fp64 attention in every layer", "[unit][engine]") {
+    auto rng = test::seeded_rng("cpu-only step executor");
+    for (const char* preset : {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"}) {
+        const auto g = small(preset, 2);
+        const std::size_t B = 64, max_seqs = 6;
+        runtime::CpuAttentionBackendImpl cpu(g, B, 2, false, max_seqs);
+        KvCacheConfig cfg;
+        cfg.geometry = g;
+        cfg.block_tokens = B;
+        cfg.t_slots = max_seqs;
+        cfg.host_bytes = 64ull << 20;
+        cfg.u_block_bytes = cpu.packed_block_bytes();
+        cfg.target_r = 1.0;
+        HostKvMemory mem = HostKvMemory::create(cfg);
+        KvCache cache(cfg, mem.pinned->slab_slots());
+        RegionMemory* pool = mem.gpu_pool.get();
+        const std::size_t lin = LinearBlockLayout::of(g, B).elems() * 2;
+        test::StepFixture fx{g,
+                             B,
+                             cache,
+                             mem.pinned.get(),
+                             mem.unpinned.get(),
+                             cpu,
+                             [&](std::size_t l, std::uint32_t s, const void* src) {
+                                 std::memcpy(pool->block(l, s), src, lin);
+                             },
+                             {},
+                             {}};
+        std::vector<std::uint64_t> ids;
+        for (std::uint64_t id = 1; id <= max_seqs; ++id) {
+            const std::size_t choices[] = {0, 1, B - 1, B, B + 1, 5 * B + 7, 700 + rng() % 900};
+            const std::size_t n = choices[rng() % 7];
+            REQUIRE(fx.add_sequence(id, n, n + 1 + rng() % 50, rng));
+            ids.push_back(id);
+        }
+        StepExecutor exec({max_seqs}, cache, *mem.gpu_pool, mem.pinned.get(), mem.unpinned.get(),
+                          cpu, nullptr);
+        exec.plan(ids, parse_execution_mode("writescope"), PlanCosts{});
+        const auto q = fx.random_q(ids.size(), rng);
+        const std::size_t rows = ids.size() * g.num_q_heads;
+        for (std::size_t layer = 0; layer < 2; ++layer) {
+            std::vector<float> o(rows * g.head_dim_v, NAN), lse(rows, NAN);
+            const auto r = exec.run_layer(
+                layer, q.data(),
+                {o.data(), lse.data(), rows, static_cast<std::size_t>(g.head_dim_v)});
+            std::vector<double> ro, rl;
+            fx.reference(layer, ids, q.data(), ro, rl);
+            const auto [rel, lerr] = test::StepFixture::error(o, lse, ro, rl);
+            std::printf(
+                "[engine] cpu-only step %-16s layer %zu: %llu tokens on the CPU, rel err vs fp64 "
+                "%.3e, lse err %.3e\n",
+                preset, layer, static_cast<unsigned long long>(r.cpu_tokens), rel, lerr);
+            REQUIRE(rel < 1e-5);
+            REQUIRE(lerr < 1e-5);
+            REQUIRE(r.gpu_spilled_tokens == 0);
+        }
+    }
+}
+
+TEST_CASE("the CPU-only engine calibrates, reports, admits within budget and warm-starts",
+          "[unit][engine]") {
+    EngineOptions o;
+    o.geometry = small("qwen3-30b-a3b", 4);
+    o.block_tokens = 128;
+    o.gpu_index = -1;
+    o.host_kv_bytes = 256ull << 20;  // 256 MiB: 4 layers x 2 KiB/token → 32768 tokens of U
+    o.attention_threads = 2;
+    o.pin_threads = false;
+    o.max_batch = 8;
+    auto e = Engine::create(o);
+    double last = -1;
+    const Calibration c = e->calibrate([&](double f, std::string_view) {
+        REQUIRE(f > last);
+        last = f;
+    });
+    REQUIRE(last == Approx(1.0));
+    REQUIRE(c.points.size() >= 4);
+    REQUIRE(c.a > 0);
+    REQUIRE(!c.has_gpu);
+    std::printf("[engine] cpu calibration: A = %.3e s/token, c0 = %.3e s, R^2 = %.4f, %.2f s\n",
+                c.a, c.cpu_intercept, c.a_r2, c.seconds_taken);
+    e->set_calibration(c);
+    auto s = e->status();
+    REQUIRE(s.a == Approx(c.a));
+    REQUIRE(s.r_target == 1.0);
+    REQUIRE(!s.gpu);
+    REQUIRE(s.regions[static_cast<int>(Region::U)].capacity_blocks ==
+            256);  // 256 MiB / (4·128·2 KiB)
+
+    REQUIRE(e->admit(1, 20000).ok);
+    const Admission too_big = e->admit(2, 20000);  // 157 blocks; 256 − 157 = 99 free
+    REQUIRE_FALSE(too_big.ok);
+    REQUIRE_THAT(too_big.error, Catch::Contains("U"));
+    REQUIRE(e->status().sequences == 1);
+    REQUIRE_THROWS_WITH(e->calibrate(nullptr), Catch::Contains("idle"));
+    e->release(1);
+    REQUIRE(e->admit(2, 20000).ok);
+    e->release(2);
+
+    REQUIRE_THROWS_WITH(e->set_mode("gpu-only"), Catch::Contains("needs a GPU"));
+    REQUIRE_THROWS_WITH(e->set_mode("static:1.5"), Catch::Contains("[0,1]"));
+    REQUIRE_NOTHROW(e->set_mode("cpu-only"));
+    REQUIRE(e->status().mode == "cpu-only");
+
+    const std::string state = e->export_policy_state();
+    auto e2 = Engine::create(o);
+    e2->import_policy_state(state);
+    REQUIRE(e2->status().a == Approx(c.a));
+    REQUIRE_THROWS(e2->import_policy_state("version=1\nmodel=x\n"));
+}
+
+TEST_CASE("Engine::create names what is wrong with the options", "[unit][engine]") {
+    EngineOptions o;
+    o.geometry = small("qwen3-30b-a3b", 2);
+    o.gpu_index = -1;
+    o.host_kv_bytes = 64ull << 20;
+    o.attention_threads = 1;
+    o.pin_threads = false;
+    o.block_tokens = 100;
+    REQUIRE_THROWS_WITH(Engine::create(o), Catch::Contains("block_tokens"));
+    o.block_tokens = 128;
+    o.geometry.num_kv_heads = 5;
+    REQUIRE_THROWS_WITH(Engine::create(o), Catch::Contains("num_kv_heads"));
+    o.geometry = small("qwen3-30b-a3b", 2);
+    o.mode = "gpu-only";
+    REQUIRE_THROWS_WITH(Engine::create(o), Catch::Contains("needs a GPU"));
+}
