@@ -34,13 +34,8 @@ else()
   endif()
 endif()
 
-# --- Programs -----------------------------------------------------------------------------------
-if(TARGET writescoped)
-  install(TARGETS writescoped RUNTIME DESTINATION ${CMAKE_INSTALL_SBINDIR})
-endif()
-if(TARGET writescopectl)
-  install(TARGETS writescopectl RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-endif()
+# The programs' install() rules stand next to their targets in daemon/CMakeLists.txt
+# (writescoped to sbin, writescopectl to bin); build-packages.sh fails when either is missing.
 
 # --- systemd units, service user, directories ----------------------------------------------------
 install(FILES ${_ws_src_dir}/systemd/writescoped.service ${_ws_src_dir}/systemd/writescoped.socket
