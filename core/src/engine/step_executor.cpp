@@ -92,8 +92,7 @@ LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateV
         const auto& table = tables_[i];
         const auto* qi = static_cast<const char*>(q) + i * q_row_bytes_;
         const std::size_t c0 = nc;
-        for (std::uint32_t idx : plan_.cpu_blocks(i)) {
-            const BlockRef ref = table[idx];
+        auto add_cpu = [&](const BlockRef ref) {
             CpuBlock b;
             switch (ref.region) {
                 case Region::U:
@@ -109,14 +108,14 @@ LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateV
                     b = {pool_.block(layer, ref.slot), open_tokens_[i], false};
                     break;
             }
-            if (b.tokens == 0) continue;
+            if (b.tokens == 0) return;
             if (ref.region == Region::U || ref.region == Region::P)
                 r.cpu_spilled_tokens += b.tokens;
             r.cpu_tokens += b.tokens;
             cpu_blocks_[nc++] = b;
-        }
-        cpu_work_[i] = {qi, std::span<const CpuBlock>(cpu_blocks_.data() + c0, nc - c0)};
-        cpu_any = cpu_any || nc > c0;
+        };
+        for (std::uint32_t idx : plan_.cpu_blocks(i))
+            add_cpu(table[idx]);
 
         if (gpu_) {
             const std::size_t g0 = ng, p0 = np;
@@ -140,17 +139,22 @@ LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateV
                         r.gpu_spilled_tokens += B_;
                         break;
                     case Region::U:
-                        throw std::logic_error(
-                            "the plan gave a U block to the GPU; U is packed for the CPU kernel "
-                            "and the GPU path does not pull it (set b_pageable to infinity)");
+                        // U blocks are packed for the CPU kernel and the GPU path does not pull
+                        // them (DESIGN.md: pageable copies run ~6.6x slower than pinned ones);
+                        // the CPU attends them in place instead.
+                        add_cpu(ref);
+                        ++r.u_blocks_kept_on_cpu;
+                        break;
                 }
             }
-            // The open block must be the last in-place slot (the kernel's contract); the plan
-            // lists blocks in token order and T is the last entry of the table.
+            // The open block is the last in-place slot (the kernel's contract): the plan lists
+            // blocks in token order and T is the last entry of the table.
             gpu_work_[i] = {std::span<const std::uint32_t>(gpu_pool_slots_.data() + g0, ng - g0),
                             has_open, open_tokens_[i],
                             std::span<const std::uint32_t>(gpu_p_slots_.data() + p0, np - p0)};
         }
+        cpu_work_[i] = {qi, std::span<const CpuBlock>(cpu_blocks_.data() + c0, nc - c0)};
+        cpu_any = cpu_any || nc > c0;
     }
 
     StateView cpu_part{cpu_o_.data(), cpu_lse_.data(), rows, dv_};

@@ -1,0 +1,111 @@
+// Whole hybrid steps on the GPU machine: the real KvCache, region memories on the device, pinned
+// P slabs and host U, the CPU and GPU backends together through the StepExecutor, in every mode
+// and at random split points, against fp64 attention.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+
+#include "../engine/step_fixture.hpp"
+#include "cpu_attention_backend.hpp"
+#include "test_seed.hpp"
+#include "writescope/core/host_region_memory.hpp"
+#include "writescope/core/step_executor.hpp"
+#include "writescope/cuda/gpu_kv_memory.hpp"
+#include "writescope/cuda/gpu_step_backend.hpp"
+
+using namespace writescope;
+
+TEST_CASE("hybrid steps in every mode equal unsplit fp64 attention", "[gpu]") {
+    if (cuda::device_count() == 0) FAIL("no GPU: run the gpu label only on a GPU machine");
+    auto rng = test::seeded_rng("gpu hybrid step");
+    const char* modes[] = {"writescope",  "gpu-only",   "cpu-only",
+                           "static:0.25", "static:0.6", "monolithic"};
+    for (const char* preset : {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"})
+        for (const char* mode_text : modes) {
+            auto g = *kv_geometry_preset(preset, rng() % 3 == 0 ? DType::f16 : DType::bf16);
+            g.num_layers = 2;
+            const std::size_t B = 64, max_seqs = 5;
+            const ExecutionMode mode = parse_execution_mode(mode_text);
+            runtime::CpuAttentionBackendImpl cpu(g, B, 4, false, max_seqs);
+            cuda::DevicePool pool(512ull << 20);
+            KvCacheConfig cfg;
+            cfg.geometry = g;
+            cfg.block_tokens = B;
+            cfg.t_slots = max_seqs;
+            cfg.g_slots = rng() % 12;  // small G: most blocks spill
+            cfg.pinned_bytes = 48ull << 20;
+            cfg.host_bytes = 48ull << 20;
+            cfg.u_block_bytes = cpu.packed_block_bytes();
+            // The routing target follows the mode, as in the engine.
+            cfg.target_r = mode.kind == ModeKind::gpu_only || mode.kind == ModeKind::monolithic
+                               ? 0.0
+                           : mode.kind == ModeKind::cpu_only
+                               ? 1.0
+                               : std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+            const KvCapacity cap = kv_capacity(cfg);
+            const std::size_t lin = cap.linear_block_bytes;
+            cuda::DeviceRegionMemory gmem("T+G", pool, 2, cap.gpu_pool_slots(), lin);
+            cuda::PinnedRegionMemory pmem("P", 2, cap.slots[2], lin, cap.extent_slots);
+            HostRegionMemory umem("U", 2, cap.slots[3], cap.u_block_bytes);
+            KvCache cache(cfg, pmem.slab_slots());
+            cuda::GpuStepOptions so;
+            so.geometry = g;
+            so.block_tokens = B;
+            so.max_seqs = max_seqs;
+            so.max_blocks = cap.gpu_pool_slots() + cap.slots[2];
+            so.staging_chunk_bytes = 3 * lin + lin / 2;  // small chunks: many ring turns
+            cuda::GpuStepBackend gpu(so, pool, gmem, &pmem);
+            test::StepFixture fx{g,
+                                 B,
+                                 cache,
+                                 &pmem,
+                                 &umem,
+                                 cpu,
+                                 [&](std::size_t l, std::uint32_t s, const void* src) {
+                                     cuda::copy_sync(gmem.device_block(l, s), src, lin);
+                                 },
+                                 {},
+                                 {}};
+            std::vector<std::uint64_t> ids;
+            for (std::uint64_t id = 1; id <= max_seqs; ++id) {
+                const std::size_t choices[] = {1, B - 1, B + 1, 6 * B + 9, 900 + rng() % 1500};
+                const std::size_t n = choices[rng() % 5];
+                if (fx.add_sequence(id, n, n + 1, rng)) ids.push_back(id);
+                if (mode.kind == ModeKind::writescope || mode.kind == ModeKind::static_split)
+                    cache.set_target_r(std::uniform_real_distribution<double>(0.0, 1.0)(rng));
+            }
+            REQUIRE(!ids.empty());
+            REQUIRE(cache.check_invariants().empty());
+            StepExecutor exec({max_seqs}, cache, gmem, &pmem, &umem, cpu, &gpu);
+            // Random costs so that the writescope plan moves P blocks to the CPU on some runs.
+            PlanCosts costs;
+            costs.a = 1e-9 * (1 + rng() % 10);
+            costs.a_pinned = costs.a * 1.15;
+            costs.b = 1e-9 * (1 + rng() % 10);
+            costs.b_pageable = INFINITY;
+            costs.delta = 1e-6 * (rng() % 100);
+            const auto& plan = exec.plan(ids, mode, costs);
+            const auto q = fx.random_q(ids.size(), rng);
+            const std::size_t rows = ids.size() * g.num_q_heads, dv = g.head_dim_v;
+            for (std::size_t layer = 0; layer < 2; ++layer) {
+                std::vector<float> o(rows * dv, NAN), lse(rows, NAN);
+                const auto r = exec.run_layer(layer, q.data(), {o.data(), lse.data(), rows, dv});
+                std::vector<double> ro, rl;
+                fx.reference(layer, ids, q.data(), ro, rl);
+                const auto [rel, lerr] = test::StepFixture::error(o, lse, ro, rl);
+                std::printf(
+                    "[gpu] step %-16s %-11s %s layer %zu: CPU %6llu spilled tok, GPU %6llu "
+                    "streamed + %5llu in place, planned CPU share %.2f: rel err %.3e, lse err "
+                    "%.3e\n",
+                    preset, mode_text, std::string(dtype_name(g.dtype)).c_str(), layer,
+                    static_cast<unsigned long long>(r.cpu_spilled_tokens),
+                    static_cast<unsigned long long>(r.gpu_spilled_tokens),
+                    static_cast<unsigned long long>(r.gpu_inplace_tokens), plan.totals().cpu_share,
+                    rel, lerr);
+                REQUIRE(rel < 2e-5);
+                REQUIRE(lerr < 2e-5);
+                if (mode.kind == ModeKind::cpu_only) REQUIRE(r.gpu_spilled_tokens == 0);
+                if (mode.kind == ModeKind::gpu_only) REQUIRE(r.cpu_spilled_tokens == 0);
+            }
+        }
+}
