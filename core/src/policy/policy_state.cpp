@@ -102,7 +102,7 @@ struct Field {
 };
 
 // Parses value into the field's target; returns what is wrong, or empty.
-std::string apply(const Field& f, std::string_view v) {
+std::string apply_field(const Field& f, std::string_view v) {
     const char* b = v.data();
     const char* e = v.data() + v.size();
     switch (f.kind) {
@@ -249,7 +249,8 @@ PolicyState parse_policy_state(std::string_view text) {
                               std::to_string(f->line));
         }
         f->line = line_no;
-        if (std::string err = apply(*f, value); !err.empty()) fail(line_no, quoted + ": " + err);
+        if (std::string err = apply_field(*f, value); !err.empty())
+            fail(line_no, quoted + ": " + err);
     }
     if (!have_version) throw std::invalid_argument(std::string(kPrefix) + "empty (no version=1)");
     for (const Field& f : fields) {
