@@ -11,6 +11,7 @@
 #include <toml++/toml.h>
 
 #include "units.hpp"
+#include "writescope/core/execution_mode.hpp"
 
 namespace writescope::daemon {
 namespace {
@@ -666,20 +667,13 @@ std::string_view recalibrate_name(Recalibrate r) noexcept {
 }
 
 std::string validate_mode(std::string_view mode) {
-    if (mode == "writescope" || mode == "gpu-only" || mode == "cpu-only" || mode == "monolithic")
+    // The engine's own grammar, so the profile accepts exactly what the engine does.
+    try {
+        parse_execution_mode(mode);
         return {};
-    if (mode.starts_with("static:")) {
-        const std::string r(mode.substr(7));
-        char* end = nullptr;
-        const double v = r.empty() ? -1 : std::strtod(r.c_str(), &end);
-        if (!r.empty() && end && *end == '\0' && std::isfinite(v) && v >= 0 && v <= 1) return {};
-        return fmt::format("\"{}\": static:R takes a CPU share R in [0, 1], such as static:0.4",
-                           mode);
+    } catch (const std::invalid_argument& e) {
+        return e.what();
     }
-    return fmt::format(
-        "\"{}\" is not a mode: expected writescope, gpu-only, cpu-only, "
-        "static:R or monolithic",
-        mode);
 }
 
 const Profile& default_profile() {

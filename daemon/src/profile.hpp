@@ -136,7 +136,7 @@ std::string profile_value(const Profile& p, std::string_view key);
 std::vector<std::string> changed_keys(const Profile& a, const Profile& b);
 
 // Empty when mode is a valid execution mode (writescope, gpu-only, cpu-only, monolithic,
-// static:R with R in [0, 1]); otherwise why not.
+// static:R with R in [0, 1]: core's parse_execution_mode); otherwise why not.
 std::string validate_mode(std::string_view mode);
 
 std::string_view recalibrate_name(Recalibrate r) noexcept;

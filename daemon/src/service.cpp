@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "log.hpp"
+#include "writescope/core/policy_state.hpp"
 
 namespace writescope::daemon {
 namespace {
@@ -48,18 +49,25 @@ std::string geometry_key(const EngineOptions& o) {
                        g.mla ? 1 : 0, o.block_tokens);
 }
 
-WorkloadKey workload_key_of(const EngineOptions& o, const EngineStatus& s) {
-    WorkloadKey k;
-    k.model = o.geometry.name;
-    k.dtype = std::string(dtype_name(o.geometry.dtype));
-    const std::uint64_t seqs = std::max<std::uint64_t>(s.sequences, 1);
-    k.batch_bucket = static_cast<std::int64_t>(std::bit_ceil(seqs));
-    // Spilled blocks are P and U; a block holds block_tokens tokens of every layer.
-    const std::uint64_t spilled_blocks = s.regions[static_cast<int>(Region::P)].used_blocks +
-                                         s.regions[static_cast<int>(Region::U)].used_blocks;
-    const std::uint64_t per_seq = spilled_blocks * o.block_tokens / seqs;
-    k.context_bucket = per_seq ? static_cast<std::int64_t>(std::bit_ceil(per_seq)) : 0;
-    return k;
+WorkloadRecord workload_record_of(std::string_view policy_state, const EngineStatus& s) {
+    const PolicyState st = parse_policy_state(policy_state);
+    WorkloadRecord r;
+    r.key = {st.key.model, std::string(dtype_name(st.key.kv_dtype)),
+             static_cast<std::int64_t>(st.key.batch_bucket),
+             static_cast<std::int64_t>(st.key.context_bucket)};
+    r.a = st.a.estimate;
+    r.b = st.b.estimate;
+    r.delta = st.delta.estimate;
+    r.r_deployed = st.r_deployed;
+    r.r_target = s.r_target;
+    r.steps = st.step_seconds.count;
+    r.step_seconds_mean = st.step_seconds.mean;
+    r.step_seconds_stddev = st.step_seconds.stddev();
+    r.step_seconds_min = st.step_seconds.min;
+    r.step_seconds_max = st.step_seconds.max;
+    r.policy_state = std::string(policy_state);
+    r.updated_at = unix_s_now();
+    return r;
 }
 
 Service::Service(Profile profile, std::string profile_source, EngineOptions options,
@@ -547,18 +555,7 @@ void Service::take_sample() {
 
 WorkloadRecord Service::workload_record_locked() const {
     const EngineStatus s = engine_->status();
-    WorkloadRecord r;
-    r.key = workload_key_of(options_, s);
-    r.a = s.a;
-    r.b = s.b;
-    r.delta = s.delta;
-    r.r_target = s.r_target;
-    r.r_deployed = s.r_deployed;
-    r.steps = s.steps;
-    r.step_seconds_mean = s.step_seconds_mean;
-    r.policy_state = engine_->export_policy_state();
-    r.updated_at = unix_s_now();
-    return r;
+    return workload_record_of(engine_->export_policy_state(), s);
 }
 
 void Service::persist_history(bool wait) {

@@ -60,7 +60,7 @@ struct CalibrationJobInfo {
 struct WarmStartInfo {
     bool applied = false;
     std::string detail;  // why not, or what was imported
-    WorkloadKey key;
+    HistoryKey key;
     std::int64_t updated_at = 0;
 };
 
@@ -204,8 +204,10 @@ class Service {
 
 // Text of the KV geometry for a calibration key: name, shape and block size.
 std::string geometry_key(const EngineOptions& o);
-// The workload bucket of an engine state.
-WorkloadKey workload_key_of(const EngineOptions& o, const EngineStatus& s);
+// The history row of an exported policy state (text version 1, docs/policy.md): its workload
+// key, constants and step statistics come from the text itself, so the store and the policy
+// always agree on the bucketing. Throws std::invalid_argument naming the bad line.
+WorkloadRecord workload_record_of(std::string_view policy_state, const EngineStatus& s);
 
 std::int64_t unix_ms_now();
 

@@ -50,8 +50,11 @@ CREATE TABLE workload_history (
     r_target          REAL    NOT NULL,
     r_deployed        REAL    NOT NULL,
     steps             INTEGER NOT NULL,
-    step_seconds_mean REAL    NOT NULL,
-    policy_state      TEXT    NOT NULL,
+    step_seconds_mean REAL    NOT NULL,  -- per layer
+    step_seconds_stddev REAL  NOT NULL,
+    step_seconds_min  REAL    NOT NULL,
+    step_seconds_max  REAL    NOT NULL,
+    policy_state      TEXT    NOT NULL,  -- Engine::export_policy_state()
     updated_at        INTEGER NOT NULL,  -- unix seconds
     PRIMARY KEY (model, dtype, batch_bucket, context_bucket)
 );
@@ -270,7 +273,8 @@ StoredCalibration read_calibration(const Stmt& s) {
 
 constexpr std::string_view kWorkloadColumns =
     "model, dtype, batch_bucket, context_bucket, a, b, delta, r_target, r_deployed, steps, "
-    "step_seconds_mean, policy_state, updated_at";
+    "step_seconds_mean, step_seconds_stddev, step_seconds_min, step_seconds_max, policy_state, "
+    "updated_at";
 
 WorkloadRecord read_workload(const Stmt& s) {
     WorkloadRecord r;
@@ -282,8 +286,11 @@ WorkloadRecord read_workload(const Stmt& s) {
     r.r_deployed = s.real(8);
     r.steps = static_cast<std::uint64_t>(s.integer(9));
     r.step_seconds_mean = s.real(10);
-    r.policy_state = s.text(11);
-    r.updated_at = s.integer(12);
+    r.step_seconds_stddev = s.real(11);
+    r.step_seconds_min = s.real(12);
+    r.step_seconds_max = s.real(13);
+    r.policy_state = s.text(14);
+    r.updated_at = s.integer(15);
     return r;
 }
 
@@ -410,12 +417,13 @@ std::vector<StoredCalibration> Store::calibrations(std::size_t limit) const {
 void Store::put_workload(const WorkloadRecord& r) {
     std::lock_guard lock(mutex_);
     Stmt s(db_, fmt::format("INSERT OR REPLACE INTO workload_history ({}) VALUES "
-                            "(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                            "(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
                             kWorkloadColumns));
     s.bind(1, r.key.model).bind(2, r.key.dtype).bind(3, r.key.batch_bucket);
     s.bind(4, r.key.context_bucket).bind(5, r.a).bind(6, r.b).bind(7, r.delta);
     s.bind(8, r.r_target).bind(9, r.r_deployed).bind(10, static_cast<std::int64_t>(r.steps));
-    s.bind(11, r.step_seconds_mean).bind(12, r.policy_state).bind(13, r.updated_at);
+    s.bind(11, r.step_seconds_mean).bind(12, r.step_seconds_stddev).bind(13, r.step_seconds_min);
+    s.bind(14, r.step_seconds_max).bind(15, r.policy_state).bind(16, r.updated_at);
     s.step();
 }
 

@@ -50,22 +50,25 @@ struct StoredCalibration {
     std::int64_t created_at = 0;  // unix seconds
 };
 
-struct WorkloadKey {
+// A workload as the policy buckets it (docs/policy.md section 5): the key of a history row.
+struct HistoryKey {
     std::string model;
     std::string dtype;
-    std::int64_t batch_bucket = 1;    // sequences in a step, rounded up to a power of two
-    std::int64_t context_bucket = 0;  // spilled tokens per sequence, power of two; 0: none
-    friend bool operator==(const WorkloadKey&, const WorkloadKey&) = default;
+    std::int64_t batch_bucket = 1;       // sequences per step, rounded up to a power of two
+    std::int64_t context_bucket = 1024;  // context tokens per sequence, power of two, >= 1024
+    friend bool operator==(const HistoryKey&, const HistoryKey&) = default;
 };
 
 struct WorkloadRecord {
-    WorkloadKey key;
-    double a = 0, b = 0, delta = 0;  // tracked constants (s/token/layer, s)
+    HistoryKey key;
+    double a = 0, b = 0, delta = 0;  // tracked constants (s/token/layer, s/layer/step)
     double r_target = 1, r_deployed = 1;
-    std::uint64_t steps = 0;       // decode steps the statistics cover
-    double step_seconds_mean = 0;  // mean step time per layer, seconds
-    std::string policy_state;      // Engine::export_policy_state()
-    std::int64_t updated_at = 0;   // unix seconds
+    // Step times per layer, seconds, over `steps` decode steps.
+    std::uint64_t steps = 0;
+    double step_seconds_mean = 0, step_seconds_stddev = 0;
+    double step_seconds_min = 0, step_seconds_max = 0;
+    std::string policy_state;     // Engine::export_policy_state(), text version 1
+    std::int64_t updated_at = 0;  // unix seconds
 };
 
 struct Sample {

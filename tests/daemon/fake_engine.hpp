@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "writescope/core/engine.hpp"
+#include "writescope/core/policy_state.hpp"
 
 namespace writescope::test {
 
@@ -100,13 +101,20 @@ class FakeEngine final : public Engine {
         alpha_ = alpha;
         clamp_ = clamp;
     }
+    // The real text form (docs/policy.md), so the daemon's parsing of it is exercised.
     std::string export_policy_state() const override {
         std::lock_guard lock(mu_);
-        return "fake-policy v1\nmode " + mode_ + "\nsteps " + std::to_string(steps_) + "\n";
+        PolicyState st;
+        st.key = make_workload_key(opts_.geometry.name, opts_.geometry.dtype, sequences_, 0);
+        st.a.estimate = cal_.a;
+        st.b.estimate = cal_.b;
+        st.delta.estimate = cal_.delta;
+        st.cpu_fixed = cal_.cpu_intercept;
+        for (std::uint64_t i = 0; i < steps_; ++i) st.step_seconds.add(1e-3 * static_cast<double>(i + 1));
+        return format_policy_state(st);
     }
     void import_policy_state(std::string_view text) override {
-        if (!text.starts_with("fake-policy v1\n"))
-            throw std::invalid_argument("line 1: not a fake-policy v1 state");
+        (void)parse_policy_state(text);  // throws std::invalid_argument, as the engine does
         ++log_->imports;
         std::lock_guard lock(log_->mu);
         log_->last_import = std::string(text);

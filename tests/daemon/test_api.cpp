@@ -11,6 +11,7 @@
 #include "fake_engine.hpp"
 #include "service.hpp"
 #include "temp_dir.hpp"
+#include "writescope/core/policy_state.hpp"
 
 using namespace writescope;
 using namespace writescope::daemon;
@@ -276,7 +277,7 @@ TEST_CASE("history is persisted at finish and warm-starts the next boot", "[unit
     CHECK(h.log->imports == 1);
     {
         std::lock_guard lock(h.log->mu);
-        CHECK_THAT(h.log->last_import, Catch::StartsWith("fake-policy v1\n"));
+        CHECK_THAT(h.log->last_import, Catch::Contains("version=1\nmodel=qwen3-30b-a3b\n"));
     }
     const auto st = h.get("/v1/status");
     CHECK(st["warm_start"]["applied"] == true);
@@ -284,6 +285,8 @@ TEST_CASE("history is persisted at finish and warm-starts the next boot", "[unit
     REQUIRE(hist["workloads"].size() == 1);
     CHECK(hist["workloads"][0]["model"] == "qwen3-30b-a3b");
     CHECK(hist["workloads"][0]["batch_bucket"] == 1);
+    CHECK(hist["workloads"][0]["context_bucket"] == 1024);
+    CHECK(hist["workloads"][0]["dtype"] == "bf16");
     CHECK(hist["samples"].size() == 5);  // bounded by storage.sample_log_max
 }
 
@@ -349,4 +352,24 @@ TEST_CASE("metrics are Prometheus text with the documented families", "[unit][da
         INFO(needle);
         CHECK_THAT(r.body, Catch::Contains(needle));
     }
+}
+
+TEST_CASE("a history row is read from the engine's policy state", "[unit][daemon][api]") {
+    PolicyState st;
+    st.key = make_workload_key("mixtral-8x7b", DType::f16, 5, 20000);
+    st.a.estimate = 2e-8;
+    st.r_deployed = 0.25;
+    for (double x : {1e-3, 2e-3, 3e-3}) st.step_seconds.add(x);
+    EngineStatus s;
+    s.r_target = 0.3;
+    const auto r = workload_record_of(format_policy_state(st), s);
+    CHECK(r.key == HistoryKey{"mixtral-8x7b", "fp16", 8, 32768});
+    CHECK(r.a == 2e-8);
+    CHECK(r.r_deployed == 0.25);
+    CHECK(r.r_target == 0.3);
+    CHECK(r.steps == 3);
+    CHECK(r.step_seconds_mean == Approx(2e-3));
+    CHECK(r.step_seconds_stddev == Approx(1e-3));
+    CHECK(r.step_seconds_max == 3e-3);
+    CHECK_THROWS_AS(workload_record_of("version=1\nmodel=x\n", s), std::invalid_argument);
 }

@@ -1,0 +1,39 @@
+// writescoped's life: profile → socket → serving loop (signals, watchdog, timers) → boot on its
+// own thread → READY=1 → ... → SIGTERM: drain, persist, exit.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "engine_host.hpp"
+#include "profile.hpp"
+#include "service.hpp"
+
+namespace writescope::daemon {
+
+inline constexpr const char* kDefaultConfigPath = "/etc/writescope/writescope.toml";
+
+struct DaemonArgs {
+    std::filesystem::path config = kDefaultConfigPath;
+    bool config_given = false;  // --config: the file must exist
+    std::optional<std::string> socket;     // --socket
+    std::optional<std::string> state_dir;  // --state-dir
+    AllocatorInfo allocator;
+    EngineFactory engine_factory;
+};
+
+struct LoadedProfile {
+    Profile profile;
+    std::string source;  // the file read, or "<built-in defaults>"
+};
+
+// The profile as the daemon runs it: the file (or the built-in defaults when the default path
+// does not exist and --config was not given) with the command-line overrides applied. Throws
+// ProfileError.
+LoadedProfile load_effective_profile(const DaemonArgs& args);
+
+// Runs the daemon until it is told to stop; returns the process exit status.
+int run_daemon(const DaemonArgs& args);
+
+}  // namespace writescope::daemon

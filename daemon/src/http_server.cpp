@@ -1,0 +1,232 @@
+#include "http_server.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include <list>
+
+#include <fmt/format.h>
+
+#include "api.hpp"
+#include "log.hpp"
+#include "units.hpp"
+
+namespace writescope::daemon {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using local = asio::local::stream_protocol;
+using Stream = beast::basic_stream<local, asio::any_io_executor, beast::unlimited_rate_policy>;
+constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
+
+struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
+    Impl(asio::io_context& io, int fd, Api& a, std::function<ServerLimits()> l)
+        : acceptor(io), api(a), limits(std::move(l)) {
+        acceptor.assign(local(), fd);
+    }
+
+    struct Session {
+        Stream* stream = nullptr;
+        bool awaiting_request = true;  // idle: a stop may close it
+    };
+
+    local::acceptor acceptor;
+    Api& api;
+    std::function<ServerLimits()> limits;
+    std::list<Session> sessions;  // stable addresses; one per open connection
+    std::size_t in_flight = 0;
+    bool stopping = false;
+
+    asio::awaitable<void> accept_loop();
+    asio::awaitable<void> serve(local::socket socket);
+    asio::awaitable<bool> write(Stream& stream, const HttpResponse& r, bool keep_alive);
+    asio::awaitable<void> linger(Stream& stream);
+};
+
+namespace {
+
+bool is_disconnect(const beast::error_code& ec) {
+    return ec == http::error::end_of_stream || ec == asio::error::eof ||
+           ec == asio::error::connection_reset || ec == asio::error::broken_pipe ||
+           ec == asio::error::operation_aborted || ec == beast::error::timeout;
+}
+
+}  // namespace
+
+asio::awaitable<void> HttpServer::Impl::accept_loop() {
+    auto self = shared_from_this();
+    asio::steady_timer backoff(acceptor.get_executor());
+    while (!stopping) {
+        auto [ec, socket] = co_await acceptor.async_accept(use_tuple);
+        if (stopping || ec == asio::error::operation_aborted) co_return;
+        if (ec) {
+            // Out of descriptors or memory: wait a little rather than spin.
+            log_warning("http.accept-failed", "accept failed: {}", ec.message());
+            backoff.expires_after(std::chrono::milliseconds(100));
+            co_await backoff.async_wait(use_tuple);
+            continue;
+        }
+        asio::co_spawn(acceptor.get_executor(), serve(std::move(socket)), asio::detached);
+    }
+}
+
+asio::awaitable<bool> HttpServer::Impl::write(Stream& stream, const HttpResponse& r,
+                                              bool keep_alive) {
+    http::response<http::string_body> res{static_cast<http::status>(r.status), 11};
+    res.set(http::field::server, "writescoped/" WRITESCOPE_VERSION);
+    res.set(http::field::content_type, r.content_type);
+    res.set(http::field::cache_control, "no-store");
+    for (const auto& [name, value] : r.headers) res.set(name, value);
+    res.body() = r.body;
+    res.keep_alive(keep_alive);
+    res.prepare_payload();
+    stream.expires_after(limits().request_timeout);
+    auto [ec, n] = co_await http::async_write(stream, res, use_tuple);
+    co_return !ec;
+}
+
+// After an early error response, reads and drops what the client still sends (up to a bound)
+// so that closing does not reset the connection before the client has read the response.
+asio::awaitable<void> HttpServer::Impl::linger(Stream& stream) {
+    beast::error_code ignored;
+    stream.socket().shutdown(local::socket::shutdown_send, ignored);
+    stream.expires_after(std::chrono::seconds(2));
+    std::array<char, 16384> sink{};
+    std::uint64_t drained = 0;
+    while (drained < (64u << 20)) {
+        auto [ec, n] = co_await stream.async_read_some(asio::buffer(sink), use_tuple);
+        if (ec) break;
+        drained += n;
+    }
+}
+
+asio::awaitable<void> HttpServer::Impl::serve(local::socket socket) {
+    auto self = shared_from_this();
+    Stream stream(std::move(socket));
+    sessions.push_back({&stream, true});
+    const auto me = std::prev(sessions.end());
+    beast::flat_buffer buffer;
+    try {
+        while (!stopping) {
+            const ServerLimits lim = limits();
+            http::request_parser<http::string_body> parser;
+            parser.body_limit(lim.max_body_bytes);
+            parser.header_limit(16 * 1024);
+            me->awaiting_request = true;
+            stream.expires_after(lim.request_timeout);
+            auto [ec, n] = co_await http::async_read_header(stream, buffer, parser, use_tuple);
+            me->awaiting_request = false;
+            if (ec == http::error::body_limit) {
+                co_await write(stream,
+                               api.reject(413, fmt::format("the request body is larger than "
+                                                           "server.max_body_bytes ({})",
+                                                           format_size(lim.max_body_bytes))),
+                               false);
+                co_await linger(stream);
+                break;
+            }
+            if (ec == http::error::header_limit) {
+                co_await write(stream, api.reject(431, "the request header is too large"), false);
+                co_await linger(stream);
+                break;
+            }
+            if (ec) {
+                if (is_disconnect(ec) && buffer.size() == 0) break;  // idle close or timeout
+                if (!is_disconnect(ec))
+                    co_await write(stream,
+                                   api.reject(400, fmt::format("malformed HTTP request: {}",
+                                                               ec.message())),
+                                   false);
+                break;
+            }
+            ++in_flight;
+            struct Done {
+                std::size_t& n;
+                ~Done() { --n; }
+            } done{in_flight};
+
+            auto& req = parser.get();
+            if (beast::iequals(req[http::field::expect], "100-continue")) {
+                static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+                auto [wec, wn] =
+                    co_await asio::async_write(stream, asio::buffer(kContinue), use_tuple);
+                if (wec) break;
+            }
+            if (!parser.is_done()) {
+                auto [bec, bn] = co_await http::async_read(stream, buffer, parser, use_tuple);
+                if (bec == http::error::body_limit) {
+                    co_await write(stream,
+                                   api.reject(413, fmt::format("the request body is larger than "
+                                                               "server.max_body_bytes ({})",
+                                                               format_size(lim.max_body_bytes))),
+                                   false);
+                    co_await linger(stream);
+                    break;
+                }
+                if (bec) {
+                    if (!is_disconnect(bec))
+                        co_await write(stream,
+                                       api.reject(400, fmt::format("malformed HTTP request: {}",
+                                                                   bec.message())),
+                                       false);
+                    break;
+                }
+            }
+            HttpResponse res;
+            if (in_flight > lim.max_concurrent_requests) {
+                res = api.reject(503, fmt::format("too many concurrent requests (more than "
+                                                  "server.max_concurrent_requests = {})",
+                                                  lim.max_concurrent_requests));
+            } else {
+                res = api.handle({std::string(req.method_string()), std::string(req.target()),
+                                  std::move(req.body())});
+            }
+            const bool keep = req.keep_alive() && !stopping;
+            if (!co_await write(stream, res, keep) || !keep) break;
+        }
+    } catch (const std::exception& e) {
+        log_warning("http.session-failed", "connection dropped: {}", e.what());
+    }
+    beast::error_code ignored;
+    stream.socket().shutdown(local::socket::shutdown_both, ignored);
+    stream.socket().close(ignored);
+    sessions.erase(me);
+}
+
+HttpServer::HttpServer(asio::io_context& io, int listen_fd, Api& api,
+                       std::function<ServerLimits()> limits)
+    : impl_(std::make_shared<Impl>(io, listen_fd, api, std::move(limits))) {}
+
+HttpServer::~HttpServer() {
+    if (impl_) {
+        impl_->stopping = true;
+        beast::error_code ignored;
+        impl_->acceptor.close(ignored);
+    }
+}
+
+void HttpServer::start() {
+    asio::co_spawn(impl_->acceptor.get_executor(), impl_->accept_loop(), asio::detached);
+}
+
+void HttpServer::stop_accepting() {
+    impl_->stopping = true;
+    beast::error_code ignored;
+    impl_->acceptor.close(ignored);
+    for (auto& s : impl_->sessions)
+        if (s.awaiting_request) s.stream->cancel();
+}
+
+std::size_t HttpServer::connections() const { return impl_->sessions.size(); }
+std::size_t HttpServer::in_flight() const { return impl_->in_flight; }
+
+}  // namespace writescope::daemon
