@@ -60,7 +60,7 @@ std::string ready_status(const ServiceView& v) {
 
 // The serving loop: everything here runs on the io_context's one thread.
 class Daemon {
-public:
+  public:
     Daemon(const DaemonArgs& args, LoadedProfile loaded, EngineOptions opts, MachineInfo machine,
            ListenSocket listen)
         : args_(args),
@@ -72,8 +72,7 @@ public:
           server_(io_, listen.fd, api_,
                   [this] {
                       const Profile p = service_.profile();
-                      return ServerLimits{p.server.max_body_bytes,
-                                          p.server.max_concurrent_requests,
+                      return ServerLimits{p.server.max_body_bytes, p.server.max_concurrent_requests,
                                           p.server.request_timeout};
                   }),
           signals_(io_, SIGTERM, SIGINT, SIGHUP),
@@ -101,7 +100,7 @@ public:
         return exit_code_;
     }
 
-private:
+  private:
     // --- boot, on its own thread
     void boot() {
         std::string last_logged;
@@ -159,8 +158,9 @@ private:
     void reload() {
         if (stopping_) return;
         if (service_.phase() != Phase::ready) {
-            log_warning("reload.ignored", "SIGHUP ignored: still starting; send it again after "
-                                          "READY=1");
+            log_warning("reload.ignored",
+                        "SIGHUP ignored: still starting; send it again after "
+                        "READY=1");
             return;
         }
         notify_reloading();
@@ -176,13 +176,13 @@ private:
                 status = "reload rejected: " + r.error;
             } else {
                 if (!r.applied.empty())
-                    log_notice("reload.applied", "reload applied: {}",
-                               fmt::join(r.applied, ", "));
+                    log_notice("reload.applied", "reload applied: {}", fmt::join(r.applied, ", "));
                 else
                     log_info("reload.applied", "reload: no reloadable key changed");
                 if (r.policy_deferred)
-                    log_info("reload.deferred", "the policy change waits for the running "
-                                                "calibration");
+                    log_info("reload.deferred",
+                             "the policy change waits for the running "
+                             "calibration");
                 if (!r.needs_restart.empty())
                     log_warning("reload.needs-restart",
                                 "changed keys that take effect only after a restart: {}",
@@ -191,8 +191,8 @@ private:
         } catch (const ProfileError& e) {
             log_profile_error("reload.rejected", e);
             log_error("reload.rejected", "reload rejected, the running profile stays");
-            status = fmt::format("reload rejected: {} problem(s) in {}", e.issues().size(),
-                                 e.source());
+            status =
+                fmt::format("reload rejected: {} problem(s) in {}", e.issues().size(), e.source());
         }
         const auto v = service_.view();
         notify(fmt::format("READY=1\nSTATUS=ready: {}{}", ready_status(v),
@@ -248,8 +248,9 @@ private:
     void drain() {
         if (server_.connections() == 0 || std::chrono::steady_clock::now() > drain_deadline_) {
             if (server_.connections() != 0)
-                log_warning("daemon.drain-timeout", "{} connection(s) still open after 10 s; "
-                                                    "closing them",
+                log_warning("daemon.drain-timeout",
+                            "{} connection(s) still open after 10 s; "
+                            "closing them",
                             server_.connections());
             stopped_ = true;
             signals_.cancel();
@@ -281,7 +282,8 @@ private:
 }  // namespace
 
 int run_daemon(const DaemonArgs& args) {
-    log_notice("daemon.starting", "writescoped {} starting (pid {})", WRITESCOPE_VERSION, ::getpid());
+    log_notice("daemon.starting", "writescoped {} starting (pid {})", WRITESCOPE_VERSION,
+               ::getpid());
     LoadedProfile loaded;
     EngineOptions opts;
     const MachineInfo machine = probe_machine();
@@ -300,7 +302,8 @@ int run_daemon(const DaemonArgs& args) {
              loaded.profile.storage.state_dir);
     ListenSocket listen;
     try {
-        listen = open_listen_socket(loaded.profile.server.socket, loaded.profile.server.socket_mode);
+        listen =
+            open_listen_socket(loaded.profile.server.socket, loaded.profile.server.socket_mode);
     } catch (const std::exception& e) {
         log_error("socket.failed", "cannot listen: {}", e.what());
         notify(fmt::format("STATUS=failed: cannot listen: {}", e.what()));

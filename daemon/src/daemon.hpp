@@ -16,7 +16,7 @@ inline constexpr const char* kDefaultConfigPath = "/etc/writescope/writescope.to
 
 struct DaemonArgs {
     std::filesystem::path config = kDefaultConfigPath;
-    bool config_given = false;  // --config: the file must exist
+    bool config_given = false;             // --config: the file must exist
     std::optional<std::string> socket;     // --socket
     std::optional<std::string> state_dir;  // --state-dir
     AllocatorInfo allocator;

@@ -85,7 +85,8 @@ asio::awaitable<bool> HttpServer::Impl::write(Stream& stream, const HttpResponse
     res.set(http::field::server, "writescoped/" WRITESCOPE_VERSION);
     res.set(http::field::content_type, r.content_type);
     res.set(http::field::cache_control, "no-store");
-    for (const auto& [name, value] : r.headers) res.set(name, value);
+    for (const auto& [name, value] : r.headers)
+        res.set(name, value);
     res.body() = r.body;
     res.keep_alive(keep_alive);
     res.prepare_payload();
@@ -142,10 +143,10 @@ asio::awaitable<void> HttpServer::Impl::serve(local::socket socket) {
             if (ec) {
                 if (is_disconnect(ec) && buffer.size() == 0) break;  // idle close or timeout
                 if (!is_disconnect(ec))
-                    co_await write(stream,
-                                   api.reject(400, fmt::format("malformed HTTP request: {}",
-                                                               ec.message())),
-                                   false);
+                    co_await write(
+                        stream,
+                        api.reject(400, fmt::format("malformed HTTP request: {}", ec.message())),
+                        false);
                 break;
             }
             ++in_flight;
@@ -226,7 +227,11 @@ void HttpServer::stop_accepting() {
         if (s.awaiting_request) s.stream->cancel();
 }
 
-std::size_t HttpServer::connections() const { return impl_->sessions.size(); }
-std::size_t HttpServer::in_flight() const { return impl_->in_flight; }
+std::size_t HttpServer::connections() const {
+    return impl_->sessions.size();
+}
+std::size_t HttpServer::in_flight() const {
+    return impl_->in_flight;
+}
 
 }  // namespace writescope::daemon

@@ -23,7 +23,7 @@ struct ServerLimits {
 };
 
 class HttpServer {
-public:
+  public:
     // listen_fd: a listening AF_UNIX stream socket; the server owns it from now on. limits() is
     // read for every request, so a reload applies to the next one.
     HttpServer(boost::asio::io_context& io, int listen_fd, Api& api,
@@ -42,7 +42,7 @@ public:
 
     struct Impl;
 
-private:
+  private:
     std::shared_ptr<Impl> impl_;  // shared with the running coroutines, which may outlive this
 };
 

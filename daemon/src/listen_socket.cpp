@@ -18,7 +18,9 @@
 namespace writescope::daemon {
 namespace {
 
-[[noreturn]] void fail(std::string message) { throw std::runtime_error(std::move(message)); }
+[[noreturn]] void fail(std::string message) {
+    throw std::runtime_error(std::move(message));
+}
 
 sockaddr_un address_of(const std::string& path) {
     sockaddr_un addr{};
@@ -46,7 +48,8 @@ bool someone_listens(const std::string& path) {
 std::string socket_path_of(int fd) {
     sockaddr_un addr{};
     socklen_t len = sizeof addr;
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0 || len <= sizeof(sa_family_t))
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0 ||
+        len <= sizeof(sa_family_t))
         return {};
     if (addr.sun_path[0] == '\0') return fmt::format("@{}", addr.sun_path + 1);  // abstract
     return addr.sun_path;
@@ -86,17 +89,19 @@ ListenSocket open_listen_socket(const std::string& path, unsigned mode) {
     std::error_code ec;
     if (!dir.empty() && !fs::is_directory(dir, ec)) {
         fs::create_directories(dir, ec);
-        if (ec) fail(fmt::format("cannot create the socket's directory {}: {}", dir.string(),
-                                 ec.message()));
+        if (ec)
+            fail(fmt::format("cannot create the socket's directory {}: {}", dir.string(),
+                             ec.message()));
     }
     struct stat st {};
     if (::lstat(path.c_str(), &st) == 0) {
         if (!S_ISSOCK(st.st_mode))
             fail(fmt::format("{} exists and is not a socket; refusing to replace it", path));
         if (someone_listens(path))
-            fail(fmt::format("another process (a running writescoped?) accepts connections on "
-                             "{}",
-                             path));
+            fail(
+                fmt::format("another process (a running writescoped?) accepts connections on "
+                            "{}",
+                            path));
         if (::unlink(path.c_str()) != 0 && errno != ENOENT)
             fail(fmt::format("cannot remove the stale socket {}: {}", path, std::strerror(errno)));
         log_notice("socket.stale-removed", "removed the stale socket file {}", path);

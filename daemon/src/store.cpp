@@ -416,9 +416,10 @@ std::vector<StoredCalibration> Store::calibrations(std::size_t limit) const {
 
 void Store::put_workload(const WorkloadRecord& r) {
     std::lock_guard lock(mutex_);
-    Stmt s(db_, fmt::format("INSERT OR REPLACE INTO workload_history ({}) VALUES "
-                            "(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
-                            kWorkloadColumns));
+    Stmt s(db_,
+           fmt::format("INSERT OR REPLACE INTO workload_history ({}) VALUES "
+                       "(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+                       kWorkloadColumns));
     s.bind(1, r.key.model).bind(2, r.key.dtype).bind(3, r.key.batch_bucket);
     s.bind(4, r.key.context_bucket).bind(5, r.a).bind(6, r.b).bind(7, r.delta);
     s.bind(8, r.r_target).bind(9, r.r_deployed).bind(10, static_cast<std::int64_t>(r.steps));

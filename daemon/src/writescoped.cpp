@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <iostream>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include "daemon.hpp"
 #include "engine_host.hpp"
@@ -54,19 +54,21 @@ int check_config(const DaemonArgs& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    CLI::App app{"writescoped: the writescope inference daemon. Serves the HTTP API (JSON over a "
-                 "Unix socket) for a long-context MoE model whose KV cache spills to host "
-                 "memory, splitting decode attention between CPU and GPU (see writescoped(8)).",
-                 "writescoped"};
+    CLI::App app{
+        "writescoped: the writescope inference daemon. Serves the HTTP API (JSON over a "
+        "Unix socket) for a long-context MoE model whose KV cache spills to host "
+        "memory, splitting decode attention between CPU and GPU (see writescoped(8)).",
+        "writescoped"};
     DaemonArgs args;
     std::string config = kDefaultConfigPath, socket, state_dir;
     bool check = false, print_default = false, print_reference = false, version = false;
-    auto* config_opt = app.add_option("-c,--config", config,
-                                      "the profile (TOML); without it, " +
-                                          std::string(kDefaultConfigPath) +
-                                          " when it exists, else the built-in defaults");
-    app.add_option("--socket", socket, "listen on this Unix socket path (overrides server.socket; "
-                                       "unused when systemd passes a socket)");
+    auto* config_opt =
+        app.add_option("-c,--config", config,
+                       "the profile (TOML); without it, " + std::string(kDefaultConfigPath) +
+                           " when it exists, else the built-in defaults");
+    app.add_option("--socket", socket,
+                   "listen on this Unix socket path (overrides server.socket; "
+                   "unused when systemd passes a socket)");
     app.add_option("--state-dir", state_dir,
                    "keep the store in this directory (overrides storage.state_dir)");
     app.add_flag("--check-config", check,

@@ -110,7 +110,8 @@ class FakeEngine final : public Engine {
         st.b.estimate = cal_.b;
         st.delta.estimate = cal_.delta;
         st.cpu_fixed = cal_.cpu_intercept;
-        for (std::uint64_t i = 0; i < steps_; ++i) st.step_seconds.add(1e-3 * static_cast<double>(i + 1));
+        for (std::uint64_t i = 0; i < steps_; ++i)
+            st.step_seconds.add(1e-3 * static_cast<double>(i + 1));
         return format_policy_state(st);
     }
     void import_policy_state(std::string_view text) override {

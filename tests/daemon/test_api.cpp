@@ -359,7 +359,8 @@ TEST_CASE("a history row is read from the engine's policy state", "[unit][daemon
     st.key = make_workload_key("mixtral-8x7b", DType::f16, 5, 20000);
     st.a.estimate = 2e-8;
     st.r_deployed = 0.25;
-    for (double x : {1e-3, 2e-3, 3e-3}) st.step_seconds.add(x);
+    for (double x : {1e-3, 2e-3, 3e-3})
+        st.step_seconds.add(x);
     EngineStatus s;
     s.r_target = 0.3;
     const auto r = workload_record_of(format_policy_state(st), s);
