@@ -111,7 +111,11 @@ void WorkerPool::run_items(std::size_t worker_index) noexcept {
 }
 
 void WorkerPool::worker_main(std::size_t worker_index, int /*cpu*/) {
-    std::uint32_t seen = generation_.load(std::memory_order_acquire);
+    // The baseline is the generation at construction (0), not whatever generation_ holds when
+    // this thread gets here: the constructor returns once the thread has started, and a dispatch
+    // or the destructor may bump generation_ before this line runs; reading it here would make
+    // the thread wait for a change that already happened (a hang seen in the shutdown test).
+    std::uint32_t seen = 0;
     for (;;) {
         seen = wait_for_change(generation_, seen, spin_);
         if (stop_.load(std::memory_order_relaxed)) return;
