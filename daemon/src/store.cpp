@@ -76,6 +76,7 @@ CREATE TABLE samples (
 // An open failure: what went wrong, said for the log.
 struct OpenFailure {
     std::string what;
+    bool locked = false;  // another process holds a lock: the file is fine, leave it alone
 };
 
 class Stmt {
@@ -83,8 +84,9 @@ class Stmt {
     Stmt(sqlite3* db, std::string_view sql) : db_(db) {
         if (sqlite3_prepare_v2(db, sql.data(), static_cast<int>(sql.size()), &s_, nullptr) !=
             SQLITE_OK)
-            throw StoreError(fmt::format("SQLite: {} (preparing \"{}\")", sqlite3_errmsg(db),
-                                         sql.substr(0, 60)));
+            throw StoreError(
+                fmt::format("SQLite: {} (preparing \"{}\")", sqlite3_errmsg(db), sql.substr(0, 60)),
+                sqlite3_extended_errcode(db));
     }
     ~Stmt() { sqlite3_finalize(s_); }
     Stmt(const Stmt&) = delete;
@@ -107,7 +109,8 @@ class Stmt {
         const int rc = sqlite3_step(s_);
         if (rc == SQLITE_ROW) return true;
         if (rc == SQLITE_DONE) return false;
-        throw StoreError(fmt::format("SQLite: {}", sqlite3_errmsg(db_)));
+        throw StoreError(fmt::format("SQLite: {}", sqlite3_errmsg(db_)),
+                         sqlite3_extended_errcode(db_));
     }
     std::string text(int c) const {
         const auto* p = sqlite3_column_text(s_, c);
@@ -120,7 +123,9 @@ class Stmt {
 
   private:
     void check(int rc) {
-        if (rc != SQLITE_OK) throw StoreError(fmt::format("SQLite: {}", sqlite3_errmsg(db_)));
+        if (rc != SQLITE_OK)
+            throw StoreError(fmt::format("SQLite: {}", sqlite3_errmsg(db_)),
+                             sqlite3_extended_errcode(db_));
     }
     sqlite3* db_;
     sqlite3_stmt* s_ = nullptr;
@@ -131,7 +136,7 @@ void exec(sqlite3* db, std::string_view sql) {
     if (sqlite3_exec(db, std::string(sql).c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
         std::string msg = err ? err : sqlite3_errmsg(db);
         sqlite3_free(err);
-        throw StoreError(fmt::format("SQLite: {}", msg));
+        throw StoreError(fmt::format("SQLite: {}", msg), sqlite3_extended_errcode(db));
     }
 }
 
@@ -153,7 +158,9 @@ std::string utc_stamp() {
 // not one this release can use.
 void prepare(sqlite3* db, StoreOpenReport& report, bool on_disk) {
     try {
-        sqlite3_busy_timeout(db, 5000);
+        // Another process (sqlite3, a second daemon) may hold a lock for a moment: wait for it
+        // rather than fail.
+        sqlite3_busy_timeout(db, 10000);
         // Reading the schema is the first access to the file: a file that is not a database
         // fails here.
         const int version = std::stoi(pragma_text(db, "PRAGMA user_version"));
@@ -192,7 +199,8 @@ void prepare(sqlite3* db, StoreOpenReport& report, bool on_disk) {
             report.schema_version = v + 1;
         }
     } catch (const StoreError& e) {
-        throw OpenFailure{e.what()};
+        const int primary = e.sqlite_code() & 0xff;
+        throw OpenFailure{e.what(), primary == SQLITE_BUSY || primary == SQLITE_LOCKED};
     } catch (const std::invalid_argument&) {
         throw OpenFailure{"unreadable schema version"};
     }
@@ -322,6 +330,7 @@ std::unique_ptr<Store> Store::open(const std::filesystem::path& state_dir) {
     StoreOpenReport report;
     const auto path = state_dir / kFileName;
     report.path = path;
+    bool locked = false;
     std::error_code ec;
     if (!std::filesystem::is_directory(state_dir, ec)) {
         std::filesystem::create_directories(state_dir, ec);
@@ -342,20 +351,23 @@ std::unique_ptr<Store> Store::open(const std::filesystem::path& state_dir) {
             return std::unique_ptr<Store>(new Store(db, std::move(report)));
         } catch (const OpenFailure& bad) {
             report.problem = bad.what;
+            locked = bad.locked;
+            if (locked) report.problem += " (locked by another process for over 10 s)";
         }
-        // The file is unusable: keep it for inspection, start afresh.
-        try {
-            report.moved_aside_to = move_aside(path);
-            log_error("store.moved-aside",
-                      "store {} is unusable ({}); moved it aside to {} and created a fresh one",
-                      path.string(), report.problem, report.moved_aside_to);
-            report.created = true;
-            report.migrated_from = -1;
-            sqlite3* db = open_file(path, report);
-            return std::unique_ptr<Store>(new Store(db, std::move(report)));
-        } catch (const OpenFailure& again) {
-            report.problem += "; " + again.what;
-        }
+        // The file is unusable: keep it for inspection, start afresh. A locked file is sound
+        // and in someone else's hands: it is left alone.
+        if (!locked) try {
+                report.moved_aside_to = move_aside(path);
+                log_error("store.moved-aside",
+                          "store {} is unusable ({}); moved it aside to {} and created a fresh one",
+                          path.string(), report.problem, report.moved_aside_to);
+                report.created = true;
+                report.migrated_from = -1;
+                sqlite3* db = open_file(path, report);
+                return std::unique_ptr<Store>(new Store(db, std::move(report)));
+            } catch (const OpenFailure& again) {
+                report.problem += "; " + again.what;
+            }
     }
     log_error("store.in-memory",
               "cannot use a store in {} ({}); running with an in-memory store: calibrations and "

@@ -32,7 +32,12 @@ namespace writescope::daemon {
 // carries on without persistence for that operation.
 class StoreError : public std::runtime_error {
   public:
-    using std::runtime_error::runtime_error;
+    explicit StoreError(const std::string& what, int sqlite_code = 0)
+        : std::runtime_error(what), code_(sqlite_code) {}
+    int sqlite_code() const noexcept { return code_; }  // extended result code; 0 if none
+
+  private:
+    int code_;
 };
 
 struct CalibrationKey {

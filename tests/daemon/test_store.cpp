@@ -4,6 +4,7 @@
 
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include "store.hpp"
 #include "temp_dir.hpp"
@@ -213,4 +214,25 @@ TEST_CASE("an unusable state directory gives an in-memory store", "[unit][daemon
     CHECK_FALSE(store->report().problem.empty());
     store->put_workload(some_workload(1, 1));
     CHECK(store->workloads().size() == 1);
+}
+
+TEST_CASE("a database locked by another process is waited for, never moved aside",
+          "[unit][daemon][store]") {
+    TempDir dir;
+    Store::open(dir.path()).reset();  // a valid store (WAL)
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open((dir / "writescope.db").c_str(), &db) == SQLITE_OK);
+    // Leave WAL so that an exclusive lock also keeps readers out.
+    REQUIRE(sqlite3_exec(db, "PRAGMA journal_mode=DELETE; BEGIN EXCLUSIVE;", nullptr, nullptr,
+                         nullptr) == SQLITE_OK);
+    std::thread release([db] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
+        sqlite3_close(db);
+    });
+    auto store = Store::open(dir.path());
+    release.join();
+    CHECK_FALSE(store->report().in_memory);
+    CHECK(store->report().moved_aside_to.empty());
+    CHECK(count_bad_files(dir.path()) == 0);
 }

@@ -1,0 +1,533 @@
+// Integration tests: the real writescoped binary on a temporary state directory and socket, the
+// way systemd runs it (NOTIFY_SOCKET, socket activation, signals), talked to over its socket.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <sqlite3.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "daemon_process.hpp"
+#include "http_client.hpp"
+#include "store.hpp"
+#include "temp_dir.hpp"
+#include "test_seed.hpp"
+
+using namespace writescope::test;
+using writescope::daemon::ClientResponse;
+using writescope::daemon::http_request;
+using json = nlohmann::json;
+
+namespace {
+
+// The small test profile, with some lines replaced ("key = old" → "key = new").
+std::string profile_text(const std::vector<std::pair<std::string, std::string>>& edits = {}) {
+    std::string text = read_text(source_dir() / "tests/daemon/profiles/small.toml");
+    for (const auto& [from, to] : edits) {
+        const auto at = text.find(from);
+        REQUIRE(at != std::string::npos);
+        text.replace(at, from.size(), to);
+    }
+    return text;
+}
+
+// One daemon run in a temporary directory: profile.toml, state/, api.sock, notify.sock.
+class Run {
+  public:
+    explicit Run(const TempDir& dir, std::string profile = profile_text())
+        : dir_(dir), notify_(dir / "notify.sock") {
+        write_text(dir / "profile.toml", profile);
+    }
+    std::string socket() const { return (dir_ / "api.sock").string(); }
+    std::filesystem::path state() const { return dir_ / "state"; }
+    std::filesystem::path profile() const { return dir_ / "profile.toml"; }
+    NotifySocket& notify() { return notify_; }
+    Process& process() { return *proc_; }
+
+    void start(std::map<std::string, std::optional<std::string>> env = {}) {
+        env["NOTIFY_SOCKET"] = notify_.path();
+        proc_ = std::make_unique<Process>(
+            std::vector<std::string>{writescoped_path(), "--config", profile().string(), "--socket",
+                                     socket(), "--state-dir", state().string()},
+            dir_ / "daemon.log", env);
+    }
+    void start_ready() {
+        start();
+        INFO(log());
+        REQUIRE(notify_.wait_for("READY=1"));
+    }
+    // SIGTERM, STOPPING=1, exit 0.
+    void stop() {
+        proc_->signal(SIGTERM);
+        INFO(log());
+        REQUIRE(notify_.wait_for("STOPPING=1"));
+        const auto st = proc_->wait();
+        REQUIRE(st);
+        CHECK(st->exited);
+        CHECK(st->code == 0);
+        proc_.reset();
+    }
+    std::string log() const { return read_text(dir_ / "daemon.log"); }
+
+    ClientResponse call(const std::string& method, const std::string& target,
+                        const std::string& body = {}) {
+        return http_request(socket(), method, target, body, std::chrono::seconds(10));
+    }
+    json get(const std::string& target) {
+        const auto r = call("GET", target);
+        INFO(target << ": " << r.body);
+        REQUIRE(r.status == 200);
+        return json::parse(r.body);
+    }
+    json wait_calibration_job() {
+        for (int i = 0; i < 2000; ++i) {
+            auto c = get("/v1/calibration");
+            if (c["job"]["state"] != "running") return c;
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        FAIL("the calibration did not finish");
+        return {};
+    }
+
+  private:
+    const TempDir& dir_;
+    NotifySocket notify_;
+    std::unique_ptr<Process> proc_;
+};
+
+void require_error(const ClientResponse& r, int status, std::string_view type) {
+    INFO(r.body);
+    REQUIRE(r.status == status);
+    CHECK(r.header("Content-Type") == "application/json");
+    const auto j = json::parse(r.body);
+    CHECK(j["error"]["code"] == status);
+    CHECK(j["error"]["type"] == type);
+    CHECK_FALSE(j["error"]["message"].get<std::string>().empty());
+}
+
+std::size_t bad_files(const std::filesystem::path& dir) {
+    std::size_t n = 0;
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+        if (e.path().filename().string().starts_with("writescope.db.bad-")) ++n;
+    return n;
+}
+
+}  // namespace
+
+TEST_CASE("readiness and stopping through NOTIFY_SOCKET; every route answers",
+          "[integration][daemon]") {
+    TempDir dir;
+    Run run(dir);
+    run.start_ready();
+    // Progress came before readiness.
+    const auto msgs = run.notify().messages();
+    CHECK(std::any_of(msgs.begin(), msgs.end(),
+                      [](const std::string& m) { return m.find("STATUS=calibrating") != m.npos; }));
+    struct stat st {};
+    REQUIRE(::stat(run.socket().c_str(), &st) == 0);
+    CHECK(S_ISSOCK(st.st_mode));
+    CHECK((st.st_mode & 0777) == 0660);
+
+    CHECK(run.get("/v1/health")["status"] == "ok");
+    const auto status = run.get("/v1/status");
+    CHECK(status["state"] == "ready");
+    CHECK(status["model"]["name"] == "deepseek-v2-lite");
+    CHECK(status["budgets"]["host_kv_bytes"] == 160ull << 20);
+    CHECK(status["regions"].size() == 4);
+    CHECK(status["hardware"]["gpu"].is_null());
+    CHECK(status["allocator"]["name"] == "mimalloc");
+    CHECK(status["allocator"]["overrides_malloc"] == true);
+    CHECK(status["calibration"]["source"] == "measured");
+    CHECK(run.get("/v1/calibration")["calibration"]["points"].size() >= 2);
+    CHECK(run.get("/v1/policy")["mode"] == "writescope");
+    CHECK(run.get("/v1/history").contains("workloads"));
+    const auto metrics = run.call("GET", "/metrics");
+    REQUIRE(metrics.status == 200);
+    CHECK_THAT(metrics.body, Catch::Contains("writescope_up 1\n"));
+    CHECK_THAT(metrics.body,
+               Catch::Contains("writescope_http_requests_total{route=\"/v1/status\""));
+
+    auto r = run.call("PUT", "/v1/policy", R"({"mode": "cpu-only", "tracker": {"alpha": 0.5}})");
+    REQUIRE(r.status == 200);
+    CHECK(json::parse(r.body)["engine_mode"] == "cpu-only");
+    r = run.call("POST", "/v1/calibration");
+    REQUIRE(r.status == 202);
+    CHECK(run.wait_calibration_job()["job"]["state"] == "done");
+
+    // curl --unix-socket works against every route.
+    const std::vector<std::tuple<std::string, std::string, std::string, std::string>> curls = {
+        {"GET", "/v1/health", "", "200"},
+        {"GET", "/v1/status", "", "200"},
+        {"GET", "/v1/calibration", "", "200"},
+        {"POST", "/v1/calibration", "{}", "202"},
+        {"GET", "/v1/policy", "", "200"},
+        {"PUT", "/v1/policy", R"({"mode":"writescope"})", "200"},
+        {"GET", "/v1/history", "", "200"},
+        {"GET", "/metrics", "", "200"},
+        {"GET", "/v1/nothing", "", "404"},
+        {"DELETE", "/v1/policy", "", "405"},
+    };
+    for (const auto& [method, path, body, code] : curls) {
+        std::vector<std::string> argv{
+            "/usr/bin/curl", "-s",         "-o", "/dev/null", "-w", "%{http_code}",
+            "--unix-socket", run.socket(), "-X", method};
+        if (!body.empty())
+            argv.insert(argv.end(), {"-H", "Content-Type: application/json", "--data", body});
+        argv.push_back("http://localhost" + path);
+        const auto res = run_command(argv);
+        INFO(method << " " << path << ": " << res.err);
+        CHECK(res.status.exited);
+        CHECK(res.out == code);
+        if (path == "/v1/calibration" && method == "POST") run.wait_calibration_job();
+    }
+
+    run.stop();
+    CHECK_FALSE(std::filesystem::exists(run.socket()));  // the daemon removes the file it bound
+    CHECK_THAT(run.log(), Catch::Contains("[daemon.stopped]"));
+}
+
+TEST_CASE("failures get the error shape and the right status", "[integration][daemon]") {
+    TempDir dir;
+    Run run(dir, profile_text({{"max_concurrent_requests = 8", "max_concurrent_requests = 1"}}));
+    run.start_ready();
+    require_error(run.call("GET", "/v1/completions"), 404, "not_found_error");
+    require_error(run.call("GET", "/"), 404, "not_found_error");
+    auto r = run.call("POST", "/v1/status");
+    require_error(r, 405, "invalid_request_error");
+    CHECK(r.header("Allow") == "GET");
+    require_error(run.call("PUT", "/v1/policy", R"({"mode": )"), 400, "invalid_request_error");
+    require_error(run.call("PUT", "/v1/policy", R"({"mode": "turbo"})"), 400,
+                  "invalid_request_error");
+    require_error(run.call("PUT", "/v1/policy", "null"), 400, "invalid_request_error");
+    // Over server.max_body_bytes (64KiB in the test profile).
+    require_error(run.call("PUT", "/v1/policy", std::string(100'000, ' ')), 413,
+                  "invalid_request_error");
+    // A chunked body that grows past the limit is cut off too.
+    {
+        std::string chunked =
+            "PUT /v1/policy HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+        for (int i = 0; i < 5; ++i)
+            chunked += "4000\r\n" + std::string(0x4000, ' ') + "\r\n";
+        chunked += "0\r\n\r\n";
+        require_error(writescope::daemon::parse_http_response(raw_exchange(run.socket(), chunked)),
+                      413, "invalid_request_error");
+    }
+    // Not HTTP at all.
+    require_error(
+        writescope::daemon::parse_http_response(raw_exchange(run.socket(), "HELLO THERE\r\n\r\n")),
+        400, "invalid_request_error");
+    // One request in flight (its body still to come) fills server.max_concurrent_requests = 1.
+    {
+        RawConnection held(run.socket());
+        held.send("PUT /v1/policy HTTP/1.1\r\nHost: x\r\nContent-Length: 22\r\n\r\n");
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        r = run.call("GET", "/v1/health");
+        require_error(r, 503, "unavailable_error");
+        CHECK_THAT(r.body, Catch::Contains("max_concurrent_requests"));
+        held.send(R"({"mode": "writescope"})");
+        const auto held_reply = writescope::daemon::parse_http_response(held.read_all(2s));
+        CHECK(held_reply.status == 200);
+    }
+    CHECK(run.call("GET", "/v1/health").status == 200);
+    // Keep-alive: two requests on one connection.
+    const auto two =
+        raw_exchange(run.socket(),
+                     "GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n"
+                     "GET /v1/nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    CHECK_THAT(two, Catch::StartsWith("HTTP/1.1 200 OK"));
+    CHECK_THAT(two, Catch::Contains("HTTP/1.1 404 Not Found"));
+    const auto metrics = run.call("GET", "/metrics").body;
+    CHECK_THAT(metrics,
+               Catch::Contains("writescope_http_requests_total{route=\"-\",code=\"413\"} 2"));
+    CHECK_THAT(metrics,
+               Catch::Contains("writescope_http_requests_total{route=\"-\",code=\"503\"} 1"));
+    run.stop();
+}
+
+TEST_CASE("every route answers 503 while the daemon is starting", "[integration][daemon]") {
+    TempDir dir;
+    Run run(dir);
+    // A store whose lock another process holds keeps boot at "opening the store".
+    writescope::daemon::Store::open(run.state()).reset();
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open((run.state() / "writescope.db").c_str(), &db) == SQLITE_OK);
+    REQUIRE(sqlite3_exec(db, "PRAGMA journal_mode=DELETE; BEGIN EXCLUSIVE;", nullptr, nullptr,
+                         nullptr) == SQLITE_OK);
+    run.start();
+    ClientResponse r;
+    for (int i = 0; i < 500; ++i) {
+        try {
+            r = run.call("GET", "/v1/health");
+            break;
+        } catch (const writescope::daemon::ConnectError&) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));  // not bound yet
+        }
+    }
+    require_error(r, 503, "unavailable_error");
+    CHECK_THAT(r.body, Catch::Contains("starting"));
+    CHECK(r.header("Retry-After") == "1");
+    for (const auto* path :
+         {"/v1/status", "/v1/calibration", "/v1/policy", "/v1/history", "/metrics"})
+        require_error(run.call("GET", path), 503, "unavailable_error");
+    require_error(run.call("POST", "/v1/calibration"), 503, "unavailable_error");
+    CHECK_FALSE(run.notify().wait_for("READY=1", 200ms));
+    sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
+    sqlite3_close(db);
+    INFO(run.log());
+    REQUIRE(run.notify().wait_for("READY=1"));
+    CHECK(run.call("GET", "/v1/health").status == 200);
+    CHECK(run.get("/v1/status")["store"]["moved_aside_to"].is_null());
+    run.stop();
+}
+
+TEST_CASE("socket activation through systemd-socket-activate", "[integration][daemon]") {
+    TempDir dir;
+    Run run(dir);
+    NotifySocket& notify = run.notify();
+    const std::string sock = (dir / "activated.sock").string();
+    Process p(
+        {"/usr/bin/systemd-socket-activate", "-l", sock, "-E", "NOTIFY_SOCKET=" + notify.path(),
+         writescoped_path(), "--config", run.profile().string(), "--state-dir",
+         run.state().string(), "--socket", (dir / "unused.sock").string()},
+        dir / "daemon.log");
+    // systemd-socket-activate listens first and starts the daemon on the first connection.
+    for (int i = 0; i < 500 && !std::filesystem::exists(sock); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const auto first = http_request(sock, "GET", "/v1/health");
+    CHECK((first.status == 200 || first.status == 503));
+    INFO(run.log());
+    REQUIRE(notify.wait_for("READY=1"));
+    CHECK(http_request(sock, "GET", "/v1/health").status == 200);
+    CHECK_FALSE(std::filesystem::exists(dir / "unused.sock"));  // the passed socket was used
+    CHECK_THAT(run.log(), Catch::Contains("[socket.activated]"));
+    p.signal(SIGTERM);
+    REQUIRE(notify.wait_for("STOPPING=1"));
+    const auto st = p.wait();
+    REQUIRE(st);
+    CHECK(st->code == 0);
+}
+
+TEST_CASE("the calibration of the first boot is reused by the second, redone when forced",
+          "[integration][daemon]") {
+    TempDir dir;
+    Run run(dir);
+    run.start_ready();
+    auto cal = run.get("/v1/calibration")["calibration"];
+    CHECK(cal["source"] == "measured");
+    const auto first_id = cal["store_id"].get<std::int64_t>();
+    CHECK(first_id > 0);
+    run.stop();
+
+    run.start_ready();
+    cal = run.get("/v1/calibration")["calibration"];
+    CHECK(cal["source"] == "stored");
+    CHECK(cal["store_id"] == first_id);
+    CHECK_THAT(run.log(), Catch::Contains("[calibration.reused]"));
+    // Forced through the API.
+    REQUIRE(run.call("POST", "/v1/calibration").status == 202);
+    cal = run.wait_calibration_job()["calibration"];
+    CHECK(cal["source"] == "measured");
+    const auto api_id = cal["store_id"].get<std::int64_t>();
+    CHECK(api_id > first_id);
+    run.stop();
+
+    // The newest is reused; forced by the profile, a new one is measured.
+    run.start_ready();
+    CHECK(run.get("/v1/calibration")["calibration"]["store_id"] == api_id);
+    run.stop();
+    write_text(run.profile(),
+               profile_text({{"recalibrate = \"auto\"", "recalibrate = \"always\""}}));
+    run.start_ready();
+    cal = run.get("/v1/calibration")["calibration"];
+    CHECK(cal["source"] == "measured");
+    CHECK(cal["store_id"].get<std::int64_t>() > api_id);
+    run.stop();
+}
+
+TEST_CASE("history survives a restart and SIGKILLs during writes", "[integration][daemon]") {
+    TempDir dir;
+    Run run(dir, profile_text(
+                     {{"sample_interval = \"200ms\"", "sample_interval = \"2ms\""},
+                      {"history_flush_interval = \"1s\"", "history_flush_interval = \"2ms\""}}));
+    run.start_ready();
+    CHECK(run.get("/v1/status")["warm_start"]["applied"] == false);
+    run.stop();  // persists the history
+    run.start_ready();
+    CHECK(run.get("/v1/status")["warm_start"]["applied"] == true);
+    CHECK_THAT(run.log(), Catch::Contains("[history.warm-start]"));
+    auto hist = run.get("/v1/history");
+    REQUIRE(hist["workloads"].size() == 1);
+    CHECK(hist["workloads"][0]["model"] == "deepseek-v2-lite");
+    CHECK_THAT(hist["workloads"][0]["policy_state"].get<std::string>(),
+               Catch::Contains("version=1"));
+
+    // Killed at random moments while it writes samples and history every 2 ms.
+    auto rng = seeded_rng("SIGKILL during writes");
+    for (int round = 0; round < 3; ++round) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20 + rng() % 200));
+        run.process().signal(SIGKILL);
+        REQUIRE(run.process().wait());
+        {
+            INFO("round " << round);
+            auto store = writescope::daemon::Store::open(run.state());
+            CHECK(store->report().moved_aside_to.empty());
+            CHECK(store->check_integrity());
+            CHECK(store->workloads().size() == 1);
+            CHECK(store->sample_count() <= 50);  // storage.sample_log_max of the test profile
+        }
+        run.start_ready();
+        CHECK(run.get("/v1/status")["warm_start"]["applied"] == true);
+    }
+    hist = run.get("/v1/history?samples=1000");
+    CHECK(hist["samples"].size() <= 50);
+    CHECK(hist["samples"].size() >= 1);
+    CHECK(bad_files(run.state()) == 0);
+    CHECK_THAT(run.log(), !Catch::Contains("[store.moved-aside]"));
+    run.stop();
+}
+
+TEST_CASE("a corrupted database is set aside and the daemon still starts",
+          "[integration][daemon]") {
+    TempDir dir;
+    Run run(dir);
+    std::filesystem::create_directories(run.state());
+    write_text(run.state() / "writescope.db",
+               "SQLite format 3" + std::string(5000, '\x5a'));  // right magic, garbage after
+    run.start_ready();
+    CHECK_THAT(run.log(), Catch::Contains("[store.moved-aside]"));
+    CHECK(bad_files(run.state()) == 1);
+    const auto st = run.get("/v1/status");
+    CHECK(st["store"]["in_memory"] == false);
+    CHECK_FALSE(st["store"]["moved_aside_to"].is_null());
+    CHECK(st["calibration"]["source"] == "measured");
+    run.stop();
+}
+
+TEST_CASE("check-config accepts the shipped profile and rejects a bad one naming the key",
+          "[integration][daemon]") {
+    TempDir dir;
+    auto ok = run_command({writescoped_path(), "--check-config", "--config",
+                           (source_dir() / "etc/writescope.toml").string()});
+    CHECK(ok.status.exited);
+    CHECK(ok.status.code == 0);
+    CHECK_THAT(ok.out, Catch::Contains("ok: model qwen3-30b-a3b"));
+
+    write_text(dir / "bad.toml",
+               "[hardware]\ngpu = \"none\"\nvram_kv_budget = \"lots\"\n"
+               "[server]\nsocket_mode = 777\n");
+    auto bad = run_command(
+        {writescoped_path(), "--check-config", "--config", (dir / "bad.toml").string()});
+    CHECK(bad.status.exited);
+    CHECK(bad.status.code == 1);
+    CHECK_THAT(bad.err, Catch::Contains("bad.toml:3:18: hardware.vram_kv_budget:"));
+    CHECK_THAT(bad.err, Catch::Contains("bad.toml:5:15: server.socket_mode:"));
+
+    auto missing = run_command(
+        {writescoped_path(), "--check-config", "--config", (dir / "absent.toml").string()});
+    CHECK(missing.status.code == 1);
+    CHECK_THAT(missing.err, Catch::Contains("does not exist"));
+
+    // The daemon itself refuses to start on it, with the same message in its log.
+    Run run(dir, read_text(dir / "bad.toml"));
+    run.start();
+    const auto st = run.process().wait();
+    REQUIRE(st);
+    CHECK(st->code == 1);
+    CHECK_THAT(run.log(), Catch::Contains("[config.invalid]"));
+    CHECK_THAT(run.log(), Catch::Contains("hardware.vram_kv_budget"));
+
+    const auto version = run_command({writescoped_path(), "--version"});
+    CHECK_THAT(version.out, Catch::StartsWith("writescoped 0.1.0"));
+    const auto help = run_command({writescoped_path(), "--help"});
+    CHECK(help.status.code == 0);
+    CHECK_THAT(help.out, Catch::Contains("--check-config"));
+    const auto defaults = run_command({writescoped_path(), "--print-default-config"});
+    CHECK(defaults.out == read_text(source_dir() / "etc/writescope.toml"));
+}
+
+TEST_CASE("SIGHUP reloads the profile and keeps the running one when the new file is bad",
+          "[integration][daemon]") {
+    TempDir dir;
+    Run run(dir);
+    run.start_ready();
+    write_text(
+        run.profile(),
+        profile_text({{"recalibrate = \"auto\"", "recalibrate = \"auto\"\nmode = \"cpu-only\""},
+                      {"block_tokens = 16", "block_tokens = 32"}}));
+    run.process().signal(SIGHUP);
+    REQUIRE(run.notify().wait_for("RELOADING=1"));
+    REQUIRE(run.notify().wait_for("READY=1"));
+    CHECK(run.get("/v1/policy")["engine_mode"] == "cpu-only");
+    CHECK(run.get("/v1/status")["kv"]["block_tokens"] == 16);  // takes a restart
+    CHECK_THAT(run.log(), Catch::Contains("[reload.needs-restart]"));
+    CHECK_THAT(run.log(), Catch::Contains("kv.block_tokens"));
+
+    write_text(run.profile(), "[policy]\nmode = \"sideways\"\n");
+    run.process().signal(SIGHUP);
+    REQUIRE(run.notify().wait_for("RELOADING=1"));
+    REQUIRE(run.notify().wait_for("READY=1"));
+    CHECK(run.get("/v1/policy")["engine_mode"] == "cpu-only");
+    CHECK_THAT(run.log(), Catch::Contains("[reload.rejected]"));
+    CHECK_THAT(run.log(), Catch::Contains("policy.mode"));
+    CHECK(run.process().running());
+    run.stop();
+}
+
+TEST_CASE("a stale socket file is replaced; a live one or another file is not",
+          "[integration][daemon]") {
+    TempDir dir;
+    Run run(dir);
+    {
+        // A socket file nobody listens on any more (a crashed daemon's).
+        const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+        sockaddr_un a{};
+        a.sun_family = AF_UNIX;
+        std::strcpy(a.sun_path, run.socket().c_str());
+        REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+        ::close(fd);
+    }
+    run.start_ready();
+    CHECK_THAT(run.log(), Catch::Contains("[socket.stale-removed]"));
+
+    // A second daemon on the same socket leaves the first alone.
+    TempDir dir2;
+    Run second(dir2);
+    Process p({writescoped_path(), "--config", second.profile().string(), "--socket", run.socket(),
+               "--state-dir", second.state().string()},
+              dir2 / "second.log");
+    auto st = p.wait();
+    REQUIRE(st);
+    CHECK(st->code == 1);
+    CHECK_THAT(p.log(), Catch::Contains("another process"));
+    CHECK(run.call("GET", "/v1/health").status == 200);
+    run.stop();
+
+    write_text(run.socket(), "not a socket");
+    Process q({writescoped_path(), "--config", run.profile().string(), "--socket", run.socket(),
+               "--state-dir", run.state().string()},
+              dir / "third.log");
+    st = q.wait();
+    REQUIRE(st);
+    CHECK(st->code == 1);
+    CHECK_THAT(q.log(), Catch::Contains("is not a socket"));
+    CHECK(read_text(run.socket()) == "not a socket");
+}
+
+TEST_CASE("the serving loop feeds the watchdog", "[integration][daemon]") {
+    TempDir dir;
+    Run run(dir);
+    run.start({{"WATCHDOG_USEC", "100000"}});
+    REQUIRE(run.notify().wait_for("READY=1"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    CHECK(run.notify().count("WATCHDOG=1") >= 4);
+    CHECK_THAT(run.log(), Catch::Contains("[watchdog.enabled]"));
+    run.stop();
+}
