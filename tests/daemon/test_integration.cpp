@@ -531,3 +531,96 @@ TEST_CASE("the serving loop feeds the watchdog", "[integration][daemon]") {
     CHECK_THAT(run.log(), Catch::Contains("[watchdog.enabled]"));
     run.stop();
 }
+
+TEST_CASE("writescopectl: tables, JSON, changes, and clear failures", "[integration][daemon]") {
+    TempDir dir;
+    Run run(dir);
+    run.start_ready();
+    const std::string ctl = writescopectl_path();
+    REQUIRE_FALSE(ctl.empty());
+    auto cmd = [&](std::vector<std::string> args) {
+        std::vector<std::string> argv{ctl, "--socket", run.socket()};
+        argv.insert(argv.end(), args.begin(), args.end());
+        return run_command(argv);
+    };
+    auto r = cmd({"status"});
+    INFO(r.out << r.err);
+    CHECK(r.status.code == 0);
+    CHECK_THAT(r.out, Catch::Contains("writescoped 0.1.0: ready"));
+    CHECK_THAT(r.out, Catch::Contains("deepseek-v2-lite"));
+    CHECK_THAT(r.out, Catch::Contains("REGION"));
+    r = cmd({"--json", "status"});
+    CHECK(json::parse(r.out)["state"] == "ready");
+    r = cmd({"health"});
+    CHECK(r.status.code == 0);
+    CHECK_THAT(r.out, Catch::StartsWith("ok (writescoped"));
+
+    // A recalibration with its progress (stderr is not a terminal: one line per stage).
+    r = cmd({"calibrate"});
+    CHECK(r.status.code == 0);
+    CHECK_THAT(r.out, Catch::Contains("A (CPU)"));
+    CHECK_THAT(r.err, Catch::Contains("100%"));
+    CHECK(json::parse(cmd({"--json", "calibrate"}).out)["job"]["state"] == "done");
+    r = cmd({"calibrate", "--show"});
+    CHECK_THAT(r.out, Catch::Contains("measured"));
+
+    r = cmd({"policy", "set", "--mode", "cpu-only", "--alpha", "0.4"});
+    CHECK(r.status.code == 0);
+    r = cmd({"--json", "policy"});
+    const auto p = json::parse(r.out);
+    CHECK(p["mode"] == "cpu-only");
+    CHECK(p["tracker"]["alpha"] == 0.4);
+    r = cmd({"policy", "set", "--mode", "gpu-only"});  // this engine has no GPU
+    CHECK(r.status.code == 1);
+    CHECK_THAT(r.err, Catch::Contains("400 invalid_request_error"));
+    r = cmd({"policy", "set"});
+    CHECK(r.status.code == 2);
+
+    r = cmd({"history", "-n", "2"});
+    CHECK(r.status.code == 0);
+    CHECK_THAT(r.out, Catch::Contains("workloads:"));
+    CHECK_THAT(r.out, Catch::Contains("samples (newest first"));
+
+    // The environment names the socket too.
+    r = run_command({ctl, "health"}, {{"WRITESCOPE_SOCKET", run.socket()}});
+    CHECK(r.status.code == 0);
+    run.stop();
+
+    // Not running: no socket file, then a stale one.
+    r = cmd({"status"});
+    CHECK(r.status.code == 3);
+    CHECK_THAT(r.err, Catch::Contains("not running: there is no socket"));
+    {
+        const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+        sockaddr_un a{};
+        a.sun_family = AF_UNIX;
+        std::strcpy(a.sun_path, run.socket().c_str());
+        REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+        ::close(fd);
+    }
+    r = cmd({"health"});
+    CHECK(r.status.code == 3);
+    CHECK_THAT(r.err, Catch::Contains("stale socket"));
+    r = cmd({"bogus"});
+    CHECK(r.status.code == 2);
+}
+
+TEST_CASE("writescopectl says so when the socket's permissions keep the user out",
+          "[integration][daemon]") {
+    if (::geteuid() != 0 || !std::filesystem::exists("/usr/bin/setpriv")) {
+        WARN("needs root and setpriv to act as another user; not checked");
+        return;
+    }
+    TempDir dir;
+    Run run(dir);
+    run.start_ready();
+    ::chmod(dir.path().c_str(), 0755);  // let the other user reach the socket itself
+    const auto r =
+        run_command({"/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                     writescopectl_path(), "--socket", run.socket(), "status"});
+    INFO(r.err);
+    CHECK(r.status.code == 3);
+    CHECK_THAT(r.err, Catch::Contains("permission denied"));
+    CHECK_THAT(r.err, Catch::Contains("mode 0660"));
+    run.stop();
+}

@@ -1,0 +1,260 @@
+// writescopectl: the command-line client of writescoped (see writescopectl(1)).
+#include <errno.h>
+#include <grp.h>
+#include <pwd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <optional>
+#include <thread>
+
+#include <fmt/format.h>
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "ctl_render.hpp"
+#include "http_client.hpp"
+
+using namespace writescope::daemon;
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* kDefaultSocket = "/run/writescope/writescoped.sock";
+
+// Exit statuses (writescopectl(1)).
+constexpr int kExitOk = 0;
+constexpr int kExitApiError = 1;     // the daemon answered with an error
+constexpr int kExitUsage = 2;        // bad command line
+constexpr int kExitUnreachable = 3;  // not running, or the socket cannot be used
+
+struct Failure {
+    int code;
+    std::string message;
+};
+
+std::string owner_text(const std::string& path) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return {};
+    const passwd* pw = ::getpwuid(st.st_uid);
+    const group* gr = ::getgrgid(st.st_gid);
+    return fmt::format("mode {:04o}, owner {}:{}", st.st_mode & 07777,
+                       pw ? pw->pw_name : std::to_string(st.st_uid),
+                       gr ? gr->gr_name : std::to_string(st.st_gid));
+}
+
+Failure unreachable(const ConnectError& e) {
+    const auto& p = e.path();
+    switch (e.errno_value()) {
+        case ENOENT:
+            return {kExitUnreachable,
+                    fmt::format("writescoped is not running: there is no socket at {} (start it "
+                                "with `systemctl start writescoped`, or name another socket with "
+                                "--socket)",
+                                p)};
+        case ECONNREFUSED:
+            return {kExitUnreachable,
+                    fmt::format("writescoped is not running: nothing accepts connections on {} "
+                                "(a stale socket file left by a daemon that died)",
+                                p)};
+        case EACCES:
+        case EPERM: {
+            const auto owner = owner_text(p);
+            return {kExitUnreachable,
+                    fmt::format("permission denied on {}{}: run as root or as a member of the "
+                                "socket's group (usually: sudo usermod -aG writescope $USER, then "
+                                "log in again)",
+                                p, owner.empty() ? "" : " (" + owner + ")")};
+        }
+        case ENOTSOCK:
+        case ENAMETOOLONG:
+        default:
+            return {kExitUnreachable, e.what()};
+    }
+}
+
+class Client {
+  public:
+    Client(std::string socket, std::chrono::milliseconds timeout)
+        : socket_(std::move(socket)), timeout_(timeout) {}
+
+    // The parsed JSON of a successful response (2xx); a Failure otherwise.
+    json call(std::string_view method, std::string_view target, std::string_view body = {}) {
+        ClientResponse r;
+        try {
+            r = http_request(socket_, method, target, body, timeout_);
+        } catch (const ConnectError& e) {
+            throw unreachable(e);
+        } catch (const std::exception& e) {
+            throw Failure{
+                kExitUnreachable,
+                fmt::format("no usable answer from writescoped on {}: {}", socket_, e.what())};
+        }
+        json j = json::parse(r.body, nullptr, false);
+        if (r.status >= 200 && r.status < 300) {
+            if (j.is_discarded())
+                throw Failure{kExitApiError,
+                              fmt::format("the answer to {} {} is not JSON", method, target)};
+            return j;
+        }
+        if (!j.is_discarded() && j.contains("error") && j["error"].is_object()) {
+            const auto& e = j["error"];
+            throw Failure{kExitApiError,
+                          fmt::format("{} ({} {})", e.value("message", std::string("?")), r.status,
+                                      e.value("type", std::string("?")))};
+        }
+        throw Failure{kExitApiError, fmt::format("HTTP {} {}", r.status, r.reason)};
+    }
+
+  private:
+    std::string socket_;
+    std::chrono::milliseconds timeout_;
+};
+
+void print(const json& j, bool as_json, const std::string& human) {
+    if (as_json)
+        std::cout << j.dump(2) << "\n";
+    else
+        std::cout << human;
+}
+
+int calibrate(Client& c, bool as_json, bool wait) {
+    const json started = c.call("POST", "/v1/calibration", "{}");
+    if (!wait) {
+        print(started, as_json, "calibration started\n");
+        return kExitOk;
+    }
+    const bool tty = ::isatty(2);
+    std::string last_stage;
+    json state;
+    for (;;) {
+        state = c.call("GET", "/v1/calibration");
+        const auto& job = state["job"];
+        const double progress = job.value("progress", 0.0);
+        const std::string stage = job.value("stage", std::string());
+        if (tty) {
+            std::cerr << "\r\033[K" << progress_line(progress, stage) << std::flush;
+        } else if (stage != last_stage) {
+            std::cerr << fmt::format("{:3.0f}% {}\n", progress * 100, stage);
+        }
+        last_stage = stage;
+        if (job.value("state", std::string()) != "running") break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (tty) std::cerr << "\n";
+    const auto& job = state["job"];
+    const std::string outcome = job.value("state", std::string());
+    if (outcome != "done") {
+        const std::string err = job.contains("error") && job["error"].is_string()
+                                    ? job["error"].get<std::string>()
+                                    : "";
+        throw Failure{kExitApiError,
+                      fmt::format("the calibration {}{}", outcome, err.empty() ? "" : ": " + err)};
+    }
+    print(state, as_json, render_calibration(state));
+    return kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{
+        "writescopectl: talk to writescoped, the writescope inference daemon, over its "
+        "Unix socket (see writescopectl(1)).",
+        "writescopectl"};
+    const char* env_socket = std::getenv("WRITESCOPE_SOCKET");
+    std::string socket = env_socket && *env_socket ? env_socket : kDefaultSocket;
+    bool as_json = false, version = false;
+    double timeout_s = 30;
+    app.add_option("-s,--socket", socket,
+                   "the daemon's socket (default: $WRITESCOPE_SOCKET, else " +
+                       std::string(kDefaultSocket) + ")");
+    app.add_flag("-j,--json", as_json, "print the daemon's JSON instead of tables (for scripts)");
+    app.add_option("--timeout", timeout_s, "seconds to wait for each answer (default 30)")
+        ->check(CLI::PositiveNumber);
+    app.add_flag("-V,--version", version, "print the version and exit");
+    app.require_subcommand(0, 1);
+
+    auto* status = app.add_subcommand("status",
+                                      "budgets and use of the KV regions, the policy, "
+                                      "the calibration, uptime");
+    auto* health = app.add_subcommand("health", "whether the daemon is ready (exit 0) or not");
+    auto* calibrate_cmd =
+        app.add_subcommand("calibrate",
+                           "measure A, B and delta again (with a progress display), "
+                           "or show the calibration in use with --show");
+    bool no_wait = false, show = false;
+    calibrate_cmd->add_flag("--no-wait", no_wait, "start the calibration and return at once");
+    calibrate_cmd->add_flag("--show", show, "show the calibration in use; measure nothing");
+    auto* policy = app.add_subcommand("policy", "show the policy, or change it with `policy set`");
+    auto* policy_set = policy->add_subcommand("set", "change the mode or the tracker settings");
+    std::optional<std::string> mode;
+    std::optional<double> alpha, clamp;
+    policy_set->add_option("--mode", mode,
+                           "writescope | gpu-only | cpu-only | static:R | monolithic");
+    policy_set->add_option("--alpha", alpha, "tracker smoothing factor, in (0, 1]");
+    policy_set->add_option("--clamp", clamp, "tracker outlier clamp ratio, >= 1");
+    auto* history = app.add_subcommand("history", "the stored workload history and sample log");
+    std::size_t samples = 20;
+    history->add_option("-n,--samples", samples, "newest samples to show (default 20)");
+    app.footer(
+        "Exit status: 0 success, 1 the daemon answered with an error, 2 bad command line, "
+        "3 the daemon cannot be reached.");
+
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e) == 0 ? kExitOk : kExitUsage;
+    }
+    if (version) {
+        std::cout << "writescopectl " << WRITESCOPE_VERSION << "\n";
+        return kExitOk;
+    }
+    if (app.get_subcommands().empty()) {
+        std::cerr << app.help();
+        return kExitUsage;
+    }
+
+    Client client(socket, std::chrono::milliseconds(static_cast<long long>(timeout_s * 1000)));
+    try {
+        if (status->parsed()) {
+            const auto j = client.call("GET", "/v1/status");
+            print(j, as_json, render_status(j));
+        } else if (health->parsed()) {
+            const auto j = client.call("GET", "/v1/health");
+            print(j, as_json, render_health(j));
+        } else if (calibrate_cmd->parsed()) {
+            if (show) {
+                const auto j = client.call("GET", "/v1/calibration");
+                print(j, as_json, render_calibration(j));
+            } else {
+                return calibrate(client, as_json, !no_wait);
+            }
+        } else if (policy_set->parsed()) {
+            json body = json::object();
+            if (mode) body["mode"] = *mode;
+            if (alpha) body["tracker"]["alpha"] = *alpha;
+            if (clamp) body["tracker"]["clamp"] = *clamp;
+            if (body.empty()) {
+                std::cerr << "writescopectl: policy set: give --mode, --alpha or --clamp\n";
+                return kExitUsage;
+            }
+            const auto j = client.call("PUT", "/v1/policy", body.dump());
+            print(j, as_json, render_policy(j));
+        } else if (policy->parsed()) {
+            const auto j = client.call("GET", "/v1/policy");
+            print(j, as_json, render_policy(j));
+        } else if (history->parsed()) {
+            const auto j = client.call("GET", fmt::format("/v1/history?samples={}", samples));
+            print(j, as_json, render_history(j));
+        }
+    } catch (const Failure& f) {
+        std::cerr << "writescopectl: " << f.message << "\n";
+        return f.code;
+    }
+    return kExitOk;
+}
