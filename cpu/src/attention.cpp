@@ -117,6 +117,7 @@ CpuAttention::CpuAttention(const KvGeometry& geometry, std::size_t block_tokens,
     k.s_stride = static_cast<std::uint32_t>(pad16(block_tokens));
     k.mla = geometry.mla;
     k.prefetch = opts.prefetch;
+    k.bf16_dot = opts.bf16_dot_product;
     k.scale = geometry.scale();
     P.kernel = &detail::attend_chunk_portable;
 #if defined(WRITESCOPE_CPU_X86)  // elsewhere select_isa() never returns a vector level

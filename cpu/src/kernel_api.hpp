@@ -26,6 +26,7 @@ struct KernelShape {
     std::uint32_t s_stride;      // row stride (floats) of the score scratch: B rounded up to 64
     bool mla;
     bool prefetch;  // prefetch the next block into L2
+    bool bf16_dot;  // Q·K of bf16 KV with vdpbf16ps instead of shift/mask + FMA (AVX-512)
     float scale;    // softmax scale applied to q·k
 };
 
@@ -36,7 +37,7 @@ struct Scratch {
     float* m;      // (group): running max of the scaled scores
     float* l;      // (group): running sum of exp(score − m)
     float* alpha;  // (group): rescale factor of the current block
-    float* qf;     // (group, dk): the query rows converted to fp32
+    float* qf;     // (group, dk): the query rows converted to fp32 (order: the kernel's choice)
 };
 
 // One work item: KV head kv_head of one sequence, over blocks[0, nblocks).

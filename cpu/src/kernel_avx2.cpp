@@ -121,6 +121,10 @@ void to_f32(DType t, const void* src, float* dst, size_t n) {
     }
 }
 
+void prepare_q(const KernelShape& k, const void* q, float* qf) {
+    to_f32(k.dtype, q, qf, size_t{k.group} * k.dk);
+}
+
 // ---- Q·K against packed K tiles: one tile (two halves of 8 tokens) × HB heads -------------
 
 template <DType DT, int HB>
@@ -131,6 +135,7 @@ inline void qk_tile(const char* kh, uint32_t B, uint32_t dk, uint32_t tile, cons
     const int w0 = w < 8 ? int(w) : 8, w1 = int(w) - w0;
     const __m256i m0 = first_lanes(w0), m1 = first_lanes(w1);
     __m256 acc[HB][2];
+#pragma GCC unroll 16
     for (int h = 0; h < HB; ++h)
         acc[h][0] = acc[h][1] = _mm256_setzero_ps();
     if constexpr (DT == DType::bf16) {
@@ -182,6 +187,7 @@ inline void qk_tile(const char* kh, uint32_t B, uint32_t dk, uint32_t tile, cons
         }
     }
     const __m256 sc = _mm256_set1_ps(scale);
+#pragma GCC unroll 16
     for (int h = 0; h < HB; ++h) {
         _mm256_storeu_ps(S + h * ss + t0, _mm256_mul_ps(acc[h][0], sc));
         _mm256_storeu_ps(S + h * ss + t0 + 8, _mm256_mul_ps(acc[h][1], sc));
@@ -219,6 +225,7 @@ template <DType DT, int HB, int TB>
 inline void qk_rows_block(const char* kb, size_t rs, uint32_t t0, uint32_t dk, const float* qf,
                           float scale, float* S, uint32_t ss) {
     __m256 acc[HB * TB];
+#pragma GCC unroll 16
     for (int i = 0; i < HB * TB; ++i)
         acc[i] = _mm256_setzero_ps();
     for (uint32_t c = 0; c < dk; c += 8) {
@@ -237,11 +244,15 @@ inline void qk_rows_block(const char* kb, size_t rs, uint32_t t0, uint32_t dk, c
     if constexpr (HB * TB == 8) {
         alignas(32) float tmp[8];
         _mm256_store_ps(tmp, _mm256_mul_ps(reduce8(acc), _mm256_set1_ps(scale)));
+#pragma GCC unroll 16
         for (int h = 0; h < HB; ++h)
+#pragma GCC unroll 16
             for (int t = 0; t < TB; ++t)
                 S[h * ss + t0 + t] = tmp[h * TB + t];
     } else {
+#pragma GCC unroll 16
         for (int h = 0; h < HB; ++h)
+#pragma GCC unroll 16
             for (int t = 0; t < TB; ++t)
                 S[h * ss + t0 + t] = hsum(acc[h * TB + t]) * scale;
     }
@@ -328,14 +339,14 @@ void softmax_update(const KernelShape& k, uint32_t n, float* S, float* m, float*
 
 // ---- P·V: 16 dims per pass × HB heads -----------------------------------------------------
 
-enum class VMode { bf16_interleaved, bf16, f16, f32 };
+enum class VMode { bf16, f16, f32 };
 
-// Half `half` of a token's 32-dim chunk row as two 8-wide fp32 vectors, and the dims (within the
-// chunk) where they go: interleaved rows give dims (8·half .. +8) and (16 + 8·half .. +8),
-// natural rows (16·half .. +8) and (16·half + 8 .. +8).
+// Half `half` (16 dims) of a token's 32-dim chunk row as two 8-wide fp32 vectors. bf16: one
+// 32-byte load widened to the 8 even dims (shift) and the 8 odd dims (mask), so each 16 dims of
+// O hold [8 even][8 odd] (o_pos undoes it); fp16/fp32: dims 16·half + 0–7 and + 8–15.
 template <VMode M>
 inline void load_half(const char* row, int half, __m256& v0, __m256& v1) {
-    if constexpr (M == VMode::bf16_interleaved) {
+    if constexpr (M == VMode::bf16) {
         const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32 * half));
         v0 = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
         v1 = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(int(0xffff0000u))));
@@ -343,14 +354,15 @@ inline void load_half(const char* row, int half, __m256& v0, __m256& v1) {
         v0 = _mm256_loadu_ps(reinterpret_cast<const float*>(row) + 16 * half);
         v1 = _mm256_loadu_ps(reinterpret_cast<const float*>(row) + 16 * half + 8);
     } else {
-        constexpr DType T = M == VMode::f16 ? DType::f16 : DType::bf16;
-        v0 = load8<T>(row, size_t(16 * half));
-        v1 = load8<T>(row, size_t(16 * half + 8));
+        v0 = load8<DType::f16>(row, size_t(16 * half));
+        v1 = load8<DType::f16>(row, size_t(16 * half + 8));
     }
 }
-template <VMode M>
-constexpr int dim_of(int half, int which) {
-    return M == VMode::bf16_interleaved ? 8 * half + 16 * which : 16 * half + 8 * which;
+
+size_t o_pos(const KernelShape& k, uint32_t d) {
+    if (k.dtype != DType::bf16) return d;
+    const uint32_t r = d % 16;
+    return d - r + (r % 2 ? 8 + r / 2 : r / 2);
 }
 
 template <VMode M, int HB>
@@ -358,30 +370,34 @@ inline void pv_half(const KernelShape& k, const VSource& v, uint32_t c, int half
                     uint32_t n, const float* P, const float* alpha, float* O, Prefetcher& pf,
                     uint32_t pf_step) {
     __m256 acc[HB][2];
-    const int d0 = dim_of<M>(half, 0), d1 = dim_of<M>(half, 1);
+    const float* ph[HB];
+    const size_t d0 = size_t{c} * 32 + 16 * half;
+#pragma GCC unroll 16
     for (int h = 0; h < HB; ++h) {
+        ph[h] = P + size_t{h0 + h} * k.s_stride;
         const __m256 al = _mm256_set1_ps(alpha[h0 + h]);
-        const float* o = O + size_t{h0 + h} * k.dv + c * 32;
-        acc[h][0] = _mm256_mul_ps(_mm256_loadu_ps(o + d0), al);
-        acc[h][1] = _mm256_mul_ps(_mm256_loadu_ps(o + d1), al);
+        const float* o = O + size_t{h0 + h} * k.dv + d0;
+        acc[h][0] = _mm256_mul_ps(_mm256_loadu_ps(o), al);
+        acc[h][1] = _mm256_mul_ps(_mm256_loadu_ps(o + 8), al);
     }
     const char* row = v.base + c * v.chunk_stride;
-    const float* p = P + size_t{h0} * k.s_stride;
-    for (uint32_t t = 0; t < n; ++t, row += v.token_stride) {
+    const size_t ts = v.token_stride;
+    for (size_t t = 0; t < n; ++t, row += ts) {
         pf.issue(pf_step);
         __m256 x0, x1;
         load_half<M>(row, half, x0, x1);
-#pragma GCC unroll 4
+#pragma GCC unroll 16
         for (int h = 0; h < HB; ++h) {
-            const __m256 ph = _mm256_broadcast_ss(p + h * k.s_stride + t);
-            acc[h][0] = _mm256_fmadd_ps(ph, x0, acc[h][0]);
-            acc[h][1] = _mm256_fmadd_ps(ph, x1, acc[h][1]);
+            const __m256 p = _mm256_broadcast_ss(ph[h] + t);
+            acc[h][0] = _mm256_fmadd_ps(p, x0, acc[h][0]);
+            acc[h][1] = _mm256_fmadd_ps(p, x1, acc[h][1]);
         }
     }
+#pragma GCC unroll 16
     for (int h = 0; h < HB; ++h) {
-        float* o = O + size_t{h0 + h} * k.dv + c * 32;
-        _mm256_storeu_ps(o + d0, acc[h][0]);
-        _mm256_storeu_ps(o + d1, acc[h][1]);
+        float* o = O + size_t{h0 + h} * k.dv + d0;
+        _mm256_storeu_ps(o, acc[h][0]);
+        _mm256_storeu_ps(o + 8, acc[h][1]);
     }
 }
 
@@ -403,10 +419,7 @@ void pv(const KernelShape& k, const VSource& v, uint32_t n, const float* P, cons
         float* O, Prefetcher& pf) {
     switch (k.dtype) {
         case DType::bf16:
-            if (v.interleaved)
-                pv_t<VMode::bf16_interleaved>(k, v, n, P, alpha, O, pf);
-            else
-                pv_t<VMode::bf16>(k, v, n, P, alpha, O, pf);
+            pv_t<VMode::bf16>(k, v, n, P, alpha, O, pf);
             break;
         case DType::f16:
             pv_t<VMode::f16>(k, v, n, P, alpha, O, pf);

@@ -2,9 +2,11 @@
 // after cpuid says the CPU runs them. See kernel_api.hpp for the rules this file keeps (no
 // shared inline functions or templates: everything lives in this file's own namespace).
 //
-// Per KV byte (bf16, group g, head dim d): Q·K costs g/(2·32) vdpbf16ps per K element pair... in
-// short, per token and KV head g·d/32 vdpbf16ps for Q·K and g·d/16 FMAs for P·V (fp32
-// probabilities: no bf16 rounding of P), plus d/16 conversions of V shared by the g heads.
+// Cost per token and KV head (group g, head dims d): Q·K g·d/16 FMAs, P·V g·d/16 FMAs (fp32
+// probabilities: P is never rounded to bf16), plus 2·d/32 shift/mask widenings of bf16 K and V
+// shared by the g heads. bf16 values widen to fp32 exactly, so every product is exact and summed
+// in fp32. vdpbf16ps (kept behind KernelShape::bf16_dot) does 32 MACs per instruction but costs
+// ~4.4 FMAs on Sapphire/Emerald Rapids, which makes the FMA route the faster one there.
 // GCC 12's intrinsic headers build "undefined" vectors as `__m512 __Y = __Y;`, which trips
 // -Wuninitialized wherever they are inlined (GCC bug 105593, fixed in 12.3 and 13).
 #pragma GCC diagnostic push
@@ -75,14 +77,17 @@ inline __m512 exp_ps(__m512 x) {
 // horizontal sums).
 inline __m512 reduce16(const __m512* a) {
     __m512 x[8], y[4], z[2];
+#pragma GCC unroll 16
     for (int k = 0; k < 8; ++k)  // lanes (per 128 bits): a0+a2, b0+b2, a1+a3, b1+b3
         x[k] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * k], a[2 * k + 1]),
                              _mm512_unpackhi_ps(a[2 * k], a[2 * k + 1]));
+#pragma GCC unroll 16
     for (int k = 0; k < 4; ++k) {  // per 128 bits: partial sums of 4 consecutive vectors
         const __m512d p = _mm512_castps_pd(x[2 * k]), q = _mm512_castps_pd(x[2 * k + 1]);
         y[k] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(p, q)),
                              _mm512_castpd_ps(_mm512_unpackhi_pd(p, q)));
     }
+#pragma GCC unroll 16
     for (int k = 0; k < 2; ++k)  // fold the four 128-bit lanes pairwise
         z[k] = _mm512_add_ps(_mm512_shuffle_f32x4(y[2 * k], y[2 * k + 1], 0x88),
                              _mm512_shuffle_f32x4(y[2 * k], y[2 * k + 1], 0xdd));
@@ -136,17 +141,42 @@ void to_f32(DType t, const void* src, float* dst, size_t n) {
     }
 }
 
+// The query in fp32. bf16 (FMA route): each 32-dim chunk as its 16 even dims then its 16 odd
+// dims, the order in which a shift and a mask widen a 64-byte K row; otherwise natural order.
+void prepare_q(const KernelShape& k, const void* q, float* qf) {
+    const size_t n = size_t{k.group} * k.dk;
+    to_f32(k.dtype, q, qf, n);
+    if (k.dtype != DType::bf16 || k.bf16_dot) return;
+    for (size_t c = 0; c < n; c += 32) {
+        float tmp[32];
+        for (int i = 0; i < 32; ++i)
+            tmp[i] = qf[c + i];
+        for (int i = 0; i < 16; ++i) {
+            qf[c + i] = tmp[2 * i];
+            qf[c + 16 + i] = tmp[2 * i + 1];
+        }
+    }
+}
+// Where prepare_q put dim 2j (even) of a row in the bf16 FMA order; dim 2j+1 is 16 further.
+inline size_t even_pos(uint32_t j) {
+    return (j / 16) * 32 + j % 16;
+}
+
 // Stores HB×TB dot products (accumulator index h·TB + t) scaled into S[h·ss + t].
 template <int HB, int TB>
 inline void store_dots(const __m512* acc, float scale, float* S, uint32_t ss) {
     if constexpr (HB * TB == 16) {
         alignas(64) float tmp[16];
         _mm512_store_ps(tmp, _mm512_mul_ps(reduce16(acc), _mm512_set1_ps(scale)));
+#pragma GCC unroll 16
         for (int h = 0; h < HB; ++h)
+#pragma GCC unroll 16
             for (int t = 0; t < TB; ++t)
                 S[h * ss + t] = tmp[h * TB + t];
     } else {
+#pragma GCC unroll 16
         for (int h = 0; h < HB; ++h)
+#pragma GCC unroll 16
             for (int t = 0; t < TB; ++t)
                 S[h * ss + t] = hsum(acc[h * TB + t]) * scale;
     }
@@ -167,6 +197,7 @@ inline void qk_tiles_bf16(const Tiles& T, uint32_t tile0, const uint16_t* q, flo
     const int* base[NT];
     uint32_t w[NT];
     __mmask16 mk[NT];
+#pragma GCC unroll 16
     for (int a = 0; a < NT; ++a) {
         const uint32_t t0 = (tile0 + a) * 16;
         w[a] = T.B - t0 < 16 ? T.B - t0 : 16;
@@ -174,7 +205,9 @@ inline void qk_tiles_bf16(const Tiles& T, uint32_t tile0, const uint16_t* q, flo
         mk[a] = first_lanes(w[a]);
     }
     __m512 acc[HB][NT];
+#pragma GCC unroll 16
     for (int h = 0; h < HB; ++h)
+#pragma GCC unroll 16
         for (int a = 0; a < NT; ++a)
             acc[h][a] = _mm512_setzero_ps();
     const int* qd = reinterpret_cast<const int*>(q);
@@ -193,7 +226,58 @@ inline void qk_tiles_bf16(const Tiles& T, uint32_t tile0, const uint16_t* q, flo
         }
     }
     const __m512 sc = _mm512_set1_ps(scale);
+#pragma GCC unroll 16
     for (int h = 0; h < HB; ++h)
+#pragma GCC unroll 16
+        for (int a = 0; a < NT; ++a)
+            _mm512_storeu_ps(S + h * ss + (tile0 + a) * 16, _mm512_mul_ps(acc[h][a], sc));
+}
+
+// bf16, FMA route: a tile row (16 tokens × one dim pair) widens to the 16 tokens' dim 2j (shift)
+// and dim 2j+1 (mask), each multiplied by the broadcast fp32 query dim.
+template <int HB, int NT>
+inline void qk_tiles_bf16_fma(const Tiles& T, uint32_t tile0, const float* qf, float scale,
+                              float* S, uint32_t ss) {
+    const int* base[NT];
+    uint32_t w[NT];
+    __mmask16 mk[NT];
+#pragma GCC unroll 16
+    for (int a = 0; a < NT; ++a) {
+        const uint32_t t0 = (tile0 + a) * 16;
+        w[a] = T.B - t0 < 16 ? T.B - t0 : 16;
+        base[a] = reinterpret_cast<const int*>(T.kh + size_t{t0} * T.dk * 2);
+        mk[a] = first_lanes(w[a]);
+    }
+    __m512 acc[HB][NT];
+#pragma GCC unroll 16
+    for (int h = 0; h < HB; ++h)
+#pragma GCC unroll 16
+        for (int a = 0; a < NT; ++a)
+            acc[h][a] = _mm512_setzero_ps();
+    const __m512i hi = _mm512_set1_epi32(int(0xffff0000u));
+    const uint32_t np = T.dk / 2;
+    for (uint32_t j = 0; j < np; ++j) {
+        __m512 ev[NT], od[NT];
+#pragma GCC unroll 16
+        for (int a = 0; a < NT; ++a) {
+            const __m512i x = _mm512_maskz_loadu_epi32(mk[a], base[a] + size_t{j} * w[a]);
+            ev[a] = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+            od[a] = _mm512_castsi512_ps(_mm512_and_si512(x, hi));
+        }
+        const float* qj = qf + even_pos(j);
+#pragma GCC unroll 16
+        for (int h = 0; h < HB; ++h) {
+            const __m512 qe = _mm512_set1_ps(qj[h * T.dk]);
+            const __m512 qo = _mm512_set1_ps(qj[h * T.dk + 16]);
+#pragma GCC unroll 16
+            for (int a = 0; a < NT; ++a)
+                acc[h][a] = _mm512_fmadd_ps(od[a], qo, _mm512_fmadd_ps(ev[a], qe, acc[h][a]));
+        }
+    }
+    const __m512 sc = _mm512_set1_ps(scale);
+#pragma GCC unroll 16
+    for (int h = 0; h < HB; ++h)
+#pragma GCC unroll 16
         for (int a = 0; a < NT; ++a)
             _mm512_storeu_ps(S + h * ss + (tile0 + a) * 16, _mm512_mul_ps(acc[h][a], sc));
 }
@@ -205,6 +289,7 @@ inline void qk_tiles_fma(const Tiles& T, uint32_t tile0, const float* qf, float 
     size_t base[NT];  // element offsets
     uint32_t w[NT];
     __mmask16 mk[NT];
+#pragma GCC unroll 16
     for (int a = 0; a < NT; ++a) {
         const uint32_t t0 = (tile0 + a) * 16;
         w[a] = T.B - t0 < 16 ? T.B - t0 : 16;
@@ -212,7 +297,9 @@ inline void qk_tiles_fma(const Tiles& T, uint32_t tile0, const float* qf, float 
         mk[a] = first_lanes(w[a]);
     }
     __m512 acc[HB][NT];
+#pragma GCC unroll 16
     for (int h = 0; h < HB; ++h)
+#pragma GCC unroll 16
         for (int a = 0; a < NT; ++a)
             acc[h][a] = _mm512_setzero_ps();
     for (uint32_t d = 0; d < T.dk; ++d) {
@@ -229,7 +316,9 @@ inline void qk_tiles_fma(const Tiles& T, uint32_t tile0, const float* qf, float 
         }
     }
     const __m512 sc = _mm512_set1_ps(scale);
+#pragma GCC unroll 16
     for (int h = 0; h < HB; ++h)
+#pragma GCC unroll 16
         for (int a = 0; a < NT; ++a)
             _mm512_storeu_ps(S + h * ss + (tile0 + a) * 16, _mm512_mul_ps(acc[h][a], sc));
 }
@@ -257,18 +346,26 @@ void qk_packed_t(const KernelShape& k, const char* kh, uint32_t n, const void* q
             constexpr int W = tiles_for<HB>();
             uint32_t t = 0;
             for (; t + W <= tn; t += W) {
-                if constexpr (DT == DType::bf16)
-                    qk_tiles_bf16<HB, W>(T, t0 + t, static_cast<const uint16_t*>(q) + h0 * k.dk,
-                                         k.scale, S + h0 * k.s_stride, k.s_stride);
-                else
+                if constexpr (DT == DType::bf16) {
+                    if (k.bf16_dot)
+                        qk_tiles_bf16<HB, W>(T, t0 + t, static_cast<const uint16_t*>(q) + h0 * k.dk,
+                                             k.scale, S + h0 * k.s_stride, k.s_stride);
+                    else
+                        qk_tiles_bf16_fma<HB, W>(T, t0 + t, qf + h0 * k.dk, k.scale,
+                                                 S + h0 * k.s_stride, k.s_stride);
+                } else
                     qk_tiles_fma<DT, HB, W>(T, t0 + t, qf + h0 * k.dk, k.scale, S + h0 * k.s_stride,
                                             k.s_stride);
             }
             for (; t < tn; ++t) {
-                if constexpr (DT == DType::bf16)
-                    qk_tiles_bf16<HB, 1>(T, t0 + t, static_cast<const uint16_t*>(q) + h0 * k.dk,
-                                         k.scale, S + h0 * k.s_stride, k.s_stride);
-                else
+                if constexpr (DT == DType::bf16) {
+                    if (k.bf16_dot)
+                        qk_tiles_bf16<HB, 1>(T, t0 + t, static_cast<const uint16_t*>(q) + h0 * k.dk,
+                                             k.scale, S + h0 * k.s_stride, k.s_stride);
+                    else
+                        qk_tiles_bf16_fma<HB, 1>(T, t0 + t, qf + h0 * k.dk, k.scale,
+                                                 S + h0 * k.s_stride, k.s_stride);
+                } else
                     qk_tiles_fma<DT, HB, 1>(T, t0 + t, qf + h0 * k.dk, k.scale, S + h0 * k.s_stride,
                                             k.s_stride);
             }
@@ -298,6 +395,7 @@ template <int HB, int TB>
 inline void qk_rows_bf16(const uint16_t* k0, size_t rs, uint32_t dk, const uint16_t* q, float scale,
                          float* S, uint32_t ss) {
     __m512 acc[HB * TB];
+#pragma GCC unroll 16
     for (int i = 0; i < HB * TB; ++i)
         acc[i] = _mm512_setzero_ps();
     for (uint32_t c = 0; c < dk; c += 32) {
@@ -316,10 +414,42 @@ inline void qk_rows_bf16(const uint16_t* k0, size_t rs, uint32_t dk, const uint1
     store_dots<HB, TB>(acc, scale, S, ss);
 }
 
+// bf16, FMA route: a 64-byte K row chunk widens to its 16 even dims (shift) and 16 odd dims
+// (mask), matched by the query's even and odd dims (prepare_q's order).
+template <int HB, int TB>
+inline void qk_rows_bf16_fma(const uint16_t* k0, size_t rs, uint32_t dk, const float* qf,
+                             float scale, float* S, uint32_t ss) {
+    __m512 acc[HB * TB];
+#pragma GCC unroll 16
+    for (int i = 0; i < HB * TB; ++i)
+        acc[i] = _mm512_setzero_ps();
+    const __m512i hi = _mm512_set1_epi32(int(0xffff0000u));
+    for (uint32_t c = 0; c < dk; c += 32) {
+        __m512 qe[HB], qo[HB];
+#pragma GCC unroll 16
+        for (int h = 0; h < HB; ++h) {
+            qe[h] = _mm512_loadu_ps(qf + size_t(h) * dk + c);
+            qo[h] = _mm512_loadu_ps(qf + size_t(h) * dk + c + 16);
+        }
+#pragma GCC unroll 16
+        for (int t = 0; t < TB; ++t) {
+            const __m512i x = _mm512_loadu_si512(k0 + t * rs + c);
+            const __m512 ev = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+            const __m512 od = _mm512_castsi512_ps(_mm512_and_si512(x, hi));
+#pragma GCC unroll 16
+            for (int h = 0; h < HB; ++h)
+                acc[h * TB + t] =
+                    _mm512_fmadd_ps(od, qo[h], _mm512_fmadd_ps(ev, qe[h], acc[h * TB + t]));
+        }
+    }
+    store_dots<HB, TB>(acc, scale, S, ss);
+}
+
 template <DType DT, int HB, int TB>
 inline void qk_rows_fma(const void* k, size_t row0, size_t rs, uint32_t dk, const float* qf,
                         float scale, float* S, uint32_t ss) {
     __m512 acc[HB * TB];
+#pragma GCC unroll 16
     for (int i = 0; i < HB * TB; ++i)
         acc[i] = _mm512_setzero_ps();
     for (uint32_t c = 0; c < dk; c += 16) {
@@ -342,10 +472,14 @@ template <DType DT, int HB, int TB>
 inline void qk_rows_call(const KernelShape& k, const char* kb, size_t rs, uint32_t t0, uint32_t h0,
                          const void* q, const float* qf, float* S) {
     float* s = S + h0 * k.s_stride + t0;
-    if constexpr (DT == DType::bf16)
-        qk_rows_bf16<HB, TB>(reinterpret_cast<const uint16_t*>(kb) + t0 * rs, rs, k.dk,
-                             static_cast<const uint16_t*>(q) + h0 * k.dk, k.scale, s, k.s_stride);
-    else
+    if constexpr (DT == DType::bf16) {
+        const uint16_t* k0 = reinterpret_cast<const uint16_t*>(kb) + t0 * rs;
+        if (k.bf16_dot)
+            qk_rows_bf16<HB, TB>(k0, rs, k.dk, static_cast<const uint16_t*>(q) + h0 * k.dk, k.scale,
+                                 s, k.s_stride);
+        else
+            qk_rows_bf16_fma<HB, TB>(k0, rs, k.dk, qf + h0 * k.dk, k.scale, s, k.s_stride);
+    } else
         qk_rows_fma<DT, HB, TB>(kb, t0, rs, k.dk, qf + h0 * k.dk, k.scale, s, k.s_stride);
 }
 
@@ -426,18 +560,17 @@ void softmax_update(const KernelShape& k, uint32_t n, float* S, float* m, float*
 
 // ---- P·V ----------------------------------------------------------------------------------
 
-enum class VMode { bf16_interleaved, bf16, f16, f32 };
+enum class VMode { bf16, f16, f32 };
 
-// One token's 32-dim chunk row as two fp32 vectors (dims 0–15, 16–31).
+// One token's 32-dim chunk row as two fp32 vectors. bf16: one 64-byte load, widened to the even
+// dims (shift) and the odd dims (mask), so a chunk's accumulators hold [16 even][16 odd] dims
+// (o_pos undoes it); fp16/fp32: dims 0–15 and 16–31.
 template <VMode M>
 inline void load_row(const char* p, __m512& v0, __m512& v1) {
-    if constexpr (M == VMode::bf16_interleaved) {
+    if constexpr (M == VMode::bf16) {
         const __m512i x = _mm512_loadu_si512(p);
         v0 = _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
         v1 = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(int(0xffff0000u))));
-    } else if constexpr (M == VMode::bf16) {
-        v0 = bf16_to_f32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-        v1 = bf16_to_f32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
     } else if constexpr (M == VMode::f16) {
         v0 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
         v1 = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)));
@@ -447,6 +580,12 @@ inline void load_row(const char* p, __m512& v0, __m512& v1) {
     }
 }
 
+size_t o_pos(const KernelShape& k, uint32_t d) {
+    if (k.dtype != DType::bf16) return d;
+    const uint32_t r = d % 32;
+    return d - r + (r % 2 ? 16 + r / 2 : r / 2);
+}
+
 // O[h0..h0+HB)[chunks c0..c0+CB) = O·alpha + Σ_t P[h][t]·V[t]: the accumulators stay in
 // registers over all n tokens; P stays fp32.
 template <VMode M, int HB, int CB>
@@ -454,8 +593,12 @@ inline void pv_chunks(const KernelShape& k, const VSource& v, uint32_t c0, uint3
                       const float* P, const float* alpha, float* O, Prefetcher& pf,
                       uint32_t pf_step) {
     __m512 acc[HB][CB][2];
+    const float* ph[HB];  // each head's probabilities: one base register per head, no index math
+#pragma GCC unroll 16
     for (int h = 0; h < HB; ++h) {
+        ph[h] = P + size_t{h0 + h} * k.s_stride;
         const __m512 al = _mm512_set1_ps(alpha[h0 + h]);
+#pragma GCC unroll 16
         for (int c = 0; c < CB; ++c) {
             const float* o = O + size_t{h0 + h} * k.dv + (c0 + c) * 32;
             acc[h][c][0] = _mm512_mul_ps(_mm512_loadu_ps(o), al);
@@ -463,24 +606,26 @@ inline void pv_chunks(const KernelShape& k, const VSource& v, uint32_t c0, uint3
         }
     }
     const char* row = v.base + c0 * v.chunk_stride;
-    const float* p = P + size_t{h0} * k.s_stride;
-    for (uint32_t t = 0; t < n; ++t, row += v.token_stride) {
+    const size_t cs = v.chunk_stride, ts = v.token_stride;
+    for (size_t t = 0; t < n; ++t, row += ts) {
         pf.issue(pf_step);
         __m512 x0[CB], x1[CB];
-#pragma GCC unroll 4
+#pragma GCC unroll 16
         for (int c = 0; c < CB; ++c)
-            load_row<M>(row + c * v.chunk_stride, x0[c], x1[c]);
-#pragma GCC unroll 8
+            load_row<M>(row + c * cs, x0[c], x1[c]);
+#pragma GCC unroll 16
         for (int h = 0; h < HB; ++h) {
-            const __m512 ph = _mm512_set1_ps(p[h * k.s_stride + t]);
-#pragma GCC unroll 4
+            const __m512 p = _mm512_set1_ps(ph[h][t]);
+#pragma GCC unroll 16
             for (int c = 0; c < CB; ++c) {
-                acc[h][c][0] = _mm512_fmadd_ps(ph, x0[c], acc[h][c][0]);
-                acc[h][c][1] = _mm512_fmadd_ps(ph, x1[c], acc[h][c][1]);
+                acc[h][c][0] = _mm512_fmadd_ps(p, x0[c], acc[h][c][0]);
+                acc[h][c][1] = _mm512_fmadd_ps(p, x1[c], acc[h][c][1]);
             }
         }
     }
+#pragma GCC unroll 16
     for (int h = 0; h < HB; ++h)
+#pragma GCC unroll 16
         for (int c = 0; c < CB; ++c) {
             float* o = O + size_t{h0 + h} * k.dv + (c0 + c) * 32;
             _mm512_storeu_ps(o, acc[h][c][0]);
@@ -524,10 +669,7 @@ void pv(const KernelShape& k, const VSource& v, uint32_t n, const float* P, cons
         float* O, Prefetcher& pf) {
     switch (k.dtype) {
         case DType::bf16:
-            if (v.interleaved)
-                pv_t<VMode::bf16_interleaved>(k, v, n, P, alpha, O, pf);
-            else
-                pv_t<VMode::bf16>(k, v, n, P, alpha, O, pf);
+            pv_t<VMode::bf16>(k, v, n, P, alpha, O, pf);
             break;
         case DType::f16:
             pv_t<VMode::f16>(k, v, n, P, alpha, O, pf);

@@ -33,6 +33,10 @@ void to_f32(DType t, const void* src, float* dst, size_t n) {
         dst[i] = elem(t, static_cast<const char*>(src), i);
 }
 
+void prepare_q(const KernelShape& k, const void* q, float* qf) {
+    to_f32(k.dtype, q, qf, size_t{k.group} * k.dk);
+}
+
 // Packed K: tile [dk/p][w][p]; walked in memory order, each element feeding every head.
 void qk_packed(const KernelShape& k, const char* kh, uint32_t n, const void*, const float* qf,
                float* S) {
@@ -100,14 +104,16 @@ void pv(const KernelShape& k, const VSource& v, uint32_t n, const float* P, cons
             const size_t token_stride = v.packed ? cw * es : v.token_stride;
             const char* row = v.base + c * v.chunk_stride + t * token_stride;
             for (uint32_t i = 0; i < cw; ++i) {
-                // Interleaved rows hold dims (i, i + cw/2) in 32-bit lane i.
-                const size_t pos = !v.interleaved ? i : i < cw / 2 ? 2 * i : 2 * (i - cw / 2) + 1;
-                const float x = elem(k.dtype, row, pos);
+                const float x = elem(k.dtype, row, i);
                 for (uint32_t h = 0; h < k.group; ++h)
                     O[size_t{h} * k.dv + c * 32 + i] += P[h * k.s_stride + t] * x;
             }
         }
     }
+}
+
+size_t o_pos(const KernelShape&, uint32_t d) {
+    return d;
 }
 
 #include "kernel_driver.inc"

@@ -42,15 +42,8 @@ void convert(const PackedBlockLayout& L, const Elem* src, Elem* dst) noexcept {
             for (std::size_t t = 0; t < B; ++t) {
                 const std::size_t out = L.v_index(h, t, d0);  // the chunk row's first element
                 const std::size_t in = lin.v_offset(h, t) + d0;
-                if (L.v_interleaved()) {
-                    for (std::size_t i = 0; i < cw / 2; ++i) {
-                        move(out + 2 * i, in + i);
-                        move(out + 2 * i + 1, in + cw / 2 + i);
-                    }
-                } else {
-                    for (std::size_t i = 0; i < cw; ++i)
-                        move(out + i, in + i);
-                }
+                for (std::size_t i = 0; i < cw; ++i)
+                    move(out + i, in + i);
             }
         }
     }

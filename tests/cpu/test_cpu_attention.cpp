@@ -123,18 +123,25 @@ TEST_CASE("CPU attention of every kernel level matches the fp64 reference", "[un
             for (LayoutMix mix : {LayoutMix::linear, LayoutMix::packed, LayoutMix::mixed}) {
                 batch.use_layout(mix, rng);
                 for (Isa isa : isas) {
-                    INFO(c.name << " " << dtype_name(t) << " " << mix_name(mix) << " "
-                                << cpu::isa_name(isa));
-                    cpu::CpuAttentionOptions opts;
-                    opts.isa = isa;
-                    CpuAttention attn(g, c.block_tokens, pool, opts);
-                    REQUIRE(attn.isa() == isa);
-                    Output out;
-                    attn.run(batch.seqs, out.view(batch.rows(), g.head_dim_v));
-                    const auto [eo, el] = check(out, ref, g.head_dim_v, t);
-                    std::printf("%-22s %-4s %-6s %-8s |o-ref|/|ref| = %.2e  lse err = %.2e\n",
-                                c.name, std::string(dtype_name(t)).c_str(), mix_name(mix),
-                                std::string(cpu::isa_name(isa)).c_str(), eo, el);
+                    // The AVX-512 level has a second bf16 Q·K route (vdpbf16ps): test both.
+                    const bool two = isa == Isa::avx512 && t == DType::bf16;
+                    for (bool dot :
+                         two ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+                        INFO(c.name << " " << dtype_name(t) << " " << mix_name(mix) << " "
+                                    << cpu::isa_name(isa) << (dot ? " vdpbf16ps" : ""));
+                        cpu::CpuAttentionOptions opts;
+                        opts.isa = isa;
+                        opts.bf16_dot_product = dot;
+                        CpuAttention attn(g, c.block_tokens, pool, opts);
+                        REQUIRE(attn.isa() == isa);
+                        Output out;
+                        attn.run(batch.seqs, out.view(batch.rows(), g.head_dim_v));
+                        const auto [eo, el] = check(out, ref, g.head_dim_v, t);
+                        std::printf("%-22s %-4s %-6s %-8s |o-ref|/|ref| = %.2e  lse err = %.2e\n",
+                                    c.name, std::string(dtype_name(t)).c_str(), mix_name(mix),
+                                    (std::string(cpu::isa_name(isa)) + (dot ? "+dot" : "")).c_str(),
+                                    eo, el);
+                    }
                 }
             }
         }

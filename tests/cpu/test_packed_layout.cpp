@@ -88,7 +88,7 @@ TEST_CASE("pack_block places every element where the layout says, and unpack inv
             }
 }
 
-TEST_CASE("packed bf16 K tile rows hold (2j, 2j+1) pairs of 16 tokens; V chunks interleave",
+TEST_CASE("packed bf16 K tile rows hold (2j, 2j+1) pairs of 16 tokens; V chunk rows follow",
           "[unit][layout]") {
     const auto g = test::test_geometry(8, 2, 128, 128, DType::bf16);
     const auto L = PackedBlockLayout::of(g, 64);
@@ -98,11 +98,10 @@ TEST_CASE("packed bf16 K tile rows hold (2j, 2j+1) pairs of 16 tokens; V chunks 
         REQUIRE(L.k_index(1, 16 + i, 6) == row + 2 * i);
         REQUIRE(L.k_index(1, 16 + i, 7) == row + 2 * i + 1);
     }
-    // V chunk 2 of head 0, token 5: lane i holds dims 64 + i (low half) and 80 + i (high half).
+    // V chunk 2 of head 0: token 5's 32 dims in order, token 6's right after.
     const std::size_t vrow = L.v_index(0, 5, 64);
-    for (std::size_t i = 0; i < 16; ++i) {
-        REQUIRE(L.v_index(0, 5, 64 + i) == vrow + 2 * i);
-        REQUIRE(L.v_index(0, 5, 80 + i) == vrow + 2 * i + 1);
-    }
-    REQUIRE(L.v_index(0, 6, 64) == vrow + 32);  // the next token's chunk row follows
+    for (std::size_t i = 0; i < 32; ++i)
+        REQUIRE(L.v_index(0, 5, 64 + i) == vrow + i);
+    REQUIRE(L.v_index(0, 6, 64) == vrow + 32);
+    REQUIRE(L.v_index(0, 0, 96) == L.v_index(0, 63, 64) + 32);  // chunk 3 follows chunk 2
 }

@@ -56,6 +56,10 @@ struct CpuAttentionOptions {
     // Software-prefetch the next block of an item into L2 while attending the current one
     // (blocks sit anywhere in memory, and the hardware prefetcher stops at 4 KiB pages).
     bool prefetch = true;
+    // Q·K of bf16 KV with vdpbf16ps (AVX-512 BF16) instead of widening K to fp32 (a shift or a
+    // mask) and FMAs. Both are exact in fp32; the FMA route is the faster one where measured
+    // (vdpbf16ps costs ~4.4 FMAs on Sapphire/Emerald Rapids; docs/perf.md), so it is the default.
+    bool bf16_dot_product = false;
 };
 
 class CpuAttention {

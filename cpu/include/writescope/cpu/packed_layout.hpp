@@ -11,11 +11,9 @@
 //            holds a (2j, 2j+1) pair of one token, and a full tile row (64 bytes) is 16 tokens ×
 //            one pair: exactly the operand vdpbf16ps multiplies by a broadcast query pair.
 //   V of one head: dv cut into chunks of kVChunk = 32 dims (the last narrower when dv mod 32
-//            ≠ 0); chunk c is [B][cw]: each token's cw dims of the chunk, tokens one after the
-//            other, so the kernel's chunk-by-chunk pass reads memory strictly in order. For bf16
-//            the dims of a chunk are interleaved (i, i + cw/2): 32-bit lane i holds dim i in its
-//            low half and dim i + cw/2 in its high half, so a shift and a mask turn one 64-byte
-//            row into two 16-wide fp32 vectors in natural order.
+//            ≠ 0); chunk c is [B][cw]: each token's cw dims of the chunk in natural order, tokens
+//            one after the other, so the kernel's chunk-by-chunk P·V pass (which keeps a chunk's
+//            accumulators in registers over all tokens) reads memory strictly in order.
 // MLA: the linear layout itself ([B][dk] latent rows): the latent serves as K and V, and a
 //   layout good for one of them would need a second copy for the other.
 #pragma once
@@ -50,9 +48,8 @@ struct PackedBlockLayout {
     std::size_t elems() const noexcept { return linear().elems(); }
     std::size_t bytes() const noexcept { return elems() * dtype_bytes(dtype); }
 
-    // Dims per K group (p above) and whether V chunks are interleaved.
+    // Dims per K group (p above).
     std::size_t k_pair() const noexcept { return dtype == DType::bf16 ? 2 : 1; }
-    bool v_interleaved() const noexcept { return dtype == DType::bf16; }
 
     // Element index of K (head h, token t, dim d) and of V (head h, token t, dim d).
     std::size_t k_index(std::size_t h, std::size_t t, std::size_t d) const noexcept {
@@ -64,11 +61,8 @@ struct PackedBlockLayout {
     std::size_t v_index(std::size_t h, std::size_t t, std::size_t d) const noexcept {
         if (mla) return t * dk + d;
         const std::size_t c = d / kVChunk, within = d % kVChunk;
-        const std::size_t cw = chunk_width(c);
-        std::size_t pos = within;
-        if (v_interleaved()) pos = within < cw / 2 ? 2 * within : 2 * (within - cw / 2) + 1;
         return kv_heads * block_tokens * dk + h * block_tokens * dv + c * kVChunk * block_tokens +
-               t * cw + pos;
+               t * chunk_width(c) + within;
     }
     // Width (tokens) of K tile `tile`, and width (dims) of V chunk `c`.
     std::size_t tile_width(std::size_t tile) const noexcept {

@@ -1,0 +1,717 @@
+// writescope-bench attention-step: one decode step of one layer with most of the KV spilled,
+// in every execution mode, against ceilings measured in the same run (pinned PCIe, HBM, CPU
+// read bandwidth, and the host's aggregate read rate while the CPU and the copy engine both run).
+//
+// The data path is the engine's: the CPU backend attends U blocks in place while the GPU backend
+// attends T and G in place and streams P through its staging ring, and one merge joins them.
+// To sweep the split without rewriting gigabytes per point, every spilled block is written twice
+// at set-up, once in U (packed, pageable) and once in P (linear, pinned): a split with CPU share
+// r then reads exactly what a cache routed at r would hold (the CPU the U copies of the first
+// r·s blocks of each sequence, the GPU the P copies of the rest). Monolithic keeps each
+// sequence's spilled KV in one pageable buffer and, every step, page-locks it, copies it to the
+// GPU, attends it and unlocks it (the "prepare" pass the paper measured).
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cpu_attention_backend.hpp"
+#include "read_bandwidth.hpp"
+#include "writescope/core/engine_impl.hpp"
+#include "writescope/core/host_region_memory.hpp"
+#include "writescope/core/policy_trackers.hpp"
+#include "writescope/core/roofline_policy.hpp"
+#include "writescope/cuda/device.hpp"
+#include "writescope/cuda/gpu_kv_memory.hpp"
+#include "writescope/cuda/gpu_step_backend.hpp"
+
+namespace writescope::bench {
+
+namespace {
+
+double now() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+double median(std::vector<double> v) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+std::vector<std::size_t> parse_list(const std::string& s) {
+    std::vector<std::size_t> out;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        std::size_t mult = 1;
+        if (!item.empty() && (item.back() == 'K' || item.back() == 'k')) {
+            mult = 1024;
+            item.pop_back();
+        }
+        out.push_back(std::stoull(item) * mult);
+    }
+    return out;
+}
+
+std::vector<std::string> split_names(const std::string& s) {
+    std::vector<std::string> out;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ','))
+        out.push_back(item);
+    return out;
+}
+
+struct Options {
+    std::vector<std::string> models{"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"};
+    std::vector<std::size_t> contexts{8192, 16384, 32768, 65536, 131072};
+    std::vector<std::size_t> batches{1, 4, 16};
+    std::size_t threads = 0;
+    std::size_t block = 128;
+    int reps = 5;
+    double sweep_step = 0.05;
+    double g_fraction = 1.0 / 16;  // share of each sequence's blocks resident in G
+    int gpu = 0;
+    bool cpu_load = false;
+    std::string json;
+};
+
+void usage() {
+    std::puts(
+        "usage: writescope-bench attention-step [options]\n"
+        "  --models a,b,c     presets (default: qwen3-30b-a3b,mixtral-8x7b,deepseek-v2-lite)\n"
+        "  --contexts list    tokens per sequence, K suffix allowed (default 8K,16K,32K,64K,128K)\n"
+        "  --batches list     sequences per step (default 1,4,16)\n"
+        "  --threads N        CPU attention threads (default: every core)\n"
+        "  --block N          tokens per KV block (default 128)\n"
+        "  --reps N           timed repetitions per point, median reported (default 5)\n"
+        "  --sweep-step X     step of the r sweep (default 0.05)\n"
+        "  --g-fraction X     share of each sequence's blocks resident in G (default 1/16)\n"
+        "  --gpu N            GPU index (default 0)\n"
+        "  --cpu-load         afterwards, show A and r tracking expert-like CPU and PCIe load\n"
+        "  --quick            small sizes (one model, 8K/16K, batch 1/4)\n"
+        "  --json FILE        write the summary as JSON");
+}
+
+Options parse(int argc, char** argv) {
+    Options o;
+    for (int i = 0; i < argc; ++i) {
+        const std::string a = argv[i];
+        auto val = [&]() -> std::string {
+            if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
+            return argv[++i];
+        };
+        if (a == "--help" || a == "-h") {
+            usage();
+            std::exit(0);
+        } else if (a == "--models") {
+            o.models = split_names(val());
+        } else if (a == "--contexts") {
+            o.contexts = parse_list(val());
+        } else if (a == "--batches") {
+            o.batches = parse_list(val());
+        } else if (a == "--threads") {
+            o.threads = std::stoull(val());
+        } else if (a == "--block") {
+            o.block = std::stoull(val());
+        } else if (a == "--reps") {
+            o.reps = std::stoi(val());
+        } else if (a == "--sweep-step") {
+            o.sweep_step = std::stod(val());
+        } else if (a == "--g-fraction") {
+            o.g_fraction = std::stod(val());
+        } else if (a == "--gpu") {
+            o.gpu = std::stoi(val());
+        } else if (a == "--cpu-load") {
+            o.cpu_load = true;
+        } else if (a == "--quick") {
+            o.models = {"qwen3-30b-a3b"};
+            o.contexts = {8192, 16384};
+            o.batches = {1, 4};
+            o.reps = 3;
+            o.sweep_step = 0.1;
+        } else if (a == "--json") {
+            o.json = val();
+        } else {
+            throw std::invalid_argument("unknown option " + a + " (see --help)");
+        }
+    }
+    if (o.reps < 1 || o.sweep_step <= 0 || o.sweep_step > 1 || o.g_fraction < 0 ||
+        o.g_fraction >= 1)
+        throw std::invalid_argument("bad --reps, --sweep-step or --g-fraction");
+    return o;
+}
+
+// Ceilings measured in this run.
+struct Ceilings {
+    double pinned_h2d = 0;  // GB/s, pinned host → device, large copies
+    double hbm = 0;         // GB/s, device → device copy counting bytes read + written
+    double cpu_read = 0;    // GB/s, every attention thread streaming host memory
+    double agg_cpu = 0;     // GB/s read by the CPU while pinned copies run
+    double agg_copy = 0;    // GB/s copied by the DMA engine meanwhile
+    double aggregate() const { return agg_cpu + agg_copy; }
+};
+
+Ceilings measure_ceilings(cpu::WorkerPool& pool, cpu::Isa isa) {
+    Ceilings c;
+    const std::size_t bytes = std::size_t{1} << 30;
+    cuda::PinnedSlabs host(bytes, bytes);
+    std::memset(host.slab(0), 0x5a, bytes);
+    cuda::DeviceBuffer dev(bytes), dev2(bytes);
+    cuda::Stream s;
+    cuda::Event e0, e1;
+    std::vector<double> r;
+    for (int i = 0; i < 6; ++i) {
+        e0.record(s);
+        cuda::copy_async(dev.data(), host.slab(0), bytes, s);
+        e1.record(s);
+        e1.synchronize();
+        if (i) r.push_back(bytes / (e1.elapsed_ms_since(e0) * 1e-3) / 1e9);
+    }
+    c.pinned_h2d = median(r);
+    r.clear();
+    for (int i = 0; i < 6; ++i) {
+        e0.record(s);
+        cuda::copy_async(dev2.data(), dev.data(), bytes, s);
+        e1.record(s);
+        e1.synchronize();
+        if (i) r.push_back(2.0 * bytes / (e1.elapsed_ms_since(e0) * 1e-3) / 1e9);
+    }
+    c.hbm = median(r);
+
+    const std::size_t cpu_bytes = std::size_t{4} << 30;
+    HostRegionMemory buf("bandwidth", 1, 1, cpu_bytes);
+    std::memset(buf.block(0, 0), 0x33, cpu_bytes);
+    c.cpu_read = measure_read_bandwidth(pool, buf.block(0, 0), cpu_bytes, isa, 5);
+
+    // Both at once: a thread keeps the copy engine busy while the CPU threads read.
+    std::atomic<bool> stop{false};
+    std::atomic<std::uint64_t> copied{0};
+    std::thread copier([&] {
+        cuda::Stream cs;
+        while (!stop.load()) {
+            cuda::copy_async(dev.data(), host.slab(0), bytes, cs);
+            cs.synchronize();
+            copied += bytes;
+        }
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const std::uint64_t c0 = copied.load();
+    const double t0 = now();
+    c.agg_cpu = measure_read_bandwidth(pool, buf.block(0, 0), cpu_bytes, isa, 8);
+    const double t1 = now();
+    const std::uint64_t c1 = copied.load();
+    stop = true;
+    copier.join();
+    c.agg_copy = static_cast<double>(c1 - c0) / (t1 - t0) / 1e9;
+    return c;
+}
+
+struct StepTime {
+    double total = 0;     // s, launch → merged result
+    double cpu = 0;       // s, CPU attention
+    double gpu_attn = 0;  // s, GPU attention incl. P stream
+    double overhead = 0;  // s, merge + launch host time
+    double p_rate = 0;    // GB/s of the P stream's copies
+    std::uint64_t cpu_tokens = 0, gpu_tokens = 0;
+};
+
+// Everything one model needs for its largest configuration, written once.
+struct ModelRig {
+    KvGeometry g;
+    std::size_t B, lin, packed, s_max, g_max, nb_max, batch_max;
+    std::unique_ptr<cuda::DevicePool> pool;
+    std::unique_ptr<cuda::DeviceRegionMemory> gmem, landing;
+    std::unique_ptr<cuda::PinnedRegionMemory> pmem;
+    std::unique_ptr<HostRegionMemory> umem, mono;
+    std::unique_ptr<runtime::CpuAttentionBackendImpl> cpu;
+    std::unique_ptr<cuda::GpuStepBackend> gpu, gpu_mono;
+    std::vector<std::byte> q;
+    std::vector<float> o, lse, co, clse;
+};
+
+std::size_t blocks_for(std::size_t tokens, std::size_t B) {
+    return (tokens + B - 1) / B;
+}
+
+// Per sequence: g resident blocks, s spilled blocks, one open T block holding the remainder.
+struct Shape {
+    std::size_t nb, g, s, t_tokens;
+};
+Shape shape_of(std::size_t ctx, std::size_t B, double g_fraction) {
+    Shape sh;
+    sh.nb = blocks_for(ctx, B);
+    sh.t_tokens = ctx - (sh.nb - 1) * B;
+    sh.g = static_cast<std::size_t>(std::floor(g_fraction * static_cast<double>(sh.nb)));
+    if (sh.g + 1 > sh.nb) sh.g = sh.nb - 1;
+    sh.s = sh.nb - 1 - sh.g;
+    return sh;
+}
+
+std::unique_ptr<ModelRig> build_rig(const std::string& name, const Options& o, std::size_t threads,
+                                    cpu::WorkerPool& fill_pool) {
+    auto rig = std::make_unique<ModelRig>();
+    auto g = kv_geometry_preset(name, DType::bf16);
+    if (!g) throw std::invalid_argument("unknown model preset " + name);
+    rig->g = *g;
+    rig->g.num_layers = 1;  // one layer's KV: every timing is per layer
+    rig->B = o.block;
+    rig->lin = LinearBlockLayout::of(rig->g, o.block).elems() * 2;
+    const std::size_t ctx_max = *std::max_element(o.contexts.begin(), o.contexts.end());
+    rig->batch_max = *std::max_element(o.batches.begin(), o.batches.end());
+    const Shape sh = shape_of(ctx_max, o.block, o.g_fraction);
+    rig->s_max = sh.s;
+    rig->g_max = sh.g;
+    rig->nb_max = sh.nb;
+    const std::size_t nseq = rig->batch_max;
+    rig->cpu =
+        std::make_unique<runtime::CpuAttentionBackendImpl>(rig->g, o.block, threads, true, nseq);
+    rig->packed = rig->cpu->packed_block_bytes();
+    const std::size_t spill_slots = nseq * sh.s, pool_slots = nseq * (sh.g + 1);
+    // Device: the T+G pool, the landing area of the monolithic baseline, two step backends.
+    const std::size_t dev_bytes = (pool_slots + nseq * sh.nb) * rig->lin + (std::size_t{1} << 30) +
+                                  2 * nseq * sh.nb * (rig->g.num_q_heads * 520 + 64);
+    rig->pool = std::make_unique<cuda::DevicePool>(dev_bytes);
+    rig->gmem =
+        std::make_unique<cuda::DeviceRegionMemory>("T+G", *rig->pool, 1, pool_slots, rig->lin);
+    rig->landing = std::make_unique<cuda::DeviceRegionMemory>("landing", *rig->pool, 1,
+                                                              nseq * sh.nb, rig->lin);
+    rig->pmem = std::make_unique<cuda::PinnedRegionMemory>("P", 1, spill_slots, rig->lin, 1);
+    HostMemoryOptions ho;
+    rig->umem = std::make_unique<HostRegionMemory>("U", 1, spill_slots, rig->packed, ho);
+    ho.huge_pages = false;  // an ordinary pageable cache, as a monolithic system has it
+    rig->mono = std::make_unique<HostRegionMemory>("monolithic", 1, nseq * sh.nb, rig->lin, ho);
+    cuda::GpuStepOptions so;
+    so.geometry = rig->g;
+    so.block_tokens = o.block;
+    so.max_seqs = nseq;
+    so.max_blocks = nseq * sh.nb;
+    rig->gpu = std::make_unique<cuda::GpuStepBackend>(so, *rig->pool, *rig->gmem, rig->pmem.get());
+    rig->gpu_mono = std::make_unique<cuda::GpuStepBackend>(so, *rig->pool, *rig->landing, nullptr);
+
+    // Random KV (never zeros), a few distinct blocks copied round-robin.
+    std::mt19937_64 rng(std::random_device{}());
+    std::vector<std::vector<std::byte>> src(13, std::vector<std::byte>(rig->lin));
+    std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+    for (auto& b : src)
+        for (std::size_t i = 0; i < rig->lin / 2; ++i)
+            store_from_f32(b.data(), i, DType::bf16, u(rng));
+    fill_pool.parallel_for(spill_slots, [&](std::size_t i, std::size_t) {
+        const auto& b = src[i % src.size()];
+        std::memcpy(rig->pmem->block(0, i), b.data(), rig->lin);
+        rig->cpu->pack_block(b.data(), rig->umem->block(0, i));
+    });
+    fill_pool.parallel_for(nseq * sh.nb, [&](std::size_t i, std::size_t) {
+        std::memcpy(rig->mono->block(0, i), src[i % src.size()].data(), rig->lin);
+    });
+    for (std::size_t i = 0; i < pool_slots; ++i)
+        cuda::copy_sync(rig->gmem->device_block(0, i), src[i % src.size()].data(), rig->lin);
+    for (std::size_t i = 0; i < nseq * sh.nb; ++i)
+        cuda::copy_sync(rig->landing->device_block(0, i), src[(i + 5) % src.size()].data(),
+                        rig->lin);
+    rig->q.resize(nseq * rig->g.num_q_heads * rig->g.head_dim_k * 2);
+    for (std::size_t i = 0; i < rig->q.size() / 2; ++i)
+        store_from_f32(rig->q.data(), i, DType::bf16, u(rng) * 0.3f);
+    const std::size_t rows = nseq * rig->g.num_q_heads;
+    rig->o.resize(rows * rig->g.head_dim_v);
+    rig->lse.resize(rows);
+    rig->co.resize(rows * rig->g.head_dim_v);
+    rig->clse.resize(rows);
+    return rig;
+}
+
+// One configuration: the lists of every split are built on the fly from the shape.
+struct Config {
+    ModelRig* rig;
+    std::size_t ctx, batch;
+    Shape sh;
+    std::uint64_t spilled_tokens() const {
+        return static_cast<std::uint64_t>(batch) * sh.s * rig->B;
+    }
+    std::uint64_t spilled_bytes() const {
+        return spilled_tokens() * rig->g.bytes_per_token_layer();
+    }
+
+    std::vector<std::vector<std::uint32_t>> pool_slots, p_slots;
+    std::vector<std::vector<CpuBlock>> cpu_blocks;
+    std::vector<GpuSeqWork> gw;
+    std::vector<CpuSeqWork> cw;
+
+    void prepare(double r) {
+        pool_slots.assign(batch, {});
+        p_slots.assign(batch, {});
+        cpu_blocks.assign(batch, {});
+        gw.assign(batch, {});
+        cw.assign(batch, {});
+        const std::size_t q_row = rig->g.num_q_heads * rig->g.head_dim_k * 2;
+        const auto k = static_cast<std::size_t>(std::llround(r * static_cast<double>(sh.s)));
+        for (std::size_t i = 0; i < batch; ++i) {
+            for (std::size_t j = 0; j <= sh.g; ++j)
+                pool_slots[i].push_back(static_cast<std::uint32_t>(i * (rig->g_max + 1) + j));
+            for (std::size_t j = 0; j < sh.s; ++j) {
+                const std::size_t slot = i * rig->s_max + j;
+                if (j < k)
+                    cpu_blocks[i].push_back(
+                        {rig->umem->block(0, slot), static_cast<std::uint32_t>(rig->B), true});
+                else
+                    p_slots[i].push_back(static_cast<std::uint32_t>(slot));
+            }
+            gw[i] = {pool_slots[i], true, static_cast<std::uint32_t>(sh.t_tokens), p_slots[i]};
+            cw[i] = {rig->q.data() + i * q_row, cpu_blocks[i]};
+        }
+    }
+
+    StepTime run_once() {
+        ModelRig& m = *rig;
+        const std::size_t rows = batch * m.g.num_q_heads, dv = m.g.head_dim_v;
+        StepTime t;
+        const double t0 = now();
+        m.gpu->launch(0, m.q.data(), gw);
+        bool any_cpu = false;
+        for (const auto& c : cw)
+            any_cpu = any_cpu || !c.blocks.empty();
+        if (any_cpu) m.cpu->attend(cw, {m.co.data(), m.clse.data(), rows, dv});
+        const double t2 = now();
+        const GpuLayerTiming g = m.gpu->finish(
+            any_cpu ? ConstStateView{m.co.data(), m.clse.data(), rows, dv} : ConstStateView{},
+            {m.o.data(), m.lse.data(), rows, dv});
+        t.total = now() - t0;
+        // From the step's start: the CPU begins once the GPU side is enqueued, so finishing
+        // together is a matter of wall time from t0 for both engines.
+        t.cpu = any_cpu ? t2 - t0 : 0;
+        t.gpu_attn = g.attention_seconds;
+        t.overhead = g.merge_seconds;
+        t.p_rate = g.p_copy_seconds > 0 ? g.p_bytes / g.p_copy_seconds / 1e9 : 0;
+        for (const auto& c : cpu_blocks)
+            t.cpu_tokens += c.size() * m.B;
+        for (const auto& p : p_slots)
+            t.gpu_tokens += p.size() * m.B;
+        return t;
+    }
+
+    StepTime run(double r, int reps) {
+        prepare(r);
+        run_once();  // warm-up
+        std::vector<StepTime> v;
+        for (int i = 0; i < reps; ++i)
+            v.push_back(run_once());
+        std::sort(v.begin(), v.end(),
+                  [](const StepTime& a, const StepTime& b) { return a.total < b.total; });
+        return v[v.size() / 2];
+    }
+
+    // The monolithic baseline: each sequence's spilled KV page-locked, copied and unlocked every
+    // step; the GPU attends everything in the landing area.
+    double run_monolithic(int reps) {
+        ModelRig& m = *rig;
+        const std::size_t rows = batch * m.g.num_q_heads, dv = m.g.head_dim_v;
+        std::vector<std::vector<std::uint32_t>> slots(batch);
+        std::vector<GpuSeqWork> w(batch);
+        for (std::size_t i = 0; i < batch; ++i) {
+            for (std::size_t j = 0; j < sh.nb; ++j)
+                slots[i].push_back(static_cast<std::uint32_t>(i * m.nb_max + j));
+            w[i] = {slots[i], true, static_cast<std::uint32_t>(sh.t_tokens), {}};
+        }
+        cuda::Stream s;
+        std::vector<double> v;
+        for (int rep = 0; rep <= reps; ++rep) {
+            const double t0 = now();
+            for (std::size_t i = 0; i < batch; ++i) {
+                void* src = m.mono->block(0, i * m.nb_max + m.g_max + 1);
+                const std::size_t bytes = sh.s * m.lin;
+                cuda::host_register(src, bytes);
+                cuda::copy_async(m.landing->device_block(0, i * m.nb_max + sh.g + 1), src, bytes,
+                                 s);
+                s.synchronize();
+                cuda::host_unregister(src);
+            }
+            m.gpu_mono->launch(0, m.q.data(), w);
+            m.gpu_mono->finish({}, {m.o.data(), m.lse.data(), rows, dv});
+            if (rep) v.push_back(now() - t0);
+        }
+        return median(v);
+    }
+
+    // The GPU kernel on device-resident KV (the landing area): its rate against HBM.
+    double gpu_inplace_rate(int reps) {
+        ModelRig& m = *rig;
+        const std::size_t rows = batch * m.g.num_q_heads, dv = m.g.head_dim_v;
+        std::vector<std::vector<std::uint32_t>> slots(batch);
+        std::vector<GpuSeqWork> w(batch);
+        for (std::size_t i = 0; i < batch; ++i) {
+            for (std::size_t j = 0; j < sh.nb; ++j)
+                slots[i].push_back(static_cast<std::uint32_t>(i * m.nb_max + j));
+            w[i] = {slots[i], true, static_cast<std::uint32_t>(sh.t_tokens), {}};
+        }
+        std::vector<double> v;
+        for (int rep = 0; rep <= reps; ++rep) {
+            m.gpu_mono->launch(0, m.q.data(), w);
+            const auto t = m.gpu_mono->finish({}, {m.o.data(), m.lse.data(), rows, dv});
+            if (rep) v.push_back(t.attention_seconds);
+        }
+        const double bytes = static_cast<double>(batch) * ctx * m.g.bytes_per_token_layer();
+        return bytes / median(v) / 1e9;
+    }
+};
+
+struct Result {
+    std::string model;
+    std::size_t ctx, batch;
+    double spilled_gb;
+    double ms_writescope, ms_gpu_only, ms_cpu_only, ms_monolithic, ms_best_swept;
+    double r_policy, r_best, r_calibrated;
+    double limit_ms;
+    double cpu_rate, p_frac, g_frac;
+};
+
+void write_json(const std::string& path, const Ceilings& c, const std::vector<Result>& res,
+                const std::string& machine, const std::string& date) {
+    std::ofstream f(path);
+    if (!f) throw std::runtime_error("cannot write " + path);
+    f << "{\n  \"benchmark\": \"attention-step\",\n  \"date\": \"" << date
+      << "\",\n  \"machine\": \"" << machine
+      << "\",\n  \"ceilings_gbps\": {\"pinned_h2d\": " << c.pinned_h2d
+      << ", \"hbm_copy\": " << c.hbm << ", \"cpu_read\": " << c.cpu_read
+      << ", \"aggregate_cpu\": " << c.agg_cpu << ", \"aggregate_copy\": " << c.agg_copy
+      << "},\n  \"configs\": [\n";
+    for (std::size_t i = 0; i < res.size(); ++i) {
+        const auto& r = res[i];
+        const double best_single = std::min(r.ms_gpu_only, r.ms_cpu_only);
+        f << "    {\"model\": \"" << r.model << "\", \"context\": " << r.ctx
+          << ", \"batch\": " << r.batch << ", \"spilled_gb\": " << r.spilled_gb
+          << ", \"mode_ms\": {\"writescope\": " << r.ms_writescope
+          << ", \"gpu-only\": " << r.ms_gpu_only << ", \"cpu-only\": " << r.ms_cpu_only
+          << ", \"monolithic\": " << r.ms_monolithic << ", \"best-swept\": " << r.ms_best_swept
+          << "}, \"r_policy\": " << r.r_policy << ", \"r_calibrated\": " << r.r_calibrated
+          << ", \"r_best\": " << r.r_best
+          << ", \"speedup_vs_best_single\": " << best_single / r.ms_writescope
+          << ", \"speedup_vs_monolithic\": " << r.ms_monolithic / r.ms_writescope
+          << ", \"policy_gap\": " << r.ms_writescope / r.ms_best_swept - 1.0
+          << ", \"efficiency_vs_limit\": " << r.limit_ms / r.ms_writescope
+          << ", \"cpu_kernel_gbps\": " << r.cpu_rate << ", \"p_transfer_frac\": " << r.p_frac
+          << ", \"g_kernel_hbm_frac\": " << r.g_frac << "}" << (i + 1 < res.size() ? "," : "")
+          << "\n";
+    }
+    f << "  ]\n}\n";
+}
+
+}  // namespace
+
+int run_attention_step(int argc, char** argv) {
+    const Options o = parse(argc, argv);
+    if (cuda::device_count() <= o.gpu)
+        throw std::runtime_error("no CUDA GPU " + std::to_string(o.gpu));
+    cuda::set_device(o.gpu);
+    const auto info = cuda::device_info(o.gpu);
+    char date[64];
+    const std::time_t tt = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&tt));
+    const std::size_t threads = o.threads ? o.threads : cpu::WorkerPool::allowed_cpus().size();
+    cpu::WorkerPoolOptions po;
+    po.threads = threads;
+    po.pin = true;
+    cpu::WorkerPool pool(po);
+    const cpu::Isa isa = cpu::select_isa();
+    std::printf("writescope-bench attention-step (%s)\n%s, %d SMs; %zu CPU threads (%s kernels)\n",
+                date, info.name.c_str(), info.sm_count, threads,
+                std::string(cpu::isa_name(isa)).c_str());
+    const Ceilings c = measure_ceilings(pool, isa);
+    std::printf(
+        "ceilings: pinned H2D %.1f GB/s, HBM copy %.0f GB/s, CPU read %.1f GB/s, "
+        "both at once %.1f (CPU) + %.1f (copy) = %.1f GB/s\n\n",
+        c.pinned_h2d, c.hbm, c.cpu_read, c.agg_cpu, c.agg_copy, c.aggregate());
+
+    std::vector<Result> results;
+    for (const auto& name : o.models) {
+        auto rig = build_rig(name, o, threads, pool);
+        std::printf("%s: block %zu tokens, %zu B/token/layer, G holds %.1f%% of each sequence\n",
+                    name.c_str(), o.block, rig->g.bytes_per_token_layer(), 100 * o.g_fraction);
+        std::printf("%8s %5s %8s | %9s %9s %9s %9s | %6s %6s %7s | %6s %6s %6s | %6s %5s %5s\n",
+                    "context", "batch", "spill GB", "writescp", "gpu-only", "cpu-only", "monolith",
+                    "r_pol", "r_best", "gap", "x best", "x mono", "eff", "CPU GB/s", "P frac",
+                    "G/HBM");
+        for (std::size_t batch : o.batches) {
+            // Calibration for this batch: 50/50 splits at every context, both engines running.
+            std::vector<double> cx, cy, gx, gy, ov;
+            std::vector<Config> cfgs;
+            for (std::size_t ctx : o.contexts) {
+                Config cf{rig.get(), ctx, batch, shape_of(ctx, o.block, o.g_fraction), {}, {},
+                          {},        {},  {}};
+                const StepTime t = cf.run(0.5, o.reps);
+                cx.push_back(static_cast<double>(t.cpu_tokens));
+                cy.push_back(t.cpu);
+                gx.push_back(static_cast<double>(t.gpu_tokens));
+                gy.push_back(t.gpu_attn);
+                ov.push_back(t.overhead);
+                cfgs.push_back(std::move(cf));
+            }
+            const LineFit fa = fit_line(cx, cy), fb = fit_line(gx, gy);
+            RooflineCosts costs;
+            costs.a = std::max(fa.slope, 0.0);
+            costs.cpu_fixed = std::max(fa.intercept, 0.0);
+            costs.b = std::max(fb.slope, 0.0);
+            costs.delta = std::max(fb.intercept, 0.0) + median(ov);
+            std::printf(
+                "  batch %zu calibration: A %.3g ns/token (R^2 %.3f), B %.3g ns/token (R^2 %.3f), "
+                "delta %.3g us, c0 %.3g us\n",
+                batch, costs.a * 1e9, fa.r2, costs.b * 1e9, fb.r2, costs.delta * 1e6,
+                costs.cpu_fixed * 1e6);
+            for (auto& cf : cfgs) {
+                Result r{};
+                r.model = name;
+                r.ctx = cf.ctx;
+                r.batch = batch;
+                r.spilled_gb = cf.spilled_bytes() / 1e9;
+                const StepTime g_only = cf.run(0.0, o.reps);
+                const StepTime c_only = cf.run(1.0, o.reps);
+                r.ms_gpu_only = g_only.total * 1e3;
+                r.ms_cpu_only = c_only.total * 1e3;
+                r.p_frac = g_only.p_rate / c.pinned_h2d;
+                r.cpu_rate = c_only.cpu > 0 ? cf.spilled_bytes() / c_only.cpu / 1e9 : 0;
+                r.ms_best_swept = std::min(r.ms_gpu_only, r.ms_cpu_only);
+                r.r_best = r.ms_gpu_only <= r.ms_cpu_only ? 0.0 : 1.0;
+                for (double x = o.sweep_step; x < 1.0 - 1e-9; x += o.sweep_step) {
+                    const double ms = cf.run(x, o.reps).total * 1e3;
+                    if (ms < r.ms_best_swept) r.ms_best_swept = ms, r.r_best = x;
+                }
+                // The policy as the engine runs it: calibrated constants, then online tracking of
+                // A and B at the deployed split for a few steps, r recomputed after each.
+                PolicyTrackers tr;
+                tr.seed(costs);
+                double rr = roofline_share(costs, static_cast<double>(cf.spilled_tokens()));
+                for (int step = 0; step < 12; ++step) {
+                    cf.prepare(rr);
+                    const StepTime s = cf.run_once();
+                    StepMeasurement m;
+                    m.cpu_seconds = s.cpu;
+                    m.cpu_u_tokens = static_cast<double>(s.cpu_tokens);
+                    m.gpu_seconds = s.gpu_attn;
+                    m.gpu_p_tokens = static_cast<double>(s.gpu_tokens);
+                    tr.observe(m);
+                    rr = roofline_share(tr.costs(), static_cast<double>(cf.spilled_tokens()));
+                }
+                r.r_calibrated = roofline_share(costs, static_cast<double>(cf.spilled_tokens()));
+                r.r_policy = rr;
+                r.ms_writescope = cf.run(r.r_policy, o.reps).total * 1e3;
+                r.ms_best_swept = std::min(r.ms_best_swept, r.ms_writescope);
+                r.ms_monolithic = cf.run_monolithic(std::min(o.reps, 3)) * 1e3;
+                r.g_frac = cf.gpu_inplace_rate(o.reps) / c.hbm;
+                // The physical limit: spilled bytes over the CPU kernel's rate plus the pinned
+                // PCIe rate, or over the host's aggregate read rate if that is lower.
+                const double rate = std::min(r.cpu_rate + c.pinned_h2d, c.aggregate());
+                r.limit_ms = cf.spilled_bytes() / (rate * 1e9) * 1e3;
+                const double best_single = std::min(r.ms_gpu_only, r.ms_cpu_only);
+                std::printf(
+                    "%8zu %5zu %8.2f | %9.3f %9.3f %9.3f %9.3f | %6.2f %6.2f %6.1f%% | %5.2fx "
+                    "%5.2fx %6.2f | %6.1f %5.2f %5.2f\n",
+                    r.ctx, r.batch, r.spilled_gb, r.ms_writescope, r.ms_gpu_only, r.ms_cpu_only,
+                    r.ms_monolithic, r.r_policy, r.r_best,
+                    100 * (r.ms_writescope / r.ms_best_swept - 1), best_single / r.ms_writescope,
+                    r.ms_monolithic / r.ms_writescope, r.limit_ms / r.ms_writescope, r.cpu_rate,
+                    r.p_frac, r.g_frac);
+                std::fflush(stdout);
+                results.push_back(r);
+            }
+        }
+        std::printf("\n");
+    }
+    double log_sum = 0, gap_max = 0, eff_min = 1e9;
+    int n = 0;
+    for (const auto& r : results) {
+        if (r.ctx < 8192) continue;
+        log_sum += std::log(std::min(r.ms_gpu_only, r.ms_cpu_only) / r.ms_writescope);
+        gap_max = std::max(gap_max, r.ms_writescope / r.ms_best_swept - 1);
+        eff_min = std::min(eff_min, r.limit_ms / r.ms_writescope);
+        ++n;
+    }
+    if (n)
+        std::printf(
+            "summary over %d configurations at >= 8K: geomean speedup vs best single engine "
+            "%.2fx, largest policy gap %.1f%%, lowest efficiency vs limit %.2f\n",
+            n, std::exp(log_sum / n), 100 * gap_max, eff_min);
+
+    if (o.cpu_load) {
+        // Drift: expert-like CPU streaming (and PCIe traffic) during steps 20–39.
+        Options lo = o;
+        lo.contexts = {32768};
+        lo.batches = {4};
+        auto rig = build_rig("qwen3-30b-a3b", lo, threads, pool);
+        Config cf{rig.get(), 32768, 4, shape_of(32768, o.block, o.g_fraction), {}, {}, {}, {}, {}};
+        PolicyTrackers tr;
+        StepTime t = cf.run(0.5, 3);
+        RooflineCosts seed;
+        seed.a = t.cpu / t.cpu_tokens;
+        seed.b = t.gpu_attn / t.gpu_tokens;
+        seed.delta = t.overhead;
+        tr.seed(seed);
+        const std::size_t load_bytes = std::size_t{2} << 30;  // an expert-sized stream, 2 GiB
+        HostRegionMemory weights("experts", 1, 1, load_bytes);
+        std::memset(weights.block(0, 0), 1, load_bytes);
+        cuda::PinnedSlabs pcie(256u << 20, 256u << 20);
+        cuda::DeviceBuffer dev(256u << 20);
+        std::atomic<bool> load{false}, stop{false};
+        std::vector<std::thread> loaders;
+        for (int k = 0; k < 4; ++k)
+            loaders.emplace_back([&, k] {
+                while (!stop) {
+                    if (!load) {
+                        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                        continue;
+                    }
+                    // This thread's quarter of the weights, every word, like a GEMV over them.
+                    const auto* p = static_cast<const std::uint64_t*>(weights.block(0, 0));
+                    const std::size_t words = load_bytes / 8 / 4;
+                    std::uint64_t acc = 0;
+                    for (std::size_t i = k * words; i < (k + 1) * words; ++i)
+                        acc += p[i];
+                    if (acc == 42) std::puts("");
+                }
+            });
+        cuda::Stream side;
+        std::printf("\n--cpu-load: qwen3-30b-a3b, 32K x 4, expert-like load on steps 20-39\n");
+        std::printf("%4s %5s %12s %12s %7s %9s\n", "step", "load", "A meas ns", "A track ns", "r",
+                    "step ms");
+        for (int step = 0; step < 60; ++step) {
+            load = step >= 20 && step < 40;
+            if (load) cuda::copy_async(dev.data(), pcie.slab(0), 256u << 20, side);
+            const double r = roofline_share(tr.costs(), static_cast<double>(cf.spilled_tokens()));
+            cf.prepare(r);
+            const StepTime s = cf.run_once();
+            StepMeasurement m;
+            m.cpu_seconds = s.cpu;
+            m.cpu_u_tokens = static_cast<double>(s.cpu_tokens);
+            m.gpu_seconds = s.gpu_attn;
+            m.gpu_p_tokens = static_cast<double>(s.gpu_tokens);
+            tr.observe(m);
+            std::printf("%4d %5s %12.3f %12.3f %7.3f %9.3f\n", step, load ? "on" : "off",
+                        s.cpu_tokens ? s.cpu / s.cpu_tokens * 1e9 : 0.0, tr.costs().a * 1e9, r,
+                        s.total * 1e3);
+            side.synchronize();
+        }
+        stop = true;
+        for (auto& th : loaders)
+            th.join();
+    }
+
+    if (!o.json.empty()) {
+        std::string machine = info.name + ", " + std::to_string(threads) + " CPU threads";
+        write_json(o.json, c, results, machine, date);
+        std::printf("wrote %s\n", o.json.c_str());
+    }
+    return 0;
+}
+
+}  // namespace writescope::bench

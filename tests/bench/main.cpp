@@ -1,0 +1,62 @@
+// writescope-bench: the project's benchmarks, one subcommand each. Not a test: it asserts
+// nothing about time; it prints measured rates next to ceilings measured in the same run.
+#include <cstdio>
+#include <exception>
+#include <string_view>
+
+namespace writescope::bench {
+int run_cpu_attention(int argc, char** argv);
+#if WRITESCOPE_BENCH_CUDA
+int run_attention_step(int argc, char** argv);
+#endif
+}  // namespace writescope::bench
+
+namespace {
+
+struct Command {
+    const char* name;
+    int (*run)(int argc, char** argv);
+    const char* what;
+};
+const Command kCommands[] = {
+    {"cpu-attention", &writescope::bench::run_cpu_attention,
+     "CPU decode attention over packed KV vs the measured DRAM read bandwidth"},
+#if WRITESCOPE_BENCH_CUDA
+    {"attention-step", &writescope::bench::run_attention_step,
+     "one hybrid decode step per layer in every mode vs PCIe, HBM and host read ceilings"},
+#endif
+};
+
+void usage(std::FILE* f) {
+    std::fputs("usage: writescope-bench <command> [options]   (<command> --help for its options)\n",
+               f);
+    for (const auto& c : kCommands)
+        std::fprintf(f, "  %-16s %s\n", c.name, c.what);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const std::string_view cmd = argv[1];
+    if (cmd == "--help" || cmd == "-h") {
+        usage(stdout);
+        return 0;
+    }
+    for (const auto& c : kCommands) {
+        if (cmd == c.name) {
+            try {
+                return c.run(argc - 2, argv + 2);
+            } catch (const std::exception& e) {
+                std::fprintf(stderr, "writescope-bench %s: %s\n", c.name, e.what());
+                return 1;
+            }
+        }
+    }
+    std::fprintf(stderr, "writescope-bench: unknown command %s\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
