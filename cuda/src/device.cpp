@@ -240,6 +240,14 @@ void DeviceBuffer::fill_bytes(int value) {
     check(cudaMemset(ptr_, value, bytes_), "memset");
 }
 
+void host_register(void* p, std::size_t bytes) {
+    check(cudaHostRegister(p, bytes, cudaHostRegisterDefault), "cudaHostRegister");
+}
+
+void host_unregister(void* p) {
+    check(cudaHostUnregister(p), "cudaHostUnregister");
+}
+
 void copy_sync(void* dst, const void* src, std::size_t bytes) {
     check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy");
 }

@@ -130,6 +130,11 @@ class DeviceBuffer {
     std::size_t bytes_ = 0;
 };
 
+// Page-locks (cudaHostRegister) and unlocks existing host memory: what a monolithic cache must do
+// every step to DMA from pageable memory at the pinned rate (the baseline the P region avoids).
+void host_register(void* p, std::size_t bytes);
+void host_unregister(void* p);
+
 // A synchronous copy (directions inferred by unified addressing); for set-up, not the decode path.
 void copy_sync(void* dst, const void* src, std::size_t bytes);
 // Asynchronous copies on a stream (directions inferred by unified addressing).
