@@ -191,13 +191,18 @@ int main(int argc, char** argv) {
     calibrate_cmd->add_flag("--no-wait", no_wait, "start the calibration and return at once");
     calibrate_cmd->add_flag("--show", show, "show the calibration in use; measure nothing");
     auto* policy = app.add_subcommand("policy", "show the policy, or change it with `policy set`");
-    auto* policy_set = policy->add_subcommand("set", "change the mode or the tracker settings");
+    policy->add_subcommand("show", "show the policy (the default)");
+    auto* policy_set = policy->add_subcommand(
+        "set", "change the mode or the tracker settings until the next reload or restart");
     std::optional<std::string> mode;
     std::optional<double> alpha, clamp;
     policy_set->add_option("--mode", mode,
                            "writescope | gpu-only | cpu-only | static:R | monolithic");
     policy_set->add_option("--alpha", alpha, "tracker smoothing factor, in (0, 1]");
     policy_set->add_option("--clamp", clamp, "tracker outlier clamp ratio, >= 1");
+    std::vector<std::string> assignments;
+    policy_set->add_option("assignments", assignments,
+                           "the same as key=value: mode=M, tracker_alpha=X, tracker_clamp=Y");
     auto* history = app.add_subcommand("history", "the stored workload history and sample log");
     std::size_t samples = 20;
     history->add_option("-n,--samples", samples, "newest samples to show (default 20)");
@@ -235,6 +240,25 @@ int main(int argc, char** argv) {
                 return calibrate(client, as_json, !no_wait);
             }
         } else if (policy_set->parsed()) {
+            for (const auto& a : assignments) {
+                const auto eq = a.find('=');
+                const std::string key = a.substr(0, eq);
+                const std::string value = eq == std::string::npos ? "" : a.substr(eq + 1);
+                char* end = nullptr;
+                const double number = std::strtod(value.c_str(), &end);
+                const bool is_number = !value.empty() && end && *end == '\0';
+                if (key == "mode" && !value.empty()) {
+                    mode = value;
+                } else if ((key == "tracker_alpha" || key == "alpha") && is_number) {
+                    alpha = number;
+                } else if ((key == "tracker_clamp" || key == "clamp") && is_number) {
+                    clamp = number;
+                } else {
+                    std::cerr << "writescopectl: policy set: \"" << a
+                              << "\" is not mode=M, tracker_alpha=X or tracker_clamp=Y\n";
+                    return kExitUsage;
+                }
+            }
             json body = json::object();
             if (mode) body["mode"] = *mode;
             if (alpha) body["tracker"]["alpha"] = *alpha;

@@ -570,6 +570,12 @@ TEST_CASE("writescopectl: tables, JSON, changes, and clear failures", "[integrat
     const auto p = json::parse(r.out);
     CHECK(p["mode"] == "cpu-only");
     CHECK(p["tracker"]["alpha"] == 0.4);
+    r = cmd({"policy", "set", "mode=writescope", "tracker_clamp=2.5"});
+    CHECK(r.status.code == 0);
+    r = cmd({"--json", "policy", "show"});
+    CHECK(json::parse(r.out)["mode"] == "writescope");
+    CHECK(json::parse(r.out)["tracker"]["clamp"] == 2.5);
+    CHECK(cmd({"policy", "set", "speed=11"}).status.code == 2);
     r = cmd({"policy", "set", "--mode", "gpu-only"});  // this engine has no GPU
     CHECK(r.status.code == 1);
     CHECK_THAT(r.err, Catch::Contains("400 invalid_request_error"));

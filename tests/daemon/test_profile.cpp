@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -274,5 +275,22 @@ TEST_CASE("the profile maps onto EngineOptions", "[unit][daemon][profile]") {
     if (!build_has_cuda()) {
         p.hardware.gpu = {GpuChoice::index, 0};
         expect_issue(p, "hardware.gpu", "no CUDA backend");
+    }
+}
+
+TEST_CASE("every log identifier of the daemon is documented", "[unit][daemon][profile]") {
+    const std::string doc = read_file(source_dir() / "docs" / "configuration.md");
+    const std::regex call(R"re(log_(error|warning|notice|info|debug)\(\s*"([a-z.-]+)")re");
+    std::set<std::string> ids;
+    for (const auto& e : std::filesystem::directory_iterator(source_dir() / "daemon" / "src")) {
+        const std::string text = read_file(e.path());
+        for (auto it = std::sregex_iterator(text.begin(), text.end(), call);
+             it != std::sregex_iterator(); ++it)
+            ids.insert((*it)[2]);
+    }
+    REQUIRE(ids.size() > 20);
+    for (const auto& id : ids) {
+        INFO(id);
+        CHECK(doc.find("`" + id + "`") != std::string::npos);
     }
 }
