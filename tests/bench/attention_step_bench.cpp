@@ -558,7 +558,13 @@ int run_attention_step(int argc, char** argv) {
                 ov.push_back(t.overhead);
                 cfgs.push_back(std::move(cf));
             }
-            const LineFit fa = fit_line(cx, cy), fb = fit_line(gx, gy);
+            LineFit fa = fit_line(cx, cy), fb = fit_line(gx, gy);
+            if (cx.size() < 2) {
+                // One length gives no line: per-token costs through the origin.
+                std::printf("  (one context only: costs per token without fixed parts)\n");
+                fa = {cx[0] > 0 ? cy[0] / cx[0] : 0, 0, 1};
+                fb = {gx[0] > 0 ? gy[0] / gx[0] : 0, 0, 1};
+            }
             RooflineCosts costs;
             costs.a = std::max(fa.slope, 0.0);
             costs.cpu_fixed = std::max(fa.intercept, 0.0);
@@ -671,19 +677,21 @@ int run_attention_step(int argc, char** argv) {
                         std::this_thread::sleep_for(std::chrono::milliseconds(1));
                         continue;
                     }
-                    // This thread's quarter of the weights, every word, like a GEMV over them.
+                    // This thread's quarter of the weights, every word, like a GEMV over them,
+                    // in 8 MiB pieces so that the load stops within a piece of being switched off.
                     const auto* p = static_cast<const std::uint64_t*>(weights.block(0, 0));
-                    const std::size_t words = load_bytes / 8 / 4;
+                    const std::size_t words = load_bytes / 8 / 4, piece = (8u << 20) / 8;
                     std::uint64_t acc = 0;
-                    for (std::size_t i = k * words; i < (k + 1) * words; ++i)
-                        acc += p[i];
+                    for (std::size_t b = k * words; b < (k + 1) * words && load; b += piece)
+                        for (std::size_t i = b; i < b + piece; ++i)
+                            acc += p[i];
                     if (acc == 42) std::puts("");
                 }
             });
         cuda::Stream side;
         std::printf("\n--cpu-load: qwen3-30b-a3b, 32K x 4, expert-like load on steps 20-39\n");
-        std::printf("%4s %5s %12s %12s %7s %9s\n", "step", "load", "A meas ns", "A track ns", "r",
-                    "step ms");
+        std::printf("%4s %5s %12s %12s %12s %7s %9s\n", "step", "load", "A meas ns", "A track ns",
+                    "B track ns", "r", "step ms");
         for (int step = 0; step < 60; ++step) {
             load = step >= 20 && step < 40;
             if (load) cuda::copy_async(dev.data(), pcie.slab(0), 256u << 20, side);
@@ -696,9 +704,9 @@ int run_attention_step(int argc, char** argv) {
             m.gpu_seconds = s.gpu_attn;
             m.gpu_p_tokens = static_cast<double>(s.gpu_tokens);
             tr.observe(m);
-            std::printf("%4d %5s %12.3f %12.3f %7.3f %9.3f\n", step, load ? "on" : "off",
-                        s.cpu_tokens ? s.cpu / s.cpu_tokens * 1e9 : 0.0, tr.costs().a * 1e9, r,
-                        s.total * 1e3);
+            std::printf("%4d %5s %12.3f %12.3f %12.3f %7.3f %9.3f\n", step, load ? "on" : "off",
+                        s.cpu_tokens ? s.cpu / s.cpu_tokens * 1e9 : 0.0, tr.costs().a * 1e9,
+                        tr.costs().b * 1e9, r, s.total * 1e3);
             side.synchronize();
         }
         stop = true;
