@@ -39,7 +39,7 @@ std::size_t pad16(std::size_t n) {
 
 // Offsets (floats) of the parts of one worker's scratch (see detail::Scratch).
 struct ScratchOffsets {
-    std::size_t s, o, m, l, alpha, qf, total;
+    std::size_t s, o, m, l, alpha, qf, qx, total;
 };
 ScratchOffsets scratch_offsets(const detail::KernelShape& k) {
     ScratchOffsets L{};
@@ -49,7 +49,8 @@ ScratchOffsets scratch_offsets(const detail::KernelShape& k) {
     L.l = L.m + pad16(k.group);
     L.alpha = L.l + pad16(k.group);
     L.qf = L.alpha + pad16(k.group);
-    L.total = L.qf + pad16(std::size_t{k.group} * k.dk);
+    L.qx = L.qf + pad16(std::size_t{k.group} * k.dk);
+    L.total = L.qx + pad16(std::size_t{k.group} * k.dk / 2);  // bf16, two per float
     return L;
 }
 
@@ -118,6 +119,8 @@ CpuAttention::CpuAttention(const KvGeometry& geometry, std::size_t block_tokens,
     k.mla = geometry.mla;
     k.prefetch = opts.prefetch;
     k.bf16_dot = opts.bf16_dot_product;
+    k.amx = opts.amx && isa_ == Isa::avx512 && geometry.dtype == DType::bf16 && k.group <= 16 &&
+            amx_bf16_available();
     k.scale = geometry.scale();
     P.kernel = &detail::attend_chunk_portable;
 #if defined(WRITESCOPE_CPU_X86)  // elsewhere select_isa() never returns a vector level
@@ -147,6 +150,10 @@ void CpuAttention::reserve(std::size_t max_seqs) {
     P.part_o = AlignedFloats(P.max_items * g * dv);
     P.part_lse = AlignedFloats(P.max_items * g);
     P.views.assign(P.workers * P.max_items, ConstStateView{});
+}
+
+bool CpuAttention::uses_amx() const noexcept {
+    return plan_->shape.amx;
 }
 
 void CpuAttention::pack_block(const void* linear, void* packed) const noexcept {
@@ -218,8 +225,8 @@ void CpuAttention::run(std::span<const AttnSeq> seqs, StateView out) {
         a.kv_head = geometry_.mla ? 0 : it.kv_head;
         a.o = single ? out.o + row0 * dv : P.part_o.p + std::size_t{it.part} * g * dv;
         a.lse = single ? out.lse + row0 : P.part_lse.p + std::size_t{it.part} * g;
-        a.scratch = {ws + P.offs.s, ws + P.offs.o,     ws + P.offs.m,
-                     ws + P.offs.l, ws + P.offs.alpha, ws + P.offs.qf};
+        a.scratch = {ws + P.offs.s,     ws + P.offs.o,  ws + P.offs.m, ws + P.offs.l,
+                     ws + P.offs.alpha, ws + P.offs.qf, ws + P.offs.qx};
         P.kernel(P.shape, a);
         if (single) return;
 

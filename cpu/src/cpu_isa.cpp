@@ -4,6 +4,12 @@
 #include <fstream>
 #include <stdexcept>
 
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
 namespace writescope::cpu {
 
 std::string_view isa_name(Isa isa) noexcept {
@@ -65,6 +71,22 @@ Isa select_isa(std::optional<Isa> forced) {
                                  " requested, but this CPU runs at most " +
                                  std::string(isa_name(best)));
     return want;
+}
+
+bool amx_bf16_available() noexcept {
+    static const bool ok = [] {
+#if defined(__x86_64__) && defined(__linux__)
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+        const bool amx_bf16 = d & (1u << 22), amx_tile = d & (1u << 24);  // CPUID.(7,0):EDX
+        if (!amx_bf16 || !amx_tile || detected_isa() != Isa::avx512) return false;
+        constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;  // asm/prctl.h
+        return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+#else
+        return false;
+#endif
+    }();
+    return ok;
 }
 
 std::string cpu_model_name() {

@@ -27,6 +27,7 @@ struct KernelShape {
     bool mla;
     bool prefetch;  // prefetch the next block into L2
     bool bf16_dot;  // Q·K of bf16 KV with vdpbf16ps instead of shift/mask + FMA (AVX-512)
+    bool amx;       // Q·K of bf16 KV on AMX tiles (AVX-512 level; group <= 16)
     float scale;    // softmax scale applied to q·k
 };
 
@@ -38,6 +39,7 @@ struct Scratch {
     float* l;      // (group): running sum of exp(score − m)
     float* alpha;  // (group): rescale factor of the current block
     float* qf;     // (group, dk): the query rows converted to fp32 (order: the kernel's choice)
+    void* qx;      // (group · dk) bf16: the query in another form a kernel may want (AMX: Qᵀ)
 };
 
 // One work item: KV head kv_head of one sequence, over blocks[0, nblocks).

@@ -121,9 +121,11 @@ void to_f32(DType t, const void* src, float* dst, size_t n) {
     }
 }
 
-void prepare_q(const KernelShape& k, const void* q, float* qf) {
-    to_f32(k.dtype, q, qf, size_t{k.group} * k.dk);
+void prepare_q(const KernelShape& k, const void* q, const Scratch& sc) {
+    to_f32(k.dtype, q, sc.qf, size_t{k.group} * k.dk);
 }
+void begin_item(const KernelShape&) {}
+void end_item(const KernelShape&) {}
 
 // ---- Q·K against packed K tiles: one tile (two halves of 8 tokens) × HB heads -------------
 
@@ -428,6 +430,15 @@ void pv(const KernelShape& k, const VSource& v, uint32_t n, const float* P, cons
             pv_t<VMode::f32>(k, v, n, P, alpha, O, pf);
             break;
     }
+}
+
+// The driver's signatures.
+void qk_packed(const KernelShape& k, const char* kh, uint32_t n, const void* q, const Scratch& sc) {
+    qk_packed(k, kh, n, q, sc.qf, sc.s);
+}
+void qk_rows(const KernelShape& k, const char* kb, size_t rs, uint32_t n, const void* q,
+             const Scratch& sc) {
+    qk_rows(k, kb, rs, n, q, sc.qf, sc.s);
 }
 
 #include "kernel_driver.inc"

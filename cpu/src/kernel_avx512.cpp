@@ -141,11 +141,24 @@ void to_f32(DType t, const void* src, float* dst, size_t n) {
     }
 }
 
-// The query in fp32. bf16 (FMA route): each 32-dim chunk as its 16 even dims then its 16 odd
-// dims, the order in which a shift and a mask widen a 64-byte K row; otherwise natural order.
-void prepare_q(const KernelShape& k, const void* q, float* qf) {
+// The query in the forms the kernels read. qf (fp32): for bf16 on the FMA route each 32-dim chunk
+// as its 16 even dims then its 16 odd dims (the order in which a shift and a mask widen a 64-byte
+// K row), otherwise natural. qx (bf16, AMX only): Qᵀ in VNNI order, per 32-dim chunk c
+// [16 dim pairs][group][2], the B operand of the K-rows tile product.
+void prepare_q(const KernelShape& k, const void* q, const Scratch& sc) {
     const size_t n = size_t{k.group} * k.dk;
+    float* qf = sc.qf;
     to_f32(k.dtype, q, qf, n);
+    if (k.amx) {
+        const auto* qb = static_cast<const uint16_t*>(q);
+        auto* qt = static_cast<uint16_t*>(sc.qx);
+        for (uint32_t c = 0; c < k.dk / 32; ++c)
+            for (uint32_t r = 0; r < 16; ++r)
+                for (uint32_t h = 0; h < k.group; ++h)
+                    for (uint32_t e = 0; e < 2; ++e)
+                        qt[((size_t{c} * 16 + r) * k.group + h) * 2 + e] =
+                            qb[size_t{h} * k.dk + 32 * c + 2 * r + e];
+    }
     if (k.dtype != DType::bf16 || k.bf16_dot) return;
     for (size_t c = 0; c < n; c += 32) {
         float tmp[32];
@@ -157,6 +170,78 @@ void prepare_q(const KernelShape& k, const void* q, float* qf) {
         }
     }
 }
+
+// ---- AMX-BF16 tiles ----------------------------------------------------------------------
+// Tile registers: 0 C (group × 16 tokens) += 1 A (the group's query rows, 32 dims) · 2 B (a packed
+// K tile's 16 dim pairs × 16 tokens: the packed layout is VNNI order already); 3 C (16 tokens ×
+// group) += 4 A (16 K rows, 32 dims) · 5 B (Qᵀ chunk from prepare_q). Each bf16 product is exact
+// and accumulates in fp32, as on the other routes.
+struct TileConfig {
+    uint8_t palette;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];  // bytes per row of tile i
+    uint8_t rows[16];
+};
+
+// The tile configuration is per thread: load it for each item, release it after (so an idle
+// worker does not carry 8 KiB of tile state through context switches).
+void begin_item(const KernelShape& k) {
+    if (!k.amx) return;
+    alignas(64) TileConfig cfg;
+    __builtin_memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    const auto g = static_cast<uint8_t>(k.group);
+    const auto gb = static_cast<uint16_t>(k.group * 4);
+    cfg.rows[0] = g, cfg.colsb[0] = 64;
+    cfg.rows[1] = g, cfg.colsb[1] = 64;
+    cfg.rows[2] = 16, cfg.colsb[2] = 64;
+    cfg.rows[3] = 16, cfg.colsb[3] = gb;
+    cfg.rows[4] = 16, cfg.colsb[4] = 64;
+    cfg.rows[5] = 16, cfg.colsb[5] = gb;
+    _tile_loadconfig(&cfg);
+}
+void end_item(const KernelShape& k) {
+    if (k.amx) _tile_release();
+}
+
+// Scores of one full packed tile (16 tokens) for every head of the group.
+inline void qk_tile_amx(const KernelShape& k, const char* kh, uint32_t tile, const void* q,
+                        float* S) {
+    const char* kt = kh + size_t{tile} * 16 * k.dk * 2;
+    const auto* qb = static_cast<const char*>(q);
+    _tile_zero(0);
+    for (uint32_t c = 0; c < k.dk / 32; ++c) {
+        _tile_loadd(1, qb + c * 64, k.dk * 2);
+        _tile_loadd(2, kt + size_t{c} * 1024, 64);
+        _tile_dpbf16ps(0, 1, 2);
+    }
+    float* s = S + tile * 16;
+    _tile_stored(0, s, k.s_stride * 4);
+    const __m512 sc = _mm512_set1_ps(k.scale);
+    for (uint32_t h = 0; h < k.group; ++h)
+        _mm512_storeu_ps(s + h * k.s_stride,
+                         _mm512_mul_ps(_mm512_loadu_ps(s + h * k.s_stride), sc));
+}
+
+// Scores of 16 token rows [t0, t0 + 16) (all inside the block) for every head of the group.
+inline void qk_rows16_amx(const KernelShape& k, const char* kb, size_t rs, uint32_t t0,
+                          const void* qx, float* S) {
+    const char* k0 = kb + size_t{t0} * rs * 2;
+    const auto* qt = static_cast<const char*>(qx);
+    _tile_zero(3);
+    for (uint32_t c = 0; c < k.dk / 32; ++c) {
+        _tile_loadd(4, k0 + c * 64, rs * 2);
+        _tile_loadd(5, qt + size_t{c} * 16 * k.group * 4, k.group * 4);
+        _tile_dpbf16ps(3, 4, 5);
+    }
+    alignas(64) float cb[16 * 16];  // (16 tokens, group) fp32, row stride 16
+    _tile_stored(3, cb, 64);
+    for (uint32_t h = 0; h < k.group; ++h)
+        for (uint32_t i = 0; i < 16; ++i)
+            S[h * k.s_stride + t0 + i] = cb[i * 16 + h] * k.scale;
+}
+
 // Where prepare_q put dim 2j (even) of a row in the bf16 FMA order; dim 2j+1 is 16 further.
 inline size_t even_pos(uint32_t j) {
     return (j / 16) * 32 + j % 16;
@@ -332,14 +417,14 @@ constexpr int tiles_for() {
 
 template <DType DT>
 void qk_packed_t(const KernelShape& k, const char* kh, uint32_t n, const void* q, const float* qf,
-                 float* S) {
+                 float* S, uint32_t first_tile = 0) {
     const Tiles T{kh, k.block_tokens, k.dk, DT == DType::f32 ? 4u : 2u};
     const uint32_t ntiles = (n + 15) / 16;
     // Tile groups outside, head batches inside: a group's tiles stay in L1 across the batches.
     // A group is as many tiles as the narrowest batch takes per call (a multiple of the others).
     const uint32_t g = k.group;
     const uint32_t group_tiles = g % 4 ? 8u : g % 8 ? 4u : 2u;
-    for (uint32_t t0 = 0; t0 < ntiles; t0 += group_tiles) {
+    for (uint32_t t0 = first_tile; t0 < ntiles; t0 += group_tiles) {
         const uint32_t tn = ntiles - t0 < group_tiles ? ntiles - t0 : group_tiles;
         head_batches<8>(k.group, [&](auto hb, uint32_t h0) {
             constexpr int HB = decltype(hb)::value;
@@ -373,8 +458,17 @@ void qk_packed_t(const KernelShape& k, const char* kh, uint32_t n, const void* q
     }
 }
 
-void qk_packed(const KernelShape& k, const char* kh, uint32_t n, const void* q, const float* qf,
-               float* S) {
+void qk_packed(const KernelShape& k, const char* kh, uint32_t n, const void* q, const Scratch& sc) {
+    const float* qf = sc.qf;
+    float* S = sc.s;
+    if (k.amx) {  // full tiles on AMX; a narrow last tile (B mod 16 != 0) on FMAs
+        const uint32_t ntiles = (n + 15) / 16, full = k.block_tokens / 16;
+        uint32_t t = 0;
+        for (; t < ntiles && t < full; ++t)
+            qk_tile_amx(k, kh, t, q, S);
+        if (t < ntiles) qk_packed_t<DType::bf16>(k, kh, n, q, qf, S, t);
+        return;
+    }
     switch (k.dtype) {
         case DType::bf16:
             qk_packed_t<DType::bf16>(k, kh, n, q, qf, S);
@@ -484,10 +578,10 @@ inline void qk_rows_call(const KernelShape& k, const char* kb, size_t rs, uint32
 }
 
 template <DType DT, int TB>
-void qk_rows_tb(const KernelShape& k, const char* kb, size_t rs, uint32_t n, const void* q,
-                const float* qf, float* S) {
+void qk_rows_tb(const KernelShape& k, const char* kb, size_t rs, uint32_t t_begin, uint32_t n,
+                const void* q, const float* qf, float* S) {
     // Token groups outside, head batches inside: the group's rows stay in L1 across batches.
-    uint32_t t = 0;
+    uint32_t t = t_begin;
     for (; t + TB <= n; t += TB)
         head_batches<4>(k.group, [&](auto hb, uint32_t h0) {
             qk_rows_call<DT, decltype(hb)::value, TB>(k, kb, rs, t, h0, q, qf, S);
@@ -499,29 +593,38 @@ void qk_rows_tb(const KernelShape& k, const char* kb, size_t rs, uint32_t n, con
 }
 
 template <DType DT>
-void qk_rows_t(const KernelShape& k, const char* kb, size_t rs, uint32_t n, const void* q,
-               const float* qf, float* S) {
+void qk_rows_t(const KernelShape& k, const char* kb, size_t rs, uint32_t t_begin, uint32_t n,
+               const void* q, const float* qf, float* S) {
     // 16 accumulators: 4 heads × 4 tokens balances query and K loads best; fewer heads, more
     // tokens.
     if (k.group >= 4)
-        qk_rows_tb<DT, 4>(k, kb, rs, n, q, qf, S);
+        qk_rows_tb<DT, 4>(k, kb, rs, t_begin, n, q, qf, S);
     else if (k.group >= 2)
-        qk_rows_tb<DT, 8>(k, kb, rs, n, q, qf, S);
+        qk_rows_tb<DT, 8>(k, kb, rs, t_begin, n, q, qf, S);
     else
-        qk_rows_tb<DT, 16>(k, kb, rs, n, q, qf, S);
+        qk_rows_tb<DT, 16>(k, kb, rs, t_begin, n, q, qf, S);
 }
 
 void qk_rows(const KernelShape& k, const char* kb, size_t rs, uint32_t n, const void* q,
-             const float* qf, float* S) {
+             const Scratch& sc) {
+    const float* qf = sc.qf;
+    float* S = sc.s;
+    if (k.amx) {  // 16-row groups that lie inside the block on AMX, the rest on FMAs
+        uint32_t t = 0;
+        for (; t < n && t + 16 <= k.block_tokens; t += 16)
+            qk_rows16_amx(k, kb, rs, t, sc.qx, S);
+        if (t < n) qk_rows_t<DType::bf16>(k, kb, rs, t, n, q, qf, S);
+        return;
+    }
     switch (k.dtype) {
         case DType::bf16:
-            qk_rows_t<DType::bf16>(k, kb, rs, n, q, qf, S);
+            qk_rows_t<DType::bf16>(k, kb, rs, 0, n, q, qf, S);
             break;
         case DType::f16:
-            qk_rows_t<DType::f16>(k, kb, rs, n, q, qf, S);
+            qk_rows_t<DType::f16>(k, kb, rs, 0, n, q, qf, S);
             break;
         case DType::f32:
-            qk_rows_t<DType::f32>(k, kb, rs, n, q, qf, S);
+            qk_rows_t<DType::f32>(k, kb, rs, 0, n, q, qf, S);
             break;
     }
 }

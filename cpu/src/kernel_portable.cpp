@@ -33,9 +33,11 @@ void to_f32(DType t, const void* src, float* dst, size_t n) {
         dst[i] = elem(t, static_cast<const char*>(src), i);
 }
 
-void prepare_q(const KernelShape& k, const void* q, float* qf) {
-    to_f32(k.dtype, q, qf, size_t{k.group} * k.dk);
+void prepare_q(const KernelShape& k, const void* q, const Scratch& sc) {
+    to_f32(k.dtype, q, sc.qf, size_t{k.group} * k.dk);
 }
+void begin_item(const KernelShape&) {}
+void end_item(const KernelShape&) {}
 
 // Packed K: tile [dk/p][w][p]; walked in memory order, each element feeding every head.
 void qk_packed(const KernelShape& k, const char* kh, uint32_t n, const void*, const float* qf,
@@ -114,6 +116,15 @@ void pv(const KernelShape& k, const VSource& v, uint32_t n, const float* P, cons
 
 size_t o_pos(const KernelShape&, uint32_t d) {
     return d;
+}
+
+// The driver's signatures.
+void qk_packed(const KernelShape& k, const char* kh, uint32_t n, const void* q, const Scratch& sc) {
+    qk_packed(k, kh, n, q, sc.qf, sc.s);
+}
+void qk_rows(const KernelShape& k, const char* kb, size_t rs, uint32_t n, const void* q,
+             const Scratch& sc) {
+    qk_rows(k, kb, rs, n, q, sc.qf, sc.s);
 }
 
 #include "kernel_driver.inc"

@@ -48,6 +48,7 @@ struct Options {
     bool hot = true;
     bool scaling = false;
     bool bf16_dot = false;
+    bool amx = false;
     bool huge_pages = false;
 };
 
@@ -69,6 +70,7 @@ void usage(std::FILE* f) {
         "  --no-prefetch        no software prefetch of the next block\n"
         "  --items-per-worker N work items per worker (default 4)\n"
         "  --bf16-dot           Q·K with vdpbf16ps instead of widening + FMA\n"
+        "  --amx                Q·K on AMX-BF16 tiles where the CPU has them\n"
         "  --huge-pages         ask for transparent huge pages (madvise) for the KV buffer\n"
         "  --no-hot             skip the cache-resident (compute-bound) single-thread rates\n"
         "  --scaling            also sweep thread counts (bandwidth and qwen3 at 32K)\n",
@@ -138,6 +140,8 @@ Options parse(int argc, char** argv) {
             o.scaling = true;
         } else if (a == "--bf16-dot") {
             o.bf16_dot = true;
+        } else if (a == "--amx") {
+            o.amx = true;
         } else if (a == "--huge-pages") {
             o.huge_pages = true;
         } else if (a == "--help" || a == "-h") {
@@ -239,6 +243,7 @@ Result time_attention(cpu::WorkerPool& pool, const KvGeometry& g, const Options&
     ao.prefetch = o.prefetch;
     ao.items_per_worker = o.items_per_worker;
     ao.bf16_dot_product = o.bf16_dot;
+    ao.amx = o.amx;
     cpu::CpuAttention attn(g, o.block_tokens, pool, ao);
     const std::size_t B = o.block_tokens;
     const std::size_t per_seq = (tokens + B - 1) / B;
@@ -358,7 +363,10 @@ int run_cpu_attention(int argc, char** argv) {
         "Q.K by %s, prefetch %s, %zu items per worker\n",
         std::string(cpu::isa_name(isa)).c_str(),
         std::string(cpu::isa_name(cpu::detected_isa())).c_str(), o.block_tokens,
-        o.bf16_dot ? "vdpbf16ps" : "widening + FMA", o.prefetch ? "on" : "off", o.items_per_worker);
+        o.amx && cpu::amx_bf16_available() ? "AMX tiles"
+        : o.bf16_dot                       ? "vdpbf16ps"
+                                           : "widening + FMA",
+        o.prefetch ? "on" : "off", o.items_per_worker);
     std::printf("threads   : %zu (caller included), pinned %zu of %zu pool threads%s%s\n",
                 pool.concurrency(), pool.pin_report().pinned, pool.pin_report().requested,
                 pool.pin_report().error.empty() ? "" : ": ", pool.pin_report().error.c_str());
@@ -468,6 +476,7 @@ int run_cpu_attention(int argc, char** argv) {
           << ",\n  \"prefetch\": " << (o.prefetch ? "true" : "false")
           << ",\n  \"items_per_worker\": " << o.items_per_worker
           << ",\n  \"bf16_dot_product\": " << (o.bf16_dot ? "true" : "false")
+          << ",\n  \"amx\": " << (o.amx && cpu::amx_bf16_available() ? "true" : "false")
           << ",\n  \"huge_pages\": " << (o.huge_pages ? "true" : "false")
           << ",\n  \"read_bandwidth_gbs\": " << bw << ",\n  \"results\": [";
         for (std::size_t i = 0; i < results.size(); ++i)

@@ -123,29 +123,52 @@ TEST_CASE("CPU attention of every kernel level matches the fp64 reference", "[un
             for (LayoutMix mix : {LayoutMix::linear, LayoutMix::packed, LayoutMix::mixed}) {
                 batch.use_layout(mix, rng);
                 for (Isa isa : isas) {
-                    // The AVX-512 level has a second bf16 Q·K route (vdpbf16ps): test both.
-                    const bool two = isa == Isa::avx512 && t == DType::bf16;
-                    for (bool dot :
-                         two ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+                    // The AVX-512 level has more bf16 Q·K routes (vdpbf16ps; AMX tiles where
+                    // the CPU has them): test each.
+                    struct Route {
+                        const char* name;
+                        bool dot, amx;
+                    };
+                    std::vector<Route> routes{{"", false, false}};
+                    if (isa == Isa::avx512 && t == DType::bf16) {
+                        routes.push_back({"+dot", true, false});
+                        if (cpu::amx_bf16_available()) routes.push_back({"+amx", false, true});
+                    }
+                    for (const Route& route : routes) {
+                        const bool dot = route.dot;
                         INFO(c.name << " " << dtype_name(t) << " " << mix_name(mix) << " "
-                                    << cpu::isa_name(isa) << (dot ? " vdpbf16ps" : ""));
+                                    << cpu::isa_name(isa) << route.name);
                         cpu::CpuAttentionOptions opts;
                         opts.isa = isa;
                         opts.bf16_dot_product = dot;
+                        opts.amx = route.amx;
                         CpuAttention attn(g, c.block_tokens, pool, opts);
                         REQUIRE(attn.isa() == isa);
+                        REQUIRE(attn.uses_amx() == route.amx);
                         Output out;
                         attn.run(batch.seqs, out.view(batch.rows(), g.head_dim_v));
                         const auto [eo, el] = check(out, ref, g.head_dim_v, t);
                         std::printf("%-22s %-4s %-6s %-8s |o-ref|/|ref| = %.2e  lse err = %.2e\n",
                                     c.name, std::string(dtype_name(t)).c_str(), mix_name(mix),
-                                    (std::string(cpu::isa_name(isa)) + (dot ? "+dot" : "")).c_str(),
-                                    eo, el);
+                                    (std::string(cpu::isa_name(isa)) + route.name).c_str(), eo, el);
                     }
                 }
             }
         }
     }
+}
+
+TEST_CASE("AMX availability is reported", "[unit][attention]") {
+    // Not an assertion about the machine: a note in the log of which routes ran.
+    std::printf("AMX-BF16 %s on this machine: the AMX Q·K route is %s\n",
+                cpu::amx_bf16_available() ? "available" : "not available",
+                cpu::amx_bf16_available() ? "tested" : "not tested here");
+    cpu::WorkerPool pool({.threads = 1});
+    cpu::CpuAttentionOptions opts;
+    opts.amx = true;
+    opts.isa = Isa::portable;
+    const CpuAttention attn(test::test_geometry(8, 2, 64, 64, DType::bf16), 16, pool, opts);
+    REQUIRE_FALSE(attn.uses_amx());  // only the AVX-512 level has the AMX route
 }
 
 TEST_CASE("the reference reads both layouts alike", "[unit][attention]") {
@@ -208,7 +231,10 @@ TEST_CASE("attention split across calls and merged equals the unsplit result",
             for (Isa isa : cpu::supported_isas()) {
                 INFO(sc.q << "/" << sc.kv << " d" << sc.dk << " " << dtype_name(t) << " "
                           << cpu::isa_name(isa));
-                CpuAttention attn(g, sc.B, pool, {.isa = isa});
+                cpu::CpuAttentionOptions opts;
+                opts.isa = isa;
+                opts.amx = true;  // used where available (bf16, AVX-512, AMX)
+                CpuAttention attn(g, sc.B, pool, opts);
                 const std::size_t rows = b.rows(), dv = static_cast<std::size_t>(sc.dv);
                 b.use_layout(LayoutMix::mixed, rng);
                 Output whole;

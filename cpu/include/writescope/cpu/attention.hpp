@@ -60,6 +60,10 @@ struct CpuAttentionOptions {
     // mask) and FMAs. Both are exact in fp32; the FMA route is the faster one where measured
     // (vdpbf16ps costs ~4.4 FMAs on Sapphire/Emerald Rapids; docs/perf.md), so it is the default.
     bool bf16_dot_product = false;
+    // Q·K of bf16 KV on AMX-BF16 tiles where the CPU has them (AVX-512 level, group <= 16):
+    // bf16 products are exact and accumulate in fp32, as in the other routes; P·V stays on fp32
+    // FMAs. Ignored where AMX is not available (see uses_amx()).
+    bool amx = false;
 };
 
 class CpuAttention {
@@ -86,6 +90,8 @@ class CpuAttention {
     // The kernel level in use: the forced or selected one, lowered to portable when the
     // geometry's head dims are not multiples of 32 (the vector kernels' chunk width).
     Isa isa() const noexcept { return isa_; }
+    // Whether Q·K runs on AMX tiles (asked for, bf16 KV, AVX-512 level, AMX available).
+    bool uses_amx() const noexcept;
     const KvGeometry& geometry() const noexcept { return geometry_; }
     std::size_t block_tokens() const noexcept { return block_tokens_; }
     const PackedBlockLayout& packed_layout() const noexcept { return packed_; }

@@ -24,6 +24,11 @@ std::vector<Isa> supported_isas();
 // is above what the CPU runs, or when the environment variable is not a level's name.
 Isa select_isa(std::optional<Isa> forced = std::nullopt);
 
+// Whether AMX-BF16 tiles can be used: the CPU has AMX-TILE and AMX-BF16 and the kernel granted
+// this process the tile data state (Linux >= 5.16: arch_prctl(ARCH_REQ_XCOMP_PERM), asked once,
+// on the first call).
+bool amx_bf16_available() noexcept;
+
 // The CPU's model name (from /proc/cpuinfo; "unknown" when unreadable), for reports.
 std::string cpu_model_name();
 
