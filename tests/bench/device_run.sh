@@ -15,16 +15,17 @@ B=build/device
 grep -E "Model name|^CPU\(s\)|Thread|Core|Socket|L2|L3|NUMA node\(s\)" "$OUT/machine.txt"
 
 cfg="-G Ninja -DCMAKE_BUILD_TYPE=Release -DWRITESCOPE_WERROR=ON"
+# At most 8 files come back from $OUT: configure and build share one log.
 if ! cmake -S . -B $B $cfg -DWRITESCOPE_CUDA=OFF -DWRITESCOPE_BUILD_DAEMON=OFF \
-    > "$OUT/configure.log" 2>&1; then
+    > "$OUT/build.log" 2>&1; then
   echo "whole-tree configure failed (tail below); using tests/bench/standalone"
-  tail -5 "$OUT/configure.log"
+  tail -5 "$OUT/build.log"
   B=build/device-standalone
-  cmake -S tests/bench/standalone -B $B $cfg > "$OUT/configure.log" 2>&1 || {
-    tail -30 "$OUT/configure.log"; exit 1; }
+  cmake -S tests/bench/standalone -B $B $cfg >> "$OUT/build.log" 2>&1 || {
+    tail -30 "$OUT/build.log"; exit 1; }
 fi
 t0=$(date +%s)
-cmake --build $B --target test-cpu writescope-bench -j"$(nproc)" > "$OUT/build.log" 2>&1 || {
+cmake --build $B --target test-cpu writescope-bench -j"$(nproc)" >> "$OUT/build.log" 2>&1 || {
   grep -E "error|warning" "$OUT/build.log" | head -30; exit 1; }
 echo "built in $(( $(date +%s) - t0 )) s"
 BENCH=$(find $B -name writescope-bench -type f | head -1)
@@ -42,14 +43,17 @@ fi
 if [[ $PHASES == *variants* ]]; then
   # A/B of the choices, each on the two qwen3 32K points (and MLA for AMX).
   q="--models qwen3-30b-a3b --tokens 32768 --batches 1,16 --no-hot --threads $THREADS"
+  {
   for v in "" "--amx" "--bf16-dot" "--no-prefetch" "--huge-pages" "--items-per-worker 16" \
            "--items-per-worker 1" "--no-pin" "--block-tokens 256" "--block-tokens 64"; do
     echo "== variant: ${v:-baseline}"
-    "$BENCH" cpu-attention $q $v 2>&1 | grep -E "read bandwidth|^qwen3|kernel"
+    "$BENCH" cpu-attention $q $v 2>&1 | grep -E "read bandwidth|^qwen3|kernel|error"
   done
   m="--models deepseek-v2-lite,mixtral-8x7b --tokens 32768 --batches 1,16 --threads $THREADS"
   echo "== variant: --amx (MLA, mixtral)"
-  "$BENCH" cpu-attention $m --amx 2>&1 | grep -E "read bandwidth|^deepseek|^mixtral|kernel"
+  "$BENCH" cpu-attention $m --amx 2>&1 | grep -E "read bandwidth|^deepseek|^mixtral|kernel|GB/s per|error"
+  } > "$OUT/variants.log" 2>&1
+  cat "$OUT/variants.log"
 fi
 if [[ $PHASES == *scaling* ]]; then
   "$BENCH" cpu-attention --models qwen3-30b-a3b --tokens 8192 --batches 1 --no-hot --scaling \
