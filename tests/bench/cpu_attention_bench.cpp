@@ -389,6 +389,10 @@ int run_cpu_attention(int argc, char** argv) {
                 largest = std::max(largest, b * ((t + o.block_tokens - 1) / o.block_tokens) *
                                                 o.block_tokens * g->bytes_per_token_layer());
     }
+    if (o.scaling)  // the sweep's largest point: qwen3, 16 × 32768 tokens
+        largest =
+            std::max(largest, 16 * std::size_t{32768} *
+                                  kv_geometry_preset("qwen3-30b-a3b")->bytes_per_token_layer());
     // Far larger than the caches: 4 GiB; quick: 768 MiB (still 3x the 260 MiB L3 of the
     // largest Xeons).
     const std::size_t bw_bytes = o.quick ? (std::size_t{768} << 20) : (std::size_t{4} << 30);
