@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "writescope/core/execution_mode.hpp"
+
 namespace writescope::daemon {
 namespace {
 
@@ -86,6 +88,12 @@ EngineOptions engine_options_from_profile(const Profile& p, const MachineInfo& m
     o.pin_threads = p.hardware.pin_threads;
     o.max_batch = p.kv.max_batch;
     o.mode = p.policy.mode;
+    if (o.gpu_index < 0 && mode_needs_gpu(parse_execution_mode(o.mode)))
+        fail(source, "policy.mode",
+             fmt::format("mode \"{}\" sends work to a GPU, and this daemon runs without one "
+                         "(hardware.gpu = {}{})",
+                         o.mode, profile_value(p, "hardware.gpu"),
+                         build_has_cuda() ? "" : "; this build has no CUDA backend"));
     o.tracker_alpha = p.policy.tracker_alpha;
     o.tracker_clamp = p.policy.tracker_clamp;
     return o;

@@ -269,6 +269,13 @@ TEST_CASE("the profile maps onto EngineOptions", "[unit][daemon][profile]") {
     expect_issue(p, "model.source", "does not exist");
 
     p = default_profile();
+    p.hardware.gpu = {GpuChoice::none, 0};
+    p.policy.mode = "gpu-only";
+    expect_issue(p, "policy.mode", "runs without one");
+    p.policy.mode = "static:1";  // everything on the CPU: fine without a GPU
+    CHECK_NOTHROW(engine_options_from_profile(p, m, "t"));
+
+    p = default_profile();
     p.hardware.host_kv_budget = HostBudget{15ull << 30, 0, false};
     p.hardware.gpu = {GpuChoice::none, 0};
     CHECK_NOTHROW(engine_options_from_profile(p, m, "t"));  // no GPU: pinned is not counted
