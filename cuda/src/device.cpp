@@ -80,7 +80,7 @@ Stream::Stream() {
 Stream::~Stream() {
     if (handle_) cudaStreamDestroy(static_cast<cudaStream_t>(handle_));
 }
-void Stream::synchronize() {
+void Stream::synchronize() const {
     check(cudaStreamSynchronize(static_cast<cudaStream_t>(handle_)), "cudaStreamSynchronize");
 }
 

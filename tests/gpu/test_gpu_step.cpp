@@ -8,6 +8,7 @@
 #include "../engine/step_fixture.hpp"
 #include "cpu_attention_backend.hpp"
 #include "test_seed.hpp"
+#include "writescope/core/engine.hpp"
 #include "writescope/core/host_region_memory.hpp"
 #include "writescope/core/step_executor.hpp"
 #include "writescope/cuda/gpu_kv_memory.hpp"
@@ -108,4 +109,41 @@ TEST_CASE("hybrid steps in every mode equal unsplit fp64 attention", "[gpu]") {
                 if (mode.kind == ModeKind::gpu_only) REQUIRE(r.cpu_spilled_tokens == 0);
             }
         }
+}
+
+TEST_CASE("the engine on a GPU: budgets become regions, calibration fits A, B and delta", "[gpu]") {
+    if (cuda::device_count() == 0) FAIL("no GPU");
+    EngineOptions o;
+    o.geometry = *kv_geometry_preset("qwen3-30b-a3b", DType::bf16);
+    o.geometry.num_layers = 4;
+    o.block_tokens = 128;
+    o.gpu_index = 0;
+    o.vram_kv_bytes = 512ull << 20;
+    o.pinned_kv_bytes = 512ull << 20;
+    o.host_kv_bytes = 512ull << 20;
+    o.attention_threads = 8;
+    o.max_batch = 8;
+    auto e = Engine::create(o);
+    const auto s0 = e->status();
+    REQUIRE(s0.gpu);
+    REQUIRE(s0.regions[static_cast<int>(Region::G)].capacity_blocks > 0);
+    REQUIRE(s0.regions[static_cast<int>(Region::P)].capacity_blocks > 0);
+    REQUIRE(s0.regions[static_cast<int>(Region::U)].capacity_blocks > 0);
+    const Calibration c = e->calibrate(nullptr);
+    std::printf(
+        "[gpu] engine calibration: A %.3g ns/token (R^2 %.4f), B %.3g ns/token (R^2 %.4f), "
+        "delta %.3g us, %zu points, %.2f s\n",
+        c.a * 1e9, c.a_r2, c.b * 1e9, c.b_r2, c.delta * 1e6, c.points.size(), c.seconds_taken);
+    REQUIRE(c.has_gpu);
+    REQUIRE(c.a > 0);
+    REQUIRE(c.b > 0);
+    REQUIRE(c.b_r2 > 0.5);
+    e->set_calibration(c);
+    const auto s1 = e->status();
+    REQUIRE(s1.r_target > 0.0);
+    REQUIRE(s1.r_target < 1.0);
+    REQUIRE_NOTHROW(e->set_mode("gpu-only"));
+    // A budget too small for one sequence's open blocks is refused at creation, naming the key.
+    o.vram_kv_bytes = 1ull << 20;
+    REQUIRE_THROWS_WITH(Engine::create(o), Catch::Contains("vram_budget"));
 }

@@ -8,6 +8,7 @@
 #include <span>
 
 #include "writescope/core/attention_state.hpp"
+#include "writescope/core/seal_move.hpp"
 
 namespace writescope {
 
@@ -69,6 +70,20 @@ class GpuAttentionBackend {
     // Waits for the GPU attention, merges the CPU partial states (host, rows × dv; null o for
     // none) with the GPU's, and writes the final states to out (host). Returns the timings.
     virtual GpuLayerTiming finish(ConstStateView cpu_part, StateView out) = 0;
+};
+
+// Performs the data movement of sealed blocks (kv_cache.hpp's SealMove) on a backend's memory:
+// nothing for a remap into G, one copy of every layer for T → P, and for T → U a copy into a
+// bounce buffer and the U layout written by a background thread, off the decode path.
+class SealMover {
+  public:
+    virtual ~SealMover() = default;
+    // Starts the moves, in order. When it returns, the T slots they name may be overwritten
+    // (what a move reads from T has been copied out or is ordered before later writes).
+    virtual void apply(std::span<const SealMove> moves) = 0;
+    // Waits until every started move has landed (U blocks laid out): call before planning a
+    // step that may attend them.
+    virtual void flush() = 0;
 };
 
 }  // namespace writescope

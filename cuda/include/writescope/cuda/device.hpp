@@ -41,7 +41,7 @@ class Stream {
     Stream(const Stream&) = delete;
     Stream& operator=(const Stream&) = delete;
     void* handle() const noexcept { return handle_; }
-    void synchronize();
+    void synchronize() const;
 
   private:
     void* handle_ = nullptr;
