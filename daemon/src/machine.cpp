@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <sstream>
 
@@ -31,6 +32,23 @@ std::string field(const std::filesystem::path& file, std::string_view key) {
     return {};
 }
 
+// "580.159.04": digits in groups separated by single dots, at least two groups.
+bool is_version(const std::string& w) {
+    if (w.empty() || !std::isdigit(static_cast<unsigned char>(w.front())) ||
+        !std::isdigit(static_cast<unsigned char>(w.back())))
+        return false;
+    bool dot = false;
+    for (std::size_t i = 0; i < w.size(); ++i) {
+        if (w[i] == '.') {
+            if (w[i - 1] == '.') return false;
+            dot = true;
+        } else if (!std::isdigit(static_cast<unsigned char>(w[i]))) {
+            return false;
+        }
+    }
+    return dot;
+}
+
 int online_cores() {
     cpu_set_t set;
     CPU_ZERO(&set);
@@ -54,7 +72,9 @@ MachineInfo probe_machine(const std::filesystem::path& proc_root) {
     const auto mem = field(proc_root / "meminfo", "MemTotal");  // "131072000 kB"
     if (!mem.empty()) m.memory_bytes = std::stoull(mem) * 1024;
 
-    // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 …"
+    // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 …" or, for the open
+    // modules, "… NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build …": the
+    // version is the first word after "Kernel Module" made of digits and dots.
     {
         std::ifstream in(proc_root / "driver/nvidia/version");
         std::string line;
@@ -62,7 +82,13 @@ MachineInfo probe_machine(const std::filesystem::path& proc_root) {
             const auto at = line.find("Kernel Module");
             if (at != std::string::npos) {
                 std::istringstream rest(line.substr(at + 13));
-                rest >> m.gpu_driver;
+                std::string word;
+                while (rest >> word) {
+                    if (is_version(word)) {
+                        m.gpu_driver = word;
+                        break;
+                    }
+                }
             }
         }
     }
