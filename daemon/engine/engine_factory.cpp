@@ -18,7 +18,7 @@ namespace writescope {
 
 namespace {
 
-std::string mib(std::uint64_t b) {
+[[maybe_unused]] std::string mib(std::uint64_t b) {
     return std::to_string(b >> 20) + " MiB";
 }
 
@@ -45,7 +45,7 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& o) {
     kv.host_bytes = o.host_kv_bytes;
     kv.u_block_bytes = cpu->packed_block_bytes();
     const std::size_t lin = LinearBlockLayout::of(g, B).elems() * dtype_bytes(g.dtype);
-    const std::size_t layers = static_cast<std::size_t>(g.num_layers);
+    [[maybe_unused]] const std::size_t layers = static_cast<std::size_t>(g.num_layers);
 
     if (o.gpu_index < 0) {
         // CPU only: T lives in host memory, there is no G and no P (pinning buys nothing without
