@@ -39,7 +39,7 @@ std::size_t pad16(std::size_t n) {
 
 // Offsets (floats) of the parts of one worker's scratch (see detail::Scratch).
 struct ScratchOffsets {
-    std::size_t s, o, m, l, alpha, qf, qx, total;
+    std::size_t s, o, m, l, alpha, qf, qx, pp, total;
 };
 ScratchOffsets scratch_offsets(const detail::KernelShape& k) {
     ScratchOffsets L{};
@@ -50,7 +50,8 @@ ScratchOffsets scratch_offsets(const detail::KernelShape& k) {
     L.alpha = L.l + pad16(k.group);
     L.qf = L.alpha + pad16(k.group);
     L.qx = L.qf + pad16(std::size_t{k.group} * k.dk);
-    L.total = L.qx + pad16(std::size_t{k.group} * k.dk / 2);  // bf16, two per float
+    L.pp = L.qx + pad16(std::size_t{k.group} * k.dk / 2);               // bf16, two per float
+    L.total = L.pp + pad16(3 * std::size_t{k.group} * k.s_stride / 2);  // bf16
     return L;
 }
 
@@ -121,6 +122,7 @@ CpuAttention::CpuAttention(const KvGeometry& geometry, std::size_t block_tokens,
     k.bf16_dot = opts.bf16_dot_product;
     k.amx = opts.amx && isa_ == Isa::avx512 && geometry.dtype == DType::bf16 && k.group <= 16 &&
             amx_bf16_available();
+    k.amx_pv = k.amx && opts.amx_pv;
     k.scale = geometry.scale();
     P.kernel = &detail::attend_chunk_portable;
 #if defined(WRITESCOPE_CPU_X86)  // elsewhere select_isa() never returns a vector level
@@ -225,8 +227,8 @@ void CpuAttention::run(std::span<const AttnSeq> seqs, StateView out) {
         a.kv_head = geometry_.mla ? 0 : it.kv_head;
         a.o = single ? out.o + row0 * dv : P.part_o.p + std::size_t{it.part} * g * dv;
         a.lse = single ? out.lse + row0 : P.part_lse.p + std::size_t{it.part} * g;
-        a.scratch = {ws + P.offs.s,     ws + P.offs.o,  ws + P.offs.m, ws + P.offs.l,
-                     ws + P.offs.alpha, ws + P.offs.qf, ws + P.offs.qx};
+        a.scratch = {ws + P.offs.s,     ws + P.offs.o,  ws + P.offs.m,  ws + P.offs.l,
+                     ws + P.offs.alpha, ws + P.offs.qf, ws + P.offs.qx, ws + P.offs.pp};
         P.kernel(P.shape, a);
         if (single) return;
 

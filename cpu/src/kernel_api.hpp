@@ -28,6 +28,7 @@ struct KernelShape {
     bool prefetch;  // prefetch the next block into L2
     bool bf16_dot;  // Q·K of bf16 KV with vdpbf16ps instead of shift/mask + FMA (AVX-512)
     bool amx;       // Q·K of bf16 KV on AMX tiles (AVX-512 level; group <= 16)
+    bool amx_pv;    // and P·V (implies amx)
     float scale;    // softmax scale applied to q·k
 };
 
@@ -40,6 +41,7 @@ struct Scratch {
     float* alpha;  // (group): rescale factor of the current block
     float* qf;     // (group, dk): the query rows converted to fp32 (order: the kernel's choice)
     void* qx;      // (group · dk) bf16: the query in another form a kernel may want (AMX: Qᵀ)
+    void* pp;      // (3, group, s_stride) bf16: P split into three exact bf16 terms (AMX P·V)
 };
 
 // One work item: KV head kv_head of one sequence, over blocks[0, nblocks).

@@ -433,6 +433,9 @@ void pv(const KernelShape& k, const VSource& v, uint32_t n, const float* P, cons
 }
 
 // The driver's signatures.
+void pv(const KernelShape& k, const VSource& v, uint32_t n, const Scratch& sc, Prefetcher& pf) {
+    pv(k, v, n, sc.s, sc.alpha, sc.o, pf);
+}
 void qk_packed(const KernelShape& k, const char* kh, uint32_t n, const void* q, const Scratch& sc) {
     qk_packed(k, kh, n, q, sc.qf, sc.s);
 }

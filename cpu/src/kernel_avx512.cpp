@@ -172,10 +172,11 @@ void prepare_q(const KernelShape& k, const void* q, const Scratch& sc) {
 }
 
 // ---- AMX-BF16 tiles ----------------------------------------------------------------------
-// Tile registers: 0 C (group × 16 tokens) += 1 A (the group's query rows, 32 dims) · 2 B (a packed
-// K tile's 16 dim pairs × 16 tokens: the packed layout is VNNI order already); 3 C (16 tokens ×
-// group) += 4 A (16 K rows, 32 dims) · 5 B (Qᵀ chunk from prepare_q). Each bf16 product is exact
-// and accumulates in fp32, as on the other routes.
+// Q·K tile registers: 0 C (group × 16 tokens) += 1 A (the group's query rows, 32 dims) · 2 B (a
+// packed K tile's 16 dim pairs × 16 tokens: the packed layout is VNNI order already); 3 C (16
+// tokens × group) += 4 A (16 K rows, 32 dims) · 5 B (Qᵀ chunk from prepare_q). P·V (pv_amx) reuses
+// 0, 1, 2, 4 and adds 6. Each bf16 product is exact and accumulates in fp32, as on the other
+// routes.
 struct TileConfig {
     uint8_t palette;
     uint8_t start_row;
@@ -199,6 +200,8 @@ void begin_item(const KernelShape& k) {
     cfg.rows[3] = 16, cfg.colsb[3] = gb;
     cfg.rows[4] = 16, cfg.colsb[4] = 64;
     cfg.rows[5] = 16, cfg.colsb[5] = gb;
+    cfg.rows[6] = g, cfg.colsb[6] = 64;  // P·V: O's odd dims (tile 0: even dims, 1: P part,
+    cfg.rows[7] = g, cfg.colsb[7] = 64;  // 2 and 4: V even / odd dims); 7 unused
     _tile_loadconfig(&cfg);
 }
 void end_item(const KernelShape& k) {
@@ -689,18 +692,18 @@ size_t o_pos(const KernelShape& k, uint32_t d) {
     return d - r + (r % 2 ? 16 + r / 2 : r / 2);
 }
 
-// O[h0..h0+HB)[chunks c0..c0+CB) = O·alpha + Σ_t P[h][t]·V[t]: the accumulators stay in
-// registers over all n tokens; P stays fp32.
+// O[h0..h0+HB)[chunks c0..c0+CB) = O·alpha + Σ_{t0<=t<n} P[h][t]·V[t]: the accumulators stay in
+// registers over all the tokens; P stays fp32. alpha == nullptr: no rescale.
 template <VMode M, int HB, int CB>
-inline void pv_chunks(const KernelShape& k, const VSource& v, uint32_t c0, uint32_t h0, uint32_t n,
-                      const float* P, const float* alpha, float* O, Prefetcher& pf,
+inline void pv_chunks(const KernelShape& k, const VSource& v, uint32_t c0, uint32_t h0, uint32_t t0,
+                      uint32_t n, const float* P, const float* alpha, float* O, Prefetcher& pf,
                       uint32_t pf_step) {
     __m512 acc[HB][CB][2];
     const float* ph[HB];  // each head's probabilities: one base register per head, no index math
 #pragma GCC unroll 16
     for (int h = 0; h < HB; ++h) {
         ph[h] = P + size_t{h0 + h} * k.s_stride;
-        const __m512 al = _mm512_set1_ps(alpha[h0 + h]);
+        const __m512 al = _mm512_set1_ps(alpha ? alpha[h0 + h] : 1.0f);
 #pragma GCC unroll 16
         for (int c = 0; c < CB; ++c) {
             const float* o = O + size_t{h0 + h} * k.dv + (c0 + c) * 32;
@@ -708,9 +711,9 @@ inline void pv_chunks(const KernelShape& k, const VSource& v, uint32_t c0, uint3
             acc[h][c][1] = _mm512_mul_ps(_mm512_loadu_ps(o + 16), al);
         }
     }
-    const char* row = v.base + c0 * v.chunk_stride;
     const size_t cs = v.chunk_stride, ts = v.token_stride;
-    for (size_t t = 0; t < n; ++t, row += ts) {
+    const char* row = v.base + c0 * cs + t0 * ts;
+    for (size_t t = t0; t < n; ++t, row += ts) {
         pf.issue(pf_step);
         __m512 x0[CB], x1[CB];
 #pragma GCC unroll 16
@@ -737,48 +740,126 @@ inline void pv_chunks(const KernelShape& k, const VSource& v, uint32_t c0, uint3
 }
 
 template <VMode M, int CB>
-void pv_cb(const KernelShape& k, const VSource& v, uint32_t n, const float* P, const float* alpha,
-           float* O, Prefetcher& pf) {
+void pv_cb(const KernelShape& k, const VSource& v, uint32_t t0, uint32_t n, const float* P,
+           const float* alpha, float* O, Prefetcher& pf) {
     const uint32_t nc = k.dv / 32;
     // Spread the next block's prefetches evenly over this block's token iterations.
     const uint32_t batches = k.group / 8 + (k.group % 8) / 4 + (k.group % 4) / 2 + k.group % 2;
-    const size_t iters = size_t{n} * ((nc + CB - 1) / CB) * batches;
+    const size_t iters = size_t{n - t0} * ((nc + CB - 1) / CB) * batches;
     const uint32_t pf_step = static_cast<uint32_t>((pf.lines() + iters - 1) / iters);
     // Chunk groups outside, head batches inside: the chunk's V rows stay in L1 across batches.
     uint32_t c = 0;
     for (; c + CB <= nc; c += CB)
         head_batches<8>(k.group, [&](auto hb, uint32_t h0) {
-            pv_chunks<M, decltype(hb)::value, CB>(k, v, c, h0, n, P, alpha, O, pf, pf_step);
+            pv_chunks<M, decltype(hb)::value, CB>(k, v, c, h0, t0, n, P, alpha, O, pf, pf_step);
         });
     for (; c < nc; ++c)
         head_batches<8>(k.group, [&](auto hb, uint32_t h0) {
-            pv_chunks<M, decltype(hb)::value, 1>(k, v, c, h0, n, P, alpha, O, pf, pf_step);
+            pv_chunks<M, decltype(hb)::value, 1>(k, v, c, h0, t0, n, P, alpha, O, pf, pf_step);
         });
 }
 
 template <VMode M>
-void pv_t(const KernelShape& k, const VSource& v, uint32_t n, const float* P, const float* alpha,
-          float* O, Prefetcher& pf) {
+void pv_t(const KernelShape& k, const VSource& v, uint32_t t0, uint32_t n, const float* P,
+          const float* alpha, float* O, Prefetcher& pf) {
+    if (t0 >= n) return;
     // About 16 accumulators: 8 heads × 1 chunk, 4 × 2, fewer heads × 4 chunks.
     if (k.group >= 8)
-        pv_cb<M, 1>(k, v, n, P, alpha, O, pf);
+        pv_cb<M, 1>(k, v, t0, n, P, alpha, O, pf);
     else if (k.group >= 4)
-        pv_cb<M, 2>(k, v, n, P, alpha, O, pf);
+        pv_cb<M, 2>(k, v, t0, n, P, alpha, O, pf);
     else
-        pv_cb<M, 4>(k, v, n, P, alpha, O, pf);
+        pv_cb<M, 4>(k, v, t0, n, P, alpha, O, pf);
 }
 
-void pv(const KernelShape& k, const VSource& v, uint32_t n, const float* P, const float* alpha,
-        float* O, Prefetcher& pf) {
+// P·V on AMX for the block's whole 32-token groups, the rest on FMAs (bf16 KV). P stays exact:
+// each fp32 probability is split into three bf16 terms p = p1 + p2 + p3 with no rounding (p1
+// carries the top 8 significant bits, p2 the next 8 of the exact residual, p3 the last ≤ 8), so
+// the three tile products p_i·v are exact and accumulate in fp32. V rows are widened on the fly
+// into VNNI token pairs, with dims split even/odd so that O keeps the FMA route's order.
+void pv_amx(const KernelShape& k, const VSource& v, uint32_t n, const Scratch& sc, Prefetcher& pf) {
+    const uint32_t g = k.group, ss = k.s_stride, dv = k.dv;
+    const uint32_t n32 = n / 32 * 32;
+    float* O = sc.o;
+    const float* P = sc.s;
+    if (n32 == 0) return pv_t<VMode::bf16>(k, v, 0, n, P, sc.alpha, O, pf);
+    for (uint32_t h = 0; h < g; ++h) {
+        const __m512 al = _mm512_set1_ps(sc.alpha[h]);
+        for (uint32_t d = 0; d < dv; d += 16) {
+            float* o = O + size_t{h} * dv + d;
+            _mm512_storeu_ps(o, _mm512_mul_ps(_mm512_loadu_ps(o), al));
+        }
+    }
+    // The three bf16 parts of P[:, 0..n32), each (group, s_stride) bf16.
+    auto* p1 = static_cast<uint16_t*>(sc.pp);
+    uint16_t* p2 = p1 + size_t{g} * ss;
+    uint16_t* p3 = p2 + size_t{g} * ss;
+    for (uint32_t h = 0; h < g; ++h)
+        for (uint32_t t = 0; t < n32; t += 16) {
+            const size_t i = size_t{h} * ss + t;
+            const __m512 x = _mm512_loadu_ps(P + i);
+            const __m256i b1 = (__m256i)_mm512_cvtneps_pbh(x);
+            const __m512 r1 = _mm512_sub_ps(x, bf16_to_f32(b1));
+            const __m256i b2 = (__m256i)_mm512_cvtneps_pbh(r1);
+            const __m512 r2 = _mm512_sub_ps(r1, bf16_to_f32(b2));
+            const __m256i b3 = (__m256i)_mm512_cvtneps_pbh(r2);  // exact: r2 has <= 8 bits
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(p1 + i), b1);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(p2 + i), b2);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(p3 + i), b3);
+        }
+    const size_t pstride = size_t{ss} * 2, ostride = size_t{dv} * 4;
+    const uint32_t groups = n32 / 32, nc = dv / 32;
+    const size_t steps = size_t{groups} * nc;
+    const auto pf_step = static_cast<uint32_t>((pf.lines() + steps - 1) / steps);
+    alignas(64) uint16_t vb[2][16 * 32];  // B tiles: [16 token pairs][16 dims][2], even / odd dims
+    const __mmask32 hi_halves = 0xaaaaaaaau;
+    for (uint32_t c = 0; c < nc; ++c) {
+        _tile_loadd(0, O + 32 * c, ostride);       // O's even dims of chunk c (g rows)
+        _tile_loadd(6, O + 32 * c + 16, ostride);  // and its odd dims
+        for (uint32_t tg = 0; tg < groups; ++tg) {
+            pf.issue(pf_step);
+            const char* row = v.base + c * v.chunk_stride + size_t{tg} * 32 * v.token_stride;
+            for (uint32_t r = 0; r < 16; ++r, row += 2 * v.token_stride) {
+                const __m512i a = _mm512_loadu_si512(row);                   // token 2r
+                const __m512i b = _mm512_loadu_si512(row + v.token_stride);  // token 2r + 1
+                // 32-bit lane i of a row holds dims (2i, 2i+1) of a token; pair the tokens.
+                _mm512_store_si512(vb[0] + r * 32,
+                                   _mm512_mask_blend_epi16(hi_halves, a, _mm512_slli_epi32(b, 16)));
+                _mm512_store_si512(vb[1] + r * 32,
+                                   _mm512_mask_blend_epi16(hi_halves, _mm512_srli_epi32(a, 16), b));
+            }
+            _tile_loadd(2, vb[0], 64);
+            _tile_loadd(4, vb[1], 64);
+            const size_t t = size_t{tg} * 32;
+            _tile_loadd(1, p1 + t, pstride);
+            _tile_dpbf16ps(0, 1, 2);
+            _tile_dpbf16ps(6, 1, 4);
+            _tile_loadd(1, p2 + t, pstride);
+            _tile_dpbf16ps(0, 1, 2);
+            _tile_dpbf16ps(6, 1, 4);
+            _tile_loadd(1, p3 + t, pstride);
+            _tile_dpbf16ps(0, 1, 2);
+            _tile_dpbf16ps(6, 1, 4);
+        }
+        _tile_stored(0, O + 32 * c, ostride);
+        _tile_stored(6, O + 32 * c + 16, ostride);
+    }
+    pv_t<VMode::bf16>(k, v, n32, n, P, nullptr, O, pf);  // the tail, already rescaled
+}
+
+void pv(const KernelShape& k, const VSource& v, uint32_t n, const Scratch& sc, Prefetcher& pf) {
     switch (k.dtype) {
         case DType::bf16:
-            pv_t<VMode::bf16>(k, v, n, P, alpha, O, pf);
+            if (k.amx_pv)
+                pv_amx(k, v, n, sc, pf);
+            else
+                pv_t<VMode::bf16>(k, v, 0, n, sc.s, sc.alpha, sc.o, pf);
             break;
         case DType::f16:
-            pv_t<VMode::f16>(k, v, n, P, alpha, O, pf);
+            pv_t<VMode::f16>(k, v, 0, n, sc.s, sc.alpha, sc.o, pf);
             break;
         case DType::f32:
-            pv_t<VMode::f32>(k, v, n, P, alpha, O, pf);
+            pv_t<VMode::f32>(k, v, 0, n, sc.s, sc.alpha, sc.o, pf);
             break;
     }
 }

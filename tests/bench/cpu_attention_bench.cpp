@@ -48,8 +48,9 @@ struct Options {
     bool hot = true;
     bool scaling = false;
     bool bf16_dot = false;
-    bool amx = false;
-    bool huge_pages = false;
+    bool amx = true;
+    bool amx_pv = true;
+    bool huge_pages = true;
 };
 
 void usage(std::FILE* f) {
@@ -70,8 +71,9 @@ void usage(std::FILE* f) {
         "  --no-prefetch        no software prefetch of the next block\n"
         "  --items-per-worker N work items per worker (default 4)\n"
         "  --bf16-dot           Q·K with vdpbf16ps instead of widening + FMA\n"
-        "  --amx                Q·K on AMX-BF16 tiles where the CPU has them\n"
-        "  --huge-pages         ask for transparent huge pages (madvise) for the KV buffer\n"
+        "  --no-amx             no AMX-BF16 tiles (default: Q·K and P·V on them where present)\n"
+        "  --no-amx-pv          P·V on FMAs even where AMX is present\n"
+        "  --no-huge-pages      do not ask for transparent huge pages for the KV buffer\n"
         "  --no-hot             skip the cache-resident (compute-bound) single-thread rates\n"
         "  --scaling            also sweep thread counts (bandwidth and qwen3 at 32K)\n",
         f);
@@ -140,10 +142,12 @@ Options parse(int argc, char** argv) {
             o.scaling = true;
         } else if (a == "--bf16-dot") {
             o.bf16_dot = true;
-        } else if (a == "--amx") {
-            o.amx = true;
-        } else if (a == "--huge-pages") {
-            o.huge_pages = true;
+        } else if (a == "--no-amx") {
+            o.amx = false;
+        } else if (a == "--no-amx-pv") {
+            o.amx_pv = false;
+        } else if (a == "--no-huge-pages") {
+            o.huge_pages = false;
         } else if (a == "--help" || a == "-h") {
             usage(stdout);
             std::exit(0);
@@ -244,6 +248,7 @@ Result time_attention(cpu::WorkerPool& pool, const KvGeometry& g, const Options&
     ao.items_per_worker = o.items_per_worker;
     ao.bf16_dot_product = o.bf16_dot;
     ao.amx = o.amx;
+    ao.amx_pv = o.amx_pv;
     cpu::CpuAttention attn(g, o.block_tokens, pool, ao);
     const std::size_t B = o.block_tokens;
     const std::size_t per_seq = (tokens + B - 1) / B;
@@ -309,6 +314,53 @@ Result time_attention(cpu::WorkerPool& pool, const KvGeometry& g, const Options&
     res.gbs = res.kv_bytes / res.seconds / 1e9;
     res.reps = n_reps;
     return res;
+}
+
+// Checks the configured kernel against the portable one on a small random batch (the benchmark
+// must not time a kernel that computes something else): returns max |Δo| / max |o|.
+double verify(cpu::WorkerPool& pool, const KvGeometry& g, const Options& o, std::mt19937_64& rng) {
+    const std::size_t B = o.block_tokens, batch = 2, tokens = 5 * B + B / 2 + 1;
+    const std::size_t per_seq = (tokens + B - 1) / B;
+    cpu::CpuAttentionOptions ao;
+    ao.isa = o.isa;
+    ao.bf16_dot_product = o.bf16_dot;
+    ao.amx = o.amx;
+    ao.amx_pv = o.amx_pv;
+    cpu::CpuAttention fast(g, B, pool, ao);
+    cpu::CpuAttentionOptions po;
+    po.isa = cpu::Isa::portable;
+    cpu::CpuAttention ref(g, B, pool, po);
+    const std::size_t bb = fast.packed_block_bytes();
+    std::vector<std::uint64_t> kv((batch * per_seq * bb + 7) / 8),
+        q((batch * g.num_q_heads * g.head_dim_k * 2 + 7) / 8);
+    std::uint64_t s = rng() | 1;
+    for (auto& w : kv)
+        w = random_bf16x4(s);
+    for (auto& w : q)
+        w = random_bf16x4(s);
+    std::vector<cpu::AttnBlock> blocks(batch * per_seq);
+    std::vector<cpu::AttnSeq> seqs(batch);
+    for (std::size_t b = 0; b < batch; ++b) {
+        for (std::size_t i = 0; i < per_seq; ++i)
+            blocks[b * per_seq + i] = {
+                reinterpret_cast<const char*>(kv.data()) + (b * per_seq + i) * bb,
+                static_cast<std::uint32_t>(std::min(B, tokens - i * B)), cpu::BlockLayout::packed};
+        seqs[b] = {reinterpret_cast<const char*>(q.data()) + b * g.num_q_heads * g.head_dim_k * 2,
+                   {blocks.data() + b * per_seq, per_seq}};
+    }
+    const std::size_t rows = batch * g.num_q_heads, dv = g.head_dim_v;
+    std::vector<float> o1(rows * dv), l1(rows), o2(rows * dv), l2(rows);
+    fast.run(seqs, {o1.data(), l1.data(), rows, dv});
+    ref.run(seqs, {o2.data(), l2.data(), rows, dv});
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < o1.size(); ++i) {
+        num = std::max(num, static_cast<double>(std::abs(o1[i] - o2[i])));
+        den = std::max(den, static_cast<double>(std::abs(o2[i])));
+    }
+    for (std::size_t i = 0; i < rows; ++i)
+        num = std::max(num, std::abs(static_cast<double>(l1[i]) - l2[i]) * den /
+                                std::max(1.0, std::abs(static_cast<double>(l2[i]))));
+    return std::isfinite(num) ? num / den : 1.0;
 }
 
 std::string json_escape(const std::string& s) {
@@ -408,6 +460,16 @@ int run_cpu_attention(int argc, char** argv) {
                 pool.concurrency(), std::string(cpu::isa_name(isa)).c_str(),
                 static_cast<double>(bw_bytes) / (1u << 30), bw);
 
+    for (const auto& g : geos) {
+        const double err = verify(pool, g, o, rng);
+        std::printf("check     : %s against the portable kernel: max |do| / max |o| = %.1e\n",
+                    g.name.c_str(), err);
+        if (err > 1e-4) {
+            std::fprintf(stderr, "cpu-attention: the kernel disagrees with the portable one\n");
+            return 1;
+        }
+    }
+    std::printf("\n");
     std::printf("%-18s %8s %6s %10s %12s %9s %9s\n", "model", "tokens", "batch", "KV MiB",
                 "ms/layer", "GB/s", "ratio");
     std::vector<Result> results;
@@ -481,6 +543,8 @@ int run_cpu_attention(int argc, char** argv) {
           << ",\n  \"items_per_worker\": " << o.items_per_worker
           << ",\n  \"bf16_dot_product\": " << (o.bf16_dot ? "true" : "false")
           << ",\n  \"amx\": " << (o.amx && cpu::amx_bf16_available() ? "true" : "false")
+          << ",\n  \"amx_pv\": "
+          << (o.amx && o.amx_pv && cpu::amx_bf16_available() ? "true" : "false")
           << ",\n  \"huge_pages\": " << (o.huge_pages ? "true" : "false")
           << ",\n  \"read_bandwidth_gbs\": " << bw << ",\n  \"results\": [";
         for (std::size_t i = 0; i < results.size(); ++i)

@@ -127,12 +127,15 @@ TEST_CASE("CPU attention of every kernel level matches the fp64 reference", "[un
                     // the CPU has them): test each.
                     struct Route {
                         const char* name;
-                        bool dot, amx;
+                        bool dot, amx, amx_pv;
                     };
-                    std::vector<Route> routes{{"", false, false}};
+                    std::vector<Route> routes{{"", false, false, false}};
                     if (isa == Isa::avx512 && t == DType::bf16) {
-                        routes.push_back({"+dot", true, false});
-                        if (cpu::amx_bf16_available()) routes.push_back({"+amx", false, true});
+                        routes.push_back({"+dot", true, false, false});
+                        if (cpu::amx_bf16_available()) {
+                            routes.push_back({"+amx", false, true, true});
+                            routes.push_back({"+amx-qk", false, true, false});
+                        }
                     }
                     for (const Route& route : routes) {
                         const bool dot = route.dot;
@@ -142,6 +145,7 @@ TEST_CASE("CPU attention of every kernel level matches the fp64 reference", "[un
                         opts.isa = isa;
                         opts.bf16_dot_product = dot;
                         opts.amx = route.amx;
+                        opts.amx_pv = route.amx_pv;
                         CpuAttention attn(g, c.block_tokens, pool, opts);
                         REQUIRE(attn.isa() == isa);
                         REQUIRE(attn.uses_amx() == route.amx);

@@ -60,10 +60,12 @@ struct CpuAttentionOptions {
     // mask) and FMAs. Both are exact in fp32; the FMA route is the faster one where measured
     // (vdpbf16ps costs ~4.4 FMAs on Sapphire/Emerald Rapids; docs/perf.md), so it is the default.
     bool bf16_dot_product = false;
-    // Q·K of bf16 KV on AMX-BF16 tiles where the CPU has them (AVX-512 level, group <= 16):
-    // bf16 products are exact and accumulate in fp32, as in the other routes; P·V stays on fp32
-    // FMAs. Ignored where AMX is not available (see uses_amx()).
-    bool amx = false;
+    // bf16 KV on AMX-BF16 tiles where the CPU has them (AVX-512 level, group <= 16): Q·K, and
+    // P·V with each fp32 probability split exactly into three bf16 terms (p = p1 + p2 + p3, no
+    // rounding), so every product is exact and accumulates in fp32 as on the FMA route. Ignored
+    // where AMX is not available (see uses_amx()). amx_pv = false keeps P·V on FMAs.
+    bool amx = true;
+    bool amx_pv = true;
 };
 
 class CpuAttention {
