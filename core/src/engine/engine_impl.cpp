@@ -19,6 +19,12 @@ double median(std::vector<double> v) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+double lower_quartile(std::vector<double> v) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 4];
+}
+
 double now_seconds() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
         .count();
@@ -165,14 +171,14 @@ Calibration EngineImpl::calibrate(const std::function<void(double, std::string_v
         const std::size_t p_blocks = cache.region_stats(Region::P).capacity_blocks;
         spill_blocks = 2 * std::min(spill_blocks, p_blocks);
     }
-    // Lengths: up to 64K spilled tokens (enough for a stable slope, seconds of work), leaving a
-    // margin of a few blocks per sequence for rounding and P extents.
+    // Lengths: up to 128K spilled tokens (a long lever for the slope, still well under a second
+    // per point), leaving a margin of a few blocks per sequence for rounding and P extents.
     const std::size_t margin = nseq * (cache.extent_slots() + 2);
     if (spill_blocks <= margin + nseq)
         throw std::runtime_error("calibration needs spill room: the KV budgets leave " +
                                  std::to_string(spill_blocks) + " spill blocks (need more than " +
                                  std::to_string(margin + nseq) + ")");
-    const std::size_t max_tokens = std::min<std::size_t>(65536, (spill_blocks - margin) * B);
+    const std::size_t max_tokens = std::min<std::size_t>(131072, (spill_blocks - margin) * B);
     const std::vector<double> fractions{0.125, 0.25, 0.5, 0.75, 1.0};
     StepExecutor exec(StepExecutorConfig{nseq}, cache, *parts_.gpu_pool, parts_.pinned.get(),
                       parts_.unpinned.get(), *parts_.cpu, parts_.gpu.get());
@@ -201,10 +207,10 @@ Calibration EngineImpl::calibrate(const std::function<void(double, std::string_v
         exec.plan(ids, split, plan_costs);
         std::vector<double> ct, gt, ov;
         std::uint64_t cpu_tokens = 0, gpu_tokens = 0;
-        for (int rep = 0; rep < 9; ++rep) {
+        for (int rep = 0; rep < 15; ++rep) {
             const auto r = exec.run_layer(
                 0, q.data(), {o.data(), lse.data(), rows, static_cast<std::size_t>(g.head_dim_v)});
-            if (rep < 2) continue;  // warm-up
+            if (rep < 3) continue;  // warm-up
             ct.push_back(r.cpu_seconds);
             gt.push_back(r.gpu.attention_seconds);
             ov.push_back(r.gpu.merge_seconds + r.gpu_launch_seconds);
@@ -213,8 +219,10 @@ Calibration EngineImpl::calibrate(const std::function<void(double, std::string_v
         }
         CalibrationPoint p;
         p.tokens = per_seq * nseq;
-        p.cpu_seconds = median(ct);
-        p.gpu_seconds = median(gt);
+        // The lower quartile: interference from other work (the daemon's own threads, other
+        // tenants) only ever adds time, and the tracker follows lasting changes online.
+        p.cpu_seconds = lower_quartile(ct);
+        p.gpu_seconds = lower_quartile(gt);
         c.points.push_back(p);
         cx.push_back(static_cast<double>(cpu_tokens));
         cy.push_back(p.cpu_seconds);
