@@ -56,17 +56,29 @@ help_options "$writescoped" >"$work/d.help"
 man_options "$src/man/writescoped.8.scd" >"$work/d.man"
 compare "writescoped(8)" "$work/d.help" "$work/d.man"
 
-# writescopectl: the options of the program and of each subcommand, and the subcommands (the
-# first word of each line of the help's subcommand list, whatever its heading's case).
-"$writescopectl" --help >"$work/ctl.txt" 2>&1 || true
-awk 'tolower($0) ~ /^subcommands:/ { on = 1; next } on && NF == 0 { on = 0 } on { print $1 }' \
-    "$work/ctl.txt" | sort -u >"$work/ctl.subs"
+# writescopectl: the options of the program and of each subcommand (two levels: "policy set"),
+# and the subcommands, each of which needs an entry line in COMMANDS ("*policy set* ..." or
+# "*policy* [*show*]"). A help's subcommands are the first words of its "Subcommands:" list.
+subcommands() {
+    "$@" --help 2>&1 | awk 'tolower($0) ~ /^subcommands:/ { on = 1; next }
+                            on && NF == 0 { on = 0 } on { print $1 }' | sort -u
+}
+documented() { # command words...
+    entries=$(awk '/^# / { on = ($0 == "# COMMANDS"); next } on && /^\*/' \
+        "$src/man/writescopectl.1.scd" | tr -d '*[]')
+    printf '%s\n' "$entries" | grep -qE "^$*( |$)" ||
+        { echo "writescopectl(1) does not document the command: $*" >&2; fail=1; }
+}
+subcommands "$writescopectl" >"$work/ctl.subs"
 [ -s "$work/ctl.subs" ] || { echo "writescopectl --help lists no subcommands" >&2; exit 1; }
 help_options "$writescopectl" >"$work/ctl.help"
 while read -r sub; do
+    documented "$sub"
     help_options "$writescopectl" "$sub" >>"$work/ctl.help"
-    grep -qE "^\*$sub\*" "$src/man/writescopectl.1.scd" ||
-        { echo "writescopectl(1) does not document the subcommand $sub" >&2; fail=1; }
+    for nested in $(subcommands "$writescopectl" "$sub"); do
+        documented "$sub" "$nested"
+        help_options "$writescopectl" "$sub" "$nested" >>"$work/ctl.help"
+    done
 done <"$work/ctl.subs"
 sort -u -o "$work/ctl.help" "$work/ctl.help"
 man_options "$src/man/writescopectl.1.scd" >"$work/ctl.man"
