@@ -121,7 +121,7 @@ CpuAttention::CpuAttention(const KvGeometry& geometry, std::size_t block_tokens,
     k.prefetch = opts.prefetch;
     k.bf16_dot = opts.bf16_dot_product;
     k.amx = opts.amx && isa_ == Isa::avx512 && geometry.dtype == DType::bf16 && k.group <= 16 &&
-            amx_bf16_available();
+            k.group >= opts.amx_min_group && amx_bf16_available();
     k.amx_pv = k.amx && opts.amx_pv;
     k.scale = geometry.scale();
     P.kernel = &detail::attend_chunk_portable;

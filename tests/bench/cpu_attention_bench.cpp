@@ -49,7 +49,7 @@ struct Options {
     bool scaling = false;
     bool bf16_dot = false;
     bool amx = true;
-    bool amx_pv = true;
+    bool amx_pv = false;
     bool huge_pages = true;
 };
 
@@ -71,8 +71,9 @@ void usage(std::FILE* f) {
         "  --no-prefetch        no software prefetch of the next block\n"
         "  --items-per-worker N work items per worker (default 4)\n"
         "  --bf16-dot           Q·K with vdpbf16ps instead of widening + FMA\n"
-        "  --no-amx             no AMX-BF16 tiles (default: Q·K and P·V on them where present)\n"
-        "  --no-amx-pv          P·V on FMAs even where AMX is present\n"
+        "  --no-amx             no AMX-BF16 tiles (default: Q·K on them where present, group >= "
+        "8)\n"
+        "  --amx-pv             P·V on AMX tiles too\n"
         "  --no-huge-pages      do not ask for transparent huge pages for the KV buffer\n"
         "  --no-hot             skip the cache-resident (compute-bound) single-thread rates\n"
         "  --scaling            also sweep thread counts (bandwidth and qwen3 at 32K)\n",
@@ -144,8 +145,8 @@ Options parse(int argc, char** argv) {
             o.bf16_dot = true;
         } else if (a == "--no-amx") {
             o.amx = false;
-        } else if (a == "--no-amx-pv") {
-            o.amx_pv = false;
+        } else if (a == "--amx-pv") {
+            o.amx_pv = true;
         } else if (a == "--no-huge-pages") {
             o.huge_pages = false;
         } else if (a == "--help" || a == "-h") {
@@ -227,6 +228,7 @@ double median(std::vector<double> v) {
 
 struct Result {
     std::string model;
+    std::string qk;  // the Q·K route: amx, dot (vdpbf16ps) or fma
     std::size_t tokens = 0, batch = 0, threads = 0;
     double kv_bytes = 0;  // KV bytes of one layer scanned per call
     double seconds = 0;   // median time per call (one layer)
@@ -313,6 +315,7 @@ Result time_attention(cpu::WorkerPool& pool, const KvGeometry& g, const Options&
     res.seconds = median(times);
     res.gbs = res.kv_bytes / res.seconds / 1e9;
     res.reps = n_reps;
+    res.qk = attn.uses_amx() ? (o.amx_pv ? "amx+pv" : "amx") : o.bf16_dot ? "dot" : "fma";
     return res;
 }
 
@@ -375,8 +378,9 @@ std::string json_escape(const std::string& s) {
 
 std::string result_json(const Result& r) {
     std::ostringstream j;
-    j << "{\"model\": \"" << json_escape(r.model) << "\", \"tokens\": " << r.tokens
-      << ", \"batch\": " << r.batch << ", \"threads\": " << r.threads
+    j << "{\"model\": \"" << json_escape(r.model) << "\", \"qk\": \"" << r.qk
+      << "\", \"tokens\": " << r.tokens << ", \"batch\": " << r.batch
+      << ", \"threads\": " << r.threads
       << ", \"kv_bytes\": " << static_cast<std::uint64_t>(r.kv_bytes)
       << ", \"ms_per_layer\": " << r.seconds * 1e3 << ", \"gbs\": " << r.gbs
       << ", \"ratio_to_read_bw\": " << r.ratio << ", \"reps\": " << r.reps << "}";
@@ -415,9 +419,10 @@ int run_cpu_attention(int argc, char** argv) {
         "Q.K by %s, prefetch %s, %zu items per worker\n",
         std::string(cpu::isa_name(isa)).c_str(),
         std::string(cpu::isa_name(cpu::detected_isa())).c_str(), o.block_tokens,
-        o.amx && cpu::amx_bf16_available() ? "AMX tiles"
-        : o.bf16_dot                       ? "vdpbf16ps"
-                                           : "widening + FMA",
+        o.amx && cpu::amx_bf16_available()
+            ? (o.amx_pv ? "AMX tiles where group >= 8, P.V too" : "AMX tiles where group >= 8")
+        : o.bf16_dot ? "vdpbf16ps"
+                     : "widening + FMA",
         o.prefetch ? "on" : "off", o.items_per_worker);
     std::printf("threads   : %zu (caller included), pinned %zu of %zu pool threads%s%s\n",
                 pool.concurrency(), pool.pin_report().pinned, pool.pin_report().requested,
@@ -455,10 +460,17 @@ int run_cpu_attention(int argc, char** argv) {
                 static_cast<double>(buf.bytes) / (1u << 30),
                 std::chrono::duration<double>(Clock::now() - t_fill).count());
 
-    const double bw = measure_read_bandwidth(pool, buf.p, bw_bytes, isa, o.quick ? 3 : 5);
-    std::printf("read bandwidth (%zu threads, %s loads over %.2f GiB): %.1f GB/s\n\n",
-                pool.concurrency(), std::string(cpu::isa_name(isa)).c_str(),
-                static_cast<double>(bw_bytes) / (1u << 30), bw);
+    // The ceiling: the read bandwidth measured at the start, after each model and at the end (a
+    // shared host's bandwidth drifts); ratios are taken against the highest, conservatively.
+    std::vector<double> bws;
+    auto measure_bw = [&](const char* when) {
+        bws.push_back(measure_read_bandwidth(pool, buf.p, bw_bytes, isa, o.quick ? 3 : 5));
+        std::printf("read bandwidth (%zu threads, %s loads over %.2f GiB), %s: %.1f GB/s\n",
+                    pool.concurrency(), std::string(cpu::isa_name(isa)).c_str(),
+                    static_cast<double>(bw_bytes) / (1u << 30), when, bws.back());
+        std::fflush(stdout);
+    };
+    measure_bw("at start");
 
     for (const auto& g : geos) {
         const double err = verify(pool, g, o, rng);
@@ -469,21 +481,25 @@ int run_cpu_attention(int argc, char** argv) {
             return 1;
         }
     }
-    std::printf("\n");
-    std::printf("%-18s %8s %6s %10s %12s %9s %9s\n", "model", "tokens", "batch", "KV MiB",
-                "ms/layer", "GB/s", "ratio");
+    std::fflush(stdout);
     std::vector<Result> results;
-    for (const auto& g : geos)
+    for (const auto& g : geos) {
         for (std::size_t t : o.tokens)
             for (std::size_t b : o.batches) {
-                Result r = time_attention(pool, g, o, buf, t, b, o.reps, true, rng);
-                r.ratio = r.gbs / bw;
-                std::printf("%-18s %8zu %6zu %10.1f %12.3f %9.1f %9.2f\n", r.model.c_str(),
-                            r.tokens, r.batch, r.kv_bytes / (1 << 20), r.seconds * 1e3, r.gbs,
-                            r.ratio);
-                std::fflush(stdout);
-                results.push_back(r);
+                results.push_back(time_attention(pool, g, o, buf, t, b, o.reps, true, rng));
+                std::fprintf(stderr, ".");
             }
+        measure_bw(("after " + g.name).c_str());
+    }
+    const double bw = *std::max_element(bws.begin(), bws.end());
+    std::printf("\nratio = KV GB/s / %.1f GB/s (the highest read bandwidth measured above)\n", bw);
+    std::printf("%-18s %8s %6s %5s %10s %12s %9s %9s\n", "model", "tokens", "batch", "Q.K",
+                "KV MiB", "ms/layer", "GB/s", "ratio");
+    for (Result& r : results) {
+        r.ratio = r.gbs / bw;
+        std::printf("%-18s %8zu %6zu %5s %10.1f %12.3f %9.1f %9.2f\n", r.model.c_str(), r.tokens,
+                    r.batch, r.qk.c_str(), r.kv_bytes / (1 << 20), r.seconds * 1e3, r.gbs, r.ratio);
+    }
 
     // Compute ceiling: one thread on KV that stays in its caches (~1 MiB per layer call).
     std::vector<Result> hot;
@@ -546,7 +562,10 @@ int run_cpu_attention(int argc, char** argv) {
           << ",\n  \"amx_pv\": "
           << (o.amx && o.amx_pv && cpu::amx_bf16_available() ? "true" : "false")
           << ",\n  \"huge_pages\": " << (o.huge_pages ? "true" : "false")
-          << ",\n  \"read_bandwidth_gbs\": " << bw << ",\n  \"results\": [";
+          << ",\n  \"read_bandwidth_gbs\": " << bw << ",\n  \"read_bandwidth_measurements_gbs\": [";
+        for (std::size_t i = 0; i < bws.size(); ++i)
+            j << (i ? ", " : "") << bws[i];
+        j << "],\n  \"results\": [";
         for (std::size_t i = 0; i < results.size(); ++i)
             j << (i ? ",\n    " : "\n    ") << result_json(results[i]);
         j << "\n  ],\n  \"hot_single_thread\": [";

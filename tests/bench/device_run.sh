@@ -44,15 +44,14 @@ if [[ $PHASES == *variants* ]]; then
   # A/B of the choices, each on the two qwen3 32K points (and MLA for AMX).
   q="--models qwen3-30b-a3b --tokens 32768 --batches 1,16 --no-hot --threads $THREADS"
   {
-  for v in "" "--no-amx-pv" "--no-amx" "--no-prefetch" "--no-huge-pages" \
-           "--items-per-worker 8" "--block-tokens 256"; do
+  for v in "" "--no-amx" "--amx-pv" "--no-prefetch" "--no-huge-pages"; do
     echo "== variant: ${v:-defaults}"
     "$BENCH" cpu-attention $q $v 2>&1 | grep -E "read bandwidth|^qwen3|kernel|check|error"
   done
-  m="--models deepseek-v2-lite --tokens 32768 --batches 1,16 --threads $THREADS --no-hot"
-  for v in "--no-amx-pv" "--no-amx"; do
-    echo "== variant: MLA $v"
-    "$BENCH" cpu-attention $m $v 2>&1 | grep -E "read bandwidth|^deepseek|kernel|check|error"
+  m="--models deepseek-v2-lite,mixtral-8x7b --tokens 32768 --batches 1,16 --threads $THREADS"
+  for v in "--no-amx" "--amx-pv"; do
+    echo "== variant: MLA, Mixtral $v"
+    "$BENCH" cpu-attention $m $v 2>&1 | grep -E "read bandwidth|^deepseek|^mixtral|kernel|check|error|per core"
   done
   } > "$OUT/variants.log" 2>&1
   cat "$OUT/variants.log"

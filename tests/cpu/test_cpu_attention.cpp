@@ -145,6 +145,7 @@ TEST_CASE("CPU attention of every kernel level matches the fp64 reference", "[un
                         opts.isa = isa;
                         opts.bf16_dot_product = dot;
                         opts.amx = route.amx;
+                        opts.amx_min_group = 1;  // every group size takes the AMX route here
                         opts.amx_pv = route.amx_pv;
                         CpuAttention attn(g, c.block_tokens, pool, opts);
                         REQUIRE(attn.isa() == isa);
@@ -237,7 +238,9 @@ TEST_CASE("attention split across calls and merged equals the unsplit result",
                           << cpu::isa_name(isa));
                 cpu::CpuAttentionOptions opts;
                 opts.isa = isa;
-                opts.amx = true;  // used where available (bf16, AVX-512, AMX)
+                opts.amx = true;  // used where available (bf16, AVX-512, AMX), Q·K and P·V
+                opts.amx_min_group = 1;
+                opts.amx_pv = true;
                 CpuAttention attn(g, sc.B, pool, opts);
                 const std::size_t rows = b.rows(), dv = static_cast<std::size_t>(sc.dv);
                 b.use_layout(LayoutMix::mixed, rng);

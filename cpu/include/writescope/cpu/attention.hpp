@@ -60,12 +60,16 @@ struct CpuAttentionOptions {
     // mask) and FMAs. Both are exact in fp32; the FMA route is the faster one where measured
     // (vdpbf16ps costs ~4.4 FMAs on Sapphire/Emerald Rapids; docs/perf.md), so it is the default.
     bool bf16_dot_product = false;
-    // bf16 KV on AMX-BF16 tiles where the CPU has them (AVX-512 level, group <= 16): Q·K, and
-    // P·V with each fp32 probability split exactly into three bf16 terms (p = p1 + p2 + p3, no
-    // rounding), so every product is exact and accumulates in fp32 as on the FMA route. Ignored
-    // where AMX is not available (see uses_amx()). amx_pv = false keeps P·V on FMAs.
+    // bf16 KV on AMX-BF16 tiles where the CPU has them (AVX-512 level, group <= 16). Q·K: bf16
+    // products are exact and accumulate in fp32, as on the FMA route; used for groups of at least
+    // amx_min_group query heads per KV head (a tile product costs the same for fewer rows:
+    // measured, Qwen3's 8 and MLA's 16 gain, Mixtral's 4 does not; docs/perf.md). amx_pv: P·V on
+    // tiles too, each fp32 probability split exactly into three bf16 terms (p = p1 + p2 + p3, no
+    // rounding); off by default, measured slower than the FMAs. Ignored where AMX is not
+    // available (see uses_amx()).
     bool amx = true;
-    bool amx_pv = true;
+    std::uint32_t amx_min_group = 8;
+    bool amx_pv = false;
 };
 
 class CpuAttention {
