@@ -1,7 +1,6 @@
 #include "writescope/cpu/attention.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -64,10 +63,15 @@ struct WorkItem {
     std::uint32_t part;   // its slot among the parts (unused when the group has one part)
 };
 
-// The parts of one (sequence, KV head): the last item to finish merges them into the output.
+// The parts of one (sequence, KV head), merged into its output rows after all items ran.
 struct MergeGroup {
-    std::atomic<std::uint32_t> remaining{0};
     std::uint32_t first_part = 0, nparts = 0;
+};
+
+// One output row of a group with several parts: merged by one task of the second dispatch
+// (row by row, so that a single long sequence's merge spreads over the threads too).
+struct MergeTask {
+    std::uint32_t group, row;  // row within the group's query heads
 };
 
 struct CpuAttention::Plan {
@@ -81,11 +85,12 @@ struct CpuAttention::Plan {
     // Sized by reserve(); run() only indexes into them.
     std::size_t max_seqs = 0;
     std::size_t max_items = 0;
-    std::vector<WorkItem> items;           // (max_items)
-    std::unique_ptr<MergeGroup[]> groups;  // (max_seqs × kv_heads)
-    AlignedFloats part_o;                  // (max_items, group, dv) fp32 partial outputs
-    AlignedFloats part_lse;                // (max_items, group) fp32 partial lse
-    std::vector<ConstStateView> views;     // (workers, max_items): merge argument scratch
+    std::vector<WorkItem> items;        // (max_items)
+    std::vector<MergeGroup> groups;     // (max_seqs × kv_heads)
+    std::vector<MergeTask> merges;      // (max_seqs × num_q_heads)
+    AlignedFloats part_o;               // (max_items, group, dv) fp32 partial outputs
+    AlignedFloats part_lse;             // (max_items, group) fp32 partial lse
+    std::vector<ConstStateView> views;  // (workers, max_items): merge argument scratch
 };
 
 bool CpuAttention::vector_kernels_support(const KvGeometry& g) noexcept {
@@ -148,7 +153,8 @@ void CpuAttention::reserve(std::size_t max_seqs) {
     P.max_items = target + max_seqs * kvh;
     P.max_seqs = max_seqs;
     P.items.assign(P.max_items, WorkItem{});
-    P.groups = std::make_unique<MergeGroup[]>(max_seqs * kvh);
+    P.groups.assign(max_seqs * kvh, MergeGroup{});
+    P.merges.assign(max_seqs * kvh * g, MergeTask{});
     P.part_o = AlignedFloats(P.max_items * g * dv);
     P.part_lse = AlignedFloats(P.max_items * g);
     P.views.assign(P.workers * P.max_items, ConstStateView{});
@@ -185,7 +191,7 @@ void CpuAttention::run(std::span<const AttnSeq> seqs, StateView out) {
     const std::size_t target = P.workers * std::max<std::size_t>(1, opts_.items_per_worker);
     const std::size_t chunk = std::max<std::size_t>(1, (head_blocks + target - 1) / target);
 
-    std::size_t n_items = 0, n_parts = 0;
+    std::size_t n_items = 0, n_parts = 0, n_merges = 0;
     for (std::size_t s = 0; s < seqs.size(); ++s) {
         const std::size_t nb = seqs[s].blocks.size();
         for (std::size_t h = 0; h < kvh; ++h) {
@@ -193,7 +199,6 @@ void CpuAttention::run(std::span<const AttnSeq> seqs, StateView out) {
             const std::size_t parts = (nb + chunk - 1) / chunk;
             grp.first_part = static_cast<std::uint32_t>(n_parts);
             grp.nparts = static_cast<std::uint32_t>(parts);
-            grp.remaining.store(static_cast<std::uint32_t>(parts), std::memory_order_relaxed);
             if (parts == 0) {  // no blocks: the empty state
                 clear_states({out.o + (s * hq + h * g) * dv, out.lse + s * hq + h * g, g, dv});
                 continue;
@@ -207,14 +212,18 @@ void CpuAttention::run(std::span<const AttnSeq> seqs, StateView out) {
                 it.group = static_cast<std::uint32_t>(s * kvh + h);
                 it.part = static_cast<std::uint32_t>(n_parts + p);
             }
-            if (parts > 1) n_parts += parts;
+            if (parts > 1) {
+                n_parts += parts;
+                for (std::uint32_t r = 0; r < g; ++r)
+                    P.merges[n_merges++] = {static_cast<std::uint32_t>(s * kvh + h), r};
+            }
         }
     }
 
     const std::size_t es = dtype_bytes(geometry_.dtype);
     pool_.parallel_for(n_items, [&](std::size_t i, std::size_t worker) {
         const WorkItem& it = P.items[i];
-        MergeGroup& grp = P.groups[it.group];
+        const MergeGroup& grp = P.groups[it.group];
         const AttnSeq& seq = seqs[it.seq];
         const std::size_t row0 = it.seq * hq + std::size_t{it.kv_head} * g;  // first output row
         const bool single = grp.nparts == 1;
@@ -230,16 +239,22 @@ void CpuAttention::run(std::span<const AttnSeq> seqs, StateView out) {
         a.scratch = {ws + P.offs.s,     ws + P.offs.o,  ws + P.offs.m,  ws + P.offs.l,
                      ws + P.offs.alpha, ws + P.offs.qf, ws + P.offs.qx, ws + P.offs.pp};
         P.kernel(P.shape, a);
-        if (single) return;
+    });
 
-        // acq_rel: the last finisher sees every other part's writes.
-        if (grp.remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    // Groups split into several parts: merge them row by row in a second dispatch (parallel_for
+    // returned only after every item's writes, so all parts are complete).
+    pool_.parallel_for(n_merges, [&](std::size_t i, std::size_t worker) {
+        const MergeTask& task = P.merges[i];
+        const MergeGroup& grp = P.groups[task.group];
+        const std::size_t s = task.group / kvh, h = task.group % kvh;
+        const std::size_t row = s * hq + h * g + task.row;
         ConstStateView* views = P.views.data() + worker * P.max_items;
         for (std::uint32_t p = 0; p < grp.nparts; ++p) {
             const std::size_t part = grp.first_part + p;
-            views[p] = {P.part_o.p + part * g * dv, P.part_lse.p + part * g, g, dv};
+            views[p] = {P.part_o.p + (part * g + task.row) * dv, P.part_lse.p + part * g + task.row,
+                        1, dv};
         }
-        merge_states({views, grp.nparts}, {out.o + row0 * dv, out.lse + row0, g, dv});
+        merge_states({views, grp.nparts}, {out.o + row * dv, out.lse + row, 1, dv});
     });
 }
 

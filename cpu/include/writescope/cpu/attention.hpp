@@ -2,10 +2,10 @@
 // (T/G/P) or the packed (U) layout, producing partial states (attention_state.hpp).
 //
 // Work split: each sequence's blocks are cut, per KV head, into chunks of whole blocks; each
-// chunk is one work item producing a partial state for the KV head's query group, and the last
-// item of a (sequence, KV head) to finish merges its parts. The chunk size is chosen per call so
-// that there are about items_per_worker items per worker: batch 1 with 32K tokens keeps every
-// thread busy, and so does batch 16.
+// chunk is one work item producing a partial state for the KV head's query group. The chunk size
+// is chosen per call so that there are about items_per_worker items per worker: batch 1 with 32K
+// tokens keeps every thread busy, and so does batch 16. A (sequence, KV head) cut into several
+// parts is merged (merge_states) by a second dispatch, one task per output row.
 #pragma once
 
 #include <cstddef>
