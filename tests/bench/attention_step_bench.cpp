@@ -413,18 +413,25 @@ struct Config {
         return v[v.size() / 2];
     }
 
+    // Every block of every sequence, attended in place in the landing area (device memory).
+    std::vector<GpuSeqWork> landing_work(std::vector<std::vector<std::uint32_t>>& slots) const {
+        slots.assign(batch, {});
+        std::vector<GpuSeqWork> w(batch);
+        for (std::size_t i = 0; i < batch; ++i) {
+            for (std::size_t j = 0; j < sh.nb; ++j)
+                slots[i].push_back(static_cast<std::uint32_t>(i * rig->nb_max + j));
+            w[i] = {slots[i], true, static_cast<std::uint32_t>(sh.t_tokens), {}};
+        }
+        return w;
+    }
+
     // The monolithic baseline: each sequence's spilled KV page-locked, copied and unlocked every
     // step; the GPU attends everything in the landing area.
     double run_monolithic(int reps) {
         ModelRig& m = *rig;
         const std::size_t rows = batch * m.g.num_q_heads, dv = m.g.head_dim_v;
-        std::vector<std::vector<std::uint32_t>> slots(batch);
-        std::vector<GpuSeqWork> w(batch);
-        for (std::size_t i = 0; i < batch; ++i) {
-            for (std::size_t j = 0; j < sh.nb; ++j)
-                slots[i].push_back(static_cast<std::uint32_t>(i * m.nb_max + j));
-            w[i] = {slots[i], true, static_cast<std::uint32_t>(sh.t_tokens), {}};
-        }
+        std::vector<std::vector<std::uint32_t>> slots;
+        const std::vector<GpuSeqWork> w = landing_work(slots);
         cuda::Stream s;
         std::vector<double> v;
         for (int rep = 0; rep <= reps; ++rep) {
@@ -449,13 +456,8 @@ struct Config {
     double gpu_inplace_rate(int reps) {
         ModelRig& m = *rig;
         const std::size_t rows = batch * m.g.num_q_heads, dv = m.g.head_dim_v;
-        std::vector<std::vector<std::uint32_t>> slots(batch);
-        std::vector<GpuSeqWork> w(batch);
-        for (std::size_t i = 0; i < batch; ++i) {
-            for (std::size_t j = 0; j < sh.nb; ++j)
-                slots[i].push_back(static_cast<std::uint32_t>(i * m.nb_max + j));
-            w[i] = {slots[i], true, static_cast<std::uint32_t>(sh.t_tokens), {}};
-        }
+        std::vector<std::vector<std::uint32_t>> slots;
+        const std::vector<GpuSeqWork> w = landing_work(slots);
         std::vector<double> v;
         for (int rep = 0; rep <= reps; ++rep) {
             m.gpu_mono->launch(0, m.q.data(), w);

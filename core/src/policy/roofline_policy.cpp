@@ -10,21 +10,13 @@ namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
-double per_token_cost(double v) noexcept {
-    if (std::isnan(v)) return kInf;
-    return v < 0 ? 0.0 : v;
-}
-double fixed_cost(double v) noexcept {
-    return (std::isnan(v) || v < 0) ? 0.0 : v;
-}
-
 }  // namespace
 
 RooflineCosts sanitized(RooflineCosts c) noexcept {
-    c.a = per_token_cost(c.a);
-    c.b = per_token_cost(c.b);
-    c.delta = fixed_cost(c.delta);
-    c.cpu_fixed = fixed_cost(c.cpu_fixed);
+    c.a = sanitized_per_token_cost(c.a);
+    c.b = sanitized_per_token_cost(c.b);
+    c.delta = sanitized_fixed_cost(c.delta);
+    c.cpu_fixed = sanitized_fixed_cost(c.cpu_fixed);
     return c;
 }
 

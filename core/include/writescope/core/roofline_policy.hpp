@@ -2,6 +2,8 @@
 // at which the CPU and the GPU path finish together, and the step time it predicts.
 #pragma once
 
+#include <limits>
+
 namespace writescope {
 
 // The deployed constants of the roofline for one layer. Per-token costs are seconds per spilled
@@ -14,6 +16,16 @@ struct RooflineCosts {
     // partials up), s. The calibration's A-line intercept; 0 gives the paper's model exactly.
     double cpu_fixed = 0;
 };
+
+// One cost as the formula can use it: a per-token cost that is NaN is +inf (an unknown cost: an
+// engine to avoid), a negative one 0; a fixed cost that is NaN or negative is 0.
+inline double sanitized_per_token_cost(double v) noexcept {
+    if (v != v) return std::numeric_limits<double>::infinity();
+    return v < 0 ? 0.0 : v;
+}
+inline double sanitized_fixed_cost(double v) noexcept {
+    return (v != v || v < 0) ? 0.0 : v;
+}
 
 // Replaces inputs the formula cannot use by what they mean (docs/policy.md, "Edge cases"):
 // A or B NaN → +∞ (an unknown cost: route no work toward that engine), A or B negative → 0,
