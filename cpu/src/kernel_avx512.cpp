@@ -1,12 +1,15 @@
-// AVX-512 kernels (F/BW/VL + AVX512_BF16, FMA, F16C). Built with per-file -m flags; entered only
-// after cpuid says the CPU runs them. See kernel_api.hpp for the rules this file keeps (no
-// shared inline functions or templates: everything lives in this file's own namespace).
+// AVX-512 kernels (F/BW/VL + AVX512_BF16, FMA, F16C; AMX-BF16 tiles where granted). Built with
+// per-file -m flags; entered only after cpuid says the CPU runs them. See kernel_api.hpp for the
+// rules this file keeps (no shared inline functions or templates: everything lives in this
+// file's own namespace).
 //
 // Cost per token and KV head (group g, head dims d): Q·K g·d/16 FMAs, P·V g·d/16 FMAs (fp32
 // probabilities: P is never rounded to bf16), plus 2·d/32 shift/mask widenings of bf16 K and V
 // shared by the g heads. bf16 values widen to fp32 exactly, so every product is exact and summed
 // in fp32. vdpbf16ps (kept behind KernelShape::bf16_dot) does 32 MACs per instruction but costs
-// ~4.4 FMAs on Sapphire/Emerald Rapids, which makes the FMA route the faster one there.
+// ~4.4 FMAs on Sapphire/Emerald Rapids, which makes the FMA route the faster one there; AMX tiles
+// take Q·K off the vector ports (KernelShape::amx). Measurements: docs/perf.md.
+//
 // GCC 12's intrinsic headers build "undefined" vectors as `__m512 __Y = __Y;`, which trips
 // -Wuninitialized wherever they are inlined (GCC bug 105593, fixed in 12.3 and 13).
 #pragma GCC diagnostic push

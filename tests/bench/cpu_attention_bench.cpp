@@ -265,6 +265,7 @@ Result time_attention(cpu::WorkerPool& pool, const KvGeometry& g, const Options&
     std::shuffle(slot.begin(), slot.end(), rng);
 
     const std::size_t es = dtype_bytes(g.dtype);
+    // The queries: (batch, q heads, head_dim_k) bf16, random, in 64-bit words.
     std::vector<std::uint64_t> q((batch * g.num_q_heads * g.head_dim_k * es + 7) / 8);
     std::uint64_t s = rng() | 1;
     for (auto& w : q)
@@ -287,7 +288,7 @@ Result time_attention(cpu::WorkerPool& pool, const KvGeometry& g, const Options&
             }
     };
     const std::size_t rows = batch * g.num_q_heads;
-    std::vector<float> out_o(rows * g.head_dim_v), out_lse(rows);
+    std::vector<float> out_o(rows * g.head_dim_v), out_lse(rows);  // (rows, dv), (rows) fp32
     const StateView out{out_o.data(), out_lse.data(), rows, static_cast<std::size_t>(g.head_dim_v)};
 
     place(0);
@@ -334,6 +335,7 @@ double verify(cpu::WorkerPool& pool, const KvGeometry& g, const Options& o, std:
     po.isa = cpu::Isa::portable;
     cpu::CpuAttention ref(g, B, pool, po);
     const std::size_t bb = fast.packed_block_bytes();
+    // KV: (batch × per_seq) packed bf16 blocks; queries: (batch, q heads, dk) bf16.
     std::vector<std::uint64_t> kv((batch * per_seq * bb + 7) / 8),
         q((batch * g.num_q_heads * g.head_dim_k * 2 + 7) / 8);
     std::uint64_t s = rng() | 1;

@@ -45,13 +45,13 @@ TEST_CASE("worker pool runs every item exactly once", "[unit][worker_pool]") {
 TEST_CASE("worker pool survives many dispatches", "[unit][worker_pool]") {
     auto rng = writescope::test::seeded_rng("worker pool many dispatches");
     WorkerPoolOptions o;
-    o.threads = 4;
+    o.threads = 3;
     o.spin_iterations = 50;  // exercise the futex sleep path as well as the spin path
     WorkerPool pool(o);
     std::uniform_int_distribution<std::size_t> size(0, 40);
     std::atomic<std::uint64_t> sum{0};
     std::uint64_t expect = 0;
-    for (int d = 0; d < 3000; ++d) {
+    for (int d = 0; d < 500; ++d) {
         const std::size_t n = size(rng);
         pool.parallel_for(n, [&](std::size_t i, std::size_t) {
             sum.fetch_add(i + 1, std::memory_order_relaxed);

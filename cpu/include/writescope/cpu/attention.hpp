@@ -89,8 +89,9 @@ class CpuAttention {
     // Attends every sequence's blocks with its query. out: rows = seqs.size() × num_q_heads
     // (sequence-major, then query head), dim = head_dim_v; o fp32 (normalised), lse natural log
     // of the scaled scores. A sequence with no valid token gets the empty state (0, −inf).
-    // Allocates nothing. Throws std::invalid_argument when out's shape does not match and
-    // std::length_error when seqs.size() exceeds the reserved count.
+    // Allocates nothing. One run at a time per object (the workspaces are the object's); the
+    // blocks and queries are only read. Throws std::invalid_argument when out's shape does not
+    // match and std::length_error when seqs.size() exceeds the reserved count.
     void run(std::span<const AttnSeq> seqs, StateView out);
 
     // The kernel level in use: the forced or selected one, lowered to portable when the
