@@ -3,10 +3,14 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
+#include <vector>
 
 #include "byte_units.hpp"
 
@@ -91,10 +95,8 @@ HostRegionMemory::HostRegionMemory(std::string name, std::size_t layers, std::si
             }
             s.base = base;
             slabs_.push_back(s);
-            if (opts.prefault) {
-                if (const int err = prefault(base, s.map_bytes, page); err != 0) fail(err);
-            }
         }
+        if (opts.prefault) prefault_slabs(page);
     } catch (...) {
         release();
         throw;
@@ -109,6 +111,37 @@ void HostRegionMemory::release() noexcept {
     for (const Slab& s : slabs_)
         munmap(s.map, s.map_bytes);
     slabs_.clear();
+}
+
+// Touches the slabs on several threads at once: faulting pages in is the kernel's work per page,
+// and a budget of hundreds of GiB takes a minute on one thread. The first failure is reported
+// with its slab.
+void HostRegionMemory::prefault_slabs(std::size_t page) {
+    const std::size_t n = slabs_.size();
+    const std::size_t threads =
+        std::min<std::size_t>(n, std::max(1u, std::thread::hardware_concurrency()));
+    std::atomic<std::size_t> next{0};
+    std::atomic<int> err{0};
+    std::atomic<std::size_t> bad{0};
+    auto work = [&] {
+        for (std::size_t i; (i = next.fetch_add(1)) < n && err.load() == 0;) {
+            if (const int e = prefault(slabs_[i].base, slabs_[i].map_bytes, page); e != 0) {
+                int expected = 0;
+                if (err.compare_exchange_strong(expected, e)) bad = i;
+            }
+        }
+    };
+    std::vector<std::thread> pool;
+    for (std::size_t t = 1; t < threads; ++t)
+        pool.emplace_back(work);
+    work();
+    for (auto& t : pool)
+        t.join();
+    if (const int e = err.load(); e != 0)
+        throw std::runtime_error("cannot back slab " + std::to_string(bad.load() + 1) + " of " +
+                                 std::to_string(n) + " of region " + name_ + " (" +
+                                 kv_detail::format_bytes(slabs_[bad.load()].map_bytes) +
+                                 ") with memory: " + std::strerror(e));
 }
 
 void* HostRegionMemory::block(std::size_t layer, std::size_t slot) noexcept {

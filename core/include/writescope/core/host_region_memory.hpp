@@ -52,6 +52,7 @@ class HostRegionMemory final : public RegionMemory {
         std::size_t slots = 0;      // slots in this slab (slab_slots_, or fewer in the last)
     };
     void release() noexcept;
+    void prefault_slabs(std::size_t page);
 
     std::string name_;
     std::size_t layers_ = 0, slots_ = 0, slot_bytes_ = 0, slab_slots_ = 0;
