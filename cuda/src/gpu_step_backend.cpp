@@ -63,6 +63,10 @@ struct GpuStepBackend::Impl {
     bool launched = false, any_copy = false;
 
     std::vector<std::int32_t> counts;  // per (seq, kv head), reserved once
+    struct ChunkMark {
+        std::size_t item_begin, item_end;
+    };
+    std::vector<ChunkMark> chunks;  // per staged chunk of the current layer, reserved once
 
     Impl(const GpuStepOptions& opts, DevicePool& pl, DeviceRegionMemory& gp, PinnedRegionMemory* pn)
         : o(opts), pool(pl), gpu_pool(gp), pinned(pn) {
@@ -107,6 +111,8 @@ struct GpuStepBackend::Impl {
         d_part_lse =
             static_cast<float*>(pool.allocate(max_items * G * sizeof(float), "GPU partial lse"));
         counts.resize(o.max_seqs * kvh + 1);
+        // Every chunk is full but the last one of a step.
+        chunks.reserve((o.max_blocks + o.max_seqs) / chunk_blocks + 2);
     }
 
     ~Impl() {
@@ -168,12 +174,9 @@ struct GpuStepBackend::Impl {
         const std::size_t inplace_items = nitems;
 
         // P: fill staging chunks in order; each chunk is one launch.
-        struct ChunkMark {
-            std::size_t item_begin, item_end;
-        };
-        // Chunks are few (spilled bytes / chunk bytes); marks live in the items' tail order.
-        std::vector<ChunkMark> chunks;  // small; reserved below
-        chunks.reserve(n_p / chunk_blocks + 2);
+        // Work items of each staged chunk, [begin, end); reserved at construction for the most
+        // chunks a step can have, so the decode path does not allocate.
+        chunks.clear();
         p_bytes = 0;
         {
             std::size_t in_chunk = 0;
