@@ -229,6 +229,16 @@ struct StepTime {
     std::uint64_t cpu_tokens = 0, gpu_tokens = 0;
 };
 
+// What a step tells the trackers: the CPU attended U blocks only, the GPU streamed P blocks.
+StepMeasurement measurement_of(const StepTime& s) {
+    StepMeasurement m;
+    m.cpu_seconds = s.cpu;
+    m.cpu_u_tokens = static_cast<double>(s.cpu_tokens);
+    m.gpu_seconds = s.gpu_attn;
+    m.gpu_p_tokens = static_cast<double>(s.gpu_tokens);
+    return m;
+}
+
 // Everything one model needs for its largest configuration, written once.
 struct ModelRig {
     KvGeometry g;
@@ -602,13 +612,7 @@ int run_attention_step(int argc, char** argv) {
                 double rr = roofline_share(costs, static_cast<double>(cf.spilled_tokens()));
                 for (int step = 0; step < 12; ++step) {
                     cf.prepare(rr);
-                    const StepTime s = cf.run_once();
-                    StepMeasurement m;
-                    m.cpu_seconds = s.cpu;
-                    m.cpu_u_tokens = static_cast<double>(s.cpu_tokens);
-                    m.gpu_seconds = s.gpu_attn;
-                    m.gpu_p_tokens = static_cast<double>(s.gpu_tokens);
-                    tr.observe(m);
+                    tr.observe(measurement_of(cf.run_once()));
                     rr = roofline_share(tr.costs(), static_cast<double>(cf.spilled_tokens()));
                 }
                 r.r_calibrated = roofline_share(costs, static_cast<double>(cf.spilled_tokens()));
@@ -700,12 +704,7 @@ int run_attention_step(int argc, char** argv) {
             const double r = roofline_share(tr.costs(), static_cast<double>(cf.spilled_tokens()));
             cf.prepare(r);
             const StepTime s = cf.run_once();
-            StepMeasurement m;
-            m.cpu_seconds = s.cpu;
-            m.cpu_u_tokens = static_cast<double>(s.cpu_tokens);
-            m.gpu_seconds = s.gpu_attn;
-            m.gpu_p_tokens = static_cast<double>(s.gpu_tokens);
-            tr.observe(m);
+            tr.observe(measurement_of(s));
             std::printf("%4d %5s %12.3f %12.3f %12.3f %7.3f %9.3f\n", step, load ? "on" : "off",
                         s.cpu_tokens ? s.cpu / s.cpu_tokens * 1e9 : 0.0, tr.costs().a * 1e9,
                         tr.costs().b * 1e9, r, s.total * 1e3);

@@ -18,16 +18,16 @@
 namespace writescope {
 
 struct EngineOptions {
-    KvGeometry geometry;             // from a preset or a model directory's config.json
-    std::size_t block_tokens = 128;  // tokens per KV block (64–256)
-    int gpu_index = -1;              // -1: no GPU (CPU backend only; r = 1)
-    std::uint64_t vram_kv_bytes = 0;     // GPU budget for T + G (+ staging), bytes
-    std::uint64_t pinned_kv_bytes = 0;   // P region budget, bytes (pinned host memory)
-    std::uint64_t host_kv_bytes = 0;     // U region budget, bytes (ordinary host memory)
-    int attention_threads = 0;           // CPU attention threads; 0 = one per online core
-    bool pin_threads = true;             // pin attention threads to cores
-    std::size_t max_batch = 64;          // most sequences in one step
-    std::string mode = "writescope";     // writescope | gpu-only | cpu-only | static:R | monolithic
+    KvGeometry geometry;                // from a preset or a model directory's config.json
+    std::size_t block_tokens = 128;     // tokens per KV block (64–256)
+    int gpu_index = -1;                 // -1: no GPU (CPU backend only; r = 1)
+    std::uint64_t vram_kv_bytes = 0;    // GPU budget for T + G (+ staging), bytes
+    std::uint64_t pinned_kv_bytes = 0;  // P region budget, bytes (pinned host memory)
+    std::uint64_t host_kv_bytes = 0;    // U region budget, bytes (ordinary host memory)
+    int attention_threads = 0;          // CPU attention threads; 0 = one per online core
+    bool pin_threads = true;            // pin attention threads to cores
+    std::size_t max_batch = 64;         // most sequences in one step
+    std::string mode = "writescope";    // writescope | gpu-only | cpu-only | static:R | monolithic
     // Tracker settings (robust EWMA): smoothing factor and outlier clamp ratio.
     double tracker_alpha = 0.2;
     double tracker_clamp = 3.0;
@@ -78,7 +78,7 @@ struct Admission {
 };
 
 class Engine {
-public:
+  public:
     // Builds the backends and the KV cache within the budgets. Throws std::runtime_error with a
     // message naming the problem (bad geometry, budget too small for one sequence, no GPU...).
     static std::unique_ptr<Engine> create(const EngineOptions& opts);
