@@ -1,5 +1,7 @@
 #include "engine_options.hpp"
 
+#include "hf_config.hpp"
+
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -35,10 +37,11 @@ KvGeometry resolve_model(const Profile& p, std::string_view source) {
              fmt::format("{} holds no config.json: a model directory is a Hugging Face "
                          "checkpoint (config.json and *.safetensors)",
                          src));
-    fail(source, "model.source",
-         fmt::format("{}: model directories are not supported by this version yet (they arrive "
-                     "with the model runtime); use a built-in preset ({})",
-                     src, fmt::join(kv_geometry_preset_names(), ", ")));
+    try {
+        return kv_geometry_from_model_dir(fs::path(src), p.kv.dtype);
+    } catch (const HfConfigError& e) {
+        fail(source, "model.source", e.what());
+    }
 }
 
 }  // namespace

@@ -263,7 +263,7 @@ TEST_CASE("the profile maps onto EngineOptions", "[unit][daemon][profile]") {
     p.model.source = dir.string();
     expect_issue(p, "model.source", "holds no config.json");
     std::ofstream(dir / "config.json") << "{}";
-    expect_issue(p, "model.source", "not supported by this version yet");
+    expect_issue(p, "model.source", "model_type: missing");
     std::filesystem::remove_all(dir);
     p.model.source = "/nonexistent/model";
     expect_issue(p, "model.source", "does not exist");
