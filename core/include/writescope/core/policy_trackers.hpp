@@ -2,6 +2,9 @@
 // how one step's measurement updates them (DESIGN.md section 4, "Online tracking").
 #pragma once
 
+#include <array>
+#include <cstddef>
+
 #include "writescope/core/cost_tracker.hpp"
 #include "writescope/core/roofline_policy.hpp"
 #include "writescope/core/step_plan.hpp"
@@ -52,9 +55,23 @@ class PolicyTrackers {
     const RegionPenalties& penalties() const noexcept { return penalties_; }
 
   private:
+    // The last few (tokens, seconds) of one engine, for a line fit when the token counts vary
+    // enough to separate the per-token cost from the fixed one.
+    struct LineWindow {
+        static constexpr std::size_t kSize = 8;
+        std::array<double, kSize> x{}, y{};  // tokens, seconds
+        std::size_t count = 0, next = 0;
+        void add(double tokens, double seconds) noexcept;
+        // Least squares over the window: true (with slope > 0 and 0 <= intercept <= the
+        // smallest time seen) when there are >= 3 points, the token counts spread by >= 15 %
+        // of the largest and R^2 >= 0.9.
+        bool fit(double& slope, double& intercept) const noexcept;
+    };
+
     CostTracker a_, b_, delta_;
     double cpu_fixed_ = 0;  // c0, s
     RegionPenalties penalties_;
+    LineWindow cpu_line_, gpu_line_;
 };
 
 }  // namespace writescope
