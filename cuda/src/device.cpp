@@ -124,7 +124,7 @@ DevicePool::DevicePool(std::uint64_t budget_bytes) : budget_(budget_bytes) {
         throw std::runtime_error("GPU memory budget of " + bytes_str(budget_) +
                                  " could not be allocated (" + cudaGetErrorString(e) + "; " +
                                  bytes_str(free_b) + " free of " + bytes_str(total_b) +
-                                 "): lower hardware.vram_budget");
+                                 "): lower hardware.vram_kv_budget");
     }
     base_ = static_cast<char*>(p);
     free_.push_back({0, budget_});

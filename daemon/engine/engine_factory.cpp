@@ -96,7 +96,7 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& o) {
                                         (g.head_dim_k * 2 + (g.head_dim_v + 1) * 8) +
                                     (4u << 20);
     if (o.vram_kv_bytes < workspace + o.max_batch * per_pool_slot)
-        throw std::runtime_error("hardware.vram_budget = " + mib(o.vram_kv_bytes) +
+        throw std::runtime_error("hardware.vram_kv_budget = " + mib(o.vram_kv_bytes) +
                                  " is too small: the GPU workspace takes " + mib(workspace) +
                                  " and the open blocks of " + std::to_string(o.max_batch) +
                                  " sequences " + mib(o.max_batch * per_pool_slot));

@@ -147,5 +147,5 @@ TEST_CASE("the engine on a GPU: budgets become regions, calibration fits A, B an
     REQUIRE_NOTHROW(e->set_mode("gpu-only"));
     // A budget too small for one sequence's open blocks is refused at creation, naming the key.
     o.vram_kv_bytes = 1ull << 20;
-    REQUIRE_THROWS_WITH(Engine::create(o), Catch::Contains("vram_budget"));
+    REQUIRE_THROWS_WITH(Engine::create(o), Catch::Contains("hardware.vram_kv_budget"));
 }
