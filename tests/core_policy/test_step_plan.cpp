@@ -409,6 +409,36 @@ TEST_CASE("step plan honours the modes", "[unit][policy][plan]") {
     }
 }
 
+TEST_CASE("step plan never gives the GPU a U block when it cannot pull them",
+          "[unit][policy][plan]") {
+    auto rng = test::seeded_rng("step plan no U pulls");
+    StepPlan plan;
+    plan.reserve(8, 8 * 64);
+    for (int trial = 0; trial < 60; ++trial) {
+        const std::size_t bt = 128;
+        const Batch b = random_batch(rng, bt);
+        const auto batch = b.view();
+        const Counts n = count(b);
+        PlanOptions opts;
+        opts.block_tokens = bt;
+        opts.gpu_pulls_u = false;
+        opts.costs = random_costs(rng);
+        opts.costs.a *= 100;  // the CPU is the bottleneck: pulling U would be the move
+        for (const char* m : {"writescope", "gpu-only", "monolithic", "static:0", "static:0.3"}) {
+            opts.mode = parse_execution_mode(m);
+            plan_step(batch, opts, plan);
+            check_partition(b, plan, true);
+            REQUIRE(plan.totals().u_to_gpu_blocks == 0);
+            for (std::size_t s = 0; s < batch.size(); ++s)
+                for (std::uint32_t i : plan.gpu_blocks(s))
+                    REQUIRE(b.tables[s][i].region != Region::U);
+            // gpu-only and monolithic still stream every P block.
+            if (opts.mode.kind == ModeKind::gpu_only || opts.mode.kind == ModeKind::monolithic)
+                REQUIRE(plan.totals().cpu_spilled_tokens == n.u * bt);
+        }
+    }
+}
+
 TEST_CASE("step plan does not allocate after reserve", "[unit][policy][plan]") {
     auto rng = test::seeded_rng("step plan allocation");
     StepPlan plan;

@@ -37,14 +37,6 @@ void random_values(void* dst, std::size_t n, DType t, std::mt19937_64& rng) {
         store_from_f32(dst, i, t, u(rng));
 }
 
-// The GPU path never pulls U blocks (they are packed for the CPU kernel), so the plan must not
-// move any there: an infinite pageable cost says so.
-RegionPenalties penalties() {
-    RegionPenalties p;
-    p.pageable_copy = std::numeric_limits<double>::infinity();
-    return p;
-}
-
 }  // namespace
 
 LineFit fit_line(const std::vector<double>& x, const std::vector<double>& y) noexcept {
@@ -75,7 +67,7 @@ EngineImpl::EngineImpl(const EngineOptions& opts, EngineParts parts)
       parts_(std::move(parts)),
       mode_(parse_execution_mode(opts.mode)),
       tracker_cfg_{},
-      trackers_(tracker_cfg_, penalties()) {
+      trackers_(tracker_cfg_) {
     if (!parts_.gpu_pool || !parts_.cpu) throw std::invalid_argument("engine: missing backends");
     if (mode_needs_gpu(mode_) && !parts_.gpu)
         throw std::invalid_argument("policy mode '" + opts.mode +
@@ -315,7 +307,7 @@ void EngineImpl::set_tracker(double alpha, double clamp) {
     const RooflineCosts keep = trackers_.costs();
     const bool had = trackers_.a().has_estimate();
     tracker_cfg_ = cfg;
-    trackers_ = PolicyTrackers(cfg, penalties());
+    trackers_ = PolicyTrackers(cfg);
     if (had) trackers_.seed(keep);
 }
 

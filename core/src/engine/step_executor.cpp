@@ -72,6 +72,9 @@ const StepPlan& StepExecutor::plan(std::span<const std::uint64_t> seq_ids,
     PlanOptions po;
     po.block_tokens = B_;
     po.has_gpu = gpu_ != nullptr;
+    // U is packed for the CPU kernel and the GPU path reads only the linear layout (and pulling
+    // pageable memory runs 6.6x slower than pinned, DESIGN.md section 1).
+    po.gpu_pulls_u = false;
     po.mode = mode;
     po.costs = costs;
     plan_step(std::span<const SequenceBlocks>(batch_.data(), nseq_), po, plan_);
@@ -92,7 +95,8 @@ LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateV
         const auto& table = tables_[i];
         const auto* qi = static_cast<const char*>(q) + i * q_row_bytes_;
         const std::size_t c0 = nc;
-        auto add_cpu = [&](const BlockRef ref) {
+        for (std::uint32_t idx : plan_.cpu_blocks(i)) {
+            const BlockRef ref = table[idx];
             CpuBlock b;
             switch (ref.region) {
                 case Region::U:
@@ -108,14 +112,12 @@ LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateV
                     b = {pool_.block(layer, ref.slot), open_tokens_[i], false};
                     break;
             }
-            if (b.tokens == 0) return;
+            if (b.tokens == 0) continue;
             if (ref.region == Region::U || ref.region == Region::P)
                 r.cpu_spilled_tokens += b.tokens;
             r.cpu_tokens += b.tokens;
             cpu_blocks_[nc++] = b;
-        };
-        for (std::uint32_t idx : plan_.cpu_blocks(i))
-            add_cpu(table[idx]);
+        }
 
         if (gpu_) {
             const std::size_t g0 = ng, p0 = np;
@@ -139,12 +141,8 @@ LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateV
                         r.gpu_spilled_tokens += B_;
                         break;
                     case Region::U:
-                        // U blocks are packed for the CPU kernel and the GPU path does not pull
-                        // them (DESIGN.md: pageable copies run ~6.6x slower than pinned ones);
-                        // the CPU attends them in place instead.
-                        add_cpu(ref);
-                        ++r.u_blocks_kept_on_cpu;
-                        break;
+                        // plan() asks for plans that leave U to the CPU (gpu_pulls_u = false).
+                        throw std::logic_error("step plan gave a U block to the GPU");
                 }
             }
             // The open block is the last in-place slot (the kernel's contract): the plan lists

@@ -169,7 +169,7 @@ void plan_step(std::span<const SequenceBlocks> batch, const PlanOptions& opts, S
         switch (opts.mode.kind) {
             case ModeKind::gpu_only:
             case ModeKind::monolithic:
-                k_u = n_u;
+                k_u = opts.gpu_pulls_u ? n_u : 0;
                 break;
             case ModeKind::cpu_only:
                 k_p = n_p;
@@ -178,7 +178,8 @@ void plan_step(std::span<const SequenceBlocks> batch, const PlanOptions& opts, S
                 const double r = std::clamp(opts.mode.static_share, 0.0, 1.0);
                 const double target_blocks = r * static_cast<double>(n_u + n_p);
                 if (target_blocks < static_cast<double>(n_u)) {
-                    k_u = nearest_count(static_cast<double>(n_u) - target_blocks, n_u);
+                    if (opts.gpu_pulls_u)
+                        k_u = nearest_count(static_cast<double>(n_u) - target_blocks, n_u);
                 } else {
                     k_p = nearest_count(target_blocks - static_cast<double>(n_u), n_p);
                 }
@@ -186,7 +187,7 @@ void plan_step(std::span<const SequenceBlocks> batch, const PlanOptions& opts, S
             }
             case ModeKind::writescope: {
                 const double cpu0 = cpu_time(0, 0), gpu0 = gpu_time(0, 0);
-                if (cpu0 > gpu0) {
+                if (cpu0 > gpu0 && opts.gpu_pulls_u) {
                     k_u = minimise_crossing(n_u, [&](std::uint64_t k) {
                         return EngineTimes{cpu_time(k, 0), gpu_time(k, 0)};
                     });

@@ -29,9 +29,6 @@ struct LayerStepResult {
     std::uint64_t cpu_spilled_tokens = 0;
     std::uint64_t gpu_spilled_tokens = 0;  // P tokens the GPU streamed
     std::uint64_t gpu_inplace_tokens = 0;  // T and G tokens the GPU attended in place
-    // U blocks the plan gave the GPU that the CPU attended instead: the GPU path does not pull
-    // the CPU's packed layout (plan with an infinite pageable cost to avoid them).
-    std::uint64_t u_blocks_kept_on_cpu = 0;
 };
 
 class StepExecutor {

@@ -60,6 +60,10 @@ struct SequenceBlocks {
 struct PlanOptions {
     std::size_t block_tokens = 128;  // tokens per sealed block
     bool has_gpu = true;             // false: a CPU-only build; the CPU attends everything
+    // Whether the GPU path can pull U blocks at all. False when U is laid out for the CPU kernel
+    // only (the engine's case): no mode then moves a U block to the GPU, gpu-only and static:R
+    // included; the stored split converges through routing instead.
+    bool gpu_pulls_u = true;
     ExecutionMode mode;
     PlanCosts costs;
 };
