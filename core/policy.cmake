@@ -2,6 +2,7 @@
 # execution modes, the robust online cost trackers, the per-step plan and the warm-start state.
 add_library(writescope_policy STATIC
   src/policy/roofline_policy.cpp
+  src/policy/line_fit.cpp
   src/policy/execution_mode.cpp
   src/policy/cost_tracker.cpp
   src/policy/policy_trackers.cpp

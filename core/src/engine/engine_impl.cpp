@@ -39,29 +39,6 @@ void random_values(void* dst, std::size_t n, DType t, std::mt19937_64& rng) {
 
 }  // namespace
 
-LineFit fit_line(const std::vector<double>& x, const std::vector<double>& y) noexcept {
-    LineFit f;
-    const std::size_t n = std::min(x.size(), y.size());
-    if (n == 0) return f;
-    const double mx = std::accumulate(x.begin(), x.begin() + n, 0.0) / n;
-    const double my = std::accumulate(y.begin(), y.begin() + n, 0.0) / n;
-    double sxx = 0, sxy = 0, syy = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-        sxx += (x[i] - mx) * (x[i] - mx);
-        sxy += (x[i] - mx) * (y[i] - my);
-        syy += (y[i] - my) * (y[i] - my);
-    }
-    f.slope = sxx > 0 ? sxy / sxx : 0;
-    f.intercept = my - f.slope * mx;
-    double ss_res = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-        const double e = y[i] - (f.intercept + f.slope * x[i]);
-        ss_res += e * e;
-    }
-    f.r2 = syy > 0 ? 1.0 - ss_res / syy : 1.0;
-    return f;
-}
-
 EngineImpl::EngineImpl(const EngineOptions& opts, EngineParts parts)
     : opts_(opts),
       parts_(std::move(parts)),

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
+
+#include "writescope/core/line_fit.hpp"
 
 namespace writescope {
 
@@ -34,29 +37,14 @@ void PolicyTrackers::LineWindow::add(double tokens, double seconds) noexcept {
 
 bool PolicyTrackers::LineWindow::fit(double& slope, double& intercept) const noexcept {
     if (count < 3) return false;
-    double lo = x[0], hi = x[0], ymin = y[0], mx = 0, my = 0;
-    for (std::size_t i = 0; i < count; ++i) {
-        lo = std::min(lo, x[i]);
-        hi = std::max(hi, x[i]);
-        ymin = std::min(ymin, y[i]);
-        mx += x[i];
-        my += y[i];
-    }
-    if (!(hi > 0) || hi - lo < 0.15 * hi) return false;
-    mx /= static_cast<double>(count);
-    my /= static_cast<double>(count);
-    double sxx = 0, sxy = 0, syy = 0;
-    for (std::size_t i = 0; i < count; ++i) {
-        sxx += (x[i] - mx) * (x[i] - mx);
-        sxy += (x[i] - mx) * (y[i] - my);
-        syy += (y[i] - my) * (y[i] - my);
-    }
-    if (!(sxx > 0) || !(syy > 0)) return false;
-    const double s = sxy / sxx;
-    const double r2 = sxy * sxy / (sxx * syy);
-    if (!(s > 0) || !(r2 >= 0.9)) return false;
-    slope = s;
-    intercept = std::clamp(my - s * mx, 0.0, ymin);
+    const auto xs = std::span<const double>(x).first(count);
+    const auto ys = std::span<const double>(y).first(count);
+    const auto [lo, hi] = std::minmax_element(xs.begin(), xs.end());
+    if (!(*hi > 0) || *hi - *lo < 0.15 * *hi) return false;
+    const LineFit f = fit_line(xs, ys);
+    if (!(f.slope > 0) || !(f.r2 >= 0.9)) return false;
+    slope = f.slope;
+    intercept = std::clamp(f.intercept, 0.0, *std::min_element(ys.begin(), ys.end()));
     return true;
 }
 

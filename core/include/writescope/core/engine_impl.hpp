@@ -12,6 +12,7 @@
 #include "writescope/core/engine.hpp"
 #include "writescope/core/execution_mode.hpp"
 #include "writescope/core/kv_cache.hpp"
+#include "writescope/core/line_fit.hpp"
 #include "writescope/core/policy_state.hpp"
 #include "writescope/core/policy_trackers.hpp"
 #include "writescope/core/region_memory.hpp"
@@ -32,12 +33,6 @@ struct EngineParts {
     std::function<void(std::size_t layer, std::uint32_t slot, const void* linear)> write_pool_block;
     std::string gpu_description;  // "NVIDIA H200 (GPU 0)", or empty
 };
-
-// One line fitted by least squares: y = intercept + slope·x, with its R².
-struct LineFit {
-    double slope = 0, intercept = 0, r2 = 0;
-};
-LineFit fit_line(const std::vector<double>& x, const std::vector<double>& y) noexcept;
 
 class EngineImpl final : public Engine {
   public:
