@@ -50,7 +50,6 @@ struct StepFixture {
         const std::size_t L = static_cast<std::size_t>(g.num_layers);
         auto& t = truth[id];
         t.assign(L, {});
-        std::vector<std::byte> packed(cpu.packed_block_bytes());
         for (const SealMove& m : cache.append(id, n)) {
             for (std::size_t l = 0; l < L; ++l) {
                 auto blk = random_block(rng);

@@ -75,7 +75,6 @@ EngineImpl::~EngineImpl() {
 
 void EngineImpl::fill_layer0(KvCache& cache, std::span<const std::uint64_t> ids, std::size_t tokens,
                              std::mt19937_64& rng) {
-    std::vector<std::byte> packed(parts_.cpu->packed_block_bytes());
     std::size_t k = rng() % random_blocks_.size();
     auto next_block = [&]() -> const std::vector<std::byte>& {
         k = (k + 1) % random_blocks_.size();
