@@ -119,6 +119,12 @@ asio::awaitable<void> HttpServer::Impl::serve(local::socket socket) {
     try {
         while (!stopping) {
             const ServerLimits lim = limits();
+            // 413, whether the stated length or the arriving body crosses the limit.
+            auto body_too_large = [&] {
+                return api.reject(413, fmt::format("the request body is larger than "
+                                                   "server.max_body_bytes ({})",
+                                                   format_size(lim.max_body_bytes)));
+            };
             http::request_parser<http::string_body> parser;
             parser.body_limit(lim.max_body_bytes);
             parser.header_limit(16 * 1024);
@@ -127,11 +133,7 @@ asio::awaitable<void> HttpServer::Impl::serve(local::socket socket) {
             auto [ec, n] = co_await http::async_read_header(stream, buffer, parser, use_tuple);
             me->awaiting_request = false;
             if (ec == http::error::body_limit) {
-                co_await write(stream,
-                               api.reject(413, fmt::format("the request body is larger than "
-                                                           "server.max_body_bytes ({})",
-                                                           format_size(lim.max_body_bytes))),
-                               false);
+                co_await write(stream, body_too_large(), false);
                 co_await linger(stream);
                 break;
             }
@@ -165,11 +167,7 @@ asio::awaitable<void> HttpServer::Impl::serve(local::socket socket) {
             if (!parser.is_done()) {
                 auto [bec, bn] = co_await http::async_read(stream, buffer, parser, use_tuple);
                 if (bec == http::error::body_limit) {
-                    co_await write(stream,
-                                   api.reject(413, fmt::format("the request body is larger than "
-                                                               "server.max_body_bytes ({})",
-                                                               format_size(lim.max_body_bytes))),
-                                   false);
+                    co_await write(stream, body_too_large(), false);
                     co_await linger(stream);
                     break;
                 }
