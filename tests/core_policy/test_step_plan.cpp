@@ -1,60 +1,15 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <cstdlib>
-#include <new>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <vector>
 
+#include "allocation_counter.hpp"
 #include "test_seed.hpp"
 #include "writescope/core/step_plan.hpp"
-
-// Counts heap allocations, to show that planning after reserve() allocates nothing. Every
-// non-aligned form is replaced (Catch2 uses the nothrow ones), so each new pairs with a delete
-// of this file: malloc with free. g++ cannot see that they pair and warns, wrongly.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-namespace {
-std::atomic<std::size_t> g_allocations{0};
-}  // namespace
-
-void* operator new(std::size_t n) {
-    ++g_allocations;
-    if (void* p = std::malloc(n ? n : 1)) return p;
-    throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) {
-    return operator new(n);
-}
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
-    ++g_allocations;
-    return std::malloc(n ? n : 1);
-}
-void* operator new[](std::size_t n, const std::nothrow_t& t) noexcept {
-    return operator new(n, t);
-}
-void operator delete(void* p, const std::nothrow_t&) noexcept {
-    std::free(p);
-}
-void operator delete[](void* p, const std::nothrow_t&) noexcept {
-    std::free(p);
-}
-void operator delete(void* p) noexcept {
-    std::free(p);
-}
-void operator delete[](void* p) noexcept {
-    std::free(p);
-}
-void operator delete(void* p, std::size_t) noexcept {
-    std::free(p);
-}
-void operator delete[](void* p, std::size_t) noexcept {
-    std::free(p);
-}
-#pragma GCC diagnostic pop
 
 using namespace writescope;
 
@@ -454,7 +409,7 @@ TEST_CASE("step plan does not allocate after reserve", "[unit][policy][plan]") {
     opts.block_tokens = 64;
     opts.costs = random_costs(rng);
 
-    const std::size_t before = g_allocations.load();
+    const std::uint64_t before = test::allocations();
     for (int round = 0; round < 3; ++round) {
         for (const auto& v : views) {
             opts.mode = round == 0   ? ExecutionMode{}
@@ -463,8 +418,13 @@ TEST_CASE("step plan does not allocate after reserve", "[unit][policy][plan]") {
             plan_step(v, opts, plan);
         }
     }
-    const std::size_t after = g_allocations.load();
-    CHECK(after == before);
+    const std::uint64_t after = test::allocations();
+    if constexpr (test::kCountsAllocations) {
+        CHECK(after == before);
+        // The counter itself works: one allocation is seen.
+        const auto probe = std::make_unique<int>(1);
+        CHECK(test::allocations() == after + 1);
+    }
     CHECK(plan.seq_capacity() == seq_cap);
     CHECK(plan.block_capacity() == block_cap);
 
