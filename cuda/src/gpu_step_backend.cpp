@@ -21,6 +21,41 @@ struct PinnedBuffer {
     char* data() const { return static_cast<char*>(slabs->slab(0)); }
 };
 
+// What one backend takes, derived from its options in one place: the constructor allocates
+// exactly these, and device_bytes() adds them up for the engine's VRAM budget.
+struct Sizes {
+    std::size_t kvh, G, dk, dv, qh, block_bytes;
+    std::size_t chunk_blocks, chunk_bytes, slots;  // staging ring
+    std::size_t max_items, meta_bytes, q_bytes, state_bytes;
+};
+
+Sizes sizes_of(const GpuStepOptions& o) {
+    const auto& g = o.geometry;
+    Sizes z{};
+    z.kvh = static_cast<std::size_t>(g.num_kv_heads);
+    z.G = static_cast<std::size_t>(g.group_size());
+    z.dk = static_cast<std::size_t>(g.head_dim_k);
+    z.dv = static_cast<std::size_t>(g.head_dim_v);
+    z.qh = static_cast<std::size_t>(g.num_q_heads);
+    z.block_bytes = g.bytes_per_token_layer() * o.block_tokens;
+    z.chunk_blocks = std::max(o.staging_chunk_bytes, z.block_bytes) / z.block_bytes;
+    z.chunk_bytes = z.chunk_blocks * z.block_bytes;
+    z.slots = std::max<std::size_t>(o.staging_slots, 2);
+    z.max_items = z.kvh * std::max<std::size_t>(o.max_blocks, 1) + z.kvh * o.max_seqs;
+    const std::size_t max_blocks = o.max_blocks + o.max_seqs;
+    z.meta_bytes = (max_blocks * sizeof(void*) + 256) + (max_blocks * 4 + 256) +
+                   (z.max_items * sizeof(AttnWorkItem) + 256) +
+                   ((o.max_seqs * z.kvh + 1) * 4 + 256) + (z.max_items * 4 + 256);
+    z.q_bytes = o.max_seqs * z.qh * z.dk * dtype_bytes(g.dtype);
+    z.state_bytes = o.max_seqs * z.qh * (z.dv + 1) * sizeof(float);
+    return z;
+}
+
+// DevicePool hands out 256-byte aligned pieces.
+std::uint64_t pooled(std::uint64_t bytes) {
+    return (bytes + 255) & ~std::uint64_t{255};
+}
+
 template <class T>
 T* carve(char*& cursor, std::size_t n) {
     auto* p = reinterpret_cast<T*>(cursor);
@@ -71,20 +106,21 @@ struct GpuStepBackend::Impl {
     Impl(const GpuStepOptions& opts, DevicePool& pl, DeviceRegionMemory& gp, PinnedRegionMemory* pn)
         : o(opts), pool(pl), gpu_pool(gp), pinned(pn) {
         const auto& g = o.geometry;
-        kvh = static_cast<std::size_t>(g.num_kv_heads);
-        G = static_cast<std::size_t>(g.group_size());
-        dk = static_cast<std::size_t>(g.head_dim_k);
-        dv = static_cast<std::size_t>(g.head_dim_v);
-        qh = static_cast<std::size_t>(g.num_q_heads);
-        block_bytes = g.bytes_per_token_layer() * o.block_tokens;
         if (!decode_attention_supported(g))
             throw std::invalid_argument("the GPU attention kernels do not support geometry '" +
                                         g.name + "'");
-        if (o.staging_chunk_bytes < block_bytes) o.staging_chunk_bytes = block_bytes;
-        chunk_blocks = o.staging_chunk_bytes / block_bytes;
-        o.staging_chunk_bytes = chunk_blocks * block_bytes;
-        if (o.staging_slots < 2) o.staging_slots = 2;
-        max_items = kvh * std::max<std::size_t>(o.max_blocks, 1) + kvh * o.max_seqs;
+        const Sizes z = sizes_of(o);
+        kvh = z.kvh;
+        G = z.G;
+        dk = z.dk;
+        dv = z.dv;
+        qh = z.qh;
+        block_bytes = z.block_bytes;
+        chunk_blocks = z.chunk_blocks;
+        o.staging_chunk_bytes = z.chunk_bytes;
+        o.staging_slots = z.slots;
+        max_items = z.max_items;
+        meta_bytes = z.meta_bytes;
 
         staging = static_cast<char*>(
             pool.allocate(o.staging_slots * o.staging_chunk_bytes, "P staging ring"));
@@ -92,20 +128,14 @@ struct GpuStepBackend::Impl {
             slot_ready.push_back(std::make_unique<Event>(false));
             slot_free.push_back(std::make_unique<Event>(false));
         }
-        const std::size_t max_blocks = o.max_blocks + o.max_seqs;
-        meta_bytes = (max_blocks * sizeof(void*) + 256) + (max_blocks * 4 + 256) +
-                     (max_items * sizeof(AttnWorkItem) + 256) + ((o.max_seqs * kvh + 1) * 4 + 256) +
-                     (max_items * 4 + 256);
         h_meta = std::make_unique<PinnedBuffer>(meta_bytes);
         d_meta = static_cast<char*>(pool.allocate(meta_bytes, "GPU step metadata"));
-        const std::size_t q_bytes = o.max_seqs * qh * dk * dtype_bytes(g.dtype);
-        const std::size_t state_bytes = o.max_seqs * qh * (dv + 1) * sizeof(float);
-        h_q = std::make_unique<PinnedBuffer>(q_bytes);
-        h_ext = std::make_unique<PinnedBuffer>(state_bytes);
-        h_out = std::make_unique<PinnedBuffer>(state_bytes);
-        d_q = static_cast<char*>(pool.allocate(q_bytes, "GPU step queries"));
-        d_ext = static_cast<char*>(pool.allocate(state_bytes, "CPU partial states"));
-        d_out = static_cast<char*>(pool.allocate(state_bytes, "merged states"));
+        h_q = std::make_unique<PinnedBuffer>(z.q_bytes);
+        h_ext = std::make_unique<PinnedBuffer>(z.state_bytes);
+        h_out = std::make_unique<PinnedBuffer>(z.state_bytes);
+        d_q = static_cast<char*>(pool.allocate(z.q_bytes, "GPU step queries"));
+        d_ext = static_cast<char*>(pool.allocate(z.state_bytes, "CPU partial states"));
+        d_out = static_cast<char*>(pool.allocate(z.state_bytes, "merged states"));
         d_part_o = static_cast<float*>(
             pool.allocate(max_items * G * dv * sizeof(float), "GPU partial states"));
         d_part_lse =
@@ -347,6 +377,13 @@ void GpuStepBackend::launch(std::size_t layer, const void* q, std::span<const Gp
 
 GpuLayerTiming GpuStepBackend::finish(ConstStateView cpu_part, StateView out) {
     return impl_->finish(cpu_part, out);
+}
+
+std::uint64_t GpuStepBackend::device_bytes(const GpuStepOptions& opts) {
+    const Sizes z = sizes_of(opts);
+    return pooled(z.slots * z.chunk_bytes) + pooled(z.meta_bytes) + pooled(z.q_bytes) +
+           2 * pooled(z.state_bytes) + pooled(z.max_items * z.G * z.dv * sizeof(float)) +
+           pooled(z.max_items * z.G * sizeof(float));
 }
 
 std::size_t GpuStepBackend::staging_bytes() const noexcept {

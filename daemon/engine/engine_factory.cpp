@@ -88,13 +88,9 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& o) {
     so.block_tokens = B;
     so.max_seqs = o.max_batch;
     so.max_blocks = g_upper + p_slots + o.max_batch;
-    // Workspace: staging ring, metadata, partial states (one row per block per query head).
-    const std::uint64_t workspace = so.staging_slots * so.staging_chunk_bytes +
-                                    static_cast<std::uint64_t>(so.max_blocks + 2 * o.max_batch) *
-                                        (g.num_q_heads * (g.head_dim_v + 1) * 4 + 64) +
-                                    static_cast<std::uint64_t>(o.max_batch) * g.num_q_heads *
-                                        (g.head_dim_k * 2 + (g.head_dim_v + 1) * 8) +
-                                    (4u << 20);
+    // The step backend's workspace, sized for the most blocks G could ever hold.
+    // (+256: the T+G region is one more 256-byte aligned piece of the pool)
+    const std::uint64_t workspace = cuda::GpuStepBackend::device_bytes(so) + 256;
     if (o.vram_kv_bytes < workspace + o.max_batch * per_pool_slot)
         throw std::runtime_error("hardware.vram_kv_budget = " + mib(o.vram_kv_bytes) +
                                  " is too small: the GPU workspace takes " + mib(workspace) +

@@ -46,6 +46,9 @@ class GpuStepBackend final : public GpuAttentionBackend {
     GpuLayerTiming finish(ConstStateView cpu_part, StateView out) override;
 
     std::size_t staging_bytes() const noexcept;
+    // Device memory a backend with these options takes from its pool (staging ring, metadata,
+    // queries, partial and merged states): what the VRAM budget must leave for it.
+    static std::uint64_t device_bytes(const GpuStepOptions& opts);
 
   private:
     struct Impl;
