@@ -87,21 +87,39 @@ struct GpuStepBackend::Impl {
     char *d_q = nullptr, *d_ext = nullptr, *d_out = nullptr;
     float *d_part_o = nullptr, *d_part_lse = nullptr;
 
-    // The layer's plan, built on the host in launch() and kept for finish().
+    // The step's work, laid out in set_work() (host pinned, uploaded whole at the first launch
+    // after it) and kept for every layer: block pointers (the in-place ones first: the only
+    // entries that change between layers), valid counts, items, CSR per (sequence, KV head).
     const void** m_ptrs = nullptr;
     std::int32_t* m_valid = nullptr;
     AttnWorkItem* m_items = nullptr;
     std::int32_t* m_offsets = nullptr;
     std::int32_t* m_part_items = nullptr;
-    std::size_t nseq = 0, nitems = 0;
+    std::size_t meta_used = 0;
+    std::size_t nseq = 0, nitems = 0, inplace_items = 0;
+    bool work_set = false, meta_uploaded = false, launched = false, any_copy = false;
     std::uint64_t p_bytes = 0;
-    bool launched = false, any_copy = false;
 
-    std::vector<std::int32_t> counts;  // per (seq, kv head), reserved once
-    struct ChunkMark {
-        std::size_t item_begin, item_end;
+    std::vector<std::uint32_t> inplace_slots;  // pool slot of m_ptrs[i], i < inplace count
+    std::vector<std::int32_t> counts;          // per (seq, kv head), reserved once
+    // One copy into the staging ring: a run of consecutive P slots of one slab, or a piece of a
+    // pageable buffer (monolithic); dst is an offset into the ring.
+    struct CopyRun {
+        std::uint32_t p_slot;
+        const char* pageable;
+        std::size_t blocks, dst;
     };
-    std::vector<ChunkMark> chunks;  // per staged chunk of the current layer, reserved once
+    std::vector<CopyRun> runs;
+    struct ChunkMark {
+        std::size_t item_begin, item_end, run_begin, run_end, slot;
+    };
+    std::vector<ChunkMark> chunks;  // per staged chunk of the step
+    struct Range {
+        void* p;
+        std::size_t bytes;
+    };
+    std::vector<Range> pageable;  // page-locked in launch(), unlocked in finish()
+    bool registered = false;
 
     Impl(const GpuStepOptions& opts, DevicePool& pl, DeviceRegionMemory& gp, PinnedRegionMemory* pn)
         : o(opts), pool(pl), gpu_pool(gp), pinned(pn) {
@@ -141,16 +159,33 @@ struct GpuStepBackend::Impl {
         d_part_lse =
             static_cast<float*>(pool.allocate(max_items * G * sizeof(float), "GPU partial lse"));
         counts.resize(o.max_seqs * kvh + 1);
-        // Every chunk is full but the last one of a step.
-        chunks.reserve((o.max_blocks + o.max_seqs) / chunk_blocks + 2);
+        const std::size_t max_blocks = o.max_blocks + o.max_seqs;
+        inplace_slots.reserve(max_blocks);
+        // Every chunk is full but the last one of a step; runs are at most one per block plus
+        // one split per chunk boundary.
+        runs.reserve(max_blocks + max_blocks / chunk_blocks + 2);
+        chunks.reserve(max_blocks / chunk_blocks + 2);
+        pageable.reserve(o.max_seqs);
     }
 
     ~Impl() {
+        unregister_pageable();
         for (void* p :
              {static_cast<void*>(staging), static_cast<void*>(d_meta), static_cast<void*>(d_q),
               static_cast<void*>(d_ext), static_cast<void*>(d_out), static_cast<void*>(d_part_o),
               static_cast<void*>(d_part_lse)})
             pool.free(p);
+    }
+
+    void unregister_pageable() noexcept {
+        if (!registered) return;
+        registered = false;
+        for (const auto& r : pageable) {
+            try {
+                host_unregister(r.p);
+            } catch (...) {  // nothing useful to do: the range was registered by us
+            }
+        }
     }
 
     void add_items(std::int32_t seq, std::size_t first_block, std::size_t n, std::size_t per_item) {
@@ -163,81 +198,103 @@ struct GpuStepBackend::Impl {
             }
     }
 
-    void launch(std::size_t layer, const void* q, std::span<const GpuSeqWork> seqs) {
-        if (launched) throw std::logic_error("GpuStepBackend::launch twice without finish");
+    void set_work(std::span<const GpuSeqWork> seqs) {
+        if (launched) throw std::logic_error("GpuStepBackend::set_work between launch and finish");
+        work_set = false;
         nseq = seqs.size();
         if (nseq > o.max_seqs)
             throw std::length_error("GPU step: " + std::to_string(nseq) + " sequences, sized for " +
                                     std::to_string(o.max_seqs));
-        std::size_t n_pool = 0, n_p = 0;
+        std::size_t n_pool = 0, n_p = 0, n_pageable = 0;
         for (const auto& s : seqs) {
             n_pool += s.pool_slots.size();
             n_p += s.p_slots.size();
+            n_pageable += s.pageable_blocks;
+            if (s.pageable_blocks > 0 && !s.pageable)
+                throw std::invalid_argument("GPU step: pageable blocks without a buffer");
         }
-        if (n_pool + n_p > o.max_blocks + o.max_seqs)
-            throw std::length_error("GPU step: " + std::to_string(n_pool + n_p) +
+        const std::size_t max_blocks = o.max_blocks + o.max_seqs;
+        if (n_pool + n_p + n_pageable > max_blocks)
+            throw std::length_error("GPU step: " + std::to_string(n_pool + n_p + n_pageable) +
                                     " blocks, sized for " + std::to_string(o.max_blocks));
         if (n_p > 0 && !pinned) throw std::logic_error("GPU step: P blocks without a P region");
-        const std::size_t max_blocks = o.max_blocks + o.max_seqs;
         char* cur = h_meta->data();
         m_ptrs = carve<const void*>(cur, max_blocks);
         m_valid = carve<std::int32_t>(cur, max_blocks);
         m_items = carve<AttnWorkItem>(cur, max_items);
         m_offsets = carve<std::int32_t>(cur, o.max_seqs * kvh + 1);
         m_part_items = carve<std::int32_t>(cur, max_items);
-        const std::size_t meta_used = static_cast<std::size_t>(cur - h_meta->data());
+        meta_used = static_cast<std::size_t>(cur - h_meta->data());
         nitems = 0;
         const auto B = static_cast<std::int32_t>(o.block_tokens);
 
-        // In place: T and G blocks, in runs of inplace_item_blocks per item.
+        // In place: T and G blocks, in runs of inplace_item_blocks per item; their addresses
+        // are the layer's, filled in by launch().
+        inplace_slots.clear();
         std::size_t nb = 0;
         for (std::size_t s = 0; s < nseq; ++s) {
             const auto& w = seqs[s];
             const std::size_t first = nb;
             for (std::size_t i = 0; i < w.pool_slots.size(); ++i, ++nb) {
-                m_ptrs[nb] = gpu_pool.device_block(layer, w.pool_slots[i]);
+                inplace_slots.push_back(w.pool_slots[i]);
                 const bool open = w.has_open && i + 1 == w.pool_slots.size();
                 m_valid[nb] = open ? static_cast<std::int32_t>(w.open_tokens) : B;
             }
             add_items(static_cast<std::int32_t>(s), first, nb - first, o.inplace_item_blocks);
         }
-        const std::size_t inplace_items = nitems;
+        inplace_items = nitems;
 
-        // P: fill staging chunks in order; each chunk is one launch.
-        // Work items of each staged chunk, [begin, end); reserved at construction for the most
-        // chunks a step can have, so the decode path does not allocate.
+        // The stream: each sequence's P blocks (runs of consecutive slots in one slab), then
+        // its pageable blocks, cut into staging chunks; each chunk is one copy batch and one
+        // launch. Staged block addresses are the ring's, the same in every layer.
         chunks.clear();
-        p_bytes = 0;
-        {
-            std::size_t in_chunk = 0;
-            std::size_t chunk_item_begin = nitems;
-            std::size_t s = 0, i = 0;
-            while (s < nseq && i >= seqs[s].p_slots.size())
-                ++s, i = 0;
-            std::size_t chunk_index = 0;
-            while (s < nseq) {
-                // Take as many of this sequence's P blocks as fit in the chunk.
-                const auto& w = seqs[s];
-                const std::size_t take = std::min(w.p_slots.size() - i, chunk_blocks - in_chunk);
-                const std::size_t first = nb;
-                char* slot_base = staging + (chunk_index % o.staging_slots) * o.staging_chunk_bytes;
-                for (std::size_t k = 0; k < take; ++k, ++nb) {
-                    m_ptrs[nb] = slot_base + (in_chunk + k) * block_bytes;
-                    m_valid[nb] = B;
+        runs.clear();
+        pageable.clear();
+        std::size_t in_chunk = 0, chunk_item_begin = nitems, chunk_run_begin = 0;
+        const auto close_chunk = [&] {
+            chunks.push_back({chunk_item_begin, nitems, chunk_run_begin, runs.size(),
+                              chunks.size() % o.staging_slots});
+            chunk_item_begin = nitems;
+            chunk_run_begin = runs.size();
+            in_chunk = 0;
+        };
+        const auto stream = [&](std::size_t s, std::uint32_t p_slot, const char* src,
+                                std::size_t n) {
+            for (std::size_t off = 0; off < n;) {
+                const std::size_t take = std::min(n - off, chunk_blocks - in_chunk);
+                const std::size_t slot = chunks.size() % o.staging_slots;
+                const std::size_t dst = slot * o.staging_chunk_bytes + in_chunk * block_bytes;
+                runs.push_back({p_slot + static_cast<std::uint32_t>(off),
+                                src ? src + off * block_bytes : nullptr, take, dst});
+                for (std::size_t k = 0; k < take; ++k) {
+                    m_ptrs[nb + k] = staging + dst + k * block_bytes;
+                    m_valid[nb + k] = B;
                 }
-                add_items(static_cast<std::int32_t>(s), first, take, o.staged_item_blocks);
+                add_items(static_cast<std::int32_t>(s), nb, take, o.staged_item_blocks);
+                nb += take;
                 in_chunk += take;
-                i += take;
-                while (s < nseq && i >= seqs[s].p_slots.size())
-                    ++s, i = 0;
-                if (in_chunk == chunk_blocks || s == nseq) {
-                    chunks.push_back({chunk_item_begin, nitems});
-                    chunk_item_begin = nitems;
-                    in_chunk = 0;
-                    ++chunk_index;
-                }
+                off += take;
+                if (in_chunk == chunk_blocks) close_chunk();
+            }
+        };
+        for (std::size_t s = 0; s < nseq; ++s) {
+            const auto& w = seqs[s];
+            const std::size_t slab = pinned ? pinned->slab_slots() : 1;
+            for (std::size_t i = 0; i < w.p_slots.size();) {
+                std::size_t run = 1;
+                while (i + run < w.p_slots.size() && w.p_slots[i + run] == w.p_slots[i] + run &&
+                       w.p_slots[i + run] / slab == w.p_slots[i] / slab)
+                    ++run;
+                stream(s, w.p_slots[i], nullptr, run);
+                i += run;
+            }
+            if (w.pageable_blocks > 0) {
+                pageable.push_back({const_cast<void*>(w.pageable),
+                                    static_cast<std::size_t>(w.pageable_blocks) * block_bytes});
+                stream(s, 0, static_cast<const char*>(w.pageable), w.pageable_blocks);
             }
         }
+        if (in_chunk > 0) close_chunk();
 
         // CSR of items per (sequence, KV head), by counting sort.
         const std::size_t nrow = nseq * kvh;
@@ -252,19 +309,32 @@ struct GpuStepBackend::Impl {
         for (std::size_t it = 0; it < nitems; ++it)
             m_part_items[counts[static_cast<std::size_t>(m_items[it].seq) * kvh +
                                 m_items[it].kv_head]++] = static_cast<std::int32_t>(it);
+        meta_uploaded = false;
+        work_set = true;
+    }
 
-        // Enqueue: q and metadata up, in-place attention, then the P stream.
+    void launch(std::size_t layer, const void* q) {
+        if (launched) throw std::logic_error("GpuStepBackend::launch twice without finish");
+        if (!work_set) throw std::logic_error("GpuStepBackend::launch before set_work");
+        for (std::size_t i = 0; i < inplace_slots.size(); ++i)
+            m_ptrs[i] = gpu_pool.device_block(layer, inplace_slots[i]);
+
+        // Enqueue: q and metadata up (all of it after set_work, else the in-place addresses),
+        // in-place attention, then the P stream.
         const auto& g = o.geometry;
         const std::size_t q_bytes = nseq * qh * dk * dtype_bytes(g.dtype);
         std::memcpy(h_q->data(), q, q_bytes);
         start.record(compute);
         start.wait_on(copy);
         copy_async(d_q, h_q->data(), q_bytes, compute);
-        copy_async(d_meta, h_meta->data(), meta_used, compute);
+        const std::size_t meta_now =
+            meta_uploaded ? inplace_slots.size() * sizeof(void*) : meta_used;
+        if (meta_now > 0) copy_async(d_meta, h_meta->data(), meta_now, compute);
+        meta_uploaded = true;
 
         DecodeAttnParams p;
         p.geo = g;
-        p.block_tokens = B;
+        p.block_tokens = static_cast<std::int32_t>(o.block_tokens);
         p.q = d_q;
         const std::ptrdiff_t shift = d_meta - h_meta->data();
         p.block_ptrs =
@@ -276,45 +346,44 @@ struct GpuStepBackend::Impl {
         p.part_lse = d_part_lse;
         p.item_begin = 0;
         p.item_count = static_cast<std::int32_t>(inplace_items);
-        decode_attention(p, compute.handle());
+        if (inplace_items > 0) decode_attention(p, compute.handle());
 
+        // The monolithic baseline's pass: page-lock each sequence's pageable cache (the
+        // caller refilled it for this layer); finish() unlocks it.
+        for (const auto& r : pageable) {
+            host_register(r.p, r.bytes);
+            registered = true;
+        }
+
+        p_bytes = 0;
         any_copy = !chunks.empty();
         if (any_copy) copy_start.record(copy);
-        std::size_t s = 0, i = 0;
         for (std::size_t c = 0; c < chunks.size(); ++c) {
-            const std::size_t slot = c % o.staging_slots;
-            if (c >= o.staging_slots) slot_free[slot]->wait_on(copy);
-            char* dst = staging + slot * o.staging_chunk_bytes;
-            std::size_t filled = 0;
-            while (filled < chunk_blocks && s < nseq) {
-                const auto& w = seqs[s];
-                if (i >= w.p_slots.size()) {
-                    ++s, i = 0;
-                    continue;
-                }
-                // One copy per run of consecutive P slots in one slab (contiguous per layer).
-                std::size_t run = 1;
-                const std::size_t slab = pinned->slab_slots();
-                while (i + run < w.p_slots.size() && filled + run < chunk_blocks &&
-                       w.p_slots[i + run] == w.p_slots[i] + run &&
-                       w.p_slots[i + run] / slab == w.p_slots[i] / slab)
-                    ++run;
-                copy_async(dst + filled * block_bytes, pinned->block(layer, w.p_slots[i]),
-                           run * block_bytes, copy);
-                p_bytes += run * block_bytes;
-                filled += run;
-                i += run;
+            const ChunkMark& ch = chunks[c];
+            if (c >= o.staging_slots) slot_free[ch.slot]->wait_on(copy);
+            for (std::size_t k = ch.run_begin; k < ch.run_end; ++k) {
+                const CopyRun& r = runs[k];
+                const void* src = r.pageable ? static_cast<const void*>(r.pageable)
+                                             : pinned->block(layer, r.p_slot);
+                copy_async(staging + r.dst, src, r.blocks * block_bytes, copy);
+                p_bytes += r.blocks * block_bytes;
             }
-            slot_ready[slot]->record(copy);
-            slot_ready[slot]->wait_on(compute);
-            p.item_begin = static_cast<std::int32_t>(chunks[c].item_begin);
-            p.item_count = static_cast<std::int32_t>(chunks[c].item_end - chunks[c].item_begin);
+            slot_ready[ch.slot]->record(copy);
+            slot_ready[ch.slot]->wait_on(compute);
+            p.item_begin = static_cast<std::int32_t>(ch.item_begin);
+            p.item_count = static_cast<std::int32_t>(ch.item_end - ch.item_begin);
             decode_attention(p, compute.handle());
-            slot_free[slot]->record(compute);
+            slot_free[ch.slot]->record(compute);
         }
         if (any_copy) copy_end.record(copy);
         attn_done.record(compute);
         launched = true;
+    }
+
+    StateView cpu_partial_buffer(std::size_t rows) const noexcept {
+        if (rows > o.max_seqs * qh) return {};
+        float* base = reinterpret_cast<float*>(h_ext->data());
+        return {base, base + rows * dv, rows, dv};
     }
 
     GpuLayerTiming finish(ConstStateView cpu_part, StateView out) {
@@ -327,8 +396,12 @@ struct GpuStepBackend::Impl {
         float* h_ext_o = reinterpret_cast<float*>(h_ext->data());
         float* h_ext_lse = h_ext_o + rows * dv;
         if (ext) {
-            std::memcpy(h_ext_o, cpu_part.o, rows * dv * sizeof(float));
-            std::memcpy(h_ext_lse, cpu_part.lse, rows * sizeof(float));
+            if (cpu_part.rows != rows || cpu_part.dim != dv)
+                throw std::invalid_argument("GPU step: CPU partials do not match the batch");
+            // Written in place by the CPU when it used cpu_partial_buffer(): no copy then.
+            if (cpu_part.o != h_ext_o) std::memcpy(h_ext_o, cpu_part.o, rows * dv * sizeof(float));
+            if (cpu_part.lse != h_ext_lse)
+                std::memcpy(h_ext_lse, cpu_part.lse, rows * sizeof(float));
             copy_async(d_ext, h_ext->data(), rows * (dv + 1) * sizeof(float), compute);
         }
         const std::ptrdiff_t shift = d_meta - h_meta->data();
@@ -351,6 +424,7 @@ struct GpuStepBackend::Impl {
         copy_async(h_out->data(), d_out, rows * (dv + 1) * sizeof(float), compute);
         done.record(compute);
         done.synchronize();
+        unregister_pageable();
         check_last_error("GPU decode step");
         const float* ho = reinterpret_cast<const float*>(h_out->data());
         std::memcpy(out.o, ho, rows * dv * sizeof(float));
@@ -371,8 +445,16 @@ GpuStepBackend::GpuStepBackend(const GpuStepOptions& opts, DevicePool& pool,
 
 GpuStepBackend::~GpuStepBackend() = default;
 
-void GpuStepBackend::launch(std::size_t layer, const void* q, std::span<const GpuSeqWork> seqs) {
-    impl_->launch(layer, q, seqs);
+void GpuStepBackend::set_work(std::span<const GpuSeqWork> seqs) {
+    impl_->set_work(seqs);
+}
+
+void GpuStepBackend::launch(std::size_t layer, const void* q) {
+    impl_->launch(layer, q);
+}
+
+StateView GpuStepBackend::cpu_partial_buffer(std::size_t rows) noexcept {
+    return impl_->cpu_partial_buffer(rows);
 }
 
 GpuLayerTiming GpuStepBackend::finish(ConstStateView cpu_part, StateView out) {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -39,6 +41,28 @@ StepExecutor::StepExecutor(const StepExecutorConfig& cfg, const KvCache& cache,
     gpu_work_.resize(cfg_.max_seqs);
     cpu_o_.resize(cfg_.max_seqs * qh_ * dv_);
     cpu_lse_.resize(cfg_.max_seqs * qh_);
+    cpu_begin_.resize(cfg_.max_seqs + 1);
+    mono_ = std::vector<PageableBuffer>(cfg_.max_seqs);
+    mono_begin_.resize(cfg_.max_seqs + 1);
+}
+
+StepExecutor::PageableBuffer::~PageableBuffer() {
+    if (p) ::operator delete (p, std::align_val_t{4096});
+}
+
+void StepExecutor::PageableBuffer::reserve(std::size_t n) {
+    if (n <= bytes) return;
+    void* q = ::operator new (n, std::align_val_t{4096});  // std::bad_alloc when there is none
+    if (p) ::operator delete (p, std::align_val_t{4096});
+    p = q;
+    bytes = n;
+}
+
+std::size_t StepExecutor::monolithic_bytes() const noexcept {
+    std::size_t n = 0;
+    for (const auto& b : mono_)
+        n += b.bytes;
+    return n;
 }
 
 void StepExecutor::ensure_tables(std::size_t seqs, std::size_t blocks) {
@@ -46,6 +70,7 @@ void StepExecutor::ensure_tables(std::size_t seqs, std::size_t blocks) {
         plan_.reserve(std::max(seqs, plan_.seq_capacity()),
                       std::max(blocks, plan_.block_capacity()));
     if (cpu_blocks_.size() < blocks) cpu_blocks_.resize(blocks);
+    if (cpu_refs_.size() < blocks) cpu_refs_.resize(blocks);
     if (gpu_pool_slots_.size() < blocks) gpu_pool_slots_.resize(blocks);
     if (gpu_p_slots_.size() < blocks) gpu_p_slots_.resize(blocks);
 }
@@ -78,89 +103,127 @@ const StepPlan& StepExecutor::plan(std::span<const std::uint64_t> seq_ids,
     po.mode = mode;
     po.costs = costs;
     plan_step(std::span<const SequenceBlocks>(batch_.data(), nseq_), po, plan_);
+    build_work(gpu_ != nullptr && mode.kind == ModeKind::monolithic);
     return plan_;
 }
 
+void StepExecutor::build_work(bool monolithic) {
+    LayerStepResult& r = counts_;
+    r = {};
+    monolithic_ = monolithic;
+    std::size_t nc = 0, np = 0, ng = 0;
+    cpu_any_ = false;
+    for (std::size_t i = 0; i < nseq_; ++i) {
+        const auto& table = tables_[i];
+        cpu_begin_[i] = nc;
+        for (std::uint32_t idx : plan_.cpu_blocks(i)) {
+            const BlockRef ref = table[idx];
+            const std::uint32_t tokens =
+                ref.region == Region::T ? open_tokens_[i] : static_cast<std::uint32_t>(B_);
+            if (tokens == 0) continue;
+            if (ref.region == Region::U || ref.region == Region::P) r.cpu_spilled_tokens += tokens;
+            r.cpu_tokens += tokens;
+            cpu_refs_[nc++] = {ref, tokens};
+        }
+        cpu_any_ = cpu_any_ || nc > cpu_begin_[i];
+        if (!gpu_) continue;
+        const std::size_t g0 = ng, p0 = np;
+        bool has_open = false;
+        for (std::uint32_t idx : plan_.gpu_blocks(i)) {
+            const BlockRef ref = table[idx];
+            switch (ref.region) {
+                case Region::G:
+                    gpu_pool_slots_[ng++] = ref.slot;
+                    r.gpu_inplace_tokens += B_;
+                    break;
+                case Region::T:
+                    has_open = open_tokens_[i] > 0;
+                    if (has_open) {
+                        gpu_pool_slots_[ng++] = ref.slot;
+                        r.gpu_inplace_tokens += open_tokens_[i];
+                    }
+                    break;
+                case Region::P:
+                    gpu_p_slots_[np++] = ref.slot;
+                    r.gpu_spilled_tokens += B_;
+                    break;
+                case Region::U:
+                    // plan() asks for plans that leave U to the CPU (gpu_pulls_u = false).
+                    throw std::logic_error("step plan gave a U block to the GPU");
+            }
+        }
+        // The open block is the last in-place slot (the kernel's contract): the plan lists
+        // blocks in token order and T is the last entry of the table.
+        GpuSeqWork& w = gpu_work_[i];
+        w = {std::span<const std::uint32_t>(gpu_pool_slots_.data() + g0, ng - g0),
+             has_open,
+             open_tokens_[i],
+             {},
+             nullptr,
+             0};
+        mono_begin_[i] = p0;
+        if (monolithic) {
+            // The monolithic cache holds this sequence's GPU share of one layer, gathered anew
+            // before every layer (run_layer); the P slots are only its source.
+            mono_[i].reserve((np - p0) * pinned_->slot_bytes());
+            w.pageable = mono_[i].p;
+            w.pageable_blocks = static_cast<std::uint32_t>(np - p0);
+        } else {
+            w.p_slots = std::span<const std::uint32_t>(gpu_p_slots_.data() + p0, np - p0);
+        }
+    }
+    cpu_begin_[nseq_] = nc;
+    mono_begin_[nseq_] = np;
+    if (gpu_) gpu_->set_work(std::span<const GpuSeqWork>(gpu_work_.data(), nseq_));
+}
+
 LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateView out) {
-    LayerStepResult r;
+    LayerStepResult r = counts_;
     const std::size_t rows = nseq_ * qh_;
     if (out.rows != rows || out.dim != dv_)
         throw std::invalid_argument("run_layer: output shape does not match the planned batch");
     const double t0 = now_seconds();
 
-    // The CPU's and the GPU's lists for this layer.
-    std::size_t nc = 0, np = 0, ng = 0;
-    bool cpu_any = false;
+    // The CPU's blocks at this layer's addresses.
     for (std::size_t i = 0; i < nseq_; ++i) {
-        const auto& table = tables_[i];
-        const auto* qi = static_cast<const char*>(q) + i * q_row_bytes_;
-        const std::size_t c0 = nc;
-        for (std::uint32_t idx : plan_.cpu_blocks(i)) {
-            const BlockRef ref = table[idx];
-            CpuBlock b;
+        const std::size_t b0 = cpu_begin_[i], b1 = cpu_begin_[i + 1];
+        for (std::size_t k = b0; k < b1; ++k) {
+            const auto [ref, tokens] = cpu_refs_[k];
             switch (ref.region) {
                 case Region::U:
-                    b = {unpinned_->block(layer, ref.slot), static_cast<std::uint32_t>(B_), true};
+                    cpu_blocks_[k] = {unpinned_->block(layer, ref.slot), tokens, true};
                     break;
                 case Region::P:
-                    b = {pinned_->block(layer, ref.slot), static_cast<std::uint32_t>(B_), false};
+                    cpu_blocks_[k] = {pinned_->block(layer, ref.slot), tokens, false};
                     break;
                 case Region::G:
-                    b = {pool_.block(layer, ref.slot), static_cast<std::uint32_t>(B_), false};
-                    break;
                 case Region::T:
-                    b = {pool_.block(layer, ref.slot), open_tokens_[i], false};
+                    cpu_blocks_[k] = {pool_.block(layer, ref.slot), tokens, false};
                     break;
             }
-            if (b.tokens == 0) continue;
-            if (ref.region == Region::U || ref.region == Region::P)
-                r.cpu_spilled_tokens += b.tokens;
-            r.cpu_tokens += b.tokens;
-            cpu_blocks_[nc++] = b;
         }
-
-        if (gpu_) {
-            const std::size_t g0 = ng, p0 = np;
-            bool has_open = false;
-            for (std::uint32_t idx : plan_.gpu_blocks(i)) {
-                const BlockRef ref = table[idx];
-                switch (ref.region) {
-                    case Region::G:
-                        gpu_pool_slots_[ng++] = ref.slot;
-                        r.gpu_inplace_tokens += B_;
-                        break;
-                    case Region::T:
-                        has_open = open_tokens_[i] > 0;
-                        if (has_open) {
-                            gpu_pool_slots_[ng++] = ref.slot;
-                            r.gpu_inplace_tokens += open_tokens_[i];
-                        }
-                        break;
-                    case Region::P:
-                        gpu_p_slots_[np++] = ref.slot;
-                        r.gpu_spilled_tokens += B_;
-                        break;
-                    case Region::U:
-                        // plan() asks for plans that leave U to the CPU (gpu_pulls_u = false).
-                        throw std::logic_error("step plan gave a U block to the GPU");
-                }
-            }
-            // The open block is the last in-place slot (the kernel's contract): the plan lists
-            // blocks in token order and T is the last entry of the table.
-            gpu_work_[i] = {std::span<const std::uint32_t>(gpu_pool_slots_.data() + g0, ng - g0),
-                            has_open, open_tokens_[i],
-                            std::span<const std::uint32_t>(gpu_p_slots_.data() + p0, np - p0)};
-        }
-        cpu_work_[i] = {qi, std::span<const CpuBlock>(cpu_blocks_.data() + c0, nc - c0)};
-        cpu_any = cpu_any || nc > c0;
+        cpu_work_[i] = {static_cast<const char*>(q) + i * q_row_bytes_,
+                        std::span<const CpuBlock>(cpu_blocks_.data() + b0, b1 - b0)};
     }
 
-    StateView cpu_part{cpu_o_.data(), cpu_lse_.data(), rows, dv_};
+    if (monolithic_) {
+        // The baseline's gather: each sequence's GPU share of this layer into its one cache.
+        const std::size_t bytes = pinned_->slot_bytes();
+        for (std::size_t i = 0; i < nseq_; ++i) {
+            auto* dst = static_cast<char*>(mono_[i].p);
+            for (std::size_t k = mono_begin_[i]; k < mono_begin_[i + 1]; ++k, dst += bytes)
+                std::memcpy(dst, pinned_->block(layer, gpu_p_slots_[k]), bytes);
+        }
+    }
+
+    // The CPU writes its partials where the GPU backend uploads them from.
+    StateView cpu_part = gpu_ ? gpu_->cpu_partial_buffer(rows) : StateView{};
+    if (gpu_ && !cpu_part.o) cpu_part = {cpu_o_.data(), cpu_lse_.data(), rows, dv_};
     if (gpu_) {
-        gpu_->launch(layer, q, std::span<const GpuSeqWork>(gpu_work_.data(), nseq_));
+        gpu_->launch(layer, q);
         r.gpu_launch_seconds = now_seconds() - t0;
     }
-    if (cpu_any) {
+    if (cpu_any_) {
         const double c0 = now_seconds();
         cpu_.attend(std::span<const CpuSeqWork>(cpu_work_.data(), nseq_), gpu_ ? cpu_part : out);
         r.cpu_seconds = now_seconds() - c0;
@@ -169,7 +232,7 @@ LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateV
     }
     if (gpu_) {
         r.gpu = gpu_->finish(
-            cpu_any ? ConstStateView{cpu_part.o, cpu_part.lse, rows, dv_} : ConstStateView{}, out);
+            cpu_any_ ? ConstStateView{cpu_part.o, cpu_part.lse, rows, dv_} : ConstStateView{}, out);
     }
     r.step_seconds = now_seconds() - t0;
     return r;

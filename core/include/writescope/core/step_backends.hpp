@@ -49,6 +49,12 @@ struct GpuSeqWork {
     std::uint32_t open_tokens = 0;
     // P slots streamed through the staging ring (full blocks), in token order.
     std::span<const std::uint32_t> p_slots;
+    // The monolithic baseline (execution mode `monolithic`): pageable_blocks full blocks of the
+    // current layer, linear layout, one after another in ordinary pageable host memory that the
+    // caller refills before each launch. The backend page-locks the range, streams it and
+    // unlocks it again every layer, as a system with one pageable cache per sequence must.
+    const void* pageable = nullptr;
+    std::uint32_t pageable_blocks = 0;
 };
 
 // Seconds measured on the GPU side of one layer step.
@@ -63,12 +69,22 @@ struct GpuLayerTiming {
 class GpuAttentionBackend {
   public:
     virtual ~GpuAttentionBackend() = default;
-    // Enqueues the layer's GPU attention asynchronously and returns at once: the in-place T/G
-    // work and the P stream (chunk i+1 copied while chunk i is attended). q: (seqs, num_q_heads,
-    // head_dim_k) in the KV dtype, host memory (the model's Q comes down to the CPU anyway).
-    virtual void launch(std::size_t layer, const void* q, std::span<const GpuSeqWork> seqs) = 0;
+    // The batch's GPU work for the layers that follow: a step attends the same slots in every
+    // layer, so the backend lays out its work items once here and per layer only resolves the
+    // layer's block addresses. The spans are read now and not kept.
+    virtual void set_work(std::span<const GpuSeqWork> seqs) = 0;
+    // Enqueues one layer's GPU attention over the work set last and returns at once: the
+    // in-place T/G work and the P stream (chunk i+1 copied while chunk i is attended). q: (seqs,
+    // num_q_heads, head_dim_k) in the KV dtype, host memory (the model's Q comes down to the CPU
+    // anyway).
+    virtual void launch(std::size_t layer, const void* q) = 0;
+    // Host memory where the CPU may write its partial states for the next finish() (rows ×
+    // head_dim_v o, then rows lse), so they go up without another copy; rows at most the
+    // backend's max_seqs × num_q_heads. Valid until the backend is destroyed.
+    virtual StateView cpu_partial_buffer(std::size_t rows) noexcept = 0;
     // Waits for the GPU attention, merges the CPU partial states (host, rows × dv; null o for
-    // none) with the GPU's, and writes the final states to out (host). Returns the timings.
+    // none; best in cpu_partial_buffer()) with the GPU's, and writes the final states to out
+    // (host). Returns the timings.
     virtual GpuLayerTiming finish(ConstStateView cpu_part, StateView out) = 0;
 };
 

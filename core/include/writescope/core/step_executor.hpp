@@ -52,8 +52,13 @@ class StepExecutor {
     // host. out: rows = seqs × num_q_heads, dim = head_dim_v (final, merged states).
     LayerStepResult run_layer(std::size_t layer, const void* q, StateView out);
 
+    // Bytes of ordinary pageable host memory held for the monolithic baseline (one cache per
+    // sequence, grown by plan() to the largest share it gave the GPU; 0 in the other modes).
+    std::size_t monolithic_bytes() const noexcept;
+
   private:
     void ensure_tables(std::size_t seqs, std::size_t blocks);
+    void build_work(bool monolithic);
 
     StepExecutorConfig cfg_;
     const KvCache& cache_;
@@ -71,12 +76,37 @@ class StepExecutor {
     StepPlan plan_;
     std::size_t nseq_ = 0;
 
-    // Per-layer work lists, reserved to the largest batch seen (no allocation in steady state).
+    // The step's work lists, built once by plan() and reserved to the largest batch seen (no
+    // allocation in steady state). The CPU's blocks are resolved to the layer's addresses by
+    // run_layer(); the GPU backend gets its slot lists once per step (set_work).
+    struct CpuRef {
+        BlockRef ref;
+        std::uint32_t tokens;
+    };
+    std::vector<CpuRef> cpu_refs_;
+    std::vector<std::size_t> cpu_begin_;  // per sequence + 1: its range in cpu_refs_
     std::vector<CpuBlock> cpu_blocks_;
     std::vector<CpuSeqWork> cpu_work_;
     std::vector<std::uint32_t> gpu_pool_slots_, gpu_p_slots_;
     std::vector<GpuSeqWork> gpu_work_;
     std::vector<float> cpu_o_, cpu_lse_;  // CPU partial states (rows, dv) and (rows)
+    LayerStepResult counts_;              // the token counts of every layer of the step
+    bool cpu_any_ = false;
+
+    // The monolithic baseline: one pageable cache per sequence, refilled from the GPU share's
+    // P blocks (the gather) before each layer; the backend page-locks, copies and unlocks it.
+    struct PageableBuffer {
+        void* p = nullptr;
+        std::size_t bytes = 0;
+        PageableBuffer() = default;
+        PageableBuffer(const PageableBuffer&) = delete;
+        PageableBuffer& operator=(const PageableBuffer&) = delete;
+        ~PageableBuffer();
+        void reserve(std::size_t n);
+    };
+    std::vector<PageableBuffer> mono_;
+    std::vector<std::size_t> mono_begin_;  // per sequence + 1: its gathered P slots in gpu_p_slots_
+    bool monolithic_ = false;
 };
 
 }  // namespace writescope

@@ -42,7 +42,9 @@ class GpuStepBackend final : public GpuAttentionBackend {
                    PinnedRegionMemory* pinned);
     ~GpuStepBackend() override;
 
-    void launch(std::size_t layer, const void* q, std::span<const GpuSeqWork> seqs) override;
+    void set_work(std::span<const GpuSeqWork> seqs) override;
+    void launch(std::size_t layer, const void* q) override;
+    StateView cpu_partial_buffer(std::size_t rows) noexcept override;
     GpuLayerTiming finish(ConstStateView cpu_part, StateView out) override;
 
     std::size_t staging_bytes() const noexcept;
