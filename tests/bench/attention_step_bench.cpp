@@ -32,6 +32,8 @@
 #include <thread>
 #include <vector>
 
+#include <unistd.h>
+
 #include "cpu_attention_backend.hpp"
 #include "read_bandwidth.hpp"
 #include "writescope/core/engine_impl.hpp"
@@ -92,6 +94,7 @@ struct Options {
     double g_fraction = 1.0 / 16;  // share of each sequence's blocks resident in G
     int gpu = 0;
     bool cpu_load = false;
+    bool flush = true;
     std::string json;
 };
 
@@ -108,6 +111,9 @@ void usage() {
         "  --g-fraction X     share of each sequence's blocks resident in G (default 1/16)\n"
         "  --gpu N            GPU index (default 0)\n"
         "  --cpu-load         afterwards, show A and r tracking expert-like CPU and PCIe load\n"
+        "  --no-flush         keep the CPU caches between steps (default: stream twice the L3\n"
+        "                     through them before every step, as the expert weights of a MoE\n"
+        "                     layer do, so no step reads the previous step's KV from cache)\n"
         "  --quick            small sizes (one model, 8K/16K, batch 1/4)\n"
         "  --json FILE        write the summary as JSON");
 }
@@ -143,6 +149,8 @@ Options parse(int argc, char** argv) {
             o.gpu = std::stoi(val());
         } else if (a == "--cpu-load") {
             o.cpu_load = true;
+        } else if (a == "--no-flush") {
+            o.flush = false;
         } else if (a == "--quick") {
             o.models = {"qwen3-30b-a3b"};
             o.contexts = {8192, 16384};
@@ -160,6 +168,39 @@ Options parse(int argc, char** argv) {
         throw std::invalid_argument("bad --reps, --sweep-step or --g-fraction");
     return o;
 }
+
+// Evicts the KV of the previous step from the CPU caches (untimed, before each step): one layer's
+// KV of a small configuration fits the last-level cache, and timing the same layer again would
+// measure the cache. In a real decode the layers' KV differ and the expert weights stream through
+// between them.
+class CacheFlusher {
+  public:
+    CacheFlusher(cpu::WorkerPool& pool, cpu::Isa isa, bool on) : pool_(pool), isa_(isa) {
+        if (!on) return;
+        long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+        if (l3 <= 0) l3 = 256l << 20;
+        bytes_ = (2 * static_cast<std::size_t>(l3) + kSlice - 1) / kSlice * kSlice;
+        HostMemoryOptions ho;
+        buf_ = std::make_unique<HostRegionMemory>("cache flush", 1, 1, bytes_, ho);
+        std::memset(buf_->block(0, 0), 0x5a, bytes_);
+    }
+    std::size_t bytes() const { return bytes_; }
+    void operator()() {
+        if (!buf_) return;
+        const auto* p = static_cast<const char*>(buf_->block(0, 0));
+        pool_.parallel_for(bytes_ / kSlice, [&](std::size_t i, std::size_t) {
+            sink_.fetch_xor(read_stream(p + i * kSlice, kSlice, isa_), std::memory_order_relaxed);
+        });
+    }
+
+  private:
+    static constexpr std::size_t kSlice = std::size_t{4} << 20;
+    cpu::WorkerPool& pool_;
+    cpu::Isa isa_;
+    std::size_t bytes_ = 0;
+    std::unique_ptr<HostRegionMemory> buf_;
+    std::atomic<std::uint64_t> sink_{0};
+};
 
 // Ceilings measured in this run.
 struct Ceilings {
@@ -266,6 +307,7 @@ struct ModelRig {
     std::unique_ptr<cuda::GpuStepBackend> gpu, gpu_mono;
     std::vector<std::byte> q;
     std::vector<float> o, lse, co, clse;
+    CacheFlusher* flush = nullptr;
 };
 
 std::size_t blocks_for(std::size_t tokens, std::size_t B) {
@@ -404,6 +446,7 @@ struct Config {
         ModelRig& m = *rig;
         const std::size_t rows = batch * m.g.num_q_heads, dv = m.g.head_dim_v;
         StepTime t;
+        (*m.flush)();
         const double t0 = now();
         m.gpu->launch(0, m.q.data());
         bool any_cpu = false;
@@ -482,6 +525,7 @@ struct Config {
         m.gpu->set_work(gw);
         std::vector<double> v;
         for (int rep = 0; rep <= reps; ++rep) {
+            (*m.flush)();
             const double t0 = now();
             for (std::size_t i = 0; i < batch; ++i) {
                 auto* dst = static_cast<char*>(m.mono[i]->p);
@@ -582,9 +626,14 @@ int run_attention_step(int argc, char** argv) {
         "both at once %.1f (CPU) + %.1f (copy) = %.1f GB/s\n\n",
         c.pinned_h2d, c.hbm, c.cpu_read, c.agg_cpu, c.agg_copy, c.aggregate());
 
+    CacheFlusher flush(pool, isa, o.flush);
+    if (o.flush)
+        std::printf("before every step: %zu MiB streamed through the CPU caches (untimed)\n\n",
+                    flush.bytes() >> 20);
     std::vector<Result> results;
     for (const auto& name : o.models) {
         auto rig = build_rig(name, o, threads, pool);
+        rig->flush = &flush;
         std::printf("%s: block %zu tokens, %zu B/token/layer, G holds %.1f%% of each sequence\n",
                     name.c_str(), o.block, rig->g.bytes_per_token_layer(), 100 * o.g_fraction);
         std::printf("%8s %5s %8s | %9s %9s %9s %9s | %6s %6s %7s | %6s %6s %6s | %6s %5s %5s\n",
@@ -716,6 +765,7 @@ int run_attention_step(int argc, char** argv) {
         lo.contexts = {32768};
         lo.batches = {4};
         auto rig = build_rig("qwen3-30b-a3b", lo, threads, pool);
+        rig->flush = &flush;
         Config cf{rig.get(), 32768, 4, shape_of(32768, o.block, o.g_fraction), {}, {}, {}, {}, {}};
         PolicyTrackers tr;
         StepTime t = cf.run(0.5, 3);
