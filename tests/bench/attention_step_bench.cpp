@@ -95,6 +95,7 @@ struct Options {
     int gpu = 0;
     bool cpu_load = false;
     bool flush = true;
+    bool trace = false;
     std::string json;
 };
 
@@ -114,6 +115,7 @@ void usage() {
         "  --no-flush         keep the CPU caches between steps (default: stream twice the L3\n"
         "                     through them before every step, as the expert weights of a MoE\n"
         "                     layer do, so no step reads the previous step's KV from cache)\n"
+        "  --trace            print the policy's tracking steps of every configuration\n"
         "  --quick            small sizes (one model, 8K/16K, batch 1/4)\n"
         "  --json FILE        write the summary as JSON");
 }
@@ -151,6 +153,8 @@ Options parse(int argc, char** argv) {
             o.cpu_load = true;
         } else if (a == "--no-flush") {
             o.flush = false;
+        } else if (a == "--trace") {
+            o.trace = true;
         } else if (a == "--quick") {
             o.models = {"qwen3-30b-a3b"};
             o.contexts = {8192, 16384};
@@ -685,8 +689,19 @@ int run_attention_step(int argc, char** argv) {
                 double rr = roofline_share(costs, static_cast<double>(cf.spilled_tokens()));
                 for (int step = 0; step < 12; ++step) {
                     cf.prepare(rr);
-                    tr.observe(measurement_of(cf.run_once()));
-                    rr = roofline_share(tr.costs(), static_cast<double>(cf.spilled_tokens()));
+                    const StepTime t = cf.run_once();
+                    tr.observe(measurement_of(t));
+                    const RooflineCosts k = tr.costs();
+                    if (o.trace)
+                        std::printf(
+                            "    trace %zuK x %zu step %2d: r %.3f | CPU %6llu tok %7.1f us | GPU "
+                            "%6llu tok %7.1f us | total %7.1f us -> A %.3g ns B %.3g ns delta "
+                            "%.3g us c0 %.3g us\n",
+                            cf.ctx / 1024, batch, step, rr,
+                            static_cast<unsigned long long>(t.cpu_tokens), t.cpu * 1e6,
+                            static_cast<unsigned long long>(t.gpu_tokens), t.gpu_attn * 1e6,
+                            t.total * 1e6, k.a * 1e9, k.b * 1e9, k.delta * 1e6, k.cpu_fixed * 1e6);
+                    rr = roofline_share(k, static_cast<double>(cf.spilled_tokens()));
                 }
                 r.r_calibrated = roofline_share(costs, static_cast<double>(cf.spilled_tokens()));
                 r.r_policy = rr;
