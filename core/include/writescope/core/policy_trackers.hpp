@@ -17,8 +17,8 @@ struct StepMeasurement {
     double cpu_seconds = 0;   // CPU attention wall time, s (0: the CPU had nothing)
     double cpu_u_tokens = 0;  // U tokens the CPU attended in place
     double cpu_p_tokens = 0;  // P tokens the CPU read in place (pinned)
-    double gpu_seconds = 0;   // GPU path wall time: T/G attention, P/U copies and attention, the
-                              // merge, s (0: no GPU)
+    double gpu_seconds = 0;   // GPU path time from the step's start: T/G attention, P/U copies
+                              // and attention, s (0: no GPU); not the merge, which follows both
     double gpu_p_tokens = 0;  // P tokens the GPU streamed
     double gpu_u_tokens = 0;  // U tokens the GPU pulled (pageable)
 };
