@@ -27,7 +27,11 @@ struct Sizes {
     std::size_t kvh, G, dk, dv, qh, block_bytes;
     std::size_t chunk_blocks, chunk_bytes, slots;  // staging ring
     std::size_t max_items, meta_bytes, q_bytes, state_bytes;
+    std::size_t merge_scratch_bytes;  // the two-level merge's chunk states
 };
+
+// At most this many chunks per row in the two-level merge (attention.hpp, merge_chunking).
+constexpr std::int32_t kMaxMergeChunks = 32;
 
 Sizes sizes_of(const GpuStepOptions& o) {
     const auto& g = o.geometry;
@@ -48,6 +52,7 @@ Sizes sizes_of(const GpuStepOptions& o) {
                    ((o.max_seqs * z.kvh + 1) * 4 + 256) + (z.max_items * 4 + 256);
     z.q_bytes = o.max_seqs * z.qh * z.dk * dtype_bytes(g.dtype);
     z.state_bytes = o.max_seqs * z.qh * (z.dv + 1) * sizeof(float);
+    z.merge_scratch_bytes = o.max_seqs * z.qh * kMaxMergeChunks * (z.dv + 1) * sizeof(float);
     return z;
 }
 
@@ -86,6 +91,8 @@ struct GpuStepBackend::Impl {
     std::unique_ptr<PinnedBuffer> h_q, h_ext, h_out;
     char *d_q = nullptr, *d_ext = nullptr, *d_out = nullptr;
     float *d_part_o = nullptr, *d_part_lse = nullptr;
+    float* d_merge_scratch = nullptr;
+    std::int32_t merge_chunks = 1, merge_chunk_items = 1;
 
     // The step's work, laid out in set_work() (host pinned, uploaded whole at the first launch
     // after it) and kept for every layer: block pointers (the in-place ones first: the only
@@ -158,6 +165,8 @@ struct GpuStepBackend::Impl {
             pool.allocate(max_items * G * dv * sizeof(float), "GPU partial states"));
         d_part_lse =
             static_cast<float*>(pool.allocate(max_items * G * sizeof(float), "GPU partial lse"));
+        d_merge_scratch =
+            static_cast<float*>(pool.allocate(z.merge_scratch_bytes, "merge chunk states"));
         counts.resize(o.max_seqs * kvh + 1);
         const std::size_t max_blocks = o.max_blocks + o.max_seqs;
         inplace_slots.reserve(max_blocks);
@@ -173,7 +182,7 @@ struct GpuStepBackend::Impl {
         for (void* p :
              {static_cast<void*>(staging), static_cast<void*>(d_meta), static_cast<void*>(d_q),
               static_cast<void*>(d_ext), static_cast<void*>(d_out), static_cast<void*>(d_part_o),
-              static_cast<void*>(d_part_lse)})
+              static_cast<void*>(d_part_lse), static_cast<void*>(d_merge_scratch)})
             pool.free(p);
     }
 
@@ -302,8 +311,12 @@ struct GpuStepBackend::Impl {
         for (std::size_t it = 0; it < nitems; ++it)
             ++counts[static_cast<std::size_t>(m_items[it].seq) * kvh + m_items[it].kv_head + 1];
         m_offsets[0] = 0;
-        for (std::size_t r = 0; r < nrow; ++r)
+        std::int32_t most = 0;
+        for (std::size_t r = 0; r < nrow; ++r) {
             m_offsets[r + 1] = m_offsets[r] + counts[r + 1];
+            most = std::max(most, counts[r + 1]);
+        }
+        merge_chunking(most, kMaxMergeChunks, merge_chunks, merge_chunk_items);
         for (std::size_t r = 0; r < nrow; ++r)
             counts[r] = m_offsets[r];
         for (std::size_t it = 0; it < nitems; ++it)
@@ -420,6 +433,10 @@ struct GpuStepBackend::Impl {
         mp.ext_lse = ext ? reinterpret_cast<const float*>(d_ext) + rows * dv : nullptr;
         mp.out_o = reinterpret_cast<float*>(d_out);
         mp.out_lse = reinterpret_cast<float*>(d_out) + rows * dv;
+        mp.chunks = merge_chunks;
+        mp.chunk_items = merge_chunk_items;
+        mp.scratch_o = d_merge_scratch;
+        mp.scratch_lse = d_merge_scratch + rows * static_cast<std::size_t>(merge_chunks) * dv;
         merge_partials(mp, compute.handle());
         copy_async(h_out->data(), d_out, rows * (dv + 1) * sizeof(float), compute);
         done.record(compute);
@@ -465,7 +482,7 @@ std::uint64_t GpuStepBackend::device_bytes(const GpuStepOptions& opts) {
     const Sizes z = sizes_of(opts);
     return pooled(z.slots * z.chunk_bytes) + pooled(z.meta_bytes) + pooled(z.q_bytes) +
            2 * pooled(z.state_bytes) + pooled(z.max_items * z.G * z.dv * sizeof(float)) +
-           pooled(z.max_items * z.G * sizeof(float));
+           pooled(z.max_items * z.G * sizeof(float)) + pooled(z.merge_scratch_bytes);
 }
 
 std::size_t GpuStepBackend::staging_bytes() const noexcept {

@@ -92,6 +92,7 @@ void ref_attention(const KvGeometry& g, int B, const HostSeq& s, int qh, std::si
 
 struct GpuRun {
     std::vector<float> o, lse;
+    int merge_chunks = 1;  // 1: one-level merge
 };
 
 // Uploads the blocks, cuts each (sequence, kv head) into random runs of blocks (one work item
@@ -196,10 +197,26 @@ GpuRun run_gpu(const KvGeometry& g, int B, const std::vector<HostSeq>& seqs,
     mp.ext_lse = ext_o ? static_cast<const float*>(d_ext_lse.data()) : nullptr;
     mp.out_o = static_cast<float*>(out_o.data());
     mp.out_lse = static_cast<float*>(out_lse.data());
+    // Half the runs merge in two levels with chunks of 1–4 parts (some rows have fewer parts
+    // than chunks: empty chunks must contribute nothing); the scratch is poisoned.
+    cuda::DeviceBuffer scratch;
+    if (rng() % 2) {
+        std::int32_t most = 0;
+        for (std::size_t i = 0; i + 1 < offsets.size(); ++i)
+            most = std::max(most, offsets[i + 1] - offsets[i]);
+        mp.chunk_items = static_cast<std::int32_t>(1 + rng() % 4);
+        mp.chunks = std::max<std::int32_t>(2, (most + mp.chunk_items - 1) / mp.chunk_items);
+        const std::size_t n = rows * static_cast<std::size_t>(mp.chunks);
+        scratch = cuda::DeviceBuffer(n * (dv + 1) * 4);
+        scratch.fill_bytes(0x7f);
+        mp.scratch_o = static_cast<float*>(scratch.data());
+        mp.scratch_lse = mp.scratch_o + n * dv;
+    }
     cuda::merge_partials(mp, stream.handle());
     stream.synchronize();
     cuda::check_last_error("kernels");
     GpuRun r;
+    r.merge_chunks = mp.chunks;
     r.o.resize(rows * dv);
     r.lse.resize(rows);
     out_o.download(r.o.data(), r.o.size() * 4);
@@ -231,9 +248,11 @@ void check_against_ref(const KvGeometry& g, int B, const std::vector<HostSeq>& s
             }
         }
     const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-    std::printf("[gpu] %-34s %-5s heads %2d/%d dim %3d/%3d: rel err vs fp64 %.3e, lse err %.3e\n",
-                what, std::string(dtype_name(g.dtype)).c_str(), g.num_q_heads, g.num_kv_heads,
-                g.head_dim_k, g.head_dim_v, rel, max_lse_err);
+    std::printf(
+        "[gpu] %-34s %-5s heads %2d/%d dim %3d/%3d, merge chunks %2d: rel err vs fp64 %.3e, lse "
+        "err %.3e\n",
+        what, std::string(dtype_name(g.dtype)).c_str(), g.num_q_heads, g.num_kv_heads, g.head_dim_k,
+        g.head_dim_v, r.merge_chunks, rel, max_lse_err);
     // Inputs are exact in fp32; only fp32 accumulation differs from fp64.
     REQUIRE(rel < 2e-5);
     REQUIRE(max_lse_err < 2e-5);
@@ -302,6 +321,19 @@ TEST_CASE("GPU merge of a split (external CPU part + GPU runs) equals unsplit", 
             auto r = run_gpu(g, B, seqs, from, &ext_o, &ext_lse, rng);
             check_against_ref(g, B, seqs, r, "split CPU/GPU, merged on GPU");
         }
+}
+
+TEST_CASE("merge chunking: about sqrt(n) chunks that cover every part", "[gpu]") {
+    for (std::int32_t n : {0, 1, 31, 32, 33, 100, 1024, 1025, 5000, 100000}) {
+        std::int32_t chunks = 0, items = 0;
+        cuda::merge_chunking(n, 32, chunks, items);
+        REQUIRE(chunks >= 1);
+        REQUIRE(chunks <= 32);
+        REQUIRE(static_cast<std::int64_t>(chunks) * items >= n);
+        REQUIRE(static_cast<std::int64_t>(chunks - 1) * items < std::max(n, 1));  // none empty
+        if (n <= 32) REQUIRE(chunks == 1);
+        if (n == 1024) REQUIRE((chunks == 32 && items == 32));
+    }
 }
 
 TEST_CASE("append_kv writes each token into its T slot in the linear layout", "[gpu]") {
