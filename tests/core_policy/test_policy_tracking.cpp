@@ -27,23 +27,35 @@ struct Plant {
     }
 };
 
-// Runs `steps` closed-loop steps from the seeded constants; returns how far the last 4 steps'
-// times are above the optimum, on average (one measurement carries 2 % noise).
+// Runs `steps` closed-loop steps from the seeded constants; returns how far the last `tail_n`
+// steps' times are above the optimum, on average. A step is `layers` layer measurements summed
+// (what the engine feeds the trackers once per decode step); each layer carries `sigma`
+// relative noise, and with probability `spike` its CPU side takes twice as long (an interrupt,
+// a core taken by another thread: seen on sub-millisecond layers on the H200 machine).
 double run_loop(const Plant& p, const RooflineCosts& seed, int steps, std::mt19937_64& rng,
-                bool print) {
+                bool print, double sigma = 0.02, double spike = 0.0, int tail_n = 4,
+                int layers = 1) {
     PolicyTrackers tr;
     tr.seed(seed);
-    std::normal_distribution<double> noise(1.0, 0.02);
+    std::normal_distribution<double> noise(1.0, sigma);
+    std::bernoulli_distribution spiked(spike);
     double r = roofline_share(seed, p.L), tail = 0;
     for (int k = 0; k < steps; ++k) {
         StepMeasurement m;
-        m.cpu_seconds = p.cpu(r) * noise(rng);
-        m.cpu_u_tokens = r * p.L;
-        m.gpu_seconds = p.gpu(r) * noise(rng);
-        m.gpu_p_tokens = (1 - r) * p.L;
+        for (int l = 0; l < layers; ++l) {
+            m.cpu_seconds += p.cpu(r) * std::max(0.5, noise(rng)) * (spiked(rng) ? 2.0 : 1.0);
+            m.cpu_u_tokens += r * p.L;
+            m.gpu_seconds += p.gpu(r) * std::max(0.5, noise(rng));
+            m.gpu_p_tokens += (1 - r) * p.L;
+        }
+        // Sums over the layers: per-layer constants are the sums over `layers` layers.
+        m.cpu_seconds /= layers;
+        m.cpu_u_tokens /= layers;
+        m.gpu_seconds /= layers;
+        m.gpu_p_tokens /= layers;
         tr.observe(m);
         const double gap = p.step(r) / p.best() - 1;
-        if (k >= steps - 4) tail += gap / 4;
+        if (k >= steps - tail_n) tail += gap / tail_n;
         if (print)
             std::printf(
                 "[policy] step %2d r %.3f gap %5.1f%%  A %.1f ns B %.1f ns delta %.0f us c0 %.0f "
@@ -92,4 +104,32 @@ TEST_CASE("closed-loop tracking stays at the optimum when the calibration is rig
     const Plant p{65536, 30e-9, 40e-9, 0.05e-3, 0.15e-3};
     const double tail = run_loop(p, {p.a, p.b, p.delta, p.c0}, 12, rng, false);
     CHECK(tail < 0.02);
+}
+
+TEST_CASE("closed-loop tracking keeps a right calibration on small, noisy steps",
+          "[unit][policy]") {
+    // Shaped after the H200 machine's sub-millisecond layers (8K-32K tokens at batch 1-4):
+    // fixed costs of 0.1-0.3 ms are a large part of a layer and single layers vary by 10 %.
+    // Fed per layer, the trackers pass that noise into r (142 of 200 within 3 %); fed once per
+    // decode step with its layers summed, as the engine does, 8 layers are enough to keep a
+    // right calibration right. (Occasional slow layers are not modelled here: they raise the
+    // mean cost, so the noiseless plant would no longer be the optimum to compare with.)
+    auto rng = test::seeded_rng("policy closed loop, noisy small steps");
+    std::uniform_real_distribution<double> u(0, 1);
+    int ok = 0;
+    double worst = 0;
+    const int trials = 200;
+    for (int t = 0; t < trials; ++t) {
+        const Plant q{7000 + u(rng) * 25000, (20 + 30 * u(rng)) * 1e-9, (20 + 25 * u(rng)) * 1e-9,
+                      (0.1 + 0.2 * u(rng)) * 1e-3, (0.03 + 0.15 * u(rng)) * 1e-3};
+        const double gap =
+            run_loop(q, {q.a, q.b, q.delta, q.c0}, 40, rng, false, 0.10, 0.0, 20, 8);
+        worst = std::max(worst, gap);
+        if (gap < 0.03) ++ok;
+    }
+    std::printf(
+        "[policy] noisy small steps: %d of %d within 3 %% (mean of the last 20 steps), "
+        "worst %.1f %%\n",
+        ok, trials, 100 * worst);
+    CHECK(ok >= trials * 9 / 10);
 }
