@@ -729,10 +729,11 @@ int run_attention_step(int argc, char** argv) {
                             static_cast<unsigned long long>(t.cpu_tokens), t.cpu * 1e6,
                             static_cast<unsigned long long>(t.gpu_tokens), t.gpu_attn * 1e6,
                             t.total * 1e6, k.a * 1e9, k.b * 1e9, k.delta * 1e6, k.cpu_fixed * 1e6);
-                    rr = roofline_share(k, static_cast<double>(cf.spilled_tokens()));
+                    rr = tr.deploy(roofline_share(k, static_cast<double>(cf.spilled_tokens())));
                 }
                 r.r_calibrated = roofline_share(costs, static_cast<double>(cf.spilled_tokens()));
-                r.r_policy = rr;
+                // The policy's split (a probe step, had the 12th been one, is not it).
+                r.r_policy = roofline_share(tr.costs(), static_cast<double>(cf.spilled_tokens()));
                 // The sweep, interleaved: r = 0, step, ..., 1; its best split is the candidate
                 // optimum.
                 std::vector<double> grid;
@@ -849,7 +850,8 @@ int run_attention_step(int argc, char** argv) {
         for (int step = 0; step < 60; ++step) {
             load = step >= 20 && step < 40;
             if (load) cuda::copy_async(dev.data(), pcie.slab(0), 256u << 20, side);
-            const double r = roofline_share(tr.costs(), static_cast<double>(cf.spilled_tokens()));
+            const double r =
+                tr.deploy(roofline_share(tr.costs(), static_cast<double>(cf.spilled_tokens())));
             cf.prepare(r);
             const StepTime s = cf.run_decode_step(kLayersPerStep);
             tr.observe(measurement_of(s));

@@ -62,7 +62,7 @@ double run_loop(const Plant& p, const RooflineCosts& seed, int steps, std::mt199
                 "us\n",
                 k, r, 100 * gap, tr.costs().a * 1e9, tr.costs().b * 1e9, tr.costs().delta * 1e6,
                 tr.costs().cpu_fixed * 1e6);
-        r = roofline_share(tr.costs(), p.L);
+        r = tr.deploy(roofline_share(tr.costs(), p.L));
     }
     return tail;
 }
@@ -122,8 +122,7 @@ TEST_CASE("closed-loop tracking keeps a right calibration on small, noisy steps"
     for (int t = 0; t < trials; ++t) {
         const Plant q{7000 + u(rng) * 25000, (20 + 30 * u(rng)) * 1e-9, (20 + 25 * u(rng)) * 1e-9,
                       (0.1 + 0.2 * u(rng)) * 1e-3, (0.03 + 0.15 * u(rng)) * 1e-3};
-        const double gap =
-            run_loop(q, {q.a, q.b, q.delta, q.c0}, 40, rng, false, 0.10, 0.0, 20, 8);
+        const double gap = run_loop(q, {q.a, q.b, q.delta, q.c0}, 40, rng, false, 0.10, 0.0, 20, 8);
         worst = std::max(worst, gap);
         if (gap < 0.03) ++ok;
     }
@@ -132,4 +131,81 @@ TEST_CASE("closed-loop tracking keeps a right calibration on small, noisy steps"
         "worst %.1f %%\n",
         ok, trials, 100 * worst);
     CHECK(ok >= trials * 9 / 10);
+}
+
+// One calm-load-calm run of 80 steps (load on steps 20-39); the mean gap over steps 28-39 (from
+// the 8th step of the load) and over steps 56-79 (from the 16th after it: where the load left
+// r at 0, the CPU is probed again after at most 16 steps).
+struct LoadRun {
+    double loaded = 0, after = 0;  // mean gaps, probe steps left out of `loaded`
+    int probes = 0;                // steps that deployed a probe share instead of the roofline's
+};
+LoadRun run_load(const Plant& calm, const Plant& loaded, std::mt19937_64& rng, bool print) {
+    PolicyTrackers tr;
+    tr.seed({calm.a, calm.b, calm.delta, calm.c0});
+    std::normal_distribution<double> noise(1.0, 0.03);
+    double r = roofline_share(tr.costs(), calm.L);
+    bool probe = false;
+    int loaded_steps = 0;
+    LoadRun out;
+    for (int k = 0; k < 80; ++k) {
+        const bool on = k >= 20 && k < 40;
+        const Plant& p = on ? loaded : calm;
+        StepMeasurement m;
+        m.cpu_seconds = p.cpu(r) * noise(rng);
+        m.cpu_u_tokens = r * p.L;
+        m.gpu_seconds = p.gpu(r) * noise(rng);
+        m.gpu_p_tokens = (1 - r) * p.L;
+        tr.observe(m);
+        const double gap = p.step(r) / p.best() - 1;
+        out.probes += probe;
+        if (k >= 28 && k < 40 && !probe) out.loaded += gap, ++loaded_steps;
+        if (k >= 56) out.after += gap / 24;
+        if (print)
+            std::printf("[policy] load %d step %2d r %.3f gap %6.1f%%  A %.1f ns c0 %.0f us\n", on,
+                        k, r, 100 * gap, tr.costs().a * 1e9, tr.costs().cpu_fixed * 1e6);
+        const double want = roofline_share(tr.costs(), p.L);
+        r = tr.deploy(want);
+        probe = r != want;
+    }
+    if (loaded_steps) out.loaded /= loaded_steps;
+    return out;
+}
+
+TEST_CASE("closed-loop tracking through a load that raises the CPU's fixed cost",
+          "[unit][policy]") {
+    // Shaped after the --cpu-load run on the H200 machine (Qwen3 32K x 4): expert threads on
+    // the attention cores make every parallel CPU step wait for a descheduled thread, a cost
+    // that does not shrink with the CPU's share; the P stream slows a little too. Before the
+    // window forgot the old regime and the line test looked at the intercept's standard error
+    // (not R^2), A took the fixed cost in and came back slowly: 7-8 % above the optimum during
+    // the load and after it, 78 % on the first step after it.
+    auto rng = test::seeded_rng("policy closed loop, load");
+    run_load({122880, 28e-9, 40e-9, 0.15e-3, 0.05e-3}, {122880, 30e-9, 48e-9, 5e-3, 0.05e-3}, rng,
+             true);
+    std::uniform_real_distribution<double> u(0, 1);
+    int ok_loaded = 0, ok_after = 0, probes = 0;
+    const int trials = 60;
+    for (int t = 0; t < trials; ++t) {
+        const Plant calm{32768 + u(rng) * 200000, (20 + 20 * u(rng)) * 1e-9,
+                         (30 + 20 * u(rng)) * 1e-9, (0.05 + 0.2 * u(rng)) * 1e-3,
+                         (0.03 + 0.1 * u(rng)) * 1e-3};
+        Plant loaded = calm;
+        loaded.c0 = (1 + 7 * u(rng)) * 1e-3;
+        loaded.a *= 1 + 0.2 * u(rng);
+        loaded.b *= 1 + 0.3 * u(rng);
+        const LoadRun lr = run_load(calm, loaded, rng, false);
+        ok_loaded += lr.loaded < 0.03;
+        ok_after += lr.after < 0.03;
+        probes += lr.probes;
+    }
+    // Probes are the price of seeing a fallen cost again: at most one step in four, fewer the
+    // longer an end holds (4, 8, 16 steps between them); they are left out of the loaded mean.
+    std::printf(
+        "[policy] load: %d of %d within 3 %% on average during the load (probe steps "
+        "aside), %d after it; %d probe steps in %d\n",
+        ok_loaded, trials, ok_after, probes, 80 * trials);
+    CHECK(ok_loaded >= trials * 9 / 10);
+    CHECK(ok_after >= trials * 9 / 10);
+    CHECK(probes <= 80 * trials / 8);
 }

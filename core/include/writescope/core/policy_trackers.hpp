@@ -37,11 +37,23 @@ class PolicyTrackers {
     //   Δ ← gpu_seconds                                        weight 1, only on steps where the
     //                                                          GPU attended no spilled token (the
     //                                                          only steps that observe Δ alone)
-    // Other sides of a step that did not run (0 seconds or 0 tokens) are skipped. c0 is not
-    // tracked: it comes from the calibration's A-line intercept.
+    // Other sides of a step that did not run (0 seconds or 0 tokens) are skipped. The fixed
+    // costs c0 and Δ are corrected from line fits over the last 8 steps of each engine (and A
+    // from the same line when it is off); docs/policy.md section 3 has the rules. Feed one
+    // measurement per decode step, its layers summed: one layer alone is too noisy.
     void observe(const StepMeasurement& m) noexcept;
 
-    // The tracked constants (c0 as seeded). Engines with no estimate yet report 0.
+    // The share to deploy this step for the roofline's r: r itself, except that after a run of
+    // steps at an end (r = 0 leaves the CPU idle, r = 1 leaves the P stream idle) one step
+    // gives the idle engine a probe share (kProbeShare of the spilled tokens), since a cost that
+    // fell while it was idle would otherwise never be seen again (seen in simulation: after a
+    // load that made the CPU's fixed cost 5 ms, r stayed at 0 for good). The run before a probe
+    // is 4 steps, doubling after each probe up to 16, back to 4 once r leaves the end. Call once
+    // per step.
+    double deploy(double r) noexcept;
+    static constexpr double kProbeShare = 0.02;
+
+    // The tracked constants. Engines with no estimate yet report 0.
     RooflineCosts costs() const noexcept;
     PlanCosts plan_costs() const noexcept { return PlanCosts::from(costs(), penalties_); }
 
@@ -62,14 +74,20 @@ class PolicyTrackers {
         std::array<double, kSize> x{}, y{};  // tokens, seconds
         std::size_t count = 0, next = 0;
         void add(double tokens, double seconds) noexcept;
+        // Forgets all but the newest n points (a level change: the older ones are of the old
+        // regime and would bend a line through both).
+        void keep_last(std::size_t n) noexcept;
         // Least squares over the window: true (with slope > 0 and 0 <= intercept <= the
         // smallest time seen) when there are >= 3 points, the token counts spread by >= 15 %
-        // of the largest and R^2 >= 0.9.
-        bool fit(double& slope, double& intercept) const noexcept;
+        // of the largest and the intercept's standard error is within 10 % of the mean time;
+        // slope_known when the slope's standard error is within 20 % of it.
+        bool fit(double& slope, double& intercept, bool& slope_known) const noexcept;
     };
 
     CostTracker a_, b_, delta_;
     double cpu_fixed_ = 0;  // c0, s
+    int end_ = 0;           // deploy(): -1 at r = 0, +1 at r = 1, 0 inside
+    int end_run_ = 0, probe_after_ = 4;
     RegionPenalties penalties_;
     LineWindow cpu_line_, gpu_line_;
 };
