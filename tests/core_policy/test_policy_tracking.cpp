@@ -185,7 +185,7 @@ TEST_CASE("closed-loop tracking through a load that raises the CPU's fixed cost"
              true);
     std::uniform_real_distribution<double> u(0, 1);
     int ok_loaded = 0, ok_after = 0, probes = 0;
-    const int trials = 60;
+    const int trials = 200;
     for (int t = 0; t < trials; ++t) {
         const Plant calm{32768 + u(rng) * 200000, (20 + 20 * u(rng)) * 1e-9,
                          (30 + 20 * u(rng)) * 1e-9, (0.05 + 0.2 * u(rng)) * 1e-3,
@@ -205,7 +205,9 @@ TEST_CASE("closed-loop tracking through a load that raises the CPU's fixed cost"
         "[policy] load: %d of %d within 3 %% on average during the load (probe steps "
         "aside), %d after it; %d probe steps in %d\n",
         ok_loaded, trials, ok_after, probes, 80 * trials);
-    CHECK(ok_loaded >= trials * 9 / 10);
-    CHECK(ok_after >= trials * 9 / 10);
+    // About 95 % of the trials make it (with fresh seeds, 2026-11-29); 85 % keeps the check about
+    // six standard deviations of the count clear of chance.
+    CHECK(ok_loaded >= trials * 85 / 100);
+    CHECK(ok_after >= trials * 85 / 100);
     CHECK(probes <= 80 * trials / 8);
 }

@@ -1,10 +1,12 @@
 // The step executor in a CPU-only build (host memory for every region) against fp64 attention,
-// and the engine (Engine::create) end to end on the CPU backend.
+// its hybrid path with a host implementation of the GPU side, and the engine (Engine::create)
+// end to end on the CPU backend.
 #include <catch2/catch.hpp>
 
 #include <cstdio>
 
 #include "cpu_attention_backend.hpp"
+#include "host_gpu_backend.hpp"
 #include "step_fixture.hpp"
 #include "test_seed.hpp"
 #include "writescope/core/engine.hpp"
@@ -149,4 +151,101 @@ TEST_CASE("Engine::create names what is wrong with the options", "[unit][engine]
     o.geometry = small("qwen3-30b-a3b", 2);
     o.mode = "gpu-only";
     REQUIRE_THROWS_WITH(Engine::create(o), Catch::Contains("needs a GPU"));
+}
+
+TEST_CASE("hybrid steps in every mode through the executor equal fp64 attention (host GPU side)",
+          "[unit][engine]") {
+    // The executor's GPU path without a GPU: slot lists handed over once per step, the layer's
+    // blocks resolved per launch (layer 0 again last), the monolithic gather into pageable
+    // caches, the CPU partials written where the GPU side reads them.
+    auto rng = test::seeded_rng("hybrid step executor, host GPU side");
+    const char* modes[] = {"writescope",  "gpu-only",   "cpu-only",
+                           "static:0.25", "static:0.7", "monolithic"};
+    for (const char* preset : {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"})
+        for (const char* mode_text : modes) {
+            const auto g = small(preset, 2);
+            const std::size_t B = 64, max_seqs = 5;
+            const ExecutionMode mode = parse_execution_mode(mode_text);
+            runtime::CpuAttentionBackendImpl cpu(g, B, 2, false, max_seqs);
+            KvCacheConfig cfg;
+            cfg.geometry = g;
+            cfg.block_tokens = B;
+            cfg.t_slots = max_seqs;
+            cfg.g_slots = rng() % 10;
+            cfg.pinned_bytes = 24ull << 20;
+            cfg.host_bytes = 24ull << 20;
+            cfg.u_block_bytes = cpu.packed_block_bytes();
+            cfg.target_r = mode.kind == ModeKind::gpu_only || mode.kind == ModeKind::monolithic
+                               ? 0.0
+                           : mode.kind == ModeKind::cpu_only
+                               ? 1.0
+                               : std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+            HostKvMemory mem = HostKvMemory::create(cfg);
+            KvCache cache(cfg, mem.pinned->slab_slots());
+            RegionMemory* pool = mem.gpu_pool.get();
+            const std::size_t lin = LinearBlockLayout::of(g, B).elems() * 2;
+            test::StepFixture fx{g,
+                                 B,
+                                 cache,
+                                 mem.pinned.get(),
+                                 mem.unpinned.get(),
+                                 cpu,
+                                 [&](std::size_t l, std::uint32_t s, const void* src) {
+                                     std::memcpy(pool->block(l, s), src, lin);
+                                 },
+                                 {},
+                                 {}};
+            std::vector<std::uint64_t> ids;
+            for (std::uint64_t id = 1; id <= max_seqs; ++id) {
+                const std::size_t choices[] = {1, B - 1, B + 1, 6 * B + 9, 600 + rng() % 900};
+                const std::size_t n = choices[rng() % 5];
+                if (fx.add_sequence(id, n, n + 1, rng)) ids.push_back(id);
+            }
+            REQUIRE(!ids.empty());
+            const std::size_t rows = ids.size() * g.num_q_heads, dv = g.head_dim_v;
+            test::HostGpuBackend gpu(g, B, *pool, mem.pinned.get(), max_seqs * g.num_q_heads);
+            StepExecutor exec({max_seqs}, cache, *pool, mem.pinned.get(), mem.unpinned.get(), cpu,
+                              &gpu);
+            PlanCosts costs;
+            costs.a = 1e-9 * (1 + rng() % 10);
+            costs.a_pinned = costs.a * 1.15;
+            costs.b = 1e-9 * (1 + rng() % 10);
+            costs.b_pageable = INFINITY;
+            costs.delta = 1e-6 * (rng() % 100);
+            exec.plan(ids, mode, costs);
+            REQUIRE(gpu.set_work_calls == 1);
+            const auto q = fx.random_q(ids.size(), rng);
+            std::size_t layers_run = 0;
+            for (std::size_t layer : {std::size_t{0}, std::size_t{1}, std::size_t{0}}) {
+                std::vector<float> o(rows * dv, NAN), lse(rows, NAN);
+                const auto r = exec.run_layer(layer, q.data(), {o.data(), lse.data(), rows, dv});
+                ++layers_run;
+                std::vector<double> ro, rl;
+                fx.reference(layer, ids, q.data(), ro, rl);
+                const auto [rel, lerr] = test::StepFixture::error(o, lse, ro, rl);
+                std::printf(
+                    "[engine] hybrid step %-16s %-11s layer %zu: CPU %5llu spilled tok, GPU %5llu "
+                    "streamed + %4llu in place: rel err vs fp64 %.3e, lse err %.3e\n",
+                    preset, mode_text, layer, static_cast<unsigned long long>(r.cpu_spilled_tokens),
+                    static_cast<unsigned long long>(r.gpu_spilled_tokens),
+                    static_cast<unsigned long long>(r.gpu_inplace_tokens), rel, lerr);
+                REQUIRE(rel < 1e-5);
+                REQUIRE(lerr < 1e-5);
+                REQUIRE(gpu.last_layer == layer);
+                REQUIRE(r.gpu.p_bytes == r.gpu_spilled_tokens / B * lin);
+                if (mode.kind == ModeKind::cpu_only) REQUIRE(r.gpu_spilled_tokens == 0);
+                if (mode.kind == ModeKind::gpu_only || mode.kind == ModeKind::monolithic)
+                    REQUIRE(r.cpu_spilled_tokens == 0);
+                if (mode.kind == ModeKind::monolithic)
+                    REQUIRE(exec.monolithic_bytes() >= r.gpu_spilled_tokens / B * lin);
+                else
+                    REQUIRE(exec.monolithic_bytes() == 0);
+                // When the CPU had work its partials went straight into the GPU side's buffer.
+                if (r.cpu_tokens > 0) REQUIRE(gpu.cpu_parts_in_place == layers_run);
+            }
+            // One hand-over per step, one launch and one finish per layer.
+            REQUIRE(gpu.set_work_calls == 1);
+            REQUIRE(gpu.launches == 3);
+            REQUIRE(gpu.finishes == 3);
+        }
 }

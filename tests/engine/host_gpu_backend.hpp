@@ -1,0 +1,131 @@
+// A GpuAttentionBackend on the host, for testing the step executor's hybrid path where there is
+// no GPU (CI): what the executor hands the GPU side (slot lists once per step, a layer and a
+// query per launch, pageable monolithic caches, the CPU partials) is recorded and attended with
+// the fp64 reference over host T/G and P memory, then merged with the CPU partials by core's
+// merge. The real kernels have their own tests on the GPU machine (tests/gpu).
+#pragma once
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "writescope/core/attention_state.hpp"
+#include "writescope/core/kv_block.hpp"
+#include "writescope/core/region_memory.hpp"
+#include "writescope/core/step_backends.hpp"
+#include "writescope/cpu/reference_attention.hpp"
+
+namespace writescope::test {
+
+class HostGpuBackend final : public GpuAttentionBackend {
+  public:
+    HostGpuBackend(const KvGeometry& g, std::size_t block_tokens, RegionMemory& pool,
+                   RegionMemory* pinned, std::size_t max_rows)
+        : g_(g),
+          B_(block_tokens),
+          pool_(pool),
+          pinned_(pinned),
+          block_bytes_(LinearBlockLayout::of(g, block_tokens).elems() * dtype_bytes(g.dtype)),
+          ext_(max_rows * (static_cast<std::size_t>(g.head_dim_v) + 1)) {}
+
+    // What the executor did, for the test to check.
+    std::size_t set_work_calls = 0, launches = 0, finishes = 0;
+    std::size_t cpu_parts_in_place = 0;  // finish() found the CPU partials in our buffer
+    std::size_t last_layer = 0;
+
+    void set_work(std::span<const GpuSeqWork> seqs) override {
+        if (launched_) throw std::logic_error("set_work between launch and finish");
+        ++set_work_calls;
+        work_.clear();
+        for (const auto& s : seqs)
+            work_.push_back({{s.pool_slots.begin(), s.pool_slots.end()},
+                             s.has_open,
+                             s.open_tokens,
+                             {s.p_slots.begin(), s.p_slots.end()},
+                             static_cast<const std::byte*>(s.pageable),
+                             s.pageable_blocks});
+    }
+
+    void launch(std::size_t layer, const void* q) override {
+        if (launched_) throw std::logic_error("launch twice");
+        ++launches;
+        launched_ = true;
+        last_layer = layer;
+        const std::size_t qb =
+            work_.size() * g_.num_q_heads * g_.head_dim_k * dtype_bytes(g_.dtype);
+        q_.assign(static_cast<const std::byte*>(q), static_cast<const std::byte*>(q) + qb);
+    }
+
+    StateView cpu_partial_buffer(std::size_t rows) noexcept override {
+        const std::size_t dv = g_.head_dim_v;
+        if (rows * (dv + 1) > ext_.size()) return {};
+        return {ext_.data(), ext_.data() + rows * dv, rows, dv};
+    }
+
+    // Attends now what a GPU would have read asynchronously since launch(): the pageable
+    // caches must still hold the layer's blocks.
+    GpuLayerTiming finish(ConstStateView cpu_part, StateView out) override {
+        if (!launched_) throw std::logic_error("finish without launch");
+        launched_ = false;
+        ++finishes;
+        const std::size_t nseq = work_.size(), hq = g_.num_q_heads, dv = g_.head_dim_v;
+        const std::size_t rows = nseq * hq;
+        if (out.rows != rows || out.dim != dv) throw std::invalid_argument("out shape");
+        std::vector<std::vector<cpu::AttnBlock>> blocks(nseq);
+        std::vector<cpu::AttnSeq> seqs(nseq);
+        GpuLayerTiming t;
+        const std::size_t q_row = hq * g_.head_dim_k * dtype_bytes(g_.dtype);
+        for (std::size_t i = 0; i < nseq; ++i) {
+            const Work& w = work_[i];
+            for (std::size_t k = 0; k < w.pool_slots.size(); ++k) {
+                const bool open = w.has_open && k + 1 == w.pool_slots.size();
+                blocks[i].push_back({pool_.block(last_layer, w.pool_slots[k]),
+                                     open ? w.open_tokens : static_cast<std::uint32_t>(B_),
+                                     cpu::BlockLayout::linear});
+            }
+            for (std::uint32_t s : w.p_slots)
+                blocks[i].push_back({pinned_->block(last_layer, s), static_cast<std::uint32_t>(B_),
+                                     cpu::BlockLayout::linear});
+            for (std::uint32_t k = 0; k < w.pageable_blocks; ++k)
+                blocks[i].push_back({w.pageable + k * block_bytes_, static_cast<std::uint32_t>(B_),
+                                     cpu::BlockLayout::linear});
+            t.p_bytes += (w.p_slots.size() + w.pageable_blocks) * block_bytes_;
+            seqs[i] = {q_.data() + i * q_row, blocks[i]};
+        }
+        std::vector<double> o(rows * dv), lse(rows);
+        cpu::reference_attention(g_, B_, seqs, o, lse);
+        std::vector<float> go(o.begin(), o.end()), gl(lse.begin(), lse.end());
+        const ConstStateView gpu{go.data(), gl.data(), rows, dv};
+        if (cpu_part.o) {
+            if (cpu_part.o == ext_.data()) ++cpu_parts_in_place;
+            const ConstStateView parts[] = {gpu, cpu_part};
+            merge_states(parts, out);
+        } else {
+            std::memcpy(out.o, go.data(), go.size() * sizeof(float));
+            std::memcpy(out.lse, gl.data(), gl.size() * sizeof(float));
+        }
+        return t;
+    }
+
+  private:
+    struct Work {
+        std::vector<std::uint32_t> pool_slots;
+        bool has_open;
+        std::uint32_t open_tokens;
+        std::vector<std::uint32_t> p_slots;
+        const std::byte* pageable;
+        std::uint32_t pageable_blocks;
+    };
+    KvGeometry g_;
+    std::size_t B_;
+    RegionMemory& pool_;
+    RegionMemory* pinned_;
+    std::size_t block_bytes_;
+    std::vector<float> ext_;
+    std::vector<Work> work_;
+    std::vector<std::byte> q_;
+    bool launched_ = false;
+};
+
+}  // namespace writescope::test
