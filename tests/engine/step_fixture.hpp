@@ -10,12 +10,34 @@
 #include <random>
 #include <vector>
 
+#include "writescope/core/execution_mode.hpp"
 #include "writescope/core/kv_cache.hpp"
 #include "writescope/core/region_memory.hpp"
 #include "writescope/core/step_backends.hpp"
+#include "writescope/core/step_plan.hpp"
 #include "writescope/cpu/reference_attention.hpp"
 
 namespace writescope::test {
+
+// The routing target a mode runs with, as in the engine: 0 for gpu-only and monolithic, 1 for
+// cpu-only, a random share for the adaptive and static modes.
+inline double routing_target_for(const ExecutionMode& mode, std::mt19937_64& rng) {
+    if (mode.kind == ModeKind::gpu_only || mode.kind == ModeKind::monolithic) return 0.0;
+    if (mode.kind == ModeKind::cpu_only) return 1.0;
+    return std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+}
+
+// Random plan costs, so that the writescope plan moves P blocks to the CPU on some runs; the GPU
+// never pulls U (pageable cost infinite), as in the executor.
+inline PlanCosts random_plan_costs(std::mt19937_64& rng) {
+    PlanCosts c;
+    c.a = 1e-9 * static_cast<double>(1 + rng() % 10);
+    c.a_pinned = c.a * 1.15;
+    c.b = 1e-9 * static_cast<double>(1 + rng() % 10);
+    c.b_pageable = INFINITY;
+    c.delta = 1e-6 * static_cast<double>(rng() % 100);
+    return c;
+}
 
 struct StepFixture {
     KvGeometry g;
@@ -75,6 +97,24 @@ struct StepFixture {
         }
         tokens[id] = n;
         return true;
+    }
+
+    // A fixture over host region memories (every region in host memory, T and G included).
+    static StepFixture on_host(const KvGeometry& g, std::size_t B, KvCache& cache,
+                               RegionMemory& gpu_pool, RegionMemory* pinned, RegionMemory* unpinned,
+                               CpuAttentionBackend& cpu) {
+        const std::size_t lin = LinearBlockLayout::of(g, B).elems() * dtype_bytes(g.dtype);
+        return {g,
+                B,
+                cache,
+                pinned,
+                unpinned,
+                cpu,
+                [&gpu_pool, lin](std::size_t l, std::uint32_t s, const void* src) {
+                    std::memcpy(gpu_pool.block(l, s), src, lin);
+                },
+                {},
+                {}};
     }
 
     std::vector<std::byte> random_q(std::size_t nseq, std::mt19937_64& rng) const {

@@ -41,18 +41,8 @@ TEST_CASE("CPU-only steps over T and U equal fp64 attention in every layer", "[u
         HostKvMemory mem = HostKvMemory::create(cfg);
         KvCache cache(cfg, mem.pinned->slab_slots());
         RegionMemory* pool = mem.gpu_pool.get();
-        const std::size_t lin = LinearBlockLayout::of(g, B).elems() * 2;
-        test::StepFixture fx{g,
-                             B,
-                             cache,
-                             mem.pinned.get(),
-                             mem.unpinned.get(),
-                             cpu,
-                             [&](std::size_t l, std::uint32_t s, const void* src) {
-                                 std::memcpy(pool->block(l, s), src, lin);
-                             },
-                             {},
-                             {}};
+        auto fx = test::StepFixture::on_host(g, B, cache, *pool, mem.pinned.get(),
+                                             mem.unpinned.get(), cpu);
         std::vector<std::uint64_t> ids;
         for (std::uint64_t id = 1; id <= max_seqs; ++id) {
             const std::size_t choices[] = {0, 1, B - 1, B, B + 1, 5 * B + 7, 700 + rng() % 900};
@@ -175,26 +165,13 @@ TEST_CASE("hybrid steps in every mode through the executor equal fp64 attention 
             cfg.pinned_bytes = 24ull << 20;
             cfg.host_bytes = 24ull << 20;
             cfg.u_block_bytes = cpu.packed_block_bytes();
-            cfg.target_r = mode.kind == ModeKind::gpu_only || mode.kind == ModeKind::monolithic
-                               ? 0.0
-                           : mode.kind == ModeKind::cpu_only
-                               ? 1.0
-                               : std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+            cfg.target_r = test::routing_target_for(mode, rng);
             HostKvMemory mem = HostKvMemory::create(cfg);
             KvCache cache(cfg, mem.pinned->slab_slots());
             RegionMemory* pool = mem.gpu_pool.get();
             const std::size_t lin = LinearBlockLayout::of(g, B).elems() * 2;
-            test::StepFixture fx{g,
-                                 B,
-                                 cache,
-                                 mem.pinned.get(),
-                                 mem.unpinned.get(),
-                                 cpu,
-                                 [&](std::size_t l, std::uint32_t s, const void* src) {
-                                     std::memcpy(pool->block(l, s), src, lin);
-                                 },
-                                 {},
-                                 {}};
+            auto fx = test::StepFixture::on_host(g, B, cache, *pool, mem.pinned.get(),
+                                                 mem.unpinned.get(), cpu);
             std::vector<std::uint64_t> ids;
             for (std::uint64_t id = 1; id <= max_seqs; ++id) {
                 const std::size_t choices[] = {1, B - 1, B + 1, 6 * B + 9, 600 + rng() % 900};
@@ -206,13 +183,7 @@ TEST_CASE("hybrid steps in every mode through the executor equal fp64 attention 
             test::HostGpuBackend gpu(g, B, *pool, mem.pinned.get(), max_seqs * g.num_q_heads);
             StepExecutor exec({max_seqs}, cache, *pool, mem.pinned.get(), mem.unpinned.get(), cpu,
                               &gpu);
-            PlanCosts costs;
-            costs.a = 1e-9 * (1 + rng() % 10);
-            costs.a_pinned = costs.a * 1.15;
-            costs.b = 1e-9 * (1 + rng() % 10);
-            costs.b_pageable = INFINITY;
-            costs.delta = 1e-6 * (rng() % 100);
-            exec.plan(ids, mode, costs);
+            exec.plan(ids, mode, test::random_plan_costs(rng));
             REQUIRE(gpu.set_work_calls == 1);
             const auto q = fx.random_q(ids.size(), rng);
             std::size_t layers_run = 0;

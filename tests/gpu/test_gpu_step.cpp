@@ -37,12 +37,7 @@ TEST_CASE("hybrid steps in every mode equal unsplit fp64 attention", "[gpu]") {
             cfg.pinned_bytes = 48ull << 20;
             cfg.host_bytes = 48ull << 20;
             cfg.u_block_bytes = cpu.packed_block_bytes();
-            // The routing target follows the mode, as in the engine.
-            cfg.target_r = mode.kind == ModeKind::gpu_only || mode.kind == ModeKind::monolithic
-                               ? 0.0
-                           : mode.kind == ModeKind::cpu_only
-                               ? 1.0
-                               : std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+            cfg.target_r = test::routing_target_for(mode, rng);  // as in the engine
             const KvCapacity cap = kv_capacity(cfg);
             const std::size_t lin = cap.linear_block_bytes;
             cuda::DeviceRegionMemory gmem("T+G", pool, 2, cap.gpu_pool_slots(), lin);
@@ -78,14 +73,7 @@ TEST_CASE("hybrid steps in every mode equal unsplit fp64 attention", "[gpu]") {
             REQUIRE(!ids.empty());
             REQUIRE(cache.check_invariants().empty());
             StepExecutor exec({max_seqs}, cache, gmem, &pmem, &umem, cpu, &gpu);
-            // Random costs so that the writescope plan moves P blocks to the CPU on some runs.
-            PlanCosts costs;
-            costs.a = 1e-9 * (1 + rng() % 10);
-            costs.a_pinned = costs.a * 1.15;
-            costs.b = 1e-9 * (1 + rng() % 10);
-            costs.b_pageable = INFINITY;
-            costs.delta = 1e-6 * (rng() % 100);
-            const auto& plan = exec.plan(ids, mode, costs);
+            const auto& plan = exec.plan(ids, mode, test::random_plan_costs(rng));
             const auto q = fx.random_q(ids.size(), rng);
             const std::size_t rows = ids.size() * g.num_q_heads, dv = g.head_dim_v;
             // Layer 0 again last: the work is laid out once per step and only the layer's
