@@ -173,6 +173,15 @@ void CpuAttention::unpack_block(const void* packed, void* linear) const noexcept
 }
 
 void CpuAttention::run(std::span<const AttnSeq> seqs, StateView out) {
+    run_impl(seqs, out, nullptr);
+}
+
+void CpuAttention::run(std::span<const AttnSeq> seqs, StateView out, FunctionRef<void()> on_start) {
+    run_impl(seqs, out, &on_start);
+}
+
+void CpuAttention::run_impl(std::span<const AttnSeq> seqs, StateView out,
+                            FunctionRef<void()>* on_start) {
     Plan& P = *plan_;
     const std::size_t hq = static_cast<std::size_t>(geometry_.num_q_heads);
     const std::size_t g = P.shape.group, kvh = P.shape.kv_heads, dv = P.shape.dv;
@@ -221,7 +230,7 @@ void CpuAttention::run(std::span<const AttnSeq> seqs, StateView out) {
     }
 
     const std::size_t es = dtype_bytes(geometry_.dtype);
-    pool_.parallel_for(n_items, [&](std::size_t i, std::size_t worker) {
+    const auto item = [&](std::size_t i, std::size_t worker) {
         const WorkItem& it = P.items[i];
         const MergeGroup& grp = P.groups[it.group];
         const AttnSeq& seq = seqs[it.seq];
@@ -239,7 +248,11 @@ void CpuAttention::run(std::span<const AttnSeq> seqs, StateView out) {
         a.scratch = {ws + P.offs.s,     ws + P.offs.o,  ws + P.offs.m,  ws + P.offs.l,
                      ws + P.offs.alpha, ws + P.offs.qf, ws + P.offs.qx, ws + P.offs.pp};
         P.kernel(P.shape, a);
-    });
+    };
+    if (on_start)
+        pool_.parallel_for(n_items, item, *on_start);
+    else
+        pool_.parallel_for(n_items, item);
 
     // Groups split into several parts: merge them row by row in a second dispatch (parallel_for
     // returned only after every item's writes, so all parts are complete).

@@ -127,9 +127,23 @@ void WorkerPool::worker_main(std::size_t worker_index, int /*cpu*/) {
 }
 
 void WorkerPool::parallel_for(std::size_t n, FunctionRef<void(std::size_t, std::size_t)> fn) {
-    if (n == 0) return;
+    dispatch(n, fn, nullptr);
+}
+
+void WorkerPool::parallel_for(std::size_t n, FunctionRef<void(std::size_t, std::size_t)> fn,
+                              FunctionRef<void()> caller_first) {
+    dispatch(n, fn, &caller_first);
+}
+
+void WorkerPool::dispatch(std::size_t n, FunctionRef<void(std::size_t, std::size_t)>& fn,
+                          FunctionRef<void()>* caller_first) {
+    if (n == 0) {
+        if (caller_first) (*caller_first)();
+        return;
+    }
     std::lock_guard lock(dispatch_mutex_);
     if (threads_.empty()) {  // a pool of one: the caller runs everything
+        if (caller_first) (*caller_first)();
         for (std::size_t i = 0; i < n; ++i)
             fn(i, 0);
         return;
@@ -140,6 +154,7 @@ void WorkerPool::parallel_for(std::size_t n, FunctionRef<void(std::size_t, std::
     finished_threads_.store(0, std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_release);
     generation_.notify_all();
+    if (caller_first) (*caller_first)();
     if (caller_participates_) run_items(0);
 
     // Wait for every pool thread to finish this generation (each counts itself once, also when

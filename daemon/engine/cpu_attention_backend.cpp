@@ -19,7 +19,8 @@ const char* CpuAttentionBackendImpl::kernel_name() const noexcept {
     return cpu::isa_name(attn_->isa()).data();
 }
 
-void CpuAttentionBackendImpl::attend(std::span<const CpuSeqWork> seqs, StateView out) {
+void CpuAttentionBackendImpl::attend(std::span<const CpuSeqWork> seqs, StateView out,
+                                     StartHook on_start) {
     std::size_t total = 0;
     for (const auto& s : seqs)
         total += s.blocks.size();
@@ -33,7 +34,11 @@ void CpuAttentionBackendImpl::attend(std::span<const CpuSeqWork> seqs, StateView
                             b.packed ? cpu::BlockLayout::packed : cpu::BlockLayout::linear};
         seqs_[i] = {seqs[i].q, std::span<const cpu::AttnBlock>(blocks_.data() + first, n - first)};
     }
-    attn_->run(std::span<const cpu::AttnSeq>(seqs_.data(), seqs.size()), out);
+    const std::span<const cpu::AttnSeq> run(seqs_.data(), seqs.size());
+    if (on_start.fn)
+        attn_->run(run, out, [&on_start] { on_start(); });
+    else
+        attn_->run(run, out);
 }
 
 }  // namespace writescope::runtime

@@ -15,7 +15,8 @@ class CpuAttentionBackendImpl final : public CpuAttentionBackend {
     // threads: attention threads (0 = every CPU of the affinity mask); pin: pin them to cores.
     CpuAttentionBackendImpl(const KvGeometry& g, std::size_t block_tokens, std::size_t threads,
                             bool pin, std::size_t max_seqs);
-    void attend(std::span<const CpuSeqWork> seqs, StateView out) override;
+    using CpuAttentionBackend::attend;
+    void attend(std::span<const CpuSeqWork> seqs, StateView out, StartHook on_start) override;
     void pack_block(const void* linear, void* packed) const override {
         attn_->pack_block(linear, packed);
     }

@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <exception>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -96,6 +97,7 @@ struct Options {
     bool cpu_load = false;
     bool flush = true;
     bool trace = false;
+    bool overlap = true;
     std::string json;
 };
 
@@ -116,6 +118,8 @@ void usage() {
         "                     through them before every step, as the expert weights of a MoE\n"
         "                     layer do, so no step reads the previous step's KV from cache)\n"
         "  --trace            print the policy's tracking steps of every configuration\n"
+        "  --no-overlap       enqueue the GPU side before waking the CPU threads (default: the\n"
+        "                     calling thread enqueues it once they run, as the executor does)\n"
         "  --quick            small sizes (one model, 8K/16K, batch 1/4)\n"
         "  --json FILE        write the summary as JSON");
 }
@@ -155,6 +159,8 @@ Options parse(int argc, char** argv) {
             o.flush = false;
         } else if (a == "--trace") {
             o.trace = true;
+        } else if (a == "--no-overlap") {
+            o.overlap = false;
         } else if (a == "--quick") {
             o.models = {"qwen3-30b-a3b"};
             o.contexts = {8192, 16384};
@@ -319,6 +325,7 @@ struct ModelRig {
     std::vector<std::byte> q;
     std::vector<float> o, lse, co, clse;
     CacheFlusher* flush = nullptr;
+    bool overlap = true;
 };
 
 std::size_t blocks_for(std::size_t tokens, std::size_t B) {
@@ -459,13 +466,31 @@ struct Config {
         StepTime t;
         (*m.flush)();
         const double t0 = now();
-        m.gpu->launch(0, m.q.data());
         bool any_cpu = false;
         for (const auto& c : cw)
             any_cpu = any_cpu || !c.blocks.empty();
-        // The CPU partials go where the GPU backend uploads them from, as in the executor.
+        // As the executor does: the GPU side enqueued by the CPU backend's calling thread once
+        // the workers run (or first, with --no-overlap); the CPU partials go where the GPU
+        // backend uploads them from.
+        struct Launch {
+            cuda::GpuStepBackend* gpu;
+            const void* q;
+            std::exception_ptr error;
+            static void run(void* p) {  // a start hook must not throw: keep the error
+                auto* l = static_cast<Launch*>(p);
+                try {
+                    l->gpu->launch(0, l->q);
+                } catch (...) {
+                    l->error = std::current_exception();
+                }
+            }
+        } launch{m.gpu.get(), m.q.data(), nullptr};
+        const bool overlap = any_cpu && m.overlap;
+        if (!overlap) Launch::run(&launch);
         const StateView part = m.gpu->cpu_partial_buffer(rows);
-        if (any_cpu) m.cpu->attend(cw, part);
+        if (any_cpu)
+            m.cpu->attend(cw, part, overlap ? StartHook{&Launch::run, &launch} : StartHook{});
+        if (launch.error) std::rethrow_exception(launch.error);
         const double t2 = now();
         const GpuLayerTiming g =
             m.gpu->finish(any_cpu ? ConstStateView{part.o, part.lse, rows, dv} : ConstStateView{},
@@ -657,12 +682,16 @@ int run_attention_step(int argc, char** argv) {
 
     CacheFlusher flush(pool, isa, o.flush);
     if (o.flush)
-        std::printf("before every step: %zu MiB streamed through the CPU caches (untimed)\n\n",
+        std::printf("before every step: %zu MiB streamed through the CPU caches (untimed)\n",
                     flush.bytes() >> 20);
+    std::printf("GPU side enqueued %s\n\n",
+                o.overlap ? "by the CPU's calling thread once its workers run"
+                          : "before the CPU threads are woken (--no-overlap)");
     std::vector<Result> results;
     for (const auto& name : o.models) {
         auto rig = build_rig(name, o, threads, pool);
         rig->flush = &flush;
+        rig->overlap = o.overlap;
         std::printf("%s: block %zu tokens, %zu B/token/layer, G holds %.1f%% of each sequence\n",
                     name.c_str(), o.block, rig->g.bytes_per_token_layer(), 100 * o.g_fraction);
         std::printf("%8s %5s %8s | %9s %9s %9s %9s | %6s %6s %7s | %6s %6s %6s | %6s %5s %5s\n",
@@ -810,6 +839,7 @@ int run_attention_step(int argc, char** argv) {
         lo.batches = {4};
         auto rig = build_rig("qwen3-30b-a3b", lo, threads, pool);
         rig->flush = &flush;
+        rig->overlap = o.overlap;
         Config cf{rig.get(), 32768, 4, shape_of(32768, o.block, o.g_fraction), {}, {}, {}, {}, {}};
         PolicyTrackers tr;
         StepTime t = cf.run(0.5, 3);

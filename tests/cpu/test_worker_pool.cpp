@@ -1,7 +1,9 @@
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <memory>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "test_seed.hpp"
@@ -107,4 +109,49 @@ TEST_CASE("worker pool pinning reports what it did and never fails the pool",
     REQUIRE(pinned == r.pinned);
     REQUIRE((r.pinned == r.requested) == r.error.empty());
     check_exactly_once(pool, 100);
+}
+
+TEST_CASE("caller_first runs once on the calling thread while the workers take items",
+          "[unit][worker_pool]") {
+    for (bool caller : {true, false}) {
+        for (std::size_t threads : {1u, 2u, 4u}) {
+            WorkerPoolOptions o;
+            o.threads = threads;
+            o.caller_participates = caller;
+            WorkerPool pool(o);
+            for (std::size_t n : {0u, 1u, 64u}) {
+                std::vector<std::atomic<int>> hits(n);
+                std::atomic<int> first_calls{0};
+                std::atomic<std::size_t> done_before_first_returned{0};
+                std::thread::id first_thread;
+                pool.parallel_for(
+                    n, [&](std::size_t i, std::size_t) { hits[i].fetch_add(1); },
+                    [&] {
+                        ++first_calls;
+                        first_thread = std::this_thread::get_id();
+                        // With pool threads, they are already taking items: wait (bounded)
+                        // until one of them has run an item. The caller has taken none yet.
+                        if (pool.pool_threads() > 0 && n > 0) {
+                            const auto until =
+                                std::chrono::steady_clock::now() + std::chrono::seconds(10);
+                            while (std::chrono::steady_clock::now() < until) {
+                                std::size_t d = 0;
+                                for (auto& h : hits)
+                                    d += static_cast<std::size_t>(h.load());
+                                if (d > 0) {
+                                    done_before_first_returned = d;
+                                    break;
+                                }
+                                std::this_thread::yield();
+                            }
+                        }
+                    });
+                REQUIRE(first_calls.load() == 1);
+                REQUIRE(first_thread == std::this_thread::get_id());
+                for (std::size_t i = 0; i < n; ++i)
+                    REQUIRE(hits[i].load() == 1);
+                if (pool.pool_threads() > 0 && n > 0) REQUIRE(done_before_first_returned > 0);
+            }
+        }
+    }
 }

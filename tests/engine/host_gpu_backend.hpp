@@ -33,6 +33,7 @@ class HostGpuBackend final : public GpuAttentionBackend {
     std::size_t set_work_calls = 0, launches = 0, finishes = 0;
     std::size_t cpu_parts_in_place = 0;  // finish() found the CPU partials in our buffer
     std::size_t last_layer = 0;
+    bool fail_launch = false;  // launch() throws, as a CUDA error would
 
     void set_work(std::span<const GpuSeqWork> seqs) override {
         if (launched_) throw std::logic_error("set_work between launch and finish");
@@ -49,6 +50,7 @@ class HostGpuBackend final : public GpuAttentionBackend {
 
     void launch(std::size_t layer, const void* q) override {
         if (launched_) throw std::logic_error("launch twice");
+        if (fail_launch) throw std::runtime_error("host GPU: launch failed (test)");
         ++launches;
         launched_ = true;
         last_layer = layer;

@@ -181,8 +181,10 @@ TEST_CASE("hybrid steps in every mode through the executor equal fp64 attention 
             REQUIRE(!ids.empty());
             const std::size_t rows = ids.size() * g.num_q_heads, dv = g.head_dim_v;
             test::HostGpuBackend gpu(g, B, *pool, mem.pinned.get(), max_seqs * g.num_q_heads);
-            StepExecutor exec({max_seqs}, cache, *pool, mem.pinned.get(), mem.unpinned.get(), cpu,
-                              &gpu);
+            // The GPU side enqueued after the CPU workers start (the default) or before them.
+            const bool overlap = rng() % 2 == 0;
+            StepExecutor exec({max_seqs, overlap}, cache, *pool, mem.pinned.get(),
+                              mem.unpinned.get(), cpu, &gpu);
             exec.plan(ids, mode, test::random_plan_costs(rng));
             REQUIRE(gpu.set_work_calls == 1);
             const auto q = fx.random_q(ids.size(), rng);
@@ -218,5 +220,16 @@ TEST_CASE("hybrid steps in every mode through the executor equal fp64 attention 
             REQUIRE(gpu.set_work_calls == 1);
             REQUIRE(gpu.launches == 3);
             REQUIRE(gpu.finishes == 3);
+            // A GPU enqueue that fails (inside the CPU backend's start hook when overlapped)
+            // surfaces from run_layer, and the next layer runs normally.
+            gpu.fail_launch = true;
+            std::vector<float> o(rows * dv, NAN), lse(rows, NAN);
+            REQUIRE_THROWS_WITH(exec.run_layer(1, q.data(), {o.data(), lse.data(), rows, dv}),
+                                Catch::Contains("launch failed"));
+            gpu.fail_launch = false;
+            exec.run_layer(1, q.data(), {o.data(), lse.data(), rows, dv});
+            std::vector<double> ro, rl;
+            fx.reference(1, ids, q.data(), ro, rl);
+            REQUIRE(test::StepFixture::error(o, lse, ro, rl).first < 1e-5);
         }
 }

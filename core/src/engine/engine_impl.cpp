@@ -179,10 +179,10 @@ Calibration EngineImpl::calibrate(const std::function<void(double, std::string_v
             const auto r = exec.run_layer(
                 0, q.data(), {o.data(), lse.data(), rows, static_cast<std::size_t>(g.head_dim_v)});
             if (rep < 3) continue;  // warm-up
-            // Both engines on one clock from the step's start: the CPU begins once the GPU side
-            // is enqueued, so the enqueue time is the CPU's (part of c0); the GPU's attention is
+            // Both engines on one clock from the step's start: the CPU side's finish time (with
+            // whatever of the GPU enqueue it waited for, part of c0) and the GPU's attention,
             // timed by events from the same start.
-            ct.push_back(r.gpu_launch_seconds + r.cpu_seconds);
+            ct.push_back(r.cpu_seconds);
             gt.push_back(r.gpu.attention_seconds);
             ov.push_back(r.gpu.merge_seconds);
             cpu_tokens = r.cpu_spilled_tokens;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <exception>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -219,17 +220,38 @@ LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateV
     // The CPU writes its partials where the GPU backend uploads them from.
     StateView cpu_part = gpu_ ? gpu_->cpu_partial_buffer(rows) : StateView{};
     if (gpu_ && !cpu_part.o) cpu_part = {cpu_o_.data(), cpu_lse_.data(), rows, dv_};
-    if (gpu_) {
-        gpu_->launch(layer, q);
-        r.gpu_launch_seconds = now_seconds() - t0;
+    // The GPU side: enqueued by the CPU backend's calling thread once its workers run (the
+    // hook must not throw: an error is kept and rethrown after the CPU side returns), or first.
+    struct Launch {
+        GpuAttentionBackend* gpu;
+        std::size_t layer;
+        const void* q;
+        double t0, seconds = 0;
+        std::exception_ptr error;
+        static void run(void* p) {
+            auto& l = *static_cast<Launch*>(p);
+            try {
+                l.gpu->launch(l.layer, l.q);
+            } catch (...) {
+                l.error = std::current_exception();
+            }
+            l.seconds = now_seconds() - l.t0;
+        }
+    } launch{gpu_, layer, q, t0, 0.0, nullptr};
+    const bool overlap = gpu_ && cpu_any_ && cfg_.overlap_gpu_launch;
+    if (gpu_ && !overlap) {
+        Launch::run(&launch);
+        if (launch.error) std::rethrow_exception(launch.error);
     }
     if (cpu_any_) {
-        const double c0 = now_seconds();
-        cpu_.attend(std::span<const CpuSeqWork>(cpu_work_.data(), nseq_), gpu_ ? cpu_part : out);
-        r.cpu_seconds = now_seconds() - c0;
+        cpu_.attend(std::span<const CpuSeqWork>(cpu_work_.data(), nseq_), gpu_ ? cpu_part : out,
+                    overlap ? StartHook{&Launch::run, &launch} : StartHook{});
+        r.cpu_seconds = now_seconds() - t0;
+        if (launch.error) std::rethrow_exception(launch.error);
     } else if (!gpu_) {
         clear_states(out);
     }
+    r.gpu_launch_seconds = launch.seconds;
     if (gpu_) {
         r.gpu = gpu_->finish(
             cpu_any_ ? ConstStateView{cpu_part.o, cpu_part.lse, rows, dv_} : ConstStateView{}, out);

@@ -23,7 +23,8 @@ inline void merge_state_into(float* o_a, float& lse_a, const float* o_b, float l
                              std::size_t dim) noexcept {
     if (lse_b == kLseEmpty) return;
     if (lse_a == kLseEmpty) {
-        for (std::size_t i = 0; i < dim; ++i) o_a[i] = o_b[i];
+        for (std::size_t i = 0; i < dim; ++i)
+            o_a[i] = o_b[i];
         lse_a = lse_b;
         return;
     }
@@ -32,7 +33,8 @@ inline void merge_state_into(float* o_a, float& lse_a, const float* o_b, float l
     const float wb = std::exp(lse_b - m);
     const float inv = 1.0f / (wa + wb);
     const float ca = wa * inv, cb = wb * inv;
-    for (std::size_t i = 0; i < dim; ++i) o_a[i] = ca * o_a[i] + cb * o_b[i];
+    for (std::size_t i = 0; i < dim; ++i)
+        o_a[i] = ca * o_a[i] + cb * o_b[i];
     lse_a = m + std::log(wa + wb);
 }
 
@@ -55,7 +57,8 @@ struct ConstStateView {
 void clear_states(StateView s) noexcept;
 
 // N-way merge of parts into out, row by row, in the numerically symmetric form
-//   m = max lse_i (0 if all are −∞); w_i = exp(lse_i − m); o = Σ w_i o_i / Σ w_i; lse = m + log Σ w_i.
+//   m = max lse_i (0 if all are −∞); w_i = exp(lse_i − m); o = Σ w_i o_i / Σ w_i; lse = m + log Σ
+//   w_i.
 // All parts must have out's rows and dim. Empty parts contribute nothing; all empty → empty.
 void merge_states(std::span<const ConstStateView> parts, StateView out) noexcept;
 

@@ -15,13 +15,18 @@ namespace writescope {
 // same rounded values).
 enum class DType : std::uint8_t { f32, f16, bf16 };
 
-constexpr std::size_t dtype_bytes(DType t) noexcept { return t == DType::f32 ? 4 : 2; }
+constexpr std::size_t dtype_bytes(DType t) noexcept {
+    return t == DType::f32 ? 4 : 2;
+}
 
 constexpr std::string_view dtype_name(DType t) noexcept {
     switch (t) {
-        case DType::f32: return "fp32";
-        case DType::f16: return "fp16";
-        case DType::bf16: return "bf16";
+        case DType::f32:
+            return "fp32";
+        case DType::f16:
+            return "fp16";
+        case DType::bf16:
+            return "bf16";
     }
     return "?";
 }
@@ -47,18 +52,27 @@ float f16_to_f32(std::uint16_t h) noexcept;
 // Reads element i of a buffer of type t as fp32.
 inline float load_as_f32(const void* p, std::size_t i, DType t) noexcept {
     switch (t) {
-        case DType::f32: return static_cast<const float*>(p)[i];
-        case DType::f16: return f16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
-        case DType::bf16: return bf16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
+        case DType::f32:
+            return static_cast<const float*>(p)[i];
+        case DType::f16:
+            return f16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
+        case DType::bf16:
+            return bf16_to_f32(static_cast<const std::uint16_t*>(p)[i]);
     }
     return 0.0f;
 }
 // Writes fp32 value v as element i of a buffer of type t (rounding to nearest even).
 inline void store_from_f32(void* p, std::size_t i, DType t, float v) noexcept {
     switch (t) {
-        case DType::f32: static_cast<float*>(p)[i] = v; break;
-        case DType::f16: static_cast<std::uint16_t*>(p)[i] = f32_to_f16(v); break;
-        case DType::bf16: static_cast<std::uint16_t*>(p)[i] = f32_to_bf16(v); break;
+        case DType::f32:
+            static_cast<float*>(p)[i] = v;
+            break;
+        case DType::f16:
+            static_cast<std::uint16_t*>(p)[i] = f32_to_f16(v);
+            break;
+        case DType::bf16:
+            static_cast<std::uint16_t*>(p)[i] = f32_to_bf16(v);
+            break;
     }
 }
 

@@ -24,10 +24,14 @@ inline constexpr int kNumRegions = 4;
 
 constexpr std::string_view region_name(Region r) noexcept {
     switch (r) {
-        case Region::T: return "T";
-        case Region::G: return "G";
-        case Region::P: return "P";
-        case Region::U: return "U";
+        case Region::T:
+            return "T";
+        case Region::G:
+            return "G";
+        case Region::P:
+            return "P";
+        case Region::U:
+            return "U";
     }
     return "?";
 }

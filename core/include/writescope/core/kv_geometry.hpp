@@ -17,17 +17,17 @@ namespace writescope {
 // (for every query head: num_kv_heads == 1, head_dim_k == latent_dim) and its first head_dim_v
 // (512) elements as V. The latent is stored once: K and V share storage.
 struct KvGeometry {
-    std::string name;       // preset or model name, for messages and keys
-    int num_layers = 0;     // attention layers holding KV
-    int num_q_heads = 0;    // query heads
-    int num_kv_heads = 0;   // KV heads (1 for MLA)
-    int head_dim_k = 0;     // width of K (and of Q) per head; the latent width for MLA
-    int head_dim_v = 0;     // width of V and of the attention output per head
-    bool mla = false;       // K and V are one shared latent of head_dim_k elements
+    std::string name;      // preset or model name, for messages and keys
+    int num_layers = 0;    // attention layers holding KV
+    int num_q_heads = 0;   // query heads
+    int num_kv_heads = 0;  // KV heads (1 for MLA)
+    int head_dim_k = 0;    // width of K (and of Q) per head; the latent width for MLA
+    int head_dim_v = 0;    // width of V and of the attention output per head
+    bool mla = false;      // K and V are one shared latent of head_dim_k elements
     DType dtype = DType::bf16;
     // Softmax scale applied to q·k before the lse is taken. 0 means 1/sqrt(qk_scale_dim).
     float softmax_scale = 0.0f;
-    int qk_scale_dim = 0;   // the dimension the default scale uses (MLA: 128 + 64 = 192)
+    int qk_scale_dim = 0;  // the dimension the default scale uses (MLA: 128 + 64 = 192)
 
     int group_size() const noexcept { return num_kv_heads ? num_q_heads / num_kv_heads : 0; }
     float scale() const noexcept;

@@ -26,13 +26,27 @@ struct CpuSeqWork {
     std::span<const CpuBlock> blocks;
 };
 
+// Work for the calling thread of CpuAttentionBackend::attend, run once the backend's workers are
+// going and before that thread joins them: the executor enqueues a layer's GPU side there, so the
+// CPU threads do not wait for the enqueue. A plain function and context: nothing allocates. It
+// must not throw.
+struct StartHook {
+    void (*fn)(void*) = nullptr;
+    void* ctx = nullptr;
+    void operator()() const {
+        if (fn) fn(ctx);
+    }
+};
+
 class CpuAttentionBackend {
   public:
     virtual ~CpuAttentionBackend() = default;
     // Attends each sequence's blocks; out rows = seqs.size() × num_q_heads (sequence-major),
     // o fp32 (rows, head_dim_v), lse fp32 natural log. Sequences with no blocks get the empty
-    // state. Blocking; allocation-free once sized for max_seqs.
-    virtual void attend(std::span<const CpuSeqWork> seqs, StateView out) = 0;
+    // state. Blocking; allocation-free once sized for max_seqs. on_start runs exactly once, on
+    // the calling thread, after the workers have started (also when there is nothing to attend).
+    virtual void attend(std::span<const CpuSeqWork> seqs, StateView out, StartHook on_start) = 0;
+    void attend(std::span<const CpuSeqWork> seqs, StateView out) { attend(seqs, out, {}); }
     // Lays out one linear block in the U layout (the background packer of T → U seals).
     virtual void pack_block(const void* linear, void* packed) const = 0;
     virtual std::size_t packed_block_bytes() const noexcept = 0;

@@ -17,12 +17,17 @@ namespace writescope {
 
 struct StepExecutorConfig {
     std::size_t max_seqs = 64;  // most sequences in one step
+    // Enqueue a layer's GPU side on the calling thread after the CPU workers have started
+    // (StartHook), instead of before waking them: the CPU does not wait for the enqueue, one
+    // copy, event and launch per staging chunk. False: the GPU side first, then the CPU.
+    bool overlap_gpu_launch = true;
 };
 
 // What one layer step did and how long it took (seconds of wall time on the host).
 struct LayerStepResult {
-    double step_seconds = 0;        // whole layer: launch, CPU attention, wait, merge
-    double cpu_seconds = 0;         // CPU attention (0 when it had nothing)
+    double step_seconds = 0;  // whole layer: launch, CPU attention, wait, merge
+    double cpu_seconds = 0;   // when the CPU side finished, from the layer's start (so with the
+                              // GPU enqueue before it when not overlapped; 0: it had nothing)
     double gpu_launch_seconds = 0;  // host time spent enqueueing the GPU side
     GpuLayerTiming gpu;             // the GPU side's own timings (zero without a GPU)
     std::uint64_t cpu_tokens = 0;   // tokens the CPU attended (spilled, and T/G without a GPU)

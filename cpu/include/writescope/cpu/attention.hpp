@@ -93,6 +93,9 @@ class CpuAttention {
     // blocks and queries are only read. Throws std::invalid_argument when out's shape does not
     // match and std::length_error when seqs.size() exceeds the reserved count.
     void run(std::span<const AttnSeq> seqs, StateView out);
+    // The same, with on_start() run by the calling thread once the workers have their items
+    // and before it joins them (WorkerPool::parallel_for's caller_first); always called once.
+    void run(std::span<const AttnSeq> seqs, StateView out, FunctionRef<void()> on_start);
 
     // The kernel level in use: the forced or selected one, lowered to portable when the
     // geometry's head dims are not multiples of 32 (the vector kernels' chunk width).
@@ -112,6 +115,7 @@ class CpuAttention {
     static bool vector_kernels_support(const KvGeometry& g) noexcept;
 
   private:
+    void run_impl(std::span<const AttnSeq> seqs, StateView out, FunctionRef<void()>* on_start);
     struct Plan;
     KvGeometry geometry_;
     std::size_t block_tokens_;

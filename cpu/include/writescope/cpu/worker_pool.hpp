@@ -81,11 +81,19 @@ class WorkerPool {
     // (so it can index per-thread scratch). fn must not throw. Dispatches from several threads
     // are serialised. Allocates nothing.
     void parallel_for(std::size_t n, FunctionRef<void(std::size_t, std::size_t)> fn);
+    // The same, with caller_first() run by the calling thread once the pool threads are woken
+    // and before it takes items itself: work that must happen at the start of the dispatch but
+    // need not delay the workers (the executor enqueues the GPU side of a step there). Runs
+    // even when n is 0. caller_first must not throw or dispatch on this pool.
+    void parallel_for(std::size_t n, FunctionRef<void(std::size_t, std::size_t)> fn,
+                      FunctionRef<void()> caller_first);
 
     // CPUs in the process's affinity mask, in ascending order.
     static std::vector<int> allowed_cpus();
 
   private:
+    void dispatch(std::size_t n, FunctionRef<void(std::size_t, std::size_t)>& fn,
+                  FunctionRef<void()>* caller_first);
     void worker_main(std::size_t worker_index, int cpu);
     void run_items(std::size_t worker_index) noexcept;
 
