@@ -97,7 +97,7 @@ struct Options {
     bool cpu_load = false;
     bool flush = true;
     bool trace = false;
-    bool overlap = true;
+    bool overlap = false;
     std::string json;
 };
 
@@ -118,8 +118,9 @@ void usage() {
         "                     through them before every step, as the expert weights of a MoE\n"
         "                     layer do, so no step reads the previous step's KV from cache)\n"
         "  --trace            print the policy's tracking steps of every configuration\n"
-        "  --no-overlap       enqueue the GPU side before waking the CPU threads (default: the\n"
-        "                     calling thread enqueues it once they run, as the executor does)\n"
+        "  --overlap          the CPU's calling thread enqueues the GPU side once the CPU threads\n"
+        "                     run (StepExecutorConfig::overlap_gpu_launch; default: the GPU side\n"
+        "                     first, then the CPU threads are woken)\n"
         "  --quick            small sizes (one model, 8K/16K, batch 1/4)\n"
         "  --json FILE        write the summary as JSON");
 }
@@ -159,8 +160,8 @@ Options parse(int argc, char** argv) {
             o.flush = false;
         } else if (a == "--trace") {
             o.trace = true;
-        } else if (a == "--no-overlap") {
-            o.overlap = false;
+        } else if (a == "--overlap") {
+            o.overlap = true;
         } else if (a == "--quick") {
             o.models = {"qwen3-30b-a3b"};
             o.contexts = {8192, 16384};
@@ -325,7 +326,7 @@ struct ModelRig {
     std::vector<std::byte> q;
     std::vector<float> o, lse, co, clse;
     CacheFlusher* flush = nullptr;
-    bool overlap = true;
+    bool overlap = false;
 };
 
 std::size_t blocks_for(std::size_t tokens, std::size_t B) {
@@ -685,8 +686,8 @@ int run_attention_step(int argc, char** argv) {
         std::printf("before every step: %zu MiB streamed through the CPU caches (untimed)\n",
                     flush.bytes() >> 20);
     std::printf("GPU side enqueued %s\n\n",
-                o.overlap ? "by the CPU's calling thread once its workers run"
-                          : "before the CPU threads are woken (--no-overlap)");
+                o.overlap ? "by the CPU's calling thread once its workers run (--overlap)"
+                          : "before the CPU threads are woken");
     std::vector<Result> results;
     for (const auto& name : o.models) {
         auto rig = build_rig(name, o, threads, pool);
