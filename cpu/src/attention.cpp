@@ -14,17 +14,14 @@ namespace {
 // A 64-byte aligned float array (worker scratch must not share cache lines).
 struct AlignedFloats {
     float* p = nullptr;
-    std::size_t n = 0;
     AlignedFloats() = default;
     explicit AlignedFloats(std::size_t count)
         : p(count
                 ? static_cast<float*>(::operator new[](count * sizeof(float), std::align_val_t{64}))
-                : nullptr),
-          n(count) {}
-    AlignedFloats(AlignedFloats&& o) noexcept : p(std::exchange(o.p, nullptr)), n(o.n) {}
+                : nullptr) {}
+    AlignedFloats(AlignedFloats&& o) noexcept : p(std::exchange(o.p, nullptr)) {}
     AlignedFloats& operator=(AlignedFloats&& o) noexcept {
         std::swap(p, o.p);
-        std::swap(n, o.n);
         return *this;
     }
     ~AlignedFloats() {
@@ -84,6 +81,7 @@ struct CpuAttention::Plan {
 
     // Sized by reserve(); run() only indexes into them.
     std::size_t max_seqs = 0;
+    std::size_t target_items = 0;  // items aimed at per run: workers × items_per_worker
     std::size_t max_items = 0;
     std::vector<WorkItem> items;        // (max_items)
     std::vector<MergeGroup> groups;     // (max_seqs × kv_heads)
@@ -149,8 +147,8 @@ void CpuAttention::reserve(std::size_t max_seqs) {
     max_seqs = std::max(max_seqs, P.max_seqs);
     const std::size_t kvh = P.shape.kv_heads, g = P.shape.group, dv = P.shape.dv;
     // With chunks of c >= N / target blocks, Σ ceil(n_i / c) <= target + (number of groups).
-    const std::size_t target = P.workers * std::max<std::size_t>(1, opts_.items_per_worker);
-    P.max_items = target + max_seqs * kvh;
+    P.target_items = P.workers * std::max<std::size_t>(1, opts_.items_per_worker);
+    P.max_items = P.target_items + max_seqs * kvh;
     P.max_seqs = max_seqs;
     P.items.assign(P.max_items, WorkItem{});
     P.groups.assign(max_seqs * kvh, MergeGroup{});
@@ -197,7 +195,8 @@ void CpuAttention::run_impl(std::span<const AttnSeq> seqs, StateView out,
     std::size_t head_blocks = 0;
     for (const auto& s : seqs)
         head_blocks += s.blocks.size() * kvh;
-    const std::size_t target = P.workers * std::max<std::size_t>(1, opts_.items_per_worker);
+    // (The same target reserve() sized the item arrays for.)
+    const std::size_t target = P.target_items;
     const std::size_t chunk = std::max<std::size_t>(1, (head_blocks + target - 1) / target);
 
     std::size_t n_items = 0, n_parts = 0, n_merges = 0;
@@ -242,7 +241,7 @@ void CpuAttention::run_impl(std::span<const AttnSeq> seqs, StateView out,
         a.q = static_cast<const char*>(seq.q) + std::size_t{it.kv_head} * g * P.shape.dk * es;
         a.blocks = seq.blocks.data() + it.block0;
         a.nblocks = it.nblocks;
-        a.kv_head = geometry_.mla ? 0 : it.kv_head;
+        a.kv_head = it.kv_head;  // 0 for MLA: one latent "head"
         a.o = single ? out.o + row0 * dv : P.part_o.p + std::size_t{it.part} * g * dv;
         a.lse = single ? out.lse + row0 : P.part_lse.p + std::size_t{it.part} * g;
         a.scratch = {ws + P.offs.s,     ws + P.offs.o,  ws + P.offs.m,  ws + P.offs.l,

@@ -23,7 +23,8 @@ struct KernelShape {
     std::uint32_t kv_heads;      // 1 for MLA
     std::uint32_t dk, dv;        // K (= Q) and V widths; MLA: the latent and its V prefix
     std::uint32_t block_tokens;  // B
-    std::uint32_t s_stride;      // row stride (floats) of the score scratch: B rounded up to 64
+    std::uint32_t s_stride;      // row stride (floats) of the score scratch: B rounded up to 16
+                                 // (the 16-lane tail loads read up to it)
     bool mla;
     bool prefetch;  // prefetch the next block into L2
     bool bf16_dot;  // Q·K of bf16 KV with vdpbf16ps instead of shift/mask + FMA (AVX-512)

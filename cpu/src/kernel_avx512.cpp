@@ -277,7 +277,7 @@ inline void store_dots(const __m512* acc, float scale, float* S, uint32_t ss) {
 
 struct Tiles {
     const char* kh;  // the head's K region
-    uint32_t B, dk, es;
+    uint32_t B, dk;
 };
 
 // bf16: NT tiles from tile0 × HB heads; one vdpbf16ps multiplies 16 tokens' (2j, 2j+1) pairs by
@@ -424,7 +424,7 @@ constexpr int tiles_for() {
 template <DType DT>
 void qk_packed_t(const KernelShape& k, const char* kh, uint32_t n, const void* q, const float* qf,
                  float* S, uint32_t first_tile = 0) {
-    const Tiles T{kh, k.block_tokens, k.dk, DT == DType::f32 ? 4u : 2u};
+    const Tiles T{kh, k.block_tokens, k.dk};
     const uint32_t ntiles = (n + 15) / 16;
     // Tile groups outside, head batches inside: a group's tiles stay in L1 across the batches.
     // A group is as many tiles as the narrowest batch takes per call (a multiple of the others).

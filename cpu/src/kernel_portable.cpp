@@ -16,16 +16,10 @@ using std::uint32_t;
 
 #include "kernel_common.inc"
 
+// Element i of a row in the KV dtype, as fp32 (core's scalar load: this file is built at the
+// baseline ISA).
 inline float elem(DType t, const char* p, size_t i) {
-    switch (t) {
-        case DType::f32:
-            return reinterpret_cast<const float*>(p)[i];
-        case DType::f16:
-            return f16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
-        case DType::bf16:
-            return bf16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
-    }
-    return 0.0f;
+    return load_as_f32(p, i, t);
 }
 
 void to_f32(DType t, const void* src, float* dst, size_t n) {

@@ -34,9 +34,8 @@ void reference_attention(const KvGeometry& g, std::size_t block_tokens,
                 for (std::size_t t = 0; t < n; ++t) {
                     double dot = 0;
                     for (std::size_t d = 0; d < dk; ++d) {
-                        const std::size_t ki = b.layout == BlockLayout::packed
-                                                   ? packed.k_index(kvh, t, d)
-                                                   : linear.k_offset(kvh, t) + d;
+                        const std::size_t ki =
+                            b.packed ? packed.k_index(kvh, t, d) : linear.k_offset(kvh, t) + d;
                         dot += static_cast<double>(load_as_f32(seqs[s].q, qh * dk + d, g.dtype)) *
                                static_cast<double>(load_as_f32(b.data, ki, g.dtype));
                     }
@@ -63,9 +62,8 @@ void reference_attention(const KvGeometry& g, std::size_t block_tokens,
                 for (std::size_t t = 0; t < n; ++t, ++i) {
                     const double p = std::exp(scores[i] - l);
                     for (std::size_t d = 0; d < dv; ++d) {
-                        const std::size_t vi = b.layout == BlockLayout::packed
-                                                   ? packed.v_index(kvh, t, d)
-                                                   : linear.v_offset(kvh, t) + d;
+                        const std::size_t vi =
+                            b.packed ? packed.v_index(kvh, t, d) : linear.v_offset(kvh, t) + d;
                         out[d] += p * static_cast<double>(load_as_f32(b.data, vi, g.dtype));
                     }
                 }

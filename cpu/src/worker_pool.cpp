@@ -87,7 +87,7 @@ WorkerPool::WorkerPool(const WorkerPoolOptions& opts)
                 }
             }
             started.count_down();
-            worker_main(index, cpu);
+            worker_main(index);
         });
     }
     started.wait();
@@ -110,7 +110,7 @@ void WorkerPool::run_items(std::size_t worker_index) noexcept {
     }
 }
 
-void WorkerPool::worker_main(std::size_t worker_index, int /*cpu*/) {
+void WorkerPool::worker_main(std::size_t worker_index) {
     // The baseline is the generation at construction (0), not whatever generation_ holds when
     // this thread gets here: the constructor returns once the thread has started, and a dispatch
     // or the destructor may bump generation_ before this line runs; reading it here would make

@@ -24,20 +24,17 @@ PinnedRegionMemory::PinnedRegionMemory(std::string name, std::size_t layers, std
     : name_(std::move(name)), layers_(layers), slots_(slots), slot_bytes_(slot_bytes) {
     if (layers == 0 || slot_bytes == 0 || slot_alignment == 0)
         throw std::invalid_argument(name_ + ": layers, slot bytes and alignment must be positive");
-    const std::size_t per_slot = layers * slot_bytes;
-    std::size_t n = std::max<std::size_t>(1, slab_target_bytes / per_slot);
-    n = std::max(slot_alignment, n / slot_alignment * slot_alignment);
-    slab_slots_ = n;
+    slab_slots_ = slab_slots_for(slab_target_bytes, layers, slot_bytes, slot_alignment, name_);
     if (slots_ == 0) return;
-    const std::size_t slabs = (slots_ + n - 1) / n;
-    // Every slab is allocated at full size (the last one too) so block() has one formula.
-    slabs_ = std::make_unique<PinnedSlabs>(slabs * n * per_slot, n * per_slot);
+    // Exactly the budget's slots: the last slab holds only what is left (slab_offset's layout).
+    const std::size_t per_slot = layers * slot_bytes;
+    slabs_ = std::make_unique<PinnedSlabs>(slots_ * per_slot, slab_slots_ * per_slot);
 }
 
 void* PinnedRegionMemory::block(std::size_t layer, std::size_t slot) noexcept {
     if (!slabs_ || layer >= layers_ || slot >= slots_) return nullptr;
-    const std::size_t slab = slot / slab_slots_, in = slot % slab_slots_;
-    return static_cast<char*>(slabs_->slab(slab)) + (layer * slab_slots_ + in) * slot_bytes_;
+    const SlabOffset at = slab_offset(layer, slot, slots_, slab_slots_, slot_bytes_);
+    return static_cast<char*>(slabs_->slab(at.slab)) + at.bytes;
 }
 
 }  // namespace writescope::cuda

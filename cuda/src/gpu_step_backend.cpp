@@ -126,7 +126,7 @@ struct GpuStepBackend::Impl {
         std::size_t bytes;
     };
     std::vector<Range> pageable;  // page-locked in launch(), unlocked in finish()
-    bool registered = false;
+    std::size_t registered = 0;   // pageable ranges page-locked now
 
     Impl(const GpuStepOptions& opts, DevicePool& pl, DeviceRegionMemory& gp, PinnedRegionMemory* pn)
         : o(opts), pool(pl), gpu_pool(gp), pinned(pn) {
@@ -187,14 +187,14 @@ struct GpuStepBackend::Impl {
     }
 
     void unregister_pageable() noexcept {
-        if (!registered) return;
-        registered = false;
-        for (const auto& r : pageable) {
+        // The first `registered` ranges are locked (a failed lock leaves the rest unlocked).
+        for (std::size_t i = 0; i < registered; ++i) {
             try {
-                host_unregister(r.p);
+                host_unregister(pageable[i].p);
             } catch (...) {  // nothing useful to do: the range was registered by us
             }
         }
+        registered = 0;
     }
 
     void add_items(std::int32_t seq, std::size_t first_block, std::size_t n, std::size_t per_item) {
@@ -209,6 +209,7 @@ struct GpuStepBackend::Impl {
 
     void set_work(std::span<const GpuSeqWork> seqs) {
         if (launched) throw std::logic_error("GpuStepBackend::set_work between launch and finish");
+        unregister_pageable();  // left locked by a launch that failed before its finish
         work_set = false;
         nseq = seqs.size();
         if (nseq > o.max_seqs)
@@ -329,6 +330,7 @@ struct GpuStepBackend::Impl {
     void launch(std::size_t layer, const void* q) {
         if (launched) throw std::logic_error("GpuStepBackend::launch twice without finish");
         if (!work_set) throw std::logic_error("GpuStepBackend::launch before set_work");
+        unregister_pageable();  // left locked by a launch that failed before its finish
         for (std::size_t i = 0; i < inplace_slots.size(); ++i)
             m_ptrs[i] = gpu_pool.device_block(layer, inplace_slots[i]);
 
@@ -365,7 +367,7 @@ struct GpuStepBackend::Impl {
         // caller refilled it for this layer); finish() unlocks it.
         for (const auto& r : pageable) {
             host_register(r.p, r.bytes);
-            registered = true;
+            ++registered;
         }
 
         p_bytes = 0;

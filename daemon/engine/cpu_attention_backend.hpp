@@ -2,7 +2,6 @@
 #pragma once
 
 #include <memory>
-#include <vector>
 
 #include "writescope/core/step_backends.hpp"
 #include "writescope/cpu/attention.hpp"
@@ -28,8 +27,6 @@ class CpuAttentionBackendImpl final : public CpuAttentionBackend {
   private:
     std::unique_ptr<cpu::WorkerPool> pool_;
     std::unique_ptr<cpu::CpuAttention> attn_;
-    std::vector<cpu::AttnBlock> blocks_;  // converted lists, grown to the largest step seen
-    std::vector<cpu::AttnSeq> seqs_;
 };
 
 }  // namespace writescope::runtime

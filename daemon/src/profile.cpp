@@ -248,11 +248,15 @@ KeyDef duration_key(std::string_view sec, std::string_view name, std::string_vie
             reloadable,
             [=](const toml::node& n, Profile& p) -> std::string {
                 std::optional<std::chrono::milliseconds> v;
+                std::string text;
                 if (n.is_integer()) {
                     const auto s = *n.value<std::int64_t>();
-                    if (s >= 0 && s < std::numeric_limits<std::int64_t>::max() / 1000)
+                    if (s < 0) return fmt::format("{} cannot be negative", s);
+                    text = std::to_string(s);
+                    if (s < std::numeric_limits<std::int64_t>::max() / 1000)
                         v = std::chrono::seconds(s);
                 } else if (n.is_string()) {
+                    text = fmt::format("\"{}\"", *n.value<std::string>());
                     v = parse_duration(*n.value<std::string>());
                 } else {
                     return fmt::format("expected a duration such as \"30s\" or \"7d\", got {}",
@@ -260,8 +264,9 @@ KeyDef duration_key(std::string_view sec, std::string_view name, std::string_vie
                 }
                 if (!v)
                     return fmt::format(
-                        "not a duration: write a number with a unit ms, s, m, h or "
-                        "d, such as \"90s\" or \"30d\"");
+                        "{} is not a duration: write a number with a unit ms, s, m, h or "
+                        "d, such as \"90s\" or \"30d\"",
+                        text);
                 if (*v < lo)
                     return fmt::format("{} is too short: at least {}", format_duration(*v),
                                        format_duration(lo));
@@ -574,6 +579,17 @@ void apply_table(const toml::table& root, Profile& p, std::vector<ProfileIssue>&
         const std::string sec(sec_key.str());
         const auto where = sec_key.source().begin;
         if (std::find(sections().begin(), sections().end(), sec) == sections().end()) {
+            if (!sec_node.is_table()) {
+                // A key written above every [section]: say so, and where that key lives.
+                std::string home;
+                for (const auto& k : key_table())
+                    if (k.name == sec) home = fmt::format("; put it under [{}]", k.section);
+                issues.push_back({sec,
+                                  fmt::format("a key outside any section{}; the sections are {}",
+                                              home, fmt::join(sections(), ", ")),
+                                  where.line, where.column});
+                continue;
+            }
             std::vector<std::string> names(sections().begin(), sections().end());
             issues.push_back({sec,
                               fmt::format("unknown section [{}]{}; the sections are {}", sec,

@@ -515,14 +515,21 @@ Service::ReloadResult Service::reload(const Profile& next) {
     return r;
 }
 
-std::vector<WorkloadRecord> Service::history() const {
+Store* Service::store() const {
+    // Set once by boot(), never replaced: the lock covers reading the pointer, not the SQLite
+    // work (the Store serialises that itself), so a busy database file never holds state_mu_.
     std::lock_guard lock(state_mu_);
-    return store_ ? store_->workloads() : std::vector<WorkloadRecord>{};
+    return store_.get();
+}
+
+std::vector<WorkloadRecord> Service::history() const {
+    Store* s = store();
+    return s ? s->workloads() : std::vector<WorkloadRecord>{};
 }
 
 std::vector<Sample> Service::samples(std::size_t limit) const {
-    std::lock_guard lock(state_mu_);
-    return store_ ? store_->samples(limit) : std::vector<Sample>{};
+    Store* s = store();
+    return s ? s->samples(limit) : std::vector<Sample>{};
 }
 
 void Service::take_sample() {
@@ -546,8 +553,7 @@ void Service::take_sample() {
     }
     const std::size_t keep = profile().storage.sample_log_max;
     try {
-        std::lock_guard lock(state_mu_);
-        if (store_) store_->append_sample(x, keep);
+        if (Store* s = store()) s->append_sample(x, keep);
     } catch (const StoreError& e) {
         log_warning("store.write-failed", "sample not written: {}", e.what());
     }
@@ -580,8 +586,7 @@ void Service::persist_history(bool wait) {
     }
     engine_lock.unlock();
     try {
-        std::lock_guard lock(state_mu_);
-        store_->put_workload(r);
+        store()->put_workload(r);
     } catch (const StoreError& e) {
         log_warning("store.write-failed", "history not written: {}", e.what());
         return;

@@ -176,6 +176,7 @@ class Service {
     std::atomic<Phase> phase_{Phase::starting};
     std::atomic<bool> cancel_{false};
 
+    Store* store() const;  // the store boot() opened, or null before it; not under state_mu_
     mutable std::mutex state_mu_;  // profile_, stage_, calibration_, warm_, key_, store_ pointer
     Profile profile_;
     std::string stage_ = "starting";

@@ -1,7 +1,6 @@
 #include "writescope/core/engine_impl.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -12,22 +11,10 @@ namespace writescope {
 
 namespace {
 
-double median(std::vector<double> v) {
-    if (v.empty()) return 0;
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 double lower_quartile(std::vector<double> v) {
     if (v.empty()) return 0;
     std::sort(v.begin(), v.end());
     return v[v.size() / 4];
-}
-
-double now_seconds() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
 }
 
 // Random KV values (never zeros: they hide unwritten outputs and can run faster).
@@ -52,9 +39,6 @@ EngineImpl::EngineImpl(const EngineOptions& opts, EngineParts parts)
     set_tracker(opts.tracker_alpha, opts.tracker_clamp);
     cache_ = std::make_unique<KvCache>(
         parts_.kv, parts_.pinned ? parts_.pinned->slab_slots() : std::size_t{0});
-    exec_ = std::make_unique<StepExecutor>(StepExecutorConfig{opts_.max_batch}, *cache_,
-                                           *parts_.gpu_pool, parts_.pinned.get(),
-                                           parts_.unpinned.get(), *parts_.cpu, parts_.gpu.get());
     r_deployed_ = parts_.gpu ? 0.5 : 1.0;
     // A handful of random linear blocks, copied round-robin wherever synthetic KV is needed.
     std::mt19937_64 rng(0x5eed);
@@ -68,8 +52,7 @@ EngineImpl::EngineImpl(const EngineOptions& opts, EngineParts parts)
 }
 
 EngineImpl::~EngineImpl() {
-    // The executor and cache refer to the parts: release them first.
-    exec_.reset();
+    // The cache refers to the parts: release it first.
     cache_.reset();
 }
 
@@ -123,7 +106,7 @@ Calibration EngineImpl::calibrate(const std::function<void(double, std::string_v
         std::lock_guard lock(mu_);
         return trackers_.plan_costs();
     }();
-    const double t_start = now_seconds();
+    const double t_start = steady_seconds();
     const bool gpu = parts_.gpu != nullptr;
     const std::size_t B = parts_.kv.block_tokens;
     // A temporary cache over the same memory with no G: every sealed block spills, half to U and
@@ -160,7 +143,7 @@ Calibration EngineImpl::calibrate(const std::function<void(double, std::string_v
         gpu ? ExecutionMode{ModeKind::static_split, 0.5} : ExecutionMode{ModeKind::cpu_only, 0};
     Calibration c;
     c.has_gpu = gpu;
-    std::vector<double> cx, cy, gx, gy, overhead;
+    std::vector<double> cx, cy, gx, gy;
     std::vector<std::uint64_t> ids(nseq);
     for (std::size_t pi = 0; pi < fractions.size(); ++pi) {
         if (cancel && cancel->load()) throw std::runtime_error("calibration cancelled");
@@ -173,7 +156,7 @@ Calibration EngineImpl::calibrate(const std::function<void(double, std::string_v
         }
         fill_layer0(cache, ids, per_seq, rng);
         exec.plan(ids, split, plan_costs);
-        std::vector<double> ct, gt, ov;
+        std::vector<double> ct, gt;
         std::uint64_t cpu_tokens = 0, gpu_tokens = 0;
         for (int rep = 0; rep < 15; ++rep) {
             const auto r = exec.run_layer(
@@ -184,7 +167,6 @@ Calibration EngineImpl::calibrate(const std::function<void(double, std::string_v
             // timed by events from the same start.
             ct.push_back(r.cpu_seconds);
             gt.push_back(r.gpu.attention_seconds);
-            ov.push_back(r.gpu.merge_seconds);
             cpu_tokens = r.cpu_spilled_tokens;
             gpu_tokens = r.gpu_spilled_tokens;
         }
@@ -199,7 +181,6 @@ Calibration EngineImpl::calibrate(const std::function<void(double, std::string_v
         cy.push_back(p.cpu_seconds);
         gx.push_back(static_cast<double>(gpu_tokens));
         gy.push_back(p.gpu_seconds);
-        overhead.push_back(median(ov));
         for (auto id : ids)
             cache.free(id);
         if (progress)
@@ -213,12 +194,12 @@ Calibration EngineImpl::calibrate(const std::function<void(double, std::string_v
     if (gpu) {
         const LineFit fb = fit_line(gx, gy);
         c.b = std::max(fb.slope, 0.0);
-        // Δ: the GPU side's own fixed cost. The merge round trip (ov) follows both engines, so
+        // Δ: the GPU side's own fixed cost. The merge round trip follows both engines, so
         // it is in neither side of the balance.
         c.delta = std::max(fb.intercept, 0.0);
         c.b_r2 = fb.r2;
     }
-    c.seconds_taken = now_seconds() - t_start;
+    c.seconds_taken = steady_seconds() - t_start;
     return c;
 }
 
@@ -231,6 +212,12 @@ void EngineImpl::set_calibration(const Calibration& c) {
     rc.delta = c.delta;
     rc.cpu_fixed = c.cpu_intercept;
     trackers_.seed(rc);
+    retarget_locked();
+}
+
+void EngineImpl::retarget_locked() {
+    // New spilled blocks are routed toward the share the policy would deploy at the spilled
+    // length the cache holds now.
     const double L = static_cast<double>(cache_->region_stats(Region::P).used_blocks +
                                          cache_->region_stats(Region::U).used_blocks) *
                      static_cast<double>(parts_.kv.block_tokens);
@@ -274,8 +261,7 @@ void EngineImpl::set_mode(std::string_view mode) {
         throw std::invalid_argument("policy mode '" + std::string(mode) +
                                     "' needs a GPU; this engine runs on the CPU only");
     mode_ = m;
-    cache_->set_target_r(
-        routing_target_share(mode_, trackers_.costs(), 0.0, parts_.gpu != nullptr));
+    retarget_locked();
 }
 
 void EngineImpl::set_tracker(double alpha, double clamp) {
@@ -317,6 +303,7 @@ void EngineImpl::import_policy_state(std::string_view text) {
     restore_policy_state(s, trackers_);
     r_deployed_ = s.r_deployed;
     step_stats_ = s.step_seconds;
+    retarget_locked();
 }
 
 Admission EngineImpl::admit(std::uint64_t seq_id, std::size_t max_tokens) {

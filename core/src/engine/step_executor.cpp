@@ -10,12 +10,51 @@
 
 namespace writescope {
 
-namespace {
-double now_seconds() {
+double steady_seconds() noexcept {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
         .count();
 }
+
+namespace {
+double now_seconds() {
+    return steady_seconds();
+}
 }  // namespace
+
+EnginesStarted start_engines(CpuAttentionBackend& cpu, GpuAttentionBackend* gpu, std::size_t layer,
+                             const void* q, std::span<const CpuSeqWork> cpu_work, bool cpu_any,
+                             StateView cpu_out, bool overlap, double t0) {
+    // The hook must not throw (it runs inside the CPU backend's dispatch): the error is kept.
+    struct Launch {
+        GpuAttentionBackend* gpu;
+        std::size_t layer;
+        const void* q;
+        double t0, seconds;
+        std::exception_ptr error;
+        static void run(void* p) {
+            auto& l = *static_cast<Launch*>(p);
+            try {
+                l.gpu->launch(l.layer, l.q);
+            } catch (...) {
+                l.error = std::current_exception();
+            }
+            l.seconds = steady_seconds() - l.t0;
+        }
+    } launch{gpu, layer, q, t0, 0.0, nullptr};
+    overlap = overlap && gpu && cpu_any;
+    if (gpu && !overlap) {
+        Launch::run(&launch);
+        if (launch.error) std::rethrow_exception(launch.error);
+    }
+    EnginesStarted e;
+    if (cpu_any) {
+        cpu.attend(cpu_work, cpu_out, overlap ? StartHook{&Launch::run, &launch} : StartHook{});
+        e.cpu_seconds = steady_seconds() - t0;
+        if (launch.error) std::rethrow_exception(launch.error);
+    }
+    e.gpu_launch_seconds = launch.seconds;
+    return e;
+}
 
 StepExecutor::StepExecutor(const StepExecutorConfig& cfg, const KvCache& cache,
                            RegionMemory& gpu_pool, RegionMemory* pinned, RegionMemory* unpinned,
@@ -220,38 +259,12 @@ LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateV
     // The CPU writes its partials where the GPU backend uploads them from.
     StateView cpu_part = gpu_ ? gpu_->cpu_partial_buffer(rows) : StateView{};
     if (gpu_ && !cpu_part.o) cpu_part = {cpu_o_.data(), cpu_lse_.data(), rows, dv_};
-    // The GPU side: enqueued by the CPU backend's calling thread once its workers run (the
-    // hook must not throw: an error is kept and rethrown after the CPU side returns), or first.
-    struct Launch {
-        GpuAttentionBackend* gpu;
-        std::size_t layer;
-        const void* q;
-        double t0, seconds = 0;
-        std::exception_ptr error;
-        static void run(void* p) {
-            auto& l = *static_cast<Launch*>(p);
-            try {
-                l.gpu->launch(l.layer, l.q);
-            } catch (...) {
-                l.error = std::current_exception();
-            }
-            l.seconds = now_seconds() - l.t0;
-        }
-    } launch{gpu_, layer, q, t0, 0.0, nullptr};
-    const bool overlap = gpu_ && cpu_any_ && cfg_.overlap_gpu_launch;
-    if (gpu_ && !overlap) {
-        Launch::run(&launch);
-        if (launch.error) std::rethrow_exception(launch.error);
-    }
-    if (cpu_any_) {
-        cpu_.attend(std::span<const CpuSeqWork>(cpu_work_.data(), nseq_), gpu_ ? cpu_part : out,
-                    overlap ? StartHook{&Launch::run, &launch} : StartHook{});
-        r.cpu_seconds = now_seconds() - t0;
-        if (launch.error) std::rethrow_exception(launch.error);
-    } else if (!gpu_) {
-        clear_states(out);
-    }
-    r.gpu_launch_seconds = launch.seconds;
+    const EnginesStarted e =
+        start_engines(cpu_, gpu_, layer, q, std::span<const CpuSeqWork>(cpu_work_.data(), nseq_),
+                      cpu_any_, gpu_ ? cpu_part : out, cfg_.overlap_gpu_launch, t0);
+    r.cpu_seconds = e.cpu_seconds;
+    r.gpu_launch_seconds = e.gpu_launch_seconds;
+    if (!gpu_ && !cpu_any_) clear_states(out);
     if (gpu_) {
         r.gpu = gpu_->finish(
             cpu_any_ ? ConstStateView{cpu_part.o, cpu_part.lse, rows, dv_} : ConstStateView{}, out);

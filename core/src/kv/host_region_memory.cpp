@@ -23,12 +23,6 @@ std::size_t round_up(std::size_t v, std::size_t to) {
     return (v + to - 1) / to * to;
 }
 
-std::size_t mul_checked(std::size_t a, std::size_t b, const std::string& what) {
-    std::size_t r;
-    if (__builtin_mul_overflow(a, b, &r)) throw std::invalid_argument(what + ": size overflows");
-    return r;
-}
-
 // Touches every page so that the memory is really there. MADV_POPULATE_WRITE (Linux 5.14)
 // reports a shortage as ENOMEM; older kernels answer EINVAL and get a plain write per page.
 int prefault(std::byte* p, std::size_t bytes, std::size_t page) {
@@ -48,11 +42,8 @@ HostRegionMemory::HostRegionMemory(std::string name, std::size_t layers, std::si
     : name_(std::move(name)), layers_(layers), slots_(slots), slot_bytes_(slot_bytes) {
     if (layers == 0 || slot_bytes == 0)
         throw std::invalid_argument("region " + name_ + ": layers and slot bytes must be positive");
-    const std::size_t align = opts.slot_alignment ? opts.slot_alignment : 1;
-    const std::size_t slot_all_layers = mul_checked(layers, slot_bytes, "region " + name_);
-    std::size_t per_slab = opts.slab_bytes / slot_all_layers / align * align;
-    slab_slots_ = per_slab ? per_slab : align;
-    mul_checked(slab_slots_, slot_all_layers, "region " + name_ + " slab");
+    slab_slots_ = slab_slots_for(opts.slab_bytes, layers, slot_bytes, opts.slot_alignment, name_);
+    const std::size_t slot_all_layers = layers * slot_bytes;  // checked by slab_slots_for
 
     const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
     const std::size_t count = (slots + slab_slots_ - 1) / slab_slots_;
@@ -146,9 +137,8 @@ void HostRegionMemory::prefault_slabs(std::size_t page) {
 
 void* HostRegionMemory::block(std::size_t layer, std::size_t slot) noexcept {
     if (layer >= layers_ || slot >= slots_) return nullptr;
-    const Slab& s = slabs_[slot / slab_slots_];
-    const std::size_t in_slab = slot % slab_slots_;
-    return s.base + (layer * s.slots + in_slab) * slot_bytes_;
+    const SlabOffset at = slab_offset(layer, slot, slots_, slab_slots_, slot_bytes_);
+    return slabs_[at.slab].base + at.bytes;
 }
 
 std::size_t HostRegionMemory::mapped_bytes() const noexcept {

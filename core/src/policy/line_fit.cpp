@@ -29,6 +29,11 @@ LineFit fit_line(std::span<const double> x, std::span<const double> y) noexcept 
         ss_res += e * e;
     }
     f.r2 = syy > 0 ? 1.0 - ss_res / syy : 1.0;
+    f.n = n;
+    f.mean_x = mx;
+    f.mean_y = my;
+    f.sxx = sxx;
+    f.ss_res = ss_res;
     return f;
 }
 

@@ -56,12 +56,14 @@ class EngineImpl final : public Engine {
     void fill_layer0(KvCache& cache, std::span<const std::uint64_t> ids, std::size_t tokens,
                      std::mt19937_64& rng);
     WorkloadKey workload_key() const;
+    // Sets the cache's routing target from the mode, the tracked costs and the spilled length
+    // held now; mu_ held.
+    void retarget_locked();
 
     mutable std::mutex mu_;
     EngineOptions opts_;
     EngineParts parts_;
     std::unique_ptr<KvCache> cache_;
-    std::unique_ptr<StepExecutor> exec_;
     ExecutionMode mode_;
     TrackerConfig tracker_cfg_;
     PolicyTrackers trackers_;

@@ -31,16 +31,16 @@ class PolicyTrackers {
     // Starts from deployed constants (a calibration, or a warm start through the policy state).
     void seed(const RooflineCosts& c) noexcept;
 
-    // Updates the trackers from one step:
-    //   A ← (cpu_seconds − c0) / (U + (A_pinned/A)·P)        weight: those equivalent tokens
-    //   B ← (gpu_seconds − Δ̂) / (P + (B_pageable/B)·U)        weight: those equivalent tokens
-    //   Δ ← gpu_seconds                                        weight 1, only on steps where the
-    //                                                          GPU attended no spilled token (the
-    //                                                          only steps that observe Δ alone)
-    // Other sides of a step that did not run (0 seconds or 0 tokens) are skipped. The fixed
-    // costs c0 and Δ are corrected from line fits over the last 8 steps of each engine (and A
-    // from the same line when it is off); docs/policy.md section 3 has the rules. Feed one
-    // measurement per decode step, its layers summed: one layer alone is too noisy.
+    // Updates the trackers from one step, by the same rules for both engines (CPU: A and c0;
+    // GPU: B and Δ; docs/policy.md section 3):
+    //   A ← (cpu_seconds − c0) / (U + (A_pinned/A)·P)     weight: those equivalent tokens
+    //   B ← (gpu_seconds − Δ̂) / (P + (B_pageable/B)·U)     weight: those equivalent tokens
+    // skipped when the fixed cost is over 80 % of the step's time; the fixed costs (and the
+    // per-token cost with them, when it is off) come from line fits over the last 8 steps of
+    // each engine; a step faster than its engine's fixed cost lowers that cost. Δ ← gpu_seconds
+    // (weight 1) on steps where the GPU attended no spilled token. Sides of a step that did not
+    // run (0 seconds or 0 tokens) are skipped. Feed one measurement per decode step, its layers
+    // summed: one layer alone is too noisy.
     void observe(const StepMeasurement& m) noexcept;
 
     // The share to deploy this step for the roofline's r: r itself, except that after a run of
@@ -87,7 +87,13 @@ class PolicyTrackers {
     CostTracker a_, b_, delta_;
     double cpu_fixed_ = 0;  // c0, s
     int end_ = 0;           // deploy(): -1 at r = 0, +1 at r = 1, 0 inside
-    int end_run_ = 0, probe_after_ = 4;
+    static constexpr int kFirstProbe = 4;
+    int end_run_ = 0, probe_after_ = kFirstProbe;
+    // One engine's update from one step (policy_trackers.cpp): the line window, the per-token
+    // tracker and the engine's fixed cost (get()/set()), the same rules for both engines.
+    template <class Fixed>
+    void track(LineWindow& line, CostTracker& per_token, Fixed&& fixed, double tokens,
+               double seconds) noexcept;
     RegionPenalties penalties_;
     LineWindow cpu_line_, gpu_line_;
 };

@@ -11,7 +11,9 @@
 // this interface.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
+#include <stdexcept>
 #include <string>
 
 namespace writescope {
@@ -41,5 +43,36 @@ class RegionMemory {
     RegionMemory(const RegionMemory&) = delete;
     RegionMemory& operator=(const RegionMemory&) = delete;
 };
+
+// The layout every slabbed implementation shares, in one place. Slots per slab: about
+// target_bytes over all layers, floored to a multiple of alignment (at least one alignment; an
+// alignment of 0 counts as 1). Throws std::invalid_argument naming the region when a slab's size
+// does not fit in size_t.
+inline std::size_t slab_slots_for(std::size_t target_bytes, std::size_t layers,
+                                  std::size_t slot_bytes, std::size_t alignment,
+                                  const std::string& region) {
+    const std::size_t align = alignment ? alignment : 1;
+    std::size_t per_slot = 0, slab = 0;
+    if (__builtin_mul_overflow(layers, slot_bytes, &per_slot))
+        throw std::invalid_argument("region " + region + ": size overflows (one slot, all layers)");
+    const std::size_t n = per_slot ? target_bytes / per_slot / align * align : 0;
+    const std::size_t slots = n ? n : align;
+    if (__builtin_mul_overflow(slots, per_slot, &slab))
+        throw std::invalid_argument("region " + region + " slab: size overflows");
+    return slots;
+}
+
+// Where (layer, slot) lies in a region of `slots` slots cut into slabs of slab_slots: the slab
+// and the byte offset in it. Each slab is layer-major [layer][slot in slab][slot_bytes]; the last
+// slab holds only the remaining slots, so nothing beyond slots × layers × slot_bytes is needed.
+struct SlabOffset {
+    std::size_t slab = 0, bytes = 0;
+};
+inline SlabOffset slab_offset(std::size_t layer, std::size_t slot, std::size_t slots,
+                              std::size_t slab_slots, std::size_t slot_bytes) noexcept {
+    const std::size_t slab = slot / slab_slots, first = slab * slab_slots;
+    const std::size_t in_slab = std::min(slab_slots, slots - first);
+    return {slab, (layer * in_slab + (slot - first)) * slot_bytes};
+}
 
 }  // namespace writescope

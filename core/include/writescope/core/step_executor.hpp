@@ -37,6 +37,21 @@ struct LayerStepResult {
     std::uint64_t gpu_inplace_tokens = 0;  // T and G tokens the GPU attended in place
 };
 
+// The two engines of one layer started the executor's way: the GPU side enqueued before the CPU
+// threads are woken, or (overlap) by the CPU backend's calling thread once they run (a StartHook);
+// then the CPU side attends cpu_work into cpu_out when cpu_any. An error of the GPU enqueue is
+// rethrown once the CPU side has returned. gpu may be null (CPU only). Times are seconds of the
+// steady clock from t0: when the enqueue ended, and when the CPU side finished (0 without work).
+// The executor's run_layer uses it, and so does the benchmark, which drives the backends itself.
+struct EnginesStarted {
+    double gpu_launch_seconds = 0;
+    double cpu_seconds = 0;
+};
+EnginesStarted start_engines(CpuAttentionBackend& cpu, GpuAttentionBackend* gpu, std::size_t layer,
+                             const void* q, std::span<const CpuSeqWork> cpu_work, bool cpu_any,
+                             StateView cpu_out, bool overlap, double t0);
+double steady_seconds() noexcept;  // the clock of t0
+
 class StepExecutor {
   public:
     // gpu_pool: the T+G memory (host-accessible in a CPU-only build); pinned (P) and unpinned

@@ -17,32 +17,25 @@
 
 #include "writescope/core/attention_state.hpp"
 #include "writescope/core/kv_geometry.hpp"
+#include "writescope/core/step_backends.hpp"
 #include "writescope/cpu/cpu_isa.hpp"
 #include "writescope/cpu/packed_layout.hpp"
 #include "writescope/cpu/worker_pool.hpp"
 
 namespace writescope::cpu {
 
-// linear: the T/G/P layout (LinearBlockLayout); packed: the U layout (PackedBlockLayout).
-enum class BlockLayout : std::uint8_t { linear, packed };
-
-// One block of one layer: block_tokens rows in `layout`, of which the first `tokens`
-// (<= block_tokens) are valid. The rest may hold anything (NaN included): it is never read into
-// the result.
-struct AttnBlock {
-    const void* data = nullptr;
-    std::uint32_t tokens = 0;
-    BlockLayout layout = BlockLayout::linear;
-};
+// One block of one layer: block_tokens rows, in the U layout (PackedBlockLayout) when `packed`,
+// else in the linear T/G/P layout (LinearBlockLayout); the first `tokens` (<= block_tokens) are
+// valid. The rest may hold anything (NaN included): it is never read into the result. The same
+// type the step executor hands the CPU backend (core's CpuBlock), so nothing is converted per
+// layer.
+using AttnBlock = CpuBlock;
 
 // One sequence's decode query and the blocks it attends (in token order; the order does not
 // change the result beyond rounding).
 //   q: (num_q_heads, head_dim_k) row-major in the KV dtype; query head i reads KV head
 //      i / group_size (MLA: every head reads the one latent).
-struct AttnSeq {
-    const void* q = nullptr;
-    std::span<const AttnBlock> blocks;
-};
+using AttnSeq = CpuSeqWork;
 
 struct CpuAttentionOptions {
     // Force (at most) this kernel level; default: select_isa() (WRITESCOPE_CPU_ISA, else the

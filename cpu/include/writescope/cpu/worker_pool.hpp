@@ -94,7 +94,7 @@ class WorkerPool {
   private:
     void dispatch(std::size_t n, FunctionRef<void(std::size_t, std::size_t)>& fn,
                   FunctionRef<void()>* caller_first);
-    void worker_main(std::size_t worker_index, int cpu);
+    void worker_main(std::size_t worker_index);
     void run_items(std::size_t worker_index) noexcept;
 
     std::size_t concurrency_ = 1;
