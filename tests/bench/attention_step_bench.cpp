@@ -23,7 +23,6 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
-#include <exception>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -41,6 +40,7 @@
 #include "writescope/core/host_region_memory.hpp"
 #include "writescope/core/policy_trackers.hpp"
 #include "writescope/core/roofline_policy.hpp"
+#include "writescope/core/step_executor.hpp"
 #include "writescope/cuda/device.hpp"
 #include "writescope/cuda/gpu_kv_memory.hpp"
 #include "writescope/cuda/gpu_step_backend.hpp"
@@ -50,8 +50,7 @@ namespace writescope::bench {
 namespace {
 
 double now() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
+    return steady_seconds();  // the executor's clock (start_engines times from it)
 }
 
 double median(std::vector<double> v) {
@@ -324,7 +323,7 @@ struct ModelRig {
     std::unique_ptr<runtime::CpuAttentionBackendImpl> cpu;
     std::unique_ptr<cuda::GpuStepBackend> gpu, gpu_mono;
     std::vector<std::byte> q;
-    std::vector<float> o, lse, co, clse;
+    std::vector<float> o, lse;
     CacheFlusher* flush = nullptr;
     bool overlap = false;
 };
@@ -414,8 +413,6 @@ std::unique_ptr<ModelRig> build_rig(const std::string& name, const Options& o, s
     const std::size_t rows = nseq * rig->g.num_q_heads;
     rig->o.resize(rows * rig->g.head_dim_v);
     rig->lse.resize(rows);
-    rig->co.resize(rows * rig->g.head_dim_v);
-    rig->clse.resize(rows);
     return rig;
 }
 
@@ -470,28 +467,10 @@ struct Config {
         bool any_cpu = false;
         for (const auto& c : cw)
             any_cpu = any_cpu || !c.blocks.empty();
-        // As the executor does: the GPU side enqueued by the CPU backend's calling thread once
-        // the workers run (or first, with --no-overlap); the CPU partials go where the GPU
+        // As the executor does (the same start_engines); the CPU partials go where the GPU
         // backend uploads them from.
-        struct Launch {
-            cuda::GpuStepBackend* gpu;
-            const void* q;
-            std::exception_ptr error;
-            static void run(void* p) {  // a start hook must not throw: keep the error
-                auto* l = static_cast<Launch*>(p);
-                try {
-                    l->gpu->launch(0, l->q);
-                } catch (...) {
-                    l->error = std::current_exception();
-                }
-            }
-        } launch{m.gpu.get(), m.q.data(), nullptr};
-        const bool overlap = any_cpu && m.overlap;
-        if (!overlap) Launch::run(&launch);
         const StateView part = m.gpu->cpu_partial_buffer(rows);
-        if (any_cpu)
-            m.cpu->attend(cw, part, overlap ? StartHook{&Launch::run, &launch} : StartHook{});
-        if (launch.error) std::rethrow_exception(launch.error);
+        start_engines(*m.cpu, m.gpu.get(), 0, m.q.data(), cw, any_cpu, part, m.overlap, t0);
         const double t2 = now();
         const GpuLayerTiming g =
             m.gpu->finish(any_cpu ? ConstStateView{part.o, part.lse, rows, dv} : ConstStateView{},
@@ -847,7 +826,8 @@ int run_attention_step(int argc, char** argv) {
         RooflineCosts seed;
         seed.a = t.cpu / t.cpu_tokens;
         seed.b = t.gpu_attn / t.gpu_tokens;
-        seed.delta = t.overhead;
+        // One length gives no line: per-token costs through the origin, no fixed costs (as the
+        // calibration does with one context); the trackers find the fixed costs.
         tr.seed(seed);
         const std::size_t load_bytes = std::size_t{2} << 30;  // an expert-sized stream, 2 GiB
         HostRegionMemory weights("experts", 1, 1, load_bytes);

@@ -283,8 +283,7 @@ Result time_attention(cpu::WorkerPool& pool, const KvGeometry& g, const Options&
             for (std::size_t i = 0; i < per_seq; ++i) {
                 const std::size_t k = b * per_seq + i;
                 const std::size_t n = std::min(B, tokens - i * B);
-                blocks[k] = {base + slot[k] * block_bytes, static_cast<std::uint32_t>(n),
-                             cpu::BlockLayout::packed};
+                blocks[k] = {base + slot[k] * block_bytes, static_cast<std::uint32_t>(n), true};
             }
     };
     const std::size_t rows = batch * g.num_q_heads;
@@ -349,7 +348,7 @@ double verify(cpu::WorkerPool& pool, const KvGeometry& g, const Options& o, std:
         for (std::size_t i = 0; i < per_seq; ++i)
             blocks[b * per_seq + i] = {
                 reinterpret_cast<const char*>(kv.data()) + (b * per_seq + i) * bb,
-                static_cast<std::uint32_t>(std::min(B, tokens - i * B)), cpu::BlockLayout::packed};
+                static_cast<std::uint32_t>(std::min(B, tokens - i * B)), true};
         seqs[b] = {reinterpret_cast<const char*>(q.data()) + b * g.num_q_heads * g.head_dim_k * 2,
                    {blocks.data() + b * per_seq, per_seq}};
     }

@@ -280,7 +280,7 @@ TEST_CASE("interleaved sequences each fill their own extents", "[unit][kv][exten
     CHECK(c.check_invariants().empty());
 }
 
-TEST_CASE("free returns every slot and reservation; r changes move nothing stored",
+TEST_CASE("free returns every slot and reservation, and r changes move nothing stored",
           "[unit][kv][free]") {
     KvCache c(small_kv_config(8, 4, 3, 16, 16, 4, 0.5));
     REQUIRE(c.admit(1, 8 * 10).ok());

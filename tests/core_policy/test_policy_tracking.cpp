@@ -199,8 +199,8 @@ TEST_CASE("closed-loop tracking through a load that raises the CPU's fixed cost"
         ok_after += lr.after < 0.03;
         probes += lr.probes;
     }
-    // Probes are the price of seeing a fallen cost again: at most one step in four, fewer the
-    // longer an end holds (4, 8, 16 steps between them); they are left out of the loaded mean.
+    // Probes are the price of seeing a fallen cost again: one step in four to sixteen while an
+    // end holds, about 1 % of all steps here; they are left out of the loaded mean.
     std::printf(
         "[policy] load: %d of %d within 3 %% on average during the load (probe steps "
         "aside), %d after it; %d probe steps in %d\n",
@@ -209,5 +209,5 @@ TEST_CASE("closed-loop tracking through a load that raises the CPU's fixed cost"
     // six standard deviations of the count clear of chance.
     CHECK(ok_loaded >= trials * 85 / 100);
     CHECK(ok_after >= trials * 85 / 100);
-    CHECK(probes <= 80 * trials / 8);
+    CHECK(probes <= 80 * trials / 25);  // seen: 136-250 in 16000 steps
 }

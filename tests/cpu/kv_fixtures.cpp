@@ -76,8 +76,7 @@ void KvBatch::use_layout(LayoutMix mix, std::mt19937_64& rng) {
     for (std::size_t s = 0; s < q.size(); ++s) {
         for (std::size_t i = 0; i < tokens[s].size(); ++i) {
             const bool pk = mix == LayoutMix::packed || (mix == LayoutMix::mixed && coin(rng));
-            blocks[s].push_back({pk ? packed[s][i].data() : linear[s][i].data(), tokens[s][i],
-                                 pk ? cpu::BlockLayout::packed : cpu::BlockLayout::linear});
+            blocks[s].push_back({pk ? packed[s][i].data() : linear[s][i].data(), tokens[s][i], pk});
         }
         seqs[s] = {q[s].data(), blocks[s]};
     }

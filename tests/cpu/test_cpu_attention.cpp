@@ -258,8 +258,7 @@ TEST_CASE("attention split across calls and merged equals the unsplit result",
                 for (std::size_t i = 0; i < nb; ++i) {
                     const bool pk = coin(rng);
                     parts[pick(rng)].push_back(
-                        {pk ? b.packed[0][i].data() : b.linear[0][i].data(), b.tokens[0][i],
-                         pk ? cpu::BlockLayout::packed : cpu::BlockLayout::linear});
+                        {pk ? b.packed[0][i].data() : b.linear[0][i].data(), b.tokens[0][i], pk});
                 }
                 std::vector<Output> outs(nparts);
                 std::vector<ConstStateView> views;

@@ -88,7 +88,7 @@ TEST_CASE("pack_block places every element where the layout says, and unpack inv
             }
 }
 
-TEST_CASE("packed bf16 K tile rows hold (2j, 2j+1) pairs of 16 tokens; V chunk rows follow",
+TEST_CASE("packed bf16 K tile rows hold (2j 2j+1) pairs of 16 tokens and V chunk rows follow",
           "[unit][layout]") {
     const auto g = test::test_geometry(8, 2, 128, 128, DType::bf16);
     const auto L = PackedBlockLayout::of(g, 64);

@@ -110,7 +110,7 @@ TEST_CASE("every route answers 503 in the error shape while starting", "[unit][d
     require_error(h.call("DELETE", "/v1/status"), 405, "invalid_request_error");
 }
 
-TEST_CASE("routes answer after boot; errors keep the shape", "[unit][daemon][api]") {
+TEST_CASE("routes answer after boot and errors keep the shape", "[unit][daemon][api]") {
     TempDir dir;
     Harness h(test_profile(dir.path()));
     h.service->boot(nullptr);
@@ -180,7 +180,7 @@ TEST_CASE("PUT /v1/policy changes the engine's mode and tracker", "[unit][daemon
     CHECK(h.log->last_mode == "static:0.5");
 }
 
-TEST_CASE("POST /v1/calibration runs a job; a second one while it runs is a conflict",
+TEST_CASE("POST /v1/calibration runs a job, and a second one while it runs is a conflict",
           "[unit][daemon][api]") {
     TempDir dir;
     Harness h(test_profile(dir.path()));

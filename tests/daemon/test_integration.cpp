@@ -122,7 +122,7 @@ std::size_t bad_files(const std::filesystem::path& dir) {
 
 }  // namespace
 
-TEST_CASE("readiness and stopping through NOTIFY_SOCKET; every route answers",
+TEST_CASE("readiness and stopping through NOTIFY_SOCKET, and every route answers",
           "[integration][daemon]") {
     TempDir dir;
     Run run(dir);
@@ -485,7 +485,7 @@ TEST_CASE("SIGHUP reloads the profile and keeps the running one when the new fil
     run.stop();
 }
 
-TEST_CASE("a stale socket file is replaced; a live one or another file is not",
+TEST_CASE("a stale socket file is replaced, but a live one or another file is not",
           "[integration][daemon]") {
     TempDir dir;
     Run run(dir);

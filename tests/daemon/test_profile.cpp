@@ -201,6 +201,15 @@ TEST_CASE("a bad profile names the key and its line", "[unit][daemon][profile]")
 
     i = only_issue("[storage]\nsample_interval = \"often\"\n");
     CHECK(i.key == "storage.sample_interval");
+    CHECK_THAT(i.message, Catch::Contains("\"often\" is not a duration"));
+
+    i = only_issue("[storage]\nsample_interval = -5\n");
+    CHECK_THAT(i.message, Catch::Contains("-5 cannot be negative"));
+
+    // A key above every [section] is not taken for an unknown section.
+    i = only_issue("mode = \"gpu-only\"\n[policy]\n");
+    CHECK(i.key == "mode");
+    CHECK_THAT(i.message, Catch::Contains("outside any section; put it under [policy]"));
 
     i = only_issue("hardware = 3\n");
     CHECK(i.key == "hardware");

@@ -5,6 +5,7 @@
 // merge. The real kernels have their own tests on the GPU machine (tests/gpu).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -40,6 +41,8 @@ class HostGpuBackend final : public GpuAttentionBackend {
         ++set_work_calls;
         work_.clear();
         for (const auto& s : seqs)
+            if (!s.p_slots.empty() && !pinned_) throw std::logic_error("P blocks without P memory");
+        for (const auto& s : seqs)
             work_.push_back({{s.pool_slots.begin(), s.pool_slots.end()},
                              s.has_open,
                              s.open_tokens,
@@ -54,6 +57,12 @@ class HostGpuBackend final : public GpuAttentionBackend {
         ++launches;
         launched_ = true;
         last_layer = layer;
+        // What a GPU would copy asynchronously from the pageable caches from now on: finish()
+        // checks that it still holds this (the caller gathered before launching and did not
+        // touch the caches until finish) and attends it.
+        snapshot_.clear();
+        for (const Work& w : work_)
+            snapshot_.emplace_back(w.pageable, w.pageable + w.pageable_blocks * block_bytes_);
         const std::size_t qb =
             work_.size() * g_.num_q_heads * g_.head_dim_k * dtype_bytes(g_.dtype);
         q_.assign(static_cast<const std::byte*>(q), static_cast<const std::byte*>(q) + qb);
@@ -83,15 +92,16 @@ class HostGpuBackend final : public GpuAttentionBackend {
             for (std::size_t k = 0; k < w.pool_slots.size(); ++k) {
                 const bool open = w.has_open && k + 1 == w.pool_slots.size();
                 blocks[i].push_back({pool_.block(last_layer, w.pool_slots[k]),
-                                     open ? w.open_tokens : static_cast<std::uint32_t>(B_),
-                                     cpu::BlockLayout::linear});
+                                     open ? w.open_tokens : static_cast<std::uint32_t>(B_), false});
             }
             for (std::uint32_t s : w.p_slots)
-                blocks[i].push_back({pinned_->block(last_layer, s), static_cast<std::uint32_t>(B_),
-                                     cpu::BlockLayout::linear});
+                blocks[i].push_back(
+                    {pinned_->block(last_layer, s), static_cast<std::uint32_t>(B_), false});
+            if (!std::equal(snapshot_[i].begin(), snapshot_[i].end(), w.pageable))
+                throw std::logic_error("a pageable cache changed between launch and finish");
             for (std::uint32_t k = 0; k < w.pageable_blocks; ++k)
-                blocks[i].push_back({w.pageable + k * block_bytes_, static_cast<std::uint32_t>(B_),
-                                     cpu::BlockLayout::linear});
+                blocks[i].push_back({snapshot_[i].data() + k * block_bytes_,
+                                     static_cast<std::uint32_t>(B_), false});
             t.p_bytes += (w.p_slots.size() + w.pageable_blocks) * block_bytes_;
             seqs[i] = {q_.data() + i * q_row, blocks[i]};
         }
@@ -127,6 +137,7 @@ class HostGpuBackend final : public GpuAttentionBackend {
     std::vector<float> ext_;
     std::vector<Work> work_;
     std::vector<std::byte> q_;
+    std::vector<std::vector<std::byte>> snapshot_;  // the pageable caches at launch()
     bool launched_ = false;
 };
 
