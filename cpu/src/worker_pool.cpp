@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstring>
 #include <latch>
+#include <stdexcept>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -35,6 +36,14 @@ std::uint32_t wait_for_change(const std::atomic<std::uint32_t>& a, std::uint32_t
     }
 }
 
+// A pool thread's part in one dispatch (WorkerPool::Slot): posted to it (pending), taken up
+// (active: it may read the dispatch), finished (done), or withdrawn by the next dispatch before
+// the thread woke up (revoked: it never reads that dispatch).
+enum : std::uint64_t { kPending = 0, kActive = 1, kDone = 2, kRevoked = 3 };
+constexpr std::uint64_t tagged(std::uint32_t generation, std::uint64_t state) noexcept {
+    return (std::uint64_t{generation} << 2) | state;
+}
+
 }  // namespace
 
 std::vector<int> WorkerPool::allowed_cpus() {
@@ -60,6 +69,9 @@ WorkerPool::WorkerPool(const WorkerPoolOptions& opts)
     const std::size_t n_threads = caller_participates_ ? concurrency_ - 1 : concurrency_;
     const std::size_t first_index = caller_participates_ ? 1 : 0;
 
+    slots_ = std::make_unique<Slot[]>(n_threads);
+    for (std::size_t t = 0; t < n_threads; ++t)
+        slots_[t].state.store(tagged(0, kDone), std::memory_order_relaxed);
     pin_report_.requested = opts.pin ? n_threads : 0;
     pin_report_.cpus.assign(n_threads, -1);
     std::latch started(static_cast<std::ptrdiff_t>(n_threads));
@@ -87,7 +99,7 @@ WorkerPool::WorkerPool(const WorkerPoolOptions& opts)
                 }
             }
             started.count_down();
-            worker_main(index);
+            worker_main(index, t);
         });
     }
     started.wait();
@@ -103,26 +115,38 @@ WorkerPool::~WorkerPool() {
 
 void WorkerPool::run_items(std::size_t worker_index) noexcept {
     const std::size_t n = n_items_;
+    std::uint32_t did = 0;
     for (;;) {
         const std::size_t i = next_item_.fetch_add(1, std::memory_order_relaxed);
         if (i >= n) break;
         (*fn_)(i, worker_index);
+        ++did;
     }
+    if (did == 0) return;
+    // Release: the caller reads what the items wrote once it sees every item done.
+    const std::uint32_t done = items_done_.fetch_add(did, std::memory_order_acq_rel) + did;
+    if (done == n) items_done_.notify_one();
 }
 
-void WorkerPool::worker_main(std::size_t worker_index) {
+void WorkerPool::worker_main(std::size_t worker_index, std::size_t slot) {
     // The baseline is the generation at construction (0), not whatever generation_ holds when
     // this thread gets here: the constructor returns once the thread has started, and a dispatch
-    // or the destructor may bump generation_ before this line runs; reading it here would make
+    // or the destructor may raise generation_ before this line runs; reading it here would make
     // the thread wait for a change that already happened (a hang seen in the shutdown test).
+    std::atomic<std::uint64_t>& state = slots_[slot].state;
     std::uint32_t seen = 0;
     for (;;) {
         seen = wait_for_change(generation_, seen, spin_);
         if (stop_.load(std::memory_order_relaxed)) return;
+        // Take the dispatch up unless it was withdrawn (this thread woke too late: the caller
+        // ran the items without it and has moved on; a newer generation is then waiting).
+        std::uint64_t expect = tagged(seen, kPending);
+        if (!state.compare_exchange_strong(expect, tagged(seen, kActive), std::memory_order_acq_rel,
+                                           std::memory_order_relaxed))
+            continue;
         run_items(worker_index);
-        // Release: the caller reads what the items wrote after it sees every thread finished.
-        const std::uint32_t done = finished_threads_.fetch_add(1, std::memory_order_acq_rel) + 1;
-        if (done == threads_.size()) finished_threads_.notify_one();
+        // Release: done with n_items_ and fn_; the next dispatch may rewrite them.
+        state.store(tagged(seen, kDone), std::memory_order_release);
     }
 }
 
@@ -148,28 +172,48 @@ void WorkerPool::dispatch(std::size_t n, FunctionRef<void(std::size_t, std::size
             fn(i, 0);
         return;
     }
+    if (n > UINT32_MAX) throw std::length_error("parallel_for: more than 2^32 - 1 items");
+    // The last dispatch's threads: one that never started (still waking from its sleep: tens of
+    // microseconds, 57 us for the last of 16 on the H200 machine) is revoked rather than waited
+    // for; one that started is done or about to be (every item has run), so wait for it.
+    const std::uint32_t last = generation_.load(std::memory_order_relaxed);
+    for (std::size_t t = 0; t < threads_.size(); ++t) {
+        std::atomic<std::uint64_t>& state = slots_[t].state;
+        std::uint64_t v = tagged(last, kPending);
+        if (state.compare_exchange_strong(v, tagged(last, kRevoked), std::memory_order_acq_rel,
+                                          std::memory_order_acquire))
+            continue;
+        for (std::uint32_t i = 0; v == tagged(last, kActive); ++i) {
+            if (i < spin_)
+                cpu_relax();
+            else
+                std::this_thread::yield();
+            v = state.load(std::memory_order_acquire);
+        }
+    }
     n_items_ = n;
     fn_ = &fn;
     next_item_.store(0, std::memory_order_relaxed);
-    finished_threads_.store(0, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);
+    items_done_.store(0, std::memory_order_relaxed);
+    const std::uint32_t now = last + 1;
+    for (std::size_t t = 0; t < threads_.size(); ++t)
+        slots_[t].state.store(tagged(now, kPending), std::memory_order_relaxed);
+    generation_.store(now, std::memory_order_release);
     generation_.notify_all();
     if (caller_first) (*caller_first)();
     if (caller_participates_) run_items(0);
 
-    // Wait for every pool thread to finish this generation (each counts itself once, also when
-    // it found no item left), so none can still be reading n_items_ or fn_ when we return.
-    const auto target = static_cast<std::uint32_t>(threads_.size());
-    std::uint32_t done = finished_threads_.load(std::memory_order_acquire);
-    for (std::uint32_t i = 0; i < spin_ && done != target; ++i) {
+    // Return once every item has run, not once every thread has woken: the items a late thread
+    // would have taken went to the threads already running.
+    std::uint32_t done = items_done_.load(std::memory_order_acquire);
+    for (std::uint32_t i = 0; i < spin_ && done != n; ++i) {
         cpu_relax();
-        done = finished_threads_.load(std::memory_order_acquire);
+        done = items_done_.load(std::memory_order_acquire);
     }
-    while (done != target) {
-        finished_threads_.wait(done, std::memory_order_acquire);
-        done = finished_threads_.load(std::memory_order_acquire);
+    while (done != n) {
+        items_done_.wait(done, std::memory_order_acquire);
+        done = items_done_.load(std::memory_order_acquire);
     }
-    fn_ = nullptr;
 }
 
 }  // namespace writescope::cpu

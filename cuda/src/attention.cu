@@ -317,16 +317,16 @@ struct ItemSource {
     }
 };
 
-// grid (rows, chunks): one chunk of one row's parts, merged alone (no ext) when chunks > 1, or
-// the whole row with ext when chunks == 1.
-__global__ void merge_items_kernel(const MergeParams p) {
+// grid (rows, chunks): one chunk of one row's parts, merged alone (no ext) into scratch when
+// to_scratch, or the whole row with ext into out (chunks == 1).
+__global__ void merge_items_kernel(const MergeParams p, bool to_scratch) {
     const int row = static_cast<int>(blockIdx.x), c = static_cast<int>(blockIdx.y);
     const int s = row / p.num_q_heads, qh = row % p.num_q_heads;
     const int G = p.num_q_heads / p.num_kv_heads, h = qh / G, g = qh % G;
     const int row_beg = p.part_offsets[s * p.num_kv_heads + h];
     const int row_end = p.part_offsets[s * p.num_kv_heads + h + 1];
     const int dv = p.head_dim_v;
-    if (p.chunks == 1) {
+    if (!to_scratch) {
         merge_row(ItemSource{&p, row_beg, G, g}, row_end - row_beg,
                   p.ext_o ? p.ext_o + static_cast<size_t>(row) * dv : nullptr,
                   p.ext_o ? p.ext_lse[row] : -INFINITY, dv, p.out_o + static_cast<size_t>(row) * dv,
@@ -424,14 +424,40 @@ void merge_partials(const MergeParams& p, void* stream) {
     MergeParams q = p;
     if (q.chunks < 1 || !q.scratch_o || !q.scratch_lse || q.chunk_items < 1) q.chunks = 1;
     if (q.chunks == 1) {
-        merge_items_kernel<<<rows, 128, 0, st>>>(q);
+        merge_items_kernel<<<rows, 128, 0, st>>>(q, false);
         check_launch("merge_partials launch");
         return;
     }
-    merge_items_kernel<<<dim3(rows, q.chunks), 128, 0, st>>>(q);
-    check_launch("merge_partials (chunks) launch");
-    merge_chunks_kernel<<<rows, 128, 0, st>>>(q);
-    check_launch("merge_partials (rows) launch");
+    merge_gpu_parts(q, stream);
+    merge_with_ext(q, stream);
+}
+
+namespace {
+void check_staged(const MergeParams& p, const char* what) {
+    if (p.head_dim_v > 4 * 128)
+        throw std::invalid_argument(std::string(what) + ": head_dim_v above 512 is not supported");
+    if (p.chunks < 1 || p.chunk_items < 1 || !p.scratch_o || !p.scratch_lse)
+        throw std::invalid_argument(std::string(what) +
+                                    ": needs chunks >= 1, chunk_items >= 1 "
+                                    "and scratch");
+}
+}  // namespace
+
+void merge_gpu_parts(const MergeParams& p, void* stream) {
+    check_staged(p, "merge_gpu_parts");
+    const int rows = p.num_seqs * p.num_q_heads;
+    if (rows == 0) return;
+    merge_items_kernel<<<dim3(rows, p.chunks), 128, 0, static_cast<cudaStream_t>(stream)>>>(p,
+                                                                                            true);
+    check_launch("merge_gpu_parts launch");
+}
+
+void merge_with_ext(const MergeParams& p, void* stream) {
+    check_staged(p, "merge_with_ext");
+    const int rows = p.num_seqs * p.num_q_heads;
+    if (rows == 0) return;
+    merge_chunks_kernel<<<rows, 128, 0, static_cast<cudaStream_t>(stream)>>>(p);
+    check_launch("merge_with_ext launch");
 }
 
 void merge_chunking(std::int32_t max_items, std::int32_t max_chunks, std::int32_t& chunks,

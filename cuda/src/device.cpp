@@ -248,6 +248,12 @@ void host_unregister(void* p) {
     check(cudaHostUnregister(p), "cudaHostUnregister");
 }
 
+void* mapped_device_pointer(void* pinned_host) {
+    void* d = nullptr;
+    check(cudaHostGetDevicePointer(&d, pinned_host, 0), "cudaHostGetDevicePointer");
+    return d;
+}
+
 void copy_sync(void* dst, const void* src, std::size_t bytes) {
     check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy");
 }

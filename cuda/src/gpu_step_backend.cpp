@@ -87,16 +87,20 @@ struct GpuStepBackend::Impl {
     std::size_t meta_bytes = 0;
     std::unique_ptr<PinnedBuffer> h_meta;
     char* d_meta = nullptr;
-    // q, the CPU partials, the merged output: pinned host mirrors and device copies.
+    // q: a pinned mirror and its device copy. The CPU partials and the merged output stay in
+    // pinned host memory: the last merge kernel reads and writes them across PCIe (mapped), so
+    // the tail of a layer has no copy in it.
     std::unique_ptr<PinnedBuffer> h_q, h_ext, h_out;
-    char *d_q = nullptr, *d_ext = nullptr, *d_out = nullptr;
+    char* d_q = nullptr;
+    float *m_ext = nullptr, *m_out = nullptr;  // h_ext and h_out as the device addresses them
     float *d_part_o = nullptr, *d_part_lse = nullptr;
     float* d_merge_scratch = nullptr;
     std::int32_t merge_chunks = 1, merge_chunk_items = 1;
 
-    // The step's work, laid out in set_work() (host pinned, uploaded whole at the first launch
-    // after it) and kept for every layer: block pointers (the in-place ones first: the only
-    // entries that change between layers), valid counts, items, CSR per (sequence, KV head).
+    // The step's work, laid out in set_work() (host pinned, packed to its size and uploaded
+    // whole at the first launch after it) and kept for every layer: block pointers (the in-place
+    // ones first: the only entries that change between layers), valid counts, the CSR offsets
+    // per (sequence, KV head), the items and the CSR item lists.
     const void** m_ptrs = nullptr;
     std::int32_t* m_valid = nullptr;
     AttnWorkItem* m_items = nullptr;
@@ -158,9 +162,9 @@ struct GpuStepBackend::Impl {
         h_q = std::make_unique<PinnedBuffer>(z.q_bytes);
         h_ext = std::make_unique<PinnedBuffer>(z.state_bytes);
         h_out = std::make_unique<PinnedBuffer>(z.state_bytes);
+        m_ext = static_cast<float*>(mapped_device_pointer(h_ext->data()));
+        m_out = static_cast<float*>(mapped_device_pointer(h_out->data()));
         d_q = static_cast<char*>(pool.allocate(z.q_bytes, "GPU step queries"));
-        d_ext = static_cast<char*>(pool.allocate(z.state_bytes, "CPU partial states"));
-        d_out = static_cast<char*>(pool.allocate(z.state_bytes, "merged states"));
         d_part_o = static_cast<float*>(
             pool.allocate(max_items * G * dv * sizeof(float), "GPU partial states"));
         d_part_lse =
@@ -179,10 +183,9 @@ struct GpuStepBackend::Impl {
 
     ~Impl() {
         unregister_pageable();
-        for (void* p :
-             {static_cast<void*>(staging), static_cast<void*>(d_meta), static_cast<void*>(d_q),
-              static_cast<void*>(d_ext), static_cast<void*>(d_out), static_cast<void*>(d_part_o),
-              static_cast<void*>(d_part_lse), static_cast<void*>(d_merge_scratch)})
+        for (void* p : {static_cast<void*>(staging), static_cast<void*>(d_meta),
+                        static_cast<void*>(d_q), static_cast<void*>(d_part_o),
+                        static_cast<void*>(d_part_lse), static_cast<void*>(d_merge_scratch)})
             pool.free(p);
     }
 
@@ -228,13 +231,14 @@ struct GpuStepBackend::Impl {
             throw std::length_error("GPU step: " + std::to_string(n_pool + n_p + n_pageable) +
                                     " blocks, sized for " + std::to_string(o.max_blocks));
         if (n_p > 0 && !pinned) throw std::logic_error("GPU step: P blocks without a P region");
+        // Packed to this step's size (the whole blob goes up at the first layer): the items'
+        // count is known once they are made, so the item lists are placed after them below.
+        const std::size_t nrow = nseq * kvh;
         char* cur = h_meta->data();
-        m_ptrs = carve<const void*>(cur, max_blocks);
-        m_valid = carve<std::int32_t>(cur, max_blocks);
-        m_items = carve<AttnWorkItem>(cur, max_items);
-        m_offsets = carve<std::int32_t>(cur, o.max_seqs * kvh + 1);
-        m_part_items = carve<std::int32_t>(cur, max_items);
-        meta_used = static_cast<std::size_t>(cur - h_meta->data());
+        m_ptrs = carve<const void*>(cur, n_pool + n_p + n_pageable);
+        m_valid = carve<std::int32_t>(cur, n_pool + n_p + n_pageable);
+        m_offsets = carve<std::int32_t>(cur, nrow + 1);
+        m_items = carve<AttnWorkItem>(cur, 0);
         nitems = 0;
         const auto B = static_cast<std::int32_t>(o.block_tokens);
 
@@ -307,7 +311,10 @@ struct GpuStepBackend::Impl {
         if (in_chunk > 0) close_chunk();
 
         // CSR of items per (sequence, KV head), by counting sort.
-        const std::size_t nrow = nseq * kvh;
+        cur = reinterpret_cast<char*>(m_items);
+        carve<AttnWorkItem>(cur, nitems);
+        m_part_items = carve<std::int32_t>(cur, nitems);
+        meta_used = static_cast<std::size_t>(cur - h_meta->data());
         std::fill(counts.begin(), counts.begin() + static_cast<std::ptrdiff_t>(nrow + 1), 0);
         for (std::size_t it = 0; it < nitems; ++it)
             ++counts[static_cast<std::size_t>(m_items[it].seq) * kvh + m_items[it].kv_head + 1];
@@ -391,8 +398,34 @@ struct GpuStepBackend::Impl {
             slot_free[ch.slot]->record(compute);
         }
         if (any_copy) copy_end.record(copy);
+        // The GPU's parts merged per row right away (they do not wait for the CPU): finish()
+        // then has one small kernel left.
+        merge_gpu_parts(merge_params(), compute.handle());
         attn_done.record(compute);
         launched = true;
+    }
+
+    MergeParams merge_params() const {
+        const std::size_t rows = nseq * qh;
+        const std::ptrdiff_t shift = d_meta - h_meta->data();
+        MergeParams mp;
+        mp.num_seqs = static_cast<std::int32_t>(nseq);
+        mp.num_q_heads = static_cast<std::int32_t>(qh);
+        mp.num_kv_heads = static_cast<std::int32_t>(kvh);
+        mp.head_dim_v = static_cast<std::int32_t>(dv);
+        mp.part_o = d_part_o;
+        mp.part_lse = d_part_lse;
+        mp.part_offsets =
+            reinterpret_cast<const std::int32_t*>(reinterpret_cast<char*>(m_offsets) + shift);
+        mp.part_items =
+            reinterpret_cast<const std::int32_t*>(reinterpret_cast<char*>(m_part_items) + shift);
+        mp.out_o = m_out;
+        mp.out_lse = m_out + rows * dv;
+        mp.chunks = merge_chunks;
+        mp.chunk_items = merge_chunk_items;
+        mp.scratch_o = d_merge_scratch;
+        mp.scratch_lse = d_merge_scratch + rows * static_cast<std::size_t>(merge_chunks) * dv;
+        return mp;
     }
 
     StateView cpu_partial_buffer(std::size_t rows) const noexcept {
@@ -410,37 +443,19 @@ struct GpuStepBackend::Impl {
         const bool ext = cpu_part.o != nullptr;
         float* h_ext_o = reinterpret_cast<float*>(h_ext->data());
         float* h_ext_lse = h_ext_o + rows * dv;
+        MergeParams mp = merge_params();
         if (ext) {
             if (cpu_part.rows != rows || cpu_part.dim != dv)
                 throw std::invalid_argument("GPU step: CPU partials do not match the batch");
-            // Written in place by the CPU when it used cpu_partial_buffer(): no copy then.
+            // Written in place by the CPU when it used cpu_partial_buffer(): no copy then. The
+            // merge reads them across PCIe.
             if (cpu_part.o != h_ext_o) std::memcpy(h_ext_o, cpu_part.o, rows * dv * sizeof(float));
             if (cpu_part.lse != h_ext_lse)
                 std::memcpy(h_ext_lse, cpu_part.lse, rows * sizeof(float));
-            copy_async(d_ext, h_ext->data(), rows * (dv + 1) * sizeof(float), compute);
+            mp.ext_o = m_ext;
+            mp.ext_lse = m_ext + rows * dv;
         }
-        const std::ptrdiff_t shift = d_meta - h_meta->data();
-        MergeParams mp;
-        mp.num_seqs = static_cast<std::int32_t>(nseq);
-        mp.num_q_heads = static_cast<std::int32_t>(qh);
-        mp.num_kv_heads = static_cast<std::int32_t>(kvh);
-        mp.head_dim_v = static_cast<std::int32_t>(dv);
-        mp.part_o = d_part_o;
-        mp.part_lse = d_part_lse;
-        mp.part_offsets =
-            reinterpret_cast<const std::int32_t*>(reinterpret_cast<char*>(m_offsets) + shift);
-        mp.part_items =
-            reinterpret_cast<const std::int32_t*>(reinterpret_cast<char*>(m_part_items) + shift);
-        mp.ext_o = ext ? reinterpret_cast<const float*>(d_ext) : nullptr;
-        mp.ext_lse = ext ? reinterpret_cast<const float*>(d_ext) + rows * dv : nullptr;
-        mp.out_o = reinterpret_cast<float*>(d_out);
-        mp.out_lse = reinterpret_cast<float*>(d_out) + rows * dv;
-        mp.chunks = merge_chunks;
-        mp.chunk_items = merge_chunk_items;
-        mp.scratch_o = d_merge_scratch;
-        mp.scratch_lse = d_merge_scratch + rows * static_cast<std::size_t>(merge_chunks) * dv;
-        merge_partials(mp, compute.handle());
-        copy_async(h_out->data(), d_out, rows * (dv + 1) * sizeof(float), compute);
+        merge_with_ext(mp, compute.handle());  // writes the result into h_out
         done.record(compute);
         done.synchronize();
         unregister_pageable();
@@ -483,7 +498,7 @@ GpuLayerTiming GpuStepBackend::finish(ConstStateView cpu_part, StateView out) {
 std::uint64_t GpuStepBackend::device_bytes(const GpuStepOptions& opts) {
     const Sizes z = sizes_of(opts);
     return pooled(z.slots * z.chunk_bytes) + pooled(z.meta_bytes) + pooled(z.q_bytes) +
-           2 * pooled(z.state_bytes) + pooled(z.max_items * z.G * z.dv * sizeof(float)) +
+           pooled(z.max_items * z.G * z.dv * sizeof(float)) +
            pooled(z.max_items * z.G * sizeof(float)) + pooled(z.merge_scratch_bytes);
 }
 

@@ -96,7 +96,8 @@ struct Options {
     bool cpu_load = false;
     bool flush = true;
     bool trace = false;
-    bool overlap = false;
+    bool overlap = true;
+    bool anatomy = false;
     std::string json;
 };
 
@@ -117,9 +118,11 @@ void usage() {
         "                     through them before every step, as the expert weights of a MoE\n"
         "                     layer do, so no step reads the previous step's KV from cache)\n"
         "  --trace            print the policy's tracking steps of every configuration\n"
-        "  --overlap          the CPU's calling thread enqueues the GPU side once the CPU threads\n"
-        "                     run (StepExecutorConfig::overlap_gpu_launch; default: the GPU side\n"
-        "                     first, then the CPU threads are woken)\n"
+        "  --no-overlap       enqueue the GPU side before the CPU threads are woken (default: the\n"
+        "                     CPU's calling thread enqueues it once they run, as the engine does,\n"
+        "                     StepExecutorConfig::overlap_gpu_launch)\n"
+        "  --anatomy          instead of the full run: where one step's time goes (enqueue, CPU,\n"
+        "                     GPU, merge) at r = 0, 0.5, 1, after a flush, a sleep or nothing\n"
         "  --quick            small sizes (one model, 8K/16K, batch 1/4)\n"
         "  --json FILE        write the summary as JSON");
 }
@@ -159,8 +162,10 @@ Options parse(int argc, char** argv) {
             o.flush = false;
         } else if (a == "--trace") {
             o.trace = true;
-        } else if (a == "--overlap") {
-            o.overlap = true;
+        } else if (a == "--no-overlap") {
+            o.overlap = false;
+        } else if (a == "--anatomy") {
+            o.anatomy = true;
         } else if (a == "--quick") {
             o.models = {"qwen3-30b-a3b"};
             o.contexts = {8192, 16384};
@@ -290,6 +295,8 @@ struct StepTime {
     double gpu_attn = 0;  // s, GPU attention incl. P stream
     double overhead = 0;  // s, merge + launch host time
     double p_rate = 0;    // GB/s of the P stream's copies
+    double launch = 0;    // s, from the start until the GPU side was enqueued
+    double merge = 0;     // s, the GPU's merge (CPU partials up, merge, result down)
     std::uint64_t cpu_tokens = 0, gpu_tokens = 0;
 };
 
@@ -458,11 +465,16 @@ struct Config {
         rig->gpu->set_work(gw);
     }
 
-    StepTime run_once() {
+    // What precedes a timed step: the benchmark's protocol (flush the caches, let the threads
+    // fall asleep), only the sleep (threads asleep, KV maybe in L3), or nothing (back to back).
+    enum class Pre { flush, sleep, none };
+
+    StepTime run_once(Pre pre = Pre::flush) {
         ModelRig& m = *rig;
         const std::size_t rows = batch * m.g.num_q_heads, dv = m.g.head_dim_v;
         StepTime t;
-        (*m.flush)();
+        if (pre == Pre::flush) (*m.flush)();
+        if (pre == Pre::sleep) std::this_thread::sleep_for(std::chrono::milliseconds(1));
         const double t0 = now();
         bool any_cpu = false;
         for (const auto& c : cw)
@@ -470,8 +482,10 @@ struct Config {
         // As the executor does (the same start_engines); the CPU partials go where the GPU
         // backend uploads them from.
         const StateView part = m.gpu->cpu_partial_buffer(rows);
-        start_engines(*m.cpu, m.gpu.get(), 0, m.q.data(), cw, any_cpu, part, m.overlap, t0);
+        const EnginesStarted e =
+            start_engines(*m.cpu, m.gpu.get(), 0, m.q.data(), cw, any_cpu, part, m.overlap, t0);
         const double t2 = now();
+        t.launch = e.gpu_launch_seconds;
         const GpuLayerTiming g =
             m.gpu->finish(any_cpu ? ConstStateView{part.o, part.lse, rows, dv} : ConstStateView{},
                           {m.o.data(), m.lse.data(), rows, dv});
@@ -481,6 +495,7 @@ struct Config {
         t.cpu = any_cpu ? t2 - t0 : 0;
         t.gpu_attn = g.attention_seconds;
         t.overhead = g.merge_seconds;
+        t.merge = g.merge_seconds;
         t.p_rate = g.p_copy_seconds > 0 ? g.p_bytes / g.p_copy_seconds / 1e9 : 0;
         for (const auto& c : cpu_blocks)
             t.cpu_tokens += c.size() * m.B;
@@ -575,6 +590,31 @@ struct Config {
         return median(v);
     }
 
+    // Where the time of one step goes, at split r: medians of reps steps after each Pre.
+    void anatomy(double r, int reps) {
+        prepare(r);
+        run_once();
+        const char* names[] = {"flush+sleep", "sleep", "none"};
+        for (Pre pre : {Pre::flush, Pre::sleep, Pre::none}) {
+            std::vector<double> launch, cpu, gpu, merge, total, tail;
+            for (int k = 0; k < reps; ++k) {
+                const StepTime t = run_once(pre);
+                launch.push_back(t.launch);
+                cpu.push_back(t.cpu);
+                gpu.push_back(t.gpu_attn);
+                merge.push_back(t.merge);
+                total.push_back(t.total);
+                tail.push_back(t.total - std::max(t.cpu, t.gpu_attn));
+            }
+            std::printf(
+                "    %zuK x %zu r %.2f %-11s: enqueue %6.1f | CPU done %7.1f | GPU attn %7.1f | "
+                "merge %5.1f | total %7.1f | after both %6.1f us\n",
+                ctx / 1024, batch, r, names[static_cast<int>(pre)], median(launch) * 1e6,
+                median(cpu) * 1e6, median(gpu) * 1e6, median(merge) * 1e6, median(total) * 1e6,
+                median(tail) * 1e6);
+        }
+    }
+
     // The GPU kernel on device-resident KV (the landing area): its rate against HBM.
     double gpu_inplace_rate(int reps) {
         ModelRig& m = *rig;
@@ -665,8 +705,32 @@ int run_attention_step(int argc, char** argv) {
         std::printf("before every step: %zu MiB streamed through the CPU caches (untimed)\n",
                     flush.bytes() >> 20);
     std::printf("GPU side enqueued %s\n\n",
-                o.overlap ? "by the CPU's calling thread once its workers run (--overlap)"
-                          : "before the CPU threads are woken");
+                o.overlap ? "by the CPU's calling thread once its workers run"
+                          : "before the CPU threads are woken (--no-overlap)");
+    if (o.anatomy) {
+        // The pool's dispatch alone: n empty items, when each worker took its first one.
+        const auto pool_probe = [&](bool sleep) {
+            std::vector<double> ret, last;
+            std::vector<double> first(pool.concurrency());
+            for (int k = 0; k < 200; ++k) {
+                if (sleep) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                std::fill(first.begin(), first.end(), 0.0);
+                const double t0 = now();
+                pool.parallel_for(pool.concurrency(), [&](std::size_t, std::size_t w) {
+                    if (first[w] == 0) first[w] = now() - t0;
+                });
+                ret.push_back(now() - t0);
+                last.push_back(*std::max_element(first.begin(), first.end()));
+            }
+            std::printf(
+                "pool of %zu, %s: dispatch returns after %.1f us, last worker starts "
+                "after %.1f us (medians of 200)\n",
+                pool.concurrency(), sleep ? "asleep (1 ms idle)" : "back to back",
+                median(ret) * 1e6, median(last) * 1e6);
+        };
+        pool_probe(true);
+        pool_probe(false);
+    }
     std::vector<Result> results;
     for (const auto& name : o.models) {
         auto rig = build_rig(name, o, threads, pool);
@@ -678,6 +742,16 @@ int run_attention_step(int argc, char** argv) {
                     "context", "batch", "spill GB", "writescp", "gpu-only", "cpu-only", "monolith",
                     "r_pol", "r_best", "gap", "x best", "x mono", "eff", "CPU GB/s", "P frac",
                     "G/HBM");
+        if (o.anatomy) {
+            for (std::size_t batch : o.batches)
+                for (std::size_t ctx : o.contexts) {
+                    Config cf{rig.get(), ctx, batch, shape_of(ctx, o.block, o.g_fraction), {}, {},
+                              {},        {},  {}};
+                    for (double r : {0.0, 0.5, 1.0})
+                        cf.anatomy(r, 4 * o.reps);
+                }
+            continue;
+        }
         for (std::size_t batch : o.batches) {
             // Calibration for this batch: 50/50 splits at every context, both engines running.
             std::vector<double> cx, cy, gx, gy, ov;

@@ -155,3 +155,37 @@ TEST_CASE("caller_first runs once on the calling thread while the workers take i
         }
     }
 }
+
+TEST_CASE(
+    "a dispatch returns once its items ran, and a thread waking late never runs a later "
+    "dispatch's items with an earlier one's function",
+    "[unit][worker_pool]") {
+    auto rng = writescope::test::seeded_rng("worker pool late wakers");
+    WorkerPoolOptions o;
+    o.threads = 6;
+    o.spin_iterations = 0;  // every pool thread sleeps between dispatches: many wake late
+    WorkerPool pool(o);
+    std::uniform_int_distribution<std::size_t> size(1, 24);
+    std::uniform_int_distribution<int> pause(0, 3);
+    for (int d = 0; d < 3000; ++d) {
+        const std::size_t n = size(rng);
+        // Each dispatch has its own function and its own tally: a stale function or a stale
+        // item count would show as a hit in the wrong tally or a count other than one.
+        std::vector<std::atomic<int>> hits(n);
+        std::atomic<int> wrong{0};
+        const int id = d;
+        pool.parallel_for(n, [&, id](std::size_t i, std::size_t) {
+            if (i >= n || id != d) {
+                wrong.fetch_add(1);
+                return;
+            }
+            hits[i].fetch_add(1, std::memory_order_relaxed);
+        });
+        REQUIRE(wrong.load() == 0);
+        for (std::size_t i = 0; i < n; ++i)
+            REQUIRE(hits[i].load() == 1);
+        // Sometimes let the threads fall asleep, sometimes dispatch again at once (late wakers
+        // of the last dispatch then overlap the next one's start).
+        if (pause(rng) == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+}

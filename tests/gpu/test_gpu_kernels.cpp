@@ -92,7 +92,8 @@ void ref_attention(const KvGeometry& g, int B, const HostSeq& s, int qh, std::si
 
 struct GpuRun {
     std::vector<float> o, lse;
-    int merge_chunks = 1;  // 1: one-level merge
+    int merge_chunks = 1;  // 1: one-level merge (or one chunk per row when staged)
+    bool staged = false;   // merge_gpu_parts, then merge_with_ext through pinned host memory
 };
 
 // Uploads the blocks, cuts each (sequence, kv head) into random runs of blocks (one work item
@@ -197,30 +198,62 @@ GpuRun run_gpu(const KvGeometry& g, int B, const std::vector<HostSeq>& seqs,
     mp.ext_lse = ext_o ? static_cast<const float*>(d_ext_lse.data()) : nullptr;
     mp.out_o = static_cast<float*>(out_o.data());
     mp.out_lse = static_cast<float*>(out_lse.data());
-    // Half the runs merge in two levels with chunks of 1–4 parts (some rows have fewer parts
-    // than chunks: empty chunks must contribute nothing); the scratch is poisoned.
+    // A third of the runs merge in one level; a third in two (merge_partials) with chunks of
+    // 1–4 parts (some rows have fewer parts than chunks: empty chunks must contribute nothing);
+    // a third in the decode step's way: the GPU parts first (merge_gpu_parts, 1 chunk or more),
+    // then those with ext read from and the result written to pinned host memory across PCIe
+    // (merge_with_ext). The scratch and the outputs are poisoned.
+    const int how = static_cast<int>(rng() % 3);
     cuda::DeviceBuffer scratch;
-    if (rng() % 2) {
+    if (how > 0) {
         std::int32_t most = 0;
         for (std::size_t i = 0; i + 1 < offsets.size(); ++i)
             most = std::max(most, offsets[i + 1] - offsets[i]);
         mp.chunk_items = static_cast<std::int32_t>(1 + rng() % 4);
         mp.chunks = std::max<std::int32_t>(2, (most + mp.chunk_items - 1) / mp.chunk_items);
+        if (how == 2 && rng() % 2) {  // one chunk holding the whole row
+            mp.chunks = 1;
+            mp.chunk_items = std::max<std::int32_t>(most, 1);
+        }
         const std::size_t n = rows * static_cast<std::size_t>(mp.chunks);
         scratch = cuda::DeviceBuffer(n * (dv + 1) * 4);
         scratch.fill_bytes(0x7f);
         mp.scratch_o = static_cast<float*>(scratch.data());
         mp.scratch_lse = mp.scratch_o + n * dv;
     }
-    cuda::merge_partials(mp, stream.handle());
-    stream.synchronize();
-    cuda::check_last_error("kernels");
     GpuRun r;
     r.merge_chunks = mp.chunks;
     r.o.resize(rows * dv);
     r.lse.resize(rows);
-    out_o.download(r.o.data(), r.o.size() * 4);
-    out_lse.download(r.lse.data(), r.lse.size() * 4);
+    if (how < 2) {
+        cuda::merge_partials(mp, stream.handle());
+        stream.synchronize();
+        cuda::check_last_error("kernels");
+        out_o.download(r.o.data(), r.o.size() * 4);
+        out_lse.download(r.lse.data(), r.lse.size() * 4);
+        return r;
+    }
+    r.staged = true;
+    cuda::merge_gpu_parts(mp, stream.handle());
+    const std::size_t state_bytes = rows * (dv + 1) * 4;
+    cuda::PinnedSlabs host_ext(state_bytes, state_bytes), host_out(state_bytes, state_bytes);
+    std::memset(host_out.slab(0), 0x7f, state_bytes);
+    if (ext_o) {
+        auto* e = static_cast<float*>(host_ext.slab(0));
+        std::memcpy(e, ext_o->data(), rows * dv * 4);
+        std::memcpy(e + rows * dv, ext_lse->data(), rows * 4);
+        mp.ext_o = static_cast<const float*>(cuda::mapped_device_pointer(e));
+        mp.ext_lse = mp.ext_o + rows * dv;
+    }
+    auto* m_out = static_cast<float*>(cuda::mapped_device_pointer(host_out.slab(0)));
+    mp.out_o = m_out;
+    mp.out_lse = m_out + rows * dv;
+    cuda::merge_with_ext(mp, stream.handle());
+    stream.synchronize();
+    cuda::check_last_error("kernels");
+    const auto* h = static_cast<const float*>(host_out.slab(0));
+    std::memcpy(r.o.data(), h, rows * dv * 4);
+    std::memcpy(r.lse.data(), h + rows * dv, rows * 4);
     return r;
 }
 
@@ -249,10 +282,10 @@ void check_against_ref(const KvGeometry& g, int B, const std::vector<HostSeq>& s
         }
     const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
     std::printf(
-        "[gpu] %-34s %-5s heads %2d/%d dim %3d/%3d, merge chunks %2d: rel err vs fp64 %.3e, lse "
-        "err %.3e\n",
+        "[gpu] %-34s %-5s heads %2d/%d dim %3d/%3d, merge chunks %2d%s: rel err vs fp64 %.3e, "
+        "lse err %.3e\n",
         what, std::string(dtype_name(g.dtype)).c_str(), g.num_q_heads, g.num_kv_heads, g.head_dim_k,
-        g.head_dim_v, r.merge_chunks, rel, max_lse_err);
+        g.head_dim_v, r.merge_chunks, r.staged ? " staged" : "", rel, max_lse_err);
     // Inputs are exact in fp32; only fp32 accumulation differs from fp64.
     REQUIRE(rel < 2e-5);
     REQUIRE(max_lse_err < 2e-5);

@@ -74,7 +74,9 @@ struct GpuSeqWork {
 // Seconds measured on the GPU side of one layer step.
 struct GpuLayerTiming {
     double attention_seconds = 0;  // from the first copy/launch to the end of the GPU attention
-    double merge_seconds = 0;      // uploading the CPU partials and the final merge
+                                   // (its own parts merged per row included)
+    double merge_seconds = 0;      // from then to the result: waiting for the CPU partials and
+                                   // the final merge with them
     double total_seconds = 0;      // launch to result
     std::uint64_t p_bytes = 0;     // bytes streamed from P over PCIe
     double p_copy_seconds = 0;     // time the copy engine spent on them

@@ -19,9 +19,9 @@ struct StepExecutorConfig {
     std::size_t max_seqs = 64;  // most sequences in one step
     // Enqueue a layer's GPU side on the calling thread after the CPU workers have started
     // (StartHook), instead of before waking them: the CPU does not wait for the enqueue, one
-    // copy, event and launch per staging chunk. Off by default until it has run on the GPU
-    // machine (tested in CI through a host GPU side only; predicted: 2-5 % off large steps).
-    bool overlap_gpu_launch = false;
+    // copy, event and launch per staging chunk. Measured on the H200 (docs/perf/
+    // attention-step.md): 5 % off the hybrid steps, 7 % off cpu-only (predicted 2-5 %).
+    bool overlap_gpu_launch = true;
 };
 
 // What one layer step did and how long it took (seconds of wall time on the host).

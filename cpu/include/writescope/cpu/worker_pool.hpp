@@ -79,7 +79,9 @@ class WorkerPool {
     // Calls fn(item, worker) exactly once for every item in [0, n) and returns when all calls
     // have returned. worker is the index of the thread running the call, stable for the thread
     // (so it can index per-thread scratch). fn must not throw. Dispatches from several threads
-    // are serialised. Allocates nothing.
+    // are serialised. Allocates nothing. It returns as soon as every item has run: a pool thread
+    // still waking from its sleep when the items are gone has its part withdrawn by the next
+    // dispatch, which does not wait for it. At most 2^32 - 1 items.
     void parallel_for(std::size_t n, FunctionRef<void(std::size_t, std::size_t)> fn);
     // The same, with caller_first() run by the calling thread once the pool threads are woken
     // and before it takes items itself: work that must happen at the start of the dispatch but
@@ -94,7 +96,7 @@ class WorkerPool {
   private:
     void dispatch(std::size_t n, FunctionRef<void(std::size_t, std::size_t)>& fn,
                   FunctionRef<void()>* caller_first);
-    void worker_main(std::size_t worker_index);
+    void worker_main(std::size_t worker_index, std::size_t slot);
     void run_items(std::size_t worker_index) noexcept;
 
     std::size_t concurrency_ = 1;
@@ -104,13 +106,20 @@ class WorkerPool {
     PinReport pin_report_;
     std::mutex dispatch_mutex_;  // serialises parallel_for callers
 
-    // The current dispatch. Written by the caller before generation_ is bumped (release), read
-    // by the workers after they observe the new generation (acquire).
+    // The current dispatch. Written by the caller before generation_ is raised (release), read
+    // by a worker only once it has claimed the generation in its slot (pending -> active), and
+    // rewritten by the next dispatch only when no worker is active in the last one: a worker
+    // that had not started yet (still waking from its sleep) is revoked instead of waited for.
     std::size_t n_items_ = 0;
     FunctionRef<void(std::size_t, std::size_t)>* fn_ = nullptr;
     alignas(64) std::atomic<std::uint32_t> generation_{0};
     alignas(64) std::atomic<std::size_t> next_item_{0};
-    alignas(64) std::atomic<std::uint32_t> finished_threads_{0};
+    alignas(64) std::atomic<std::uint32_t> items_done_{0};  // fn calls returned (caller waits)
+    // Per pool thread, a cache line of its own: (generation << 2) | one of the states below.
+    struct alignas(64) Slot {
+        std::atomic<std::uint64_t> state{0};
+    };
+    std::unique_ptr<Slot[]> slots_;
     std::atomic<bool> stop_{false};
 };
 

@@ -70,6 +70,13 @@ struct MergeParams {
     float* scratch_lse = nullptr;  // rows × chunks
 };
 void merge_partials(const MergeParams& p, void* stream);
+// The same merge in two launches that can be enqueued apart: merge_gpu_parts merges each row's
+// listed parts into its chunk states in scratch (ext is not read: it need not exist yet), and
+// merge_with_ext merges those chunk states with ext into out. With chunks == 1 the first is one
+// state per row. The decode step enqueues the first right after the GPU's attention, so that
+// only the second waits for the CPU's partials. Both need scratch.
+void merge_gpu_parts(const MergeParams& p, void* stream);
+void merge_with_ext(const MergeParams& p, void* stream);
 // The chunking for a row with at most max_items parts: about √max_items chunks (so both levels
 // walk about √max_items states), at most max_chunks; 1 chunk up to 32 items.
 void merge_chunking(std::int32_t max_items, std::int32_t max_chunks, std::int32_t& chunks,

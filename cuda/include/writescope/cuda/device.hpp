@@ -135,6 +135,11 @@ class DeviceBuffer {
 void host_register(void* p, std::size_t bytes);
 void host_unregister(void* p);
 
+// The address a kernel reads or writes pinned host memory (PinnedSlabs, cudaHostAlloc) at,
+// across PCIe without a copy (cudaHostGetDevicePointer: the host address under unified
+// addressing). For small states a kernel touches once: one less copy on the stream.
+void* mapped_device_pointer(void* pinned_host);
+
 // A synchronous copy (directions inferred by unified addressing); for set-up, not the decode path.
 void copy_sync(void* dst, const void* src, std::size_t bytes);
 // Asynchronous copies on a stream (directions inferred by unified addressing).
