@@ -42,7 +42,20 @@ LoadedProfile load_effective_profile(const DaemonArgs& args) {
     return out;
 }
 
+CheckedProfile check_effective_profile(const DaemonArgs& args, const MachineInfo& machine) {
+    CheckedProfile out;
+    out.loaded = load_effective_profile(args);
+    out.options =
+        engine_options_from_profile(out.loaded.profile, machine, out.loaded.source, &out.unchecked);
+    return out;
+}
+
 namespace {
+
+void log_unchecked(const CheckedProfile& c) {
+    for (const auto& i : c.unchecked)
+        log_warning("config.unchecked", "{}: {}: {}", c.loaded.source, i.key, i.message);
+}
 
 void log_profile_error(std::string_view id, const ProfileError& e) {
     for (const auto& i : e.issues()) {
@@ -284,18 +297,19 @@ class Daemon {
 int run_daemon(const DaemonArgs& args) {
     log_notice("daemon.starting", "writescoped {} starting (pid {})", WRITESCOPE_VERSION,
                ::getpid());
-    LoadedProfile loaded;
-    EngineOptions opts;
+    CheckedProfile checked;
     const MachineInfo machine = probe_machine();
     try {
-        loaded = load_effective_profile(args);
-        opts = engine_options_from_profile(loaded.profile, machine, loaded.source);
+        checked = check_effective_profile(args, machine);
     } catch (const ProfileError& e) {
         log_profile_error("config.invalid", e);
         notify(fmt::format("STATUS=failed: the profile {} has {} problem(s)", e.source(),
                            e.issues().size()));
         return 1;
     }
+    log_unchecked(checked);
+    LoadedProfile& loaded = checked.loaded;
+    EngineOptions& opts = checked.options;
     log_info("config.loaded", "profile {}: model {}, {} KV, GPU {}, state in {}", loaded.source,
              opts.geometry.name, dtype_name(opts.geometry.dtype),
              opts.gpu_index >= 0 ? std::to_string(opts.gpu_index) : std::string("none"),

@@ -5,8 +5,10 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "engine_host.hpp"
+#include "machine.hpp"
 #include "profile.hpp"
 #include "service.hpp"
 
@@ -32,6 +34,16 @@ struct LoadedProfile {
 // does not exist and --config was not given) with the command-line overrides applied. Throws
 // ProfileError.
 LoadedProfile load_effective_profile(const DaemonArgs& args);
+
+// The profile checked the one way startup, --check-config and a reload all check it: the effective
+// profile (above) mapped onto the engine's options on this machine.
+struct CheckedProfile {
+    LoadedProfile loaded;
+    EngineOptions options;
+    std::vector<ProfileIssue> unchecked;  // values this machine could not verify (key, why)
+};
+// Throws ProfileError listing the problems.
+CheckedProfile check_effective_profile(const DaemonArgs& args, const MachineInfo& machine);
 
 // Runs the daemon until it is told to stop; returns the process exit status.
 int run_daemon(const DaemonArgs& args);

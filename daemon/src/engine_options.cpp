@@ -54,8 +54,38 @@ bool build_has_cuda() noexcept {
 #endif
 }
 
+void check_gpu_index(int index, const MachineInfo& m, std::string_view source,
+                     std::vector<ProfileIssue>* unchecked) {
+    const std::size_t found = m.gpus.size();
+    if (static_cast<std::size_t>(index) < found) return;
+    if (m.gpu_driver_loaded || found > 0) {
+        const std::string driver =
+            m.gpu_driver.empty() ? "the NVIDIA driver" : "NVIDIA driver " + m.gpu_driver;
+        fail(source, "hardware.gpu",
+             found == 0 ? fmt::format("GPU {} requested, but no GPU was found: {} is loaded and "
+                                      "/proc/driver/nvidia/gpus lists none; use \"none\" or "
+                                      "\"auto\"",
+                                      index, driver)
+                        : fmt::format("GPU {} requested, but {} GPU{} found ({} in "
+                                      "/proc/driver/nvidia/gpus, {})",
+                                      index, found, found == 1 ? " was" : "s were",
+                                      found == 1 ? std::string("index 0")
+                                                 : fmt::format("indices 0 to {}", found - 1),
+                                      driver));
+    }
+    if (unchecked)
+        unchecked->push_back(
+            {"hardware.gpu",
+             fmt::format("GPU {} not checked: no NVIDIA driver is loaded here "
+                         "(/proc/driver/nvidia is missing), so the GPUs cannot be counted; the "
+                         "engine checks the index when it starts",
+                         index),
+             0, 0});
+}
+
 EngineOptions engine_options_from_profile(const Profile& p, const MachineInfo& m,
-                                          std::string_view source) {
+                                          std::string_view source,
+                                          std::vector<ProfileIssue>* unchecked) {
     EngineOptions o;
     o.geometry = resolve_model(p, source);
     if (auto e = o.geometry.validate(); !e.empty())
@@ -74,6 +104,7 @@ EngineOptions engine_options_from_profile(const Profile& p, const MachineInfo& m
                      fmt::format("GPU {} requested, but this build has no CUDA backend; use "
                                  "\"none\" or \"auto\"",
                                  p.hardware.gpu.index));
+            check_gpu_index(p.hardware.gpu.index, m, source, unchecked);
             o.gpu_index = p.hardware.gpu.index;
             break;
     }

@@ -93,6 +93,7 @@ MachineInfo probe_machine(const std::filesystem::path& proc_root) {
         }
     }
     std::error_code ec;
+    m.gpu_driver_loaded = std::filesystem::is_directory(proc_root / "driver/nvidia", ec);
     const auto gpus_dir = proc_root / "driver/nvidia/gpus";
     for (const auto& entry : std::filesystem::directory_iterator(gpus_dir, ec)) {
         const auto info = entry.path() / "information";

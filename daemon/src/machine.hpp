@@ -20,6 +20,9 @@ struct MachineInfo {
     int online_cores = 0;            // CPUs this process may run on (its affinity mask)
     std::uint64_t memory_bytes = 0;  // physical memory, /proc/meminfo MemTotal
     std::string gpu_driver;          // NVIDIA kernel module version; empty without one
+    // /proc/driver/nvidia exists: the NVIDIA kernel module is loaded, so `gpus` is the whole
+    // list. Without it nothing is known (no driver, or one /proc does not show, as under WSL).
+    bool gpu_driver_loaded = false;
     // NVIDIA GPUs in PCI bus order, which is CUDA's order under CUDA_DEVICE_ORDER=PCI_BUS_ID
     // (the order the daemon documents for hardware.gpu indices).
     std::vector<GpuInfo> gpus;

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -33,17 +35,26 @@ AllocatorInfo allocator_info() {
 
 int check_config(const DaemonArgs& args) {
     try {
-        const auto loaded = load_effective_profile(args);
-        const auto machine = probe_machine();
-        const auto o = engine_options_from_profile(loaded.profile, machine, loaded.source);
+        const auto checked = check_effective_profile(args, probe_machine());
+        const auto& source = checked.loaded.source;
+        const auto& o = checked.options;
+        // What this machine cannot tell is said, not passed over: valid, but not verified.
+        std::vector<std::string> unchecked_keys;
+        for (const auto& i : checked.unchecked) {
+            std::cerr << fmt::format("{}: {}: {}\n", source, i.key, i.message);
+            unchecked_keys.push_back(i.key);
+        }
         std::cout << fmt::format(
             "{}: ok: model {} ({} KV, {} per token), GPU {}, budgets VRAM {} / pinned {} / host "
-            "{}, mode {}\n",
-            loaded.source, o.geometry.name, dtype_name(o.geometry.dtype),
+            "{}, mode {}{}\n",
+            source, o.geometry.name, dtype_name(o.geometry.dtype),
             format_size_human(o.geometry.bytes_per_token()),
             o.gpu_index >= 0 ? std::to_string(o.gpu_index) : std::string("none"),
             format_size_human(o.vram_kv_bytes), format_size_human(o.pinned_kv_bytes),
-            format_size_human(o.host_kv_bytes), o.mode);
+            format_size_human(o.host_kv_bytes), o.mode,
+            unchecked_keys.empty() ? std::string()
+                                   : fmt::format("; not checked on this machine: {}",
+                                                 fmt::join(unchecked_keys, ", ")));
         return 0;
     } catch (const ProfileError& e) {
         std::cerr << e.what() << "\n";

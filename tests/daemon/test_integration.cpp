@@ -16,7 +16,9 @@
 #include <nlohmann/json.hpp>
 
 #include "daemon_process.hpp"
+#include "engine_options.hpp"
 #include "http_client.hpp"
+#include "machine.hpp"
 #include "store.hpp"
 #include "temp_dir.hpp"
 #include "test_seed.hpp"
@@ -483,6 +485,58 @@ TEST_CASE("SIGHUP reloads the profile and keeps the running one when the new fil
     CHECK_THAT(run.log(), Catch::Contains("policy.mode"));
     CHECK(run.process().running());
     run.stop();
+}
+
+TEST_CASE("check-config and startup check a GPU index against the GPUs of this machine",
+          "[integration][daemon]") {
+    TempDir dir;
+    const auto machine = writescope::daemon::probe_machine();
+    // The first index this machine does not have (0 on one without a GPU, like CI).
+    const std::string index = std::to_string(machine.gpus.size());
+    write_text(dir / "gpu.toml",
+               profile_text({{"gpu = \"none\"", "gpu = " + index},
+                             {"pinned_kv_budget = \"0B\"", "pinned_kv_budget = \"16MiB\""}}));
+    const auto check = run_command(
+        {writescoped_path(), "--check-config", "--config", (dir / "gpu.toml").string()});
+    INFO(check.out << check.err);
+    CHECK(check.status.exited);
+    Run run(dir, read_text(dir / "gpu.toml"));
+    run.start();
+    const auto st = run.process().wait();
+    REQUIRE(st);
+    INFO(run.log());
+    CHECK(st->code == 1);  // no such GPU, whoever finds out
+    if (!writescope::daemon::build_has_cuda()) {
+        CHECK(check.status.code == 1);
+        CHECK_THAT(check.err, Catch::Contains("hardware.gpu: GPU " + index +
+                                              " requested, but this build has no CUDA backend"));
+    } else if (machine.gpu_driver_loaded) {
+        // Refused before anything starts, naming the key, the value and the GPUs found.
+        CHECK(check.status.code == 1);
+        CHECK_THAT(check.err, Catch::Contains("hardware.gpu: GPU " + index + " requested, but"));
+        CHECK_THAT(check.err, Catch::Contains(machine.gpus.empty() ? std::string("no GPU was found")
+                                                                   : index + " GPU"));
+        CHECK_THAT(run.log(), Catch::Contains("[config.invalid]"));
+    } else {
+        // Nothing to count the GPUs with: valid, and said to be unchecked (not silently passed).
+        CHECK(check.status.code == 0);
+        CHECK_THAT(check.out, Catch::Contains("GPU " + index));
+        CHECK_THAT(check.out, Catch::Contains("not checked on this machine: hardware.gpu"));
+        CHECK_THAT(check.err, Catch::Contains("gpu.toml: hardware.gpu: GPU " + index +
+                                              " not checked: no NVIDIA driver is loaded here"));
+        // The daemon says the same, then the engine finds no such device.
+        CHECK_THAT(run.log(), Catch::Contains("[config.unchecked]"));
+        CHECK_THAT(run.log(), Catch::Contains("[boot.failed]"));
+    }
+
+    // The defaults ("auto") still start where there is no GPU: on the CPU.
+    write_text(dir / "auto.toml", profile_text({{"gpu = \"none\"", "gpu = \"auto\""}}));
+    const auto auto_check = run_command(
+        {writescoped_path(), "--check-config", "--config", (dir / "auto.toml").string()});
+    CHECK(auto_check.status.code == 0);
+    CHECK_THAT(auto_check.out, !Catch::Contains("not checked"));
+    if (machine.gpus.empty() || !writescope::daemon::build_has_cuda())
+        CHECK_THAT(auto_check.out, Catch::Contains("GPU none"));
 }
 
 TEST_CASE("a stale socket file is replaced, but a live one or another file is not",

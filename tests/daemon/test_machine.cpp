@@ -38,6 +38,7 @@ TEST_CASE("machine facts are read from /proc", "[unit][daemon][machine]") {
                   "06:54:38 UTC 2025\nGCC version:  gcc version 12.2.0\n");
         const auto m = probe_machine(dir.path());
         CHECK(m.gpu_driver == "580.65.06");
+        CHECK(m.gpu_driver_loaded);
         CHECK(m.cpu_model == "Intel(R) Xeon(R) Platinum 8480+");
         CHECK(m.memory_bytes == 131522700ull * 1024);
         REQUIRE(m.gpus.size() == 2);
@@ -61,12 +62,21 @@ TEST_CASE("machine facts are read from /proc", "[unit][daemon][machine]") {
                   "Release Build  (nixbld@)  \n");
         CHECK(probe_machine(dir.path()).gpu_driver == "580.159.04");
     }
+    SECTION("a driver that lists no GPU") {
+        TempDir dir;
+        writescope::test::put_file(dir / "driver/nvidia/version", "NVRM version: garbled\n");
+        const auto m = probe_machine(dir.path());
+        CHECK(m.gpu_driver_loaded);
+        CHECK(m.gpus.empty());
+        CHECK(m.gpu_driver.empty());
+    }
     SECTION("no NVIDIA driver") {
         TempDir dir;
         writescope::test::put_file(dir / "cpuinfo", "model name\t: Some CPU\n");
         const auto m = probe_machine(dir.path());
         CHECK(m.gpus.empty());
         CHECK(m.gpu_driver.empty());
+        CHECK_FALSE(m.gpu_driver_loaded);  // the GPUs cannot be counted
         CHECK(m.memory_bytes == 0);
     }
 }

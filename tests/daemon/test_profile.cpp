@@ -294,6 +294,83 @@ TEST_CASE("the profile maps onto EngineOptions", "[unit][daemon][profile]") {
     }
 }
 
+TEST_CASE(
+    "a GPU index past the GPUs the driver lists is refused; without a driver it is "
+    "reported as not checked",
+    "[unit][daemon][profile]") {
+    MachineInfo two = machine_without_gpu();
+    two.gpu_driver_loaded = true;
+    two.gpu_driver = "580.65.06";
+    two.gpus = {{"0000:01:00.0", "NVIDIA H200", "GPU-a"}, {"0000:41:00.0", "NVIDIA H200", "GPU-b"}};
+    std::vector<ProfileIssue> unchecked;
+    CHECK_NOTHROW(check_gpu_index(0, two, "t.toml", &unchecked));
+    CHECK_NOTHROW(check_gpu_index(1, two, "t.toml", &unchecked));
+    CHECK(unchecked.empty());
+
+    auto refusal = [](int index, const MachineInfo& m) -> ProfileIssue {
+        std::vector<ProfileIssue> notes;
+        try {
+            check_gpu_index(index, m, "t.toml", &notes);
+        } catch (const ProfileError& e) {
+            CHECK(e.source() == "t.toml");
+            CHECK(notes.empty());
+            REQUIRE(e.issues().size() == 1);
+            return e.issues().front();
+        }
+        FAIL("GPU " << index << " was accepted");
+        return {};
+    };
+    // The key, the value and the number of GPUs found.
+    auto i = refusal(2, two);
+    CHECK(i.key == "hardware.gpu");
+    CHECK_THAT(i.message, Catch::Contains("GPU 2 requested"));
+    CHECK_THAT(i.message, Catch::Contains("2 GPUs were found (indices 0 to 1"));
+    CHECK_THAT(i.message, Catch::Contains("NVIDIA driver 580.65.06"));
+    MachineInfo one = two;
+    one.gpus.resize(1);
+    CHECK_THAT(refusal(1, one).message, Catch::Contains("1 GPU was found (index 0"));
+    // A driver that lists no GPU.
+    MachineInfo none = two;
+    none.gpus.clear();
+    i = refusal(0, none);
+    CHECK(i.key == "hardware.gpu");
+    CHECK_THAT(i.message, Catch::Contains("GPU 0 requested, but no GPU was found"));
+
+    // No driver: nothing to count with. Accepted, and said so.
+    const MachineInfo no_driver = machine_without_gpu();
+    CHECK_NOTHROW(check_gpu_index(3, no_driver, "t.toml", &unchecked));
+    REQUIRE(unchecked.size() == 1);
+    CHECK(unchecked[0].key == "hardware.gpu");
+    CHECK_THAT(unchecked[0].message, Catch::Contains("GPU 3 not checked"));
+    CHECK_THAT(unchecked[0].message, Catch::Contains("/proc/driver/nvidia is missing"));
+    CHECK_NOTHROW(check_gpu_index(3, no_driver, "t.toml", nullptr));
+
+    // Through the profile: only a build with the CUDA backend gets this far.
+    Profile p = default_profile();
+    p.hardware.host_kv_budget = HostBudget{1ull << 30, 0, false};
+    p.hardware.pinned_kv_budget = HostBudget{1ull << 30, 0, false};
+    unchecked.clear();
+    // The defaults ("auto") check nothing and start on the CPU without a driver.
+    CHECK(engine_options_from_profile(p, no_driver, "t.toml", &unchecked).gpu_index == -1);
+    CHECK(unchecked.empty());
+    p.hardware.gpu = {GpuChoice::index, 2};
+    if (build_has_cuda()) {
+        CHECK_THROWS_WITH(engine_options_from_profile(p, two, "t.toml"),
+                          Catch::Contains("hardware.gpu: GPU 2 requested, but 2 GPUs were found"));
+        const auto o = engine_options_from_profile(p, no_driver, "t.toml", &unchecked);
+        CHECK(o.gpu_index == 2);
+        REQUIRE(unchecked.size() == 1);
+        CHECK(unchecked[0].key == "hardware.gpu");
+        p.hardware.gpu = {GpuChoice::index, 1};
+        unchecked.clear();
+        CHECK(engine_options_from_profile(p, two, "t.toml", &unchecked).gpu_index == 1);
+        CHECK(unchecked.empty());
+    } else {
+        CHECK_THROWS_WITH(engine_options_from_profile(p, two, "t.toml"),
+                          Catch::Contains("no CUDA backend"));
+    }
+}
+
 TEST_CASE("every log identifier of the daemon is documented", "[unit][daemon][profile]") {
     const std::string doc = read_file(source_dir() / "docs" / "configuration.md");
     const std::regex call(R"re(log_(error|warning|notice|info|debug)\(\s*"([a-z.-]+)")re");
