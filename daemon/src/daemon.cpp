@@ -180,9 +180,11 @@ class Daemon {
         log_info("reload.started", "reloading {}", args_.config.string());
         std::string status;
         try {
-            auto next = load_effective_profile(args_);
-            engine_options_from_profile(next.profile, machine_, next.source);
-            const auto r = service_.reload(next.profile);
+            // Checked as startup would check it; then the service checks the profile it would
+            // run, this one with the restart-only keys at their running values.
+            const auto next = check_effective_profile(args_, machine_);
+            log_unchecked(next);
+            const auto r = service_.reload(next.loaded.profile, next.loaded.source);
             if (!r.ok) {
                 log_error("reload.rejected", "reload rejected, the running profile stays: {}",
                           r.error);

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "engine_options.hpp"
 #include "log.hpp"
 #include "writescope/core/policy_state.hpp"
 
@@ -468,7 +469,7 @@ void Service::apply_pending_policy_locked() {
     }
 }
 
-Service::ReloadResult Service::reload(const Profile& next) {
+Service::ReloadResult Service::reload(const Profile& next, std::string_view source) {
     ReloadResult r;
     const Profile running = profile();
     Profile merged;
@@ -477,6 +478,22 @@ Service::ReloadResult Service::reload(const Profile& next) {
     } catch (const std::exception& e) {
         r.error = e.what();
         return r;
+    }
+    // The file must be one startup would take, and the new values of reloadable keys must hold
+    // with the running values of the others (a GPU mode needs the running daemon to have a GPU,
+    // not the file).
+    engine_options_from_profile(next, machine_, source);
+    try {
+        engine_options_from_profile(merged, machine_, source);
+    } catch (const ProfileError& e) {
+        std::vector<ProfileIssue> issues = e.issues();
+        for (auto& i : issues)
+            i.message += fmt::format(
+                " (as it would run: {} keep{} the running value{} until a "
+                "restart)",
+                fmt::join(r.needs_restart, ", "), r.needs_restart.size() == 1 ? "s" : "",
+                r.needs_restart.size() == 1 ? "" : "s");
+        throw ProfileError(e.source(), std::move(issues));
     }
     r.applied = changed_keys(running, merged);
     const auto& np = merged.policy;

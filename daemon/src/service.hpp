@@ -142,7 +142,11 @@ class Service {
         std::vector<std::string> needs_restart;  // changed keys that wait for a restart
         bool policy_deferred = false;            // engine busy: applied when calibration ends
     };
-    ReloadResult reload(const Profile& next);
+    // `next` is the profile as loaded (load_effective_profile), `source` its file. It is checked
+    // as startup checks it (engine_options_from_profile on this machine), and so is the profile
+    // that would run: `next` with the restart-only keys at their running values. A problem in
+    // either throws ProfileError naming the key; nothing is applied.
+    ReloadResult reload(const Profile& next, std::string_view source);
 
     std::vector<WorkloadRecord> history() const;
     std::vector<Sample> samples(std::size_t limit) const;

@@ -11,6 +11,7 @@
 #include "fake_engine.hpp"
 #include "service.hpp"
 #include "temp_dir.hpp"
+#include "wait_until.hpp"
 #include "writescope/core/policy_state.hpp"
 
 using namespace writescope;
@@ -19,6 +20,7 @@ using json = nlohmann::json;
 using writescope::test::FakeEngine;
 using writescope::test::FakeEngineLog;
 using writescope::test::TempDir;
+using writescope::test::wait_until;
 
 namespace {
 
@@ -318,19 +320,52 @@ TEST_CASE("reload applies reloadable keys and reports the others", "[unit][daemo
     next.policy.mode = "cpu-only";
     next.storage.sample_log_max = 7;
     next.kv.block_tokens = 256;
-    auto r = h.service->reload(next);
+    auto r = h.service->reload(next, "test.toml");
     REQUIRE(r.ok);
     CHECK(r.applied == std::vector<std::string>{"policy.mode", "storage.sample_log_max"});
     CHECK(r.needs_restart == std::vector<std::string>{"kv.block_tokens"});
     CHECK(h.get("/v1/policy")["engine_mode"] == "cpu-only");
     CHECK(h.service->profile().kv.block_tokens == 128);  // still the running value
 
-    next.policy.mode = "gpu-only";  // valid syntax, refused by this engine
-    r = h.service->reload(next);
-    CHECK_FALSE(r.ok);
-    CHECK_THAT(r.error, Catch::Contains("policy.mode"));
+    next.policy.mode = "gpu-only";  // valid syntax, but this profile has no GPU: refused
+    CHECK_THROWS_WITH(h.service->reload(next, "test.toml"),
+                      Catch::Contains("test.toml: policy.mode: mode \"gpu-only\" sends work to a "
+                                      "GPU, and this daemon runs without one") &&
+                          !Catch::Contains("as it would run"));
     CHECK(h.get("/v1/policy")["engine_mode"] == "cpu-only");
     CHECK(h.service->profile().policy.mode == "cpu-only");
+}
+
+TEST_CASE("a reload is checked as it would run, with restart-only keys at their running values",
+          "[unit][daemon][api]") {
+    TempDir dir;
+    const Profile p = test_profile(dir.path());  // hardware.gpu = "none"
+    Harness h(p);
+    h.service->boot(nullptr);
+    // A file that is fine alone (a GPU mode with a GPU), but hardware.gpu takes a restart: as it
+    // would run, the mode needs a GPU this daemon does not have. A calibration holds the engine,
+    // so nothing but the check stands in the way (the engine would only see the mode later).
+    Profile next = p;
+    next.hardware.gpu = {GpuChoice::index, 0};
+    next.policy.mode = "gpu-only";
+    next.storage.sample_log_max = 9;
+    h.log->calibrate_ms = 2000;
+    REQUIRE(h.call("POST", "/v1/calibration").status == 202);
+    REQUIRE(wait_until([&] { return h.service->view().engine_busy; }));
+    try {
+        h.service->reload(next, "next.toml");
+        FAIL("the reload was accepted");
+    } catch (const ProfileError& e) {
+        CHECK(e.source() == "next.toml");
+        REQUIRE(e.issues().size() == 1);
+        CHECK(e.issues()[0].key == "policy.mode");
+        CHECK_THAT(e.issues()[0].message, Catch::Contains("runs without one"));
+        CHECK_THAT(e.issues()[0].message,
+                   Catch::Contains("hardware.gpu keeps the running value until a restart"));
+    }
+    CHECK(h.service->profile().policy.mode == "writescope");
+    CHECK(h.service->profile().storage.sample_log_max == 5);  // nothing applied
+    h.service->request_stop();                                // cancels the calibration
 }
 
 TEST_CASE("metrics are Prometheus text with the documented families", "[unit][daemon][api]") {

@@ -539,6 +539,53 @@ TEST_CASE("check-config and startup check a GPU index against the GPUs of this m
         CHECK_THAT(auto_check.out, Catch::Contains("GPU none"));
 }
 
+TEST_CASE("a reload is checked as startup checks it: the profile it would run, not the file",
+          "[integration][daemon]") {
+    const auto machine = writescope::daemon::probe_machine();
+    if (!writescope::daemon::build_has_cuda() ||
+        (machine.gpu_driver_loaded && machine.gpus.empty())) {
+        WARN(
+            "needs the CUDA backend and GPU 0 (or no driver to count GPUs with): elsewhere no "
+            "file may ask for a GPU mode; not checked");
+        return;
+    }
+    TempDir dir;
+    Run run(dir);  // hardware.gpu = "none"
+    run.start_ready();
+    // Alone, this file is fine: GPU 0 and a mode that needs it. hardware.gpu takes a restart,
+    // so the daemon would run gpu-only on no GPU; startup refuses that profile.
+    const std::string with_gpu =
+        profile_text({{"gpu = \"none\"", "gpu = 0"},
+                      {"recalibrate = \"auto\"", "recalibrate = \"auto\"\nmode = \"gpu-only\""},
+                      {"sample_log_max = 50", "sample_log_max = 7"}});
+    write_text(dir / "alone.toml", with_gpu);
+    CHECK(run_command(
+              {writescoped_path(), "--check-config", "--config", (dir / "alone.toml").string()})
+              .status.code == 0);
+    write_text(
+        dir / "as-run.toml",
+        profile_text({{"recalibrate = \"auto\"", "recalibrate = \"auto\"\nmode = \"gpu-only\""}}));
+    const auto as_run = run_command(
+        {writescoped_path(), "--check-config", "--config", (dir / "as-run.toml").string()});
+    REQUIRE(as_run.status.code == 1);
+    // "FILE: policy.mode: <why>": the reason startup gives.
+    const std::string why = as_run.err.substr(as_run.err.find("policy.mode: "));
+    REQUIRE(why.find("runs without one") != std::string::npos);
+
+    write_text(run.profile(), with_gpu);
+    run.process().signal(SIGHUP);
+    REQUIRE(run.notify().wait_for("RELOADING=1"));
+    REQUIRE(run.notify().wait_for("READY=1"));
+    INFO(run.log());
+    CHECK_THAT(run.log(), Catch::Contains("[reload.rejected]"));
+    CHECK_THAT(run.log(), Catch::Contains(why.substr(0, why.find('\n'))));
+    CHECK_THAT(run.log(), Catch::Contains("hardware.gpu keeps the running value until a restart"));
+    CHECK(run.get("/v1/policy")["mode"] == "writescope");
+    CHECK(run.get("/v1/history")["sample_log_max"] == 50);  // nothing applied
+    CHECK(run.process().running());
+    run.stop();
+}
+
 TEST_CASE("a stale socket file is replaced, but a live one or another file is not",
           "[integration][daemon]") {
     TempDir dir;
