@@ -98,7 +98,10 @@ void Service::boot(const StatusFn& status) {
     const Profile profile = this->profile();
     set_stage(status, "opening the store");
     {
-        auto store = Store::open(profile.storage.state_dir);
+        auto store = Store::open(profile.storage.state_dir, [&] {
+            set_stage(status,
+                      "opening the store: waiting for another process's lock (10 s at most)");
+        });
         std::lock_guard lock(state_mu_);
         store_ = std::move(store);
     }

@@ -154,13 +154,43 @@ std::string utc_stamp() {
     return buf;
 }
 
+// How long a lock held by another process (sqlite3, a second daemon) is waited for.
+constexpr int kLockWaitMs = 10000;
+
+// SQLite's busy handler while a store opens: it retries for kLockWaitMs like
+// sqlite3_busy_timeout, and says the first time that it has to wait.
+struct OpenWait {
+    std::string path;
+    const Store::LockWait* on_wait = nullptr;
+    bool told = false;
+    std::chrono::steady_clock::time_point since;
+
+    static int retry(void* self, int count) {
+        auto& w = *static_cast<OpenWait*>(self);
+        const auto now = std::chrono::steady_clock::now();
+        if (count == 0) w.since = now;
+        if (now - w.since >= std::chrono::milliseconds(kLockWaitMs)) return 0;  // SQLITE_BUSY
+        if (!w.told) {
+            w.told = true;
+            log_notice("store.waiting",
+                       "store {} is locked by another process; waiting for it ({} s at most)",
+                       w.path, kLockWaitMs / 1000);
+            if (w.on_wait && *w.on_wait) (*w.on_wait)();
+        }
+        sqlite3_sleep(count < 5 ? 1 << count : 20);  // 1, 2, 4, 8, 16 ms, then every 20 ms
+        return 1;
+    }
+};
+
 // Applies the pragmas, checks integrity and migrates; throws OpenFailure when the database is
-// not one this release can use.
-void prepare(sqlite3* db, StoreOpenReport& report, bool on_disk) {
+// not one this release can use. wait: the busy handler while it runs (null: a plain timeout).
+void prepare(sqlite3* db, StoreOpenReport& report, bool on_disk, OpenWait* wait) {
     try {
-        // Another process (sqlite3, a second daemon) may hold a lock for a moment: wait for it
-        // rather than fail.
-        sqlite3_busy_timeout(db, 10000);
+        // Another process may hold a lock for a moment: wait for it rather than fail.
+        if (wait)
+            sqlite3_busy_handler(db, &OpenWait::retry, wait);
+        else
+            sqlite3_busy_timeout(db, kLockWaitMs);
         // Reading the schema is the first access to the file: a file that is not a database
         // fails here.
         const int version = std::stoi(pragma_text(db, "PRAGMA user_version"));
@@ -198,6 +228,8 @@ void prepare(sqlite3* db, StoreOpenReport& report, bool on_disk) {
             if (report.migrated_from < 0) report.migrated_from = v;
             report.schema_version = v + 1;
         }
+        // From now on `wait` is gone: the store's own reads and writes wait the same 10 s.
+        sqlite3_busy_timeout(db, kLockWaitMs);
     } catch (const StoreError& e) {
         const int primary = e.sqlite_code() & 0xff;
         throw OpenFailure{e.what(), primary == SQLITE_BUSY || primary == SQLITE_LOCKED};
@@ -206,7 +238,7 @@ void prepare(sqlite3* db, StoreOpenReport& report, bool on_disk) {
     }
 }
 
-sqlite3* open_file(const std::filesystem::path& path, StoreOpenReport& report) {
+sqlite3* open_file(const std::filesystem::path& path, StoreOpenReport& report, OpenWait& wait) {
     sqlite3* db = nullptr;
     const int rc =
         sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr);
@@ -216,7 +248,7 @@ sqlite3* open_file(const std::filesystem::path& path, StoreOpenReport& report) {
         throw OpenFailure{msg};
     }
     try {
-        prepare(db, report, true);
+        prepare(db, report, true, &wait);
     } catch (...) {
         sqlite3_close(db);
         throw;
@@ -318,7 +350,7 @@ std::unique_ptr<Store> Store::open_in_memory() {
     if (sqlite3_open(":memory:", &db) != SQLITE_OK)
         throw StoreError("cannot open SQLite in memory");
     try {
-        prepare(db, report, false);
+        prepare(db, report, false, nullptr);
     } catch (const OpenFailure& f) {
         sqlite3_close(db);
         throw StoreError(f.what);
@@ -326,9 +358,13 @@ std::unique_ptr<Store> Store::open_in_memory() {
     return std::unique_ptr<Store>(new Store(db, std::move(report)));
 }
 
-std::unique_ptr<Store> Store::open(const std::filesystem::path& state_dir) {
+std::unique_ptr<Store> Store::open(const std::filesystem::path& state_dir,
+                                   const LockWait& on_lock_wait) {
     StoreOpenReport report;
     const auto path = state_dir / kFileName;
+    OpenWait wait;
+    wait.path = path.string();
+    wait.on_wait = &on_lock_wait;
     report.path = path;
     bool locked = false;
     std::error_code ec;
@@ -342,7 +378,7 @@ std::unique_ptr<Store> Store::open(const std::filesystem::path& state_dir) {
     } else {
         report.created = !std::filesystem::exists(path, ec);
         try {
-            sqlite3* db = open_file(path, report);
+            sqlite3* db = open_file(path, report, wait);
             log_info("store.opened", "store {} (schema version {}{})", path.string(),
                      report.schema_version, report.created ? ", new" : "");
             if (report.migrated_from >= 0)
@@ -363,7 +399,7 @@ std::unique_ptr<Store> Store::open(const std::filesystem::path& state_dir) {
                           path.string(), report.problem, report.moved_aside_to);
                 report.created = true;
                 report.migrated_from = -1;
-                sqlite3* db = open_file(path, report);
+                sqlite3* db = open_file(path, report, wait);
                 return std::unique_ptr<Store>(new Store(db, std::move(report)));
             } catch (const OpenFailure& again) {
                 report.problem += "; " + again.what;

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -101,7 +102,11 @@ class Store {
     static constexpr int kSchemaVersion = 1;
     static constexpr std::string_view kFileName = "writescope.db";
 
-    static std::unique_ptr<Store> open(const std::filesystem::path& state_dir);
+    // Called at most once by open(), when the database file is locked by another process and
+    // open() starts to wait for it (10 s at most; logged as store.waiting).
+    using LockWait = std::function<void()>;
+    static std::unique_ptr<Store> open(const std::filesystem::path& state_dir,
+                                       const LockWait& on_lock_wait = {});
     // A store in memory only (tests, and the fallback).
     static std::unique_ptr<Store> open_in_memory();
     ~Store();

@@ -41,7 +41,9 @@ int connect_unix(const std::string& path) {
     return fd;
 }
 
-std::string read_until_closed(int fd, std::chrono::milliseconds timeout) {
+// closed: set when the server closed its side (or reset), false when the deadline came first.
+std::string read_until_closed(int fd, std::chrono::milliseconds timeout, bool* closed = nullptr) {
+    if (closed) *closed = false;
     const auto deadline = Clock::now() + timeout;
     std::string out;
     char buf[8192];
@@ -52,7 +54,10 @@ std::string read_until_closed(int fd, std::chrono::milliseconds timeout) {
         pollfd p{fd, POLLIN, 0};
         if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
         const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-        if (n <= 0) break;
+        if (n <= 0) {
+            if (closed) *closed = true;
+            break;
+        }
         out.append(buf, static_cast<std::size_t>(n));
     }
     return out;
@@ -270,7 +275,7 @@ void RawConnection::send(const std::string& bytes) {
 }
 
 std::string RawConnection::read_all(std::chrono::milliseconds timeout) {
-    return read_until_closed(fd_, timeout);
+    return read_until_closed(fd_, timeout, &closed_);
 }
 
 std::string read_text(const std::filesystem::path& p) {

@@ -98,9 +98,12 @@ class RawConnection {
     RawConnection& operator=(const RawConnection&) = delete;
     void send(const std::string& bytes);
     std::string read_all(std::chrono::milliseconds timeout = 5s);
+    // Whether the server closed the connection during the last read_all (not its deadline).
+    bool closed() const noexcept { return closed_; }
 
   private:
     int fd_ = -1;
+    bool closed_ = false;
 };
 
 std::string read_text(const std::filesystem::path& p);

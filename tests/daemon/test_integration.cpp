@@ -22,6 +22,7 @@
 #include "store.hpp"
 #include "temp_dir.hpp"
 #include "test_seed.hpp"
+#include "wait_until.hpp"
 
 using namespace writescope::test;
 using writescope::daemon::ClientResponse;
@@ -90,13 +91,24 @@ class Run {
         return json::parse(r.body);
     }
     json wait_calibration_job() {
-        for (int i = 0; i < 2000; ++i) {
-            auto c = get("/v1/calibration");
-            if (c["job"]["state"] != "running") return c;
-            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        json c;
+        if (!wait_until(
+                [&] {
+                    c = get("/v1/calibration");
+                    return c["job"]["state"] != "running";
+                },
+                60s, 10ms))
+            FAIL("the calibration did not finish in 60 s: " << c.dump());
+        return c;
+    }
+    // One request, once the daemon listens: false (and r untouched) while it cannot connect.
+    bool answers(const std::string& method, const std::string& target, ClientResponse& r) {
+        try {
+            r = call(method, target);
+            return true;
+        } catch (const writescope::daemon::ConnectError&) {
+            return false;  // not bound yet
         }
-        FAIL("the calibration did not finish");
-        return {};
     }
 
   private:
@@ -229,13 +241,19 @@ TEST_CASE("failures get the error shape and the right status", "[integration][da
     // One request in flight (its body still to come) fills server.max_concurrent_requests = 1.
     {
         RawConnection held(run.socket());
-        held.send("PUT /v1/policy HTTP/1.1\r\nHost: x\r\nContent-Length: 22\r\n\r\n");
-        std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        r = run.call("GET", "/v1/health");
+        held.send(
+            "PUT /v1/policy HTTP/1.1\r\nHost: x\r\nContent-Length: 22\r\nConnection: "
+            "close\r\n\r\n");
+        // Until the server has read the held header, a second request still gets through.
+        REQUIRE(wait_until([&] {
+            r = run.call("GET", "/v1/health");
+            return r.status != 200;
+        }));
         require_error(r, 503, "unavailable_error");
         CHECK_THAT(r.body, Catch::Contains("max_concurrent_requests"));
         held.send(R"({"mode": "writescope"})");
-        const auto held_reply = writescope::daemon::parse_http_response(held.read_all(2s));
+        const auto held_reply = writescope::daemon::parse_http_response(held.read_all());
+        CHECK(held.closed());
         CHECK(held_reply.status == 200);
     }
     CHECK(run.call("GET", "/v1/health").status == 200);
@@ -265,14 +283,7 @@ TEST_CASE("every route answers 503 while the daemon is starting", "[integration]
                          nullptr) == SQLITE_OK);
     run.start();
     ClientResponse r;
-    for (int i = 0; i < 500; ++i) {
-        try {
-            r = run.call("GET", "/v1/health");
-            break;
-        } catch (const writescope::daemon::ConnectError&) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(10));  // not bound yet
-        }
-    }
+    REQUIRE(wait_until([&] { return run.answers("GET", "/v1/health", r); }));
     require_error(r, 503, "unavailable_error");
     CHECK_THAT(r.body, Catch::Contains("starting"));
     CHECK(r.header("Retry-After") == "1");
@@ -280,7 +291,12 @@ TEST_CASE("every route answers 503 while the daemon is starting", "[integration]
          {"/v1/status", "/v1/calibration", "/v1/policy", "/v1/history", "/metrics"})
         require_error(run.call("GET", path), 503, "unavailable_error");
     require_error(run.call("POST", "/v1/calibration"), 503, "unavailable_error");
-    CHECK_FALSE(run.notify().wait_for("READY=1", 200ms));
+    // Held at the lock: said in the log and in STATUS=.
+    CHECK(wait_until([&] { return run.log().find("[store.waiting]") != std::string::npos; }));
+    CHECK(
+        run.notify().wait_for("STATUS=opening the store: waiting for another process's lock "
+                              "(10 s at most)"));
+    CHECK(run.notify().count("READY=1") == 0);
     sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
     sqlite3_close(db);
     INFO(run.log());
@@ -305,8 +321,7 @@ TEST_CASE("socket activation through systemd-socket-activate", "[integration][da
          run.state().string(), "--socket", (dir / "unused.sock").string()},
         dir / "daemon.log");
     // systemd-socket-activate listens first and starts the daemon on the first connection.
-    for (int i = 0; i < 500 && !std::filesystem::exists(sock); ++i)
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    REQUIRE(wait_until([&] { return std::filesystem::exists(sock); }));
     const auto first = http_request(sock, "GET", "/v1/health");
     CHECK((first.status == 200 || first.status == 503));
     INFO(run.log());
@@ -631,8 +646,8 @@ TEST_CASE("the serving loop feeds the watchdog", "[integration][daemon]") {
     Run run(dir);
     run.start({{"WATCHDOG_USEC", "100000"}});
     REQUIRE(run.notify().wait_for("READY=1"));
-    std::this_thread::sleep_for(std::chrono::milliseconds(400));
-    CHECK(run.notify().count("WATCHDOG=1") >= 4);
+    // Fed again and again (every 50 ms); how often is not timed here.
+    CHECK(wait_until([&] { return run.notify().count("WATCHDOG=1") >= 4; }));
     CHECK_THAT(run.log(), Catch::Contains("[watchdog.enabled]"));
     run.stop();
 }

@@ -4,7 +4,6 @@
 
 #include <fstream>
 #include <random>
-#include <thread>
 
 #include "store.hpp"
 #include "temp_dir.hpp"
@@ -225,13 +224,14 @@ TEST_CASE("a database locked by another process is waited for, never moved aside
     // Leave WAL so that an exclusive lock also keeps readers out.
     REQUIRE(sqlite3_exec(db, "PRAGMA journal_mode=DELETE; BEGIN EXCLUSIVE;", nullptr, nullptr,
                          nullptr) == SQLITE_OK);
-    std::thread release([db] {
-        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    // Released once the opener is waiting for it (from its busy handler, on this thread).
+    int waits = 0;
+    auto store = Store::open(dir.path(), [&] {
+        ++waits;
         sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
         sqlite3_close(db);
     });
-    auto store = Store::open(dir.path());
-    release.join();
+    CHECK(waits == 1);
     CHECK_FALSE(store->report().in_memory);
     CHECK(store->report().moved_aside_to.empty());
     CHECK(count_bad_files(dir.path()) == 0);
