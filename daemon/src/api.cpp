@@ -491,36 +491,67 @@ HttpResponse Api::reject(int status, std::string_view message) {
     return error_response(status, message);
 }
 
+namespace {
+
+// Where a request goes, decided by its method and path alone.
+struct Routing {
+    std::string_view label = "unmatched";  // the route, for the request metrics
+    const Handler* handler = nullptr;      // null: `answer` is the response
+    HttpResponse answer;
+};
+
+Routing route(const Service& service, std::string_view method, const Target& target) {
+    Routing r;
+    const auto it = std::find_if(routes().begin(), routes().end(),
+                                 [&](const Route& x) { return x.path == target.path; });
+    if (it == routes().end()) {
+        r.answer = error_response(404, fmt::format("no route {} {}", method, target.path));
+        return r;
+    }
+    r.label = it->path;
+    const auto m = std::find_if(it->methods.begin(), it->methods.end(),
+                                [&](const auto& p) { return p.first == method; });
+    if (m == it->methods.end()) {
+        std::vector<std::string_view> allowed;
+        for (const auto& p : it->methods)
+            allowed.push_back(p.first);
+        r.answer = error_response(405, fmt::format("{} does not take {}; it takes {}", it->path,
+                                                   method, fmt::join(allowed, ", ")));
+        r.answer.headers.emplace_back("Allow", fmt::format("{}", fmt::join(allowed, ", ")));
+    } else if (service.phase() != Phase::ready) {
+        r.answer = error_response(503, service.unavailable_message());
+    } else {
+        r.handler = &m->second;
+    }
+    return r;
+}
+
+}  // namespace
+
+std::optional<HttpResponse> Api::answer_without_body(std::string_view method,
+                                                     std::string_view target) {
+    Routing r = route(service_, method, split_target(target));
+    if (r.handler) return std::nullopt;
+    service_.count_request(r.label, r.answer.status);
+    return std::move(r.answer);
+}
+
 HttpResponse Api::handle(const HttpRequest& req) {
     const Target target = split_target(req.target);
-    std::string_view route_label = "unmatched";
+    Routing r = route(service_, req.method, target);
     HttpResponse res;
-    try {
-        const auto it = std::find_if(routes().begin(), routes().end(),
-                                     [&](const Route& r) { return r.path == target.path; });
-        if (it == routes().end())
-            throw ApiError{404, fmt::format("no route {} {}", req.method, target.path)};
-        route_label = it->path;
-        const auto m = std::find_if(it->methods.begin(), it->methods.end(),
-                                    [&](const auto& p) { return p.first == req.method; });
-        if (m == it->methods.end()) {
-            std::vector<std::string_view> allowed;
-            for (const auto& p : it->methods)
-                allowed.push_back(p.first);
-            res = error_response(405, fmt::format("{} does not take {}; it takes {}", it->path,
-                                                  req.method, fmt::join(allowed, ", ")));
-            res.headers.emplace_back("Allow", fmt::format("{}", fmt::join(allowed, ", ")));
-        } else if (service_.phase() != Phase::ready) {
-            res = error_response(503, service_.unavailable_message());
-        } else {
-            res = m->second(service_, req, target);
+    if (!r.handler) {
+        res = std::move(r.answer);
+    } else {
+        try {
+            res = (*r.handler)(service_, req, target);
+        } catch (const ApiError& e) {
+            res = error_response(e.status, e.message);
+        } catch (const std::exception& e) {
+            res = error_response(500, fmt::format("internal error: {}", e.what()));
         }
-    } catch (const ApiError& e) {
-        res = error_response(e.status, e.message);
-    } catch (const std::exception& e) {
-        res = error_response(500, fmt::format("internal error: {}", e.what()));
     }
-    service_.count_request(route_label, res.status);
+    service_.count_request(r.label, res.status);
     return res;
 }
 

@@ -9,6 +9,7 @@
 // the 503 rule stay as they are.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -41,6 +42,12 @@ class Api {
     explicit Api(Service& service) : service_(service) {}
 
     HttpResponse handle(const HttpRequest& request);
+    // The response when it does not depend on the body: no such route (404), a method the route
+    // does not take (405), 503 while starting or stopping; nullopt when the request is to be
+    // read whole and handled. Counted in the request metrics when it answers. The server asks
+    // as soon as a request's header is in, so such a request is answered without its body.
+    std::optional<HttpResponse> answer_without_body(std::string_view method,
+                                                    std::string_view target);
     // A failure found before routing (unparsable request, body too large, overload): the error
     // shape, counted in the request metrics under route "-".
     HttpResponse reject(int status, std::string_view message);

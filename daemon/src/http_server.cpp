@@ -12,6 +12,7 @@
 #include <boost/beast/http.hpp>
 
 #include <list>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -116,6 +117,8 @@ asio::awaitable<void> HttpServer::Impl::serve(local::socket socket) {
     sessions.push_back({&stream, true});
     const auto me = std::prev(sessions.end());
     beast::flat_buffer buffer;
+    // An answer sent while the client may still be sending: drain before closing (see linger).
+    bool linger_after = false;
     try {
         while (!stopping) {
             const ServerLimits lim = limits();
@@ -134,12 +137,12 @@ asio::awaitable<void> HttpServer::Impl::serve(local::socket socket) {
             me->awaiting_request = false;
             if (ec == http::error::body_limit) {
                 co_await write(stream, body_too_large(), false);
-                co_await linger(stream);
+                linger_after = true;
                 break;
             }
             if (ec == http::error::header_limit) {
                 co_await write(stream, api.reject(431, "the request header is too large"), false);
-                co_await linger(stream);
+                linger_after = true;
                 break;
             }
             if (ec) {
@@ -158,6 +161,26 @@ asio::awaitable<void> HttpServer::Impl::serve(local::socket socket) {
             } done{in_flight};
 
             auto& req = parser.get();
+            // Answers that the body cannot change (overload, no route, a method the route does
+            // not take, not ready) go out now: the body is neither asked for (no 100 Continue)
+            // nor read. A body still to come leaves the connection unable to carry another
+            // request, so it closes after the answer.
+            std::optional<HttpResponse> early;
+            if (in_flight > lim.max_concurrent_requests)
+                early = api.reject(503, fmt::format("too many concurrent requests (more than "
+                                                    "server.max_concurrent_requests = {})",
+                                                    lim.max_concurrent_requests));
+            else
+                early = api.answer_without_body(req.method_string(), req.target());
+            if (early) {
+                const bool body_unread = !parser.is_done();
+                const bool keep = !body_unread && req.keep_alive() && !stopping;
+                if (!co_await write(stream, *early, keep) || !keep) {
+                    linger_after = body_unread;
+                    break;
+                }
+                continue;
+            }
             if (beast::iequals(req[http::field::expect], "100-continue")) {
                 static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
                 auto [wec, wn] =
@@ -168,7 +191,7 @@ asio::awaitable<void> HttpServer::Impl::serve(local::socket socket) {
                 auto [bec, bn] = co_await http::async_read(stream, buffer, parser, use_tuple);
                 if (bec == http::error::body_limit) {
                     co_await write(stream, body_too_large(), false);
-                    co_await linger(stream);
+                    linger_after = true;
                     break;
                 }
                 if (bec) {
@@ -180,18 +203,13 @@ asio::awaitable<void> HttpServer::Impl::serve(local::socket socket) {
                     break;
                 }
             }
-            HttpResponse res;
-            if (in_flight > lim.max_concurrent_requests) {
-                res = api.reject(503, fmt::format("too many concurrent requests (more than "
-                                                  "server.max_concurrent_requests = {})",
-                                                  lim.max_concurrent_requests));
-            } else {
-                res = api.handle({std::string(req.method_string()), std::string(req.target()),
-                                  std::move(req.body())});
-            }
+            const HttpResponse res = api.handle({std::string(req.method_string()),
+                                                 std::string(req.target()), std::move(req.body())});
             const bool keep = req.keep_alive() && !stopping;
             if (!co_await write(stream, res, keep) || !keep) break;
         }
+        // Out of the loop, so a lingering connection no longer counts as a request in flight.
+        if (linger_after) co_await linger(stream);
     } catch (const std::exception& e) {
         log_warning("http.session-failed", "connection dropped: {}", e.what());
     }

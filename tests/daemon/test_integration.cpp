@@ -272,6 +272,96 @@ TEST_CASE("failures get the error shape and the right status", "[integration][da
     run.stop();
 }
 
+TEST_CASE("answers the body cannot change come before it, and then the connection closes",
+          "[integration][daemon]") {
+    using writescope::daemon::parse_http_response;
+    TempDir dir;
+    // A server that waited for a body that never comes would answer nothing before
+    // request_timeout: 30 s here, past the 10 s each answer is waited for.
+    Run run(dir, profile_text({{"request_timeout = \"5s\"", "request_timeout = \"30s\""},
+                               {"max_concurrent_requests = 8", "max_concurrent_requests = 1"}}));
+    // The header of a request whose body (60000 bytes, under max_body_bytes) is never sent.
+    auto header_only = [](const std::string& method, const std::string& path,
+                          const std::string& extra = {}) {
+        return method + " " + path +
+               " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+               "60000\r\n" +
+               extra + "\r\n";
+    };
+    auto early = [&](const std::string& request) {
+        RawConnection c(run.socket());
+        c.send(request);
+        const std::string raw = c.read_all(10s);
+        INFO(request << "-> " << raw);
+        CHECK(c.closed());  // the unread body cannot be skipped: no keep-alive
+        auto reply = parse_http_response(raw);
+        CHECK(reply.header("Connection") == "close");
+        return reply;
+    };
+
+    // While starting: a store locked by another process holds boot at its first stage.
+    writescope::daemon::Store::open(run.state()).reset();
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open((run.state() / "writescope.db").c_str(), &db) == SQLITE_OK);
+    REQUIRE(sqlite3_exec(db, "PRAGMA journal_mode=DELETE; BEGIN EXCLUSIVE;", nullptr, nullptr,
+                         nullptr) == SQLITE_OK);
+    run.start();
+    ClientResponse r;
+    REQUIRE(wait_until([&] { return run.answers("GET", "/v1/health", r); }));
+    r = early(header_only("PUT", "/v1/policy"));
+    require_error(r, 503, "unavailable_error");
+    CHECK_THAT(r.body, Catch::Contains("starting"));
+    // A client waiting for 100 Continue before it sends the body gets the answer instead.
+    {
+        RawConnection c(run.socket());
+        c.send(header_only("POST", "/v1/calibration", "Expect: 100-continue\r\n"));
+        const std::string raw = c.read_all(10s);
+        CHECK(c.closed());
+        CHECK_THAT(raw, Catch::StartsWith("HTTP/1.1 503 Service Unavailable"));
+        CHECK_THAT(raw, !Catch::Contains("100 Continue"));
+    }
+    sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
+    sqlite3_close(db);
+    INFO(run.log());
+    REQUIRE(run.notify().wait_for("READY=1"));
+
+    // No route; a method the route does not take.
+    require_error(early(header_only("POST", "/v1/nothing")), 404, "not_found_error");
+    r = early(header_only("DELETE", "/v1/policy"));
+    require_error(r, 405, "invalid_request_error");
+    CHECK(r.header("Allow") == "GET, PUT");
+    // Too many requests: one in flight, its body still to come, fills max_concurrent_requests.
+    {
+        RawConnection held(run.socket());
+        held.send(
+            "PUT /v1/policy HTTP/1.1\r\nHost: x\r\nContent-Length: 22\r\nConnection: "
+            "close\r\n\r\n");
+        REQUIRE(wait_until([&] {
+            r = run.call("GET", "/v1/health");
+            return r.status != 200;
+        }));
+        r = early(header_only("PUT", "/v1/policy"));
+        require_error(r, 503, "unavailable_error");
+        CHECK_THAT(r.body, Catch::Contains("max_concurrent_requests"));
+        held.send(R"({"mode": "writescope"})");  // the held request is served as ever
+        CHECK(parse_http_response(held.read_all()).status == 200);
+    }
+    // With no body to skip, an early answer keeps the connection for the next request.
+    {
+        RawConnection c(run.socket());
+        c.send(
+            "POST /v1/nothing HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+            "GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        const std::string two = c.read_all();
+        CHECK(c.closed());
+        CHECK_THAT(two, Catch::StartsWith("HTTP/1.1 404 Not Found"));
+        CHECK_THAT(two, Catch::Contains("HTTP/1.1 200 OK"));
+    }
+    // A body that is read (a route that takes it) is still answered after it.
+    CHECK(run.call("PUT", "/v1/policy", R"({"mode": "cpu-only"})").status == 200);
+    run.stop();
+}
+
 TEST_CASE("every route answers 503 while the daemon is starting", "[integration][daemon]") {
     TempDir dir;
     Run run(dir);
