@@ -295,8 +295,8 @@ TEST_CASE("the profile maps onto EngineOptions", "[unit][daemon][profile]") {
 }
 
 TEST_CASE(
-    "a GPU index past the GPUs the driver lists is refused; without a driver it is "
-    "reported as not checked",
+    "a GPU index past the GPUs the driver lists is refused, and is said to be unchecked "
+    "without a driver",
     "[unit][daemon][profile]") {
     MachineInfo two = machine_without_gpu();
     two.gpu_driver_loaded = true;
