@@ -440,6 +440,11 @@ struct Config {
     std::vector<GpuSeqWork> gw;
     std::vector<CpuSeqWork> cw;
 
+    // The spilled blocks of each sequence the CPU attends at share r (the first ones).
+    std::size_t cpu_share_blocks(double r) const {
+        return static_cast<std::size_t>(std::llround(r * static_cast<double>(sh.s)));
+    }
+
     void prepare(double r) {
         pool_slots.assign(batch, {});
         p_slots.assign(batch, {});
@@ -447,7 +452,7 @@ struct Config {
         gw.assign(batch, {});
         cw.assign(batch, {});
         const std::size_t q_row = rig->g.num_q_heads * rig->g.head_dim_k * 2;
-        const auto k = static_cast<std::size_t>(std::llround(r * static_cast<double>(sh.s)));
+        const std::size_t k = cpu_share_blocks(r);
         for (std::size_t i = 0; i < batch; ++i) {
             for (std::size_t j = 0; j <= sh.g; ++j)
                 pool_slots[i].push_back(static_cast<std::uint32_t>(i * (rig->g_max + 1) + j));
@@ -838,8 +843,9 @@ int run_attention_step(int argc, char** argv) {
                 r.ms_gpu_only = g_only.total * 1e3;
                 r.ms_cpu_only = c_only.total * 1e3;
                 r.ms_writescope = hh[3].total * 1e3;
-                // The same split twice is no gap, whatever the two samples say.
-                r.ms_best_swept = std::abs(r.r_best - r.r_policy) < 1e-9
+                // The same split twice is no gap, whatever the two samples say: two shares that
+                // give every sequence the same number of CPU blocks are one split.
+                r.ms_best_swept = cf.cpu_share_blocks(r.r_best) == cf.cpu_share_blocks(r.r_policy)
                                       ? r.ms_writescope
                                       : std::min(hh[2].total, hh[3].total) * 1e3;
                 r.ms_sweep_min = sw[best].total * 1e3;
