@@ -341,40 +341,13 @@ struct GpuStepBackend::Impl {
         for (std::size_t i = 0; i < inplace_slots.size(); ++i)
             m_ptrs[i] = gpu_pool.device_block(layer, inplace_slots[i]);
 
-        // Enqueue: the P stream's first chunks (as many as the ring holds) before anything
-        // else, so the copy engine starts at once; then q and the metadata up (all of it after
-        // set_work, else the in-place addresses) and the in-place attention; then per chunk its
-        // attention and the copy of the chunk that reuses its slot.
+        // Enqueue: q and metadata up (all of it after set_work, else the in-place addresses),
+        // in-place attention, then the P stream.
         const auto& g = o.geometry;
         const std::size_t q_bytes = nseq * qh * dk * dtype_bytes(g.dtype);
         std::memcpy(h_q->data(), q, q_bytes);
-        // The monolithic baseline's pass: page-lock each sequence's pageable cache (the
-        // caller refilled it for this layer); finish() unlocks it.
-        for (const auto& r : pageable) {
-            host_register(r.p, r.bytes);
-            ++registered;
-        }
-        // The copies wait for the previous layer's kernels (they read the same ring slots).
         start.record(compute);
         start.wait_on(copy);
-        p_bytes = 0;
-        any_copy = !chunks.empty();
-        if (any_copy) copy_start.record(copy);
-        const auto enqueue_copy = [&](std::size_t c) {
-            const ChunkMark& ch = chunks[c];
-            if (c >= o.staging_slots) slot_free[ch.slot]->wait_on(copy);
-            for (std::size_t k = ch.run_begin; k < ch.run_end; ++k) {
-                const CopyRun& r = runs[k];
-                const void* src = r.pageable ? static_cast<const void*>(r.pageable)
-                                             : pinned->block(layer, r.p_slot);
-                copy_async(staging + r.dst, src, r.blocks * block_bytes, copy);
-                p_bytes += r.blocks * block_bytes;
-            }
-            slot_ready[ch.slot]->record(copy);
-        };
-        for (std::size_t c = 0; c < std::min(chunks.size(), o.staging_slots); ++c)
-            enqueue_copy(c);
-
         copy_async(d_q, h_q->data(), q_bytes, compute);
         const std::size_t meta_now =
             meta_uploaded ? inplace_slots.size() * sizeof(void*) : meta_used;
@@ -397,14 +370,32 @@ struct GpuStepBackend::Impl {
         p.item_count = static_cast<std::int32_t>(inplace_items);
         if (inplace_items > 0) decode_attention(p, compute.handle());
 
+        // The monolithic baseline's pass: page-lock each sequence's pageable cache (the
+        // caller refilled it for this layer); finish() unlocks it.
+        for (const auto& r : pageable) {
+            host_register(r.p, r.bytes);
+            ++registered;
+        }
+
+        p_bytes = 0;
+        any_copy = !chunks.empty();
+        if (any_copy) copy_start.record(copy);
         for (std::size_t c = 0; c < chunks.size(); ++c) {
             const ChunkMark& ch = chunks[c];
+            if (c >= o.staging_slots) slot_free[ch.slot]->wait_on(copy);
+            for (std::size_t k = ch.run_begin; k < ch.run_end; ++k) {
+                const CopyRun& r = runs[k];
+                const void* src = r.pageable ? static_cast<const void*>(r.pageable)
+                                             : pinned->block(layer, r.p_slot);
+                copy_async(staging + r.dst, src, r.blocks * block_bytes, copy);
+                p_bytes += r.blocks * block_bytes;
+            }
+            slot_ready[ch.slot]->record(copy);
             slot_ready[ch.slot]->wait_on(compute);
             p.item_begin = static_cast<std::int32_t>(ch.item_begin);
             p.item_count = static_cast<std::int32_t>(ch.item_end - ch.item_begin);
             decode_attention(p, compute.handle());
             slot_free[ch.slot]->record(compute);
-            if (c + o.staging_slots < chunks.size()) enqueue_copy(c + o.staging_slots);
         }
         if (any_copy) copy_end.record(copy);
         // The GPU's parts merged per row right away (they do not wait for the CPU): finish()
