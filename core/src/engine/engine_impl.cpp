@@ -145,6 +145,12 @@ Calibration EngineImpl::calibrate(const std::function<void(double, std::string_v
     c.has_gpu = gpu;
     std::vector<double> cx, cy, gx, gy;
     std::vector<std::uint64_t> ids(nseq);
+    // Each timed layer step reads another layer than the few before it, as a decode does: the
+    // same layer again would find its KV in the last-level cache (the small points fit it), and
+    // the CPU's slope and fixed cost would come out of cache reads. Only layer 0 holds the
+    // points' random KV; the others hold zeros or older KV, which the kernels take as long on.
+    const std::size_t layers = std::max<std::size_t>(1, static_cast<std::size_t>(g.num_layers));
+    std::size_t layer = 0;
     for (std::size_t pi = 0; pi < fractions.size(); ++pi) {
         if (cancel && cancel->load()) throw std::runtime_error("calibration cancelled");
         const std::size_t per_seq =
@@ -160,7 +166,9 @@ Calibration EngineImpl::calibrate(const std::function<void(double, std::string_v
         std::uint64_t cpu_tokens = 0, gpu_tokens = 0;
         for (int rep = 0; rep < 15; ++rep) {
             const auto r = exec.run_layer(
-                0, q.data(), {o.data(), lse.data(), rows, static_cast<std::size_t>(g.head_dim_v)});
+                layer, q.data(),
+                {o.data(), lse.data(), rows, static_cast<std::size_t>(g.head_dim_v)});
+            layer = (layer + 1) % layers;
             if (rep < 3) continue;  // warm-up
             // Both engines on one clock from the step's start: the CPU side's finish time (with
             // whatever of the GPU enqueue it waited for, part of c0) and the GPU's attention,
