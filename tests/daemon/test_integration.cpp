@@ -117,6 +117,30 @@ class Run {
     std::unique_ptr<Process> proc_;
 };
 
+// Holds the daemon's boot at "opening the store": another process (this one) keeps the store's
+// lock in an exclusive transaction until release(). Boot waits for the lock and says so.
+class StoreLockHolder {
+  public:
+    explicit StoreLockHolder(Run& run) {
+        writescope::daemon::Store::open(run.state()).reset();
+        REQUIRE(sqlite3_open((run.state() / "writescope.db").c_str(), &db_) == SQLITE_OK);
+        REQUIRE(sqlite3_exec(db_, "PRAGMA journal_mode=DELETE; BEGIN EXCLUSIVE;", nullptr, nullptr,
+                             nullptr) == SQLITE_OK);
+    }
+    StoreLockHolder(const StoreLockHolder&) = delete;
+    StoreLockHolder& operator=(const StoreLockHolder&) = delete;
+    ~StoreLockHolder() { release(); }
+    void release() {
+        if (!db_) return;
+        sqlite3_exec(db_, "COMMIT", nullptr, nullptr, nullptr);
+        sqlite3_close(db_);
+        db_ = nullptr;
+    }
+
+  private:
+    sqlite3* db_ = nullptr;
+};
+
 void require_error(const ClientResponse& r, int status, std::string_view type) {
     INFO(r.body);
     REQUIRE(r.status == status);
@@ -300,11 +324,7 @@ TEST_CASE("answers the body cannot change come before it, and then the connectio
     };
 
     // While starting: a store locked by another process holds boot at its first stage.
-    writescope::daemon::Store::open(run.state()).reset();
-    sqlite3* db = nullptr;
-    REQUIRE(sqlite3_open((run.state() / "writescope.db").c_str(), &db) == SQLITE_OK);
-    REQUIRE(sqlite3_exec(db, "PRAGMA journal_mode=DELETE; BEGIN EXCLUSIVE;", nullptr, nullptr,
-                         nullptr) == SQLITE_OK);
+    StoreLockHolder lock(run);
     run.start();
     ClientResponse r;
     REQUIRE(wait_until([&] { return run.answers("GET", "/v1/health", r); }));
@@ -320,8 +340,7 @@ TEST_CASE("answers the body cannot change come before it, and then the connectio
         CHECK_THAT(raw, Catch::StartsWith("HTTP/1.1 503 Service Unavailable"));
         CHECK_THAT(raw, !Catch::Contains("100 Continue"));
     }
-    sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
-    sqlite3_close(db);
+    lock.release();
     INFO(run.log());
     REQUIRE(run.notify().wait_for("READY=1"));
 
@@ -366,11 +385,7 @@ TEST_CASE("every route answers 503 while the daemon is starting", "[integration]
     TempDir dir;
     Run run(dir);
     // A store whose lock another process holds keeps boot at "opening the store".
-    writescope::daemon::Store::open(run.state()).reset();
-    sqlite3* db = nullptr;
-    REQUIRE(sqlite3_open((run.state() / "writescope.db").c_str(), &db) == SQLITE_OK);
-    REQUIRE(sqlite3_exec(db, "PRAGMA journal_mode=DELETE; BEGIN EXCLUSIVE;", nullptr, nullptr,
-                         nullptr) == SQLITE_OK);
+    StoreLockHolder lock(run);
     run.start();
     ClientResponse r;
     REQUIRE(wait_until([&] { return run.answers("GET", "/v1/health", r); }));
@@ -387,8 +402,7 @@ TEST_CASE("every route answers 503 while the daemon is starting", "[integration]
         run.notify().wait_for("STATUS=opening the store: waiting for another process's lock "
                               "(10 s at most)"));
     CHECK(run.notify().count("READY=1") == 0);
-    sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
-    sqlite3_close(db);
+    lock.release();
     INFO(run.log());
     REQUIRE(run.notify().wait_for("READY=1"));
     CHECK(run.call("GET", "/v1/health").status == 200);
