@@ -129,7 +129,9 @@ TEST_CASE("workload history upserts per workload key", "[unit][daemon][store]") 
 }
 
 TEST_CASE("the sample log keeps the newest rows only", "[unit][daemon][store]") {
-    auto store = Store::open_in_memory();
+    TempDir dir;
+    auto store = Store::open(dir.path());
+    REQUIRE_FALSE(store->report().in_memory);
     for (int i = 0; i < 25; ++i) {
         Sample s;
         s.at_ms = i;
@@ -142,6 +144,9 @@ TEST_CASE("the sample log keeps the newest rows only", "[unit][daemon][store]") 
     CHECK(rows.front().steps == 24);
     CHECK(rows.back().steps == 15);
     store->append_sample(Sample{}, 3);  // a smaller bound takes effect at once
+    CHECK(store->sample_count() == 3);
+    store.reset();  // and the file keeps what was left
+    store = Store::open(dir.path());
     CHECK(store->sample_count() == 3);
 }
 
