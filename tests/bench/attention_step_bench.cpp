@@ -122,7 +122,9 @@ void usage() {
         "                     CPU's calling thread enqueues it once they run, as the engine does,\n"
         "                     StepExecutorConfig::overlap_gpu_launch)\n"
         "  --anatomy          instead of the full run: where one step's time goes (enqueue, CPU,\n"
-        "                     GPU, merge) at r = 0, 0.5, 1, after a flush, a sleep or nothing\n"
+        "                     GPU, merge = from the GPU's end to the result, so with the wait for\n"
+        "                     the CPU at r > 0) at r = 0, 0.5, 1, after a flush, a sleep or "
+        "nothing\n"
         "  --quick            small sizes (one model, 8K/16K, batch 1/4)\n"
         "  --json FILE        write the summary as JSON");
 }
@@ -293,10 +295,10 @@ struct StepTime {
     double total = 0;     // s, launch → merged result
     double cpu = 0;       // s, CPU attention
     double gpu_attn = 0;  // s, GPU attention incl. P stream
-    double overhead = 0;  // s, merge + launch host time
+    double overhead = 0;  // s, from the end of the GPU's attention to the result: waiting for
+                          // the CPU's partials, then the last merge (GpuLayerTiming::merge_seconds)
     double p_rate = 0;    // GB/s of the P stream's copies
     double launch = 0;    // s, from the start until the GPU side was enqueued
-    double merge = 0;     // s, the GPU's merge (CPU partials up, merge, result down)
     std::uint64_t cpu_tokens = 0, gpu_tokens = 0;
 };
 
@@ -500,7 +502,6 @@ struct Config {
         t.cpu = any_cpu ? t2 - t0 : 0;
         t.gpu_attn = g.attention_seconds;
         t.overhead = g.merge_seconds;
-        t.merge = g.merge_seconds;
         t.p_rate = g.p_copy_seconds > 0 ? g.p_bytes / g.p_copy_seconds / 1e9 : 0;
         for (const auto& c : cpu_blocks)
             t.cpu_tokens += c.size() * m.B;
@@ -607,7 +608,7 @@ struct Config {
                 launch.push_back(t.launch);
                 cpu.push_back(t.cpu);
                 gpu.push_back(t.gpu_attn);
-                merge.push_back(t.merge);
+                merge.push_back(t.overhead);
                 total.push_back(t.total);
                 tail.push_back(t.total - std::max(t.cpu, t.gpu_attn));
             }
