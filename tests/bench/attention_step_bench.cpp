@@ -646,6 +646,7 @@ struct Result {
     double ms_writescope, ms_gpu_only, ms_cpu_only, ms_monolithic, ms_best_swept, ms_sweep_min;
     double r_policy, r_best, r_calibrated;
     double limit_ms;
+    double h2h_noise;  // |one median / the other - 1| for the best split run twice head to head
     double cpu_rate, p_frac, g_frac;
 };
 
@@ -674,8 +675,8 @@ void write_json(const std::string& path, const Ceilings& c, const std::vector<Re
           << ", \"policy_gap\": " << r.ms_writescope / r.ms_best_swept - 1.0
           << ", \"efficiency_vs_limit\": " << r.limit_ms / r.ms_writescope
           << ", \"cpu_kernel_gbps\": " << r.cpu_rate << ", \"p_transfer_frac\": " << r.p_frac
-          << ", \"g_kernel_hbm_frac\": " << r.g_frac << "}" << (i + 1 < res.size() ? "," : "")
-          << "\n";
+          << ", \"g_kernel_hbm_frac\": " << r.g_frac << ", \"h2h_noise\": " << r.h2h_noise << "}"
+          << (i + 1 < res.size() ? "," : "") << "\n";
     }
     f << "  ]\n}\n";
 }
@@ -744,10 +745,10 @@ int run_attention_step(int argc, char** argv) {
         rig->overlap = o.overlap;
         std::printf("%s: block %zu tokens, %zu B/token/layer, G holds %.1f%% of each sequence\n",
                     name.c_str(), o.block, rig->g.bytes_per_token_layer(), 100 * o.g_fraction);
-        std::printf("%8s %5s %8s | %9s %9s %9s %9s | %6s %6s %7s | %6s %6s %6s | %6s %5s %5s\n",
+        std::printf("%8s %5s %8s | %9s %9s %9s %9s | %6s %6s %7s %6s | %6s %6s %6s | %6s %5s %5s\n",
                     "context", "batch", "spill GB", "writescp", "gpu-only", "cpu-only", "monolith",
-                    "r_pol", "r_best", "gap", "x best", "x mono", "eff", "CPU GB/s", "P frac",
-                    "G/HBM");
+                    "r_pol", "r_best", "gap", "noise", "x best", "x mono", "eff", "CPU GB/s",
+                    "P frac", "G/HBM");
         if (o.anatomy) {
             for (std::size_t batch : o.batches)
                 for (std::size_t ctx : o.contexts) {
@@ -838,8 +839,11 @@ int run_attention_step(int argc, char** argv) {
                 // two single engines (the minimum of a sweep is biased low by selection; these
                 // are not). Short steps get more rounds: their noise is a larger fraction.
                 const int h2h_reps = sw[best].total < 5e-3 ? 4 * o.reps : 2 * o.reps;
+                // The best split runs twice: how far two medians of one split fall apart is the
+                // noise the policy gap is read against.
                 const std::vector<StepTime> hh =
-                    cf.run_interleaved({0.0, 1.0, r.r_best, r.r_policy}, h2h_reps);
+                    cf.run_interleaved({0.0, 1.0, r.r_best, r.r_policy, r.r_best}, h2h_reps);
+                r.h2h_noise = std::abs(hh[4].total / hh[2].total - 1.0);
                 const StepTime &g_only = hh[0], &c_only = hh[1];
                 r.ms_gpu_only = g_only.total * 1e3;
                 r.ms_cpu_only = c_only.total * 1e3;
@@ -860,13 +864,13 @@ int run_attention_step(int argc, char** argv) {
                 r.limit_ms = cf.spilled_bytes() / (rate * 1e9) * 1e3;
                 const double best_single = std::min(r.ms_gpu_only, r.ms_cpu_only);
                 std::printf(
-                    "%8zu %5zu %8.2f | %9.3f %9.3f %9.3f %9.3f | %6.2f %6.2f %6.1f%% | %5.2fx "
-                    "%5.2fx %6.2f | %6.1f %5.2f %5.2f\n",
+                    "%8zu %5zu %8.2f | %9.3f %9.3f %9.3f %9.3f | %6.2f %6.2f %6.1f%% %5.1f%% | "
+                    "%5.2fx %5.2fx %6.2f | %6.1f %5.2f %5.2f\n",
                     r.ctx, r.batch, r.spilled_gb, r.ms_writescope, r.ms_gpu_only, r.ms_cpu_only,
                     r.ms_monolithic, r.r_policy, r.r_best,
-                    100 * (r.ms_writescope / r.ms_best_swept - 1), best_single / r.ms_writescope,
-                    r.ms_monolithic / r.ms_writescope, r.limit_ms / r.ms_writescope, r.cpu_rate,
-                    r.p_frac, r.g_frac);
+                    100 * (r.ms_writescope / r.ms_best_swept - 1), 100 * r.h2h_noise,
+                    best_single / r.ms_writescope, r.ms_monolithic / r.ms_writescope,
+                    r.limit_ms / r.ms_writescope, r.cpu_rate, r.p_frac, r.g_frac);
                 std::fflush(stdout);
                 results.push_back(r);
             }
@@ -874,7 +878,7 @@ int run_attention_step(int argc, char** argv) {
         std::printf("\n");
     }
     double log_sum = 0, gap_max = 0, eff_min = 1e9;
-    int n = 0, gap_ok = 0, eff_ok = 0;
+    int n = 0, gap_ok = 0, eff_ok = 0, gap_in_noise = 0;
     for (const auto& r : results) {
         if (r.ctx < 8192) continue;
         log_sum += std::log(std::min(r.ms_gpu_only, r.ms_cpu_only) / r.ms_writescope);
@@ -883,15 +887,16 @@ int run_attention_step(int argc, char** argv) {
         gap_max = std::max(gap_max, gap);
         eff_min = std::min(eff_min, eff);
         gap_ok += gap <= 0.03;
+        gap_in_noise += gap > 0.03 && gap <= r.h2h_noise;
         eff_ok += eff >= 0.85;
         ++n;
     }
     if (n)
         std::printf(
             "summary over %d configurations at >= 8K: geomean speedup vs best single engine "
-            "%.2fx; policy gap <= 3%% in %d (largest %.1f%%); efficiency vs limit >= 0.85 in %d "
-            "(lowest %.2f)\n",
-            n, std::exp(log_sum / n), gap_ok, 100 * gap_max, eff_ok, eff_min);
+            "%.2fx; policy gap <= 3%% in %d (largest %.1f%%; of the others, %d within the "
+            "noise of the best split run twice); efficiency vs limit >= 0.85 in %d (lowest %.2f)\n",
+            n, std::exp(log_sum / n), gap_ok, 100 * gap_max, gap_in_noise, eff_ok, eff_min);
 
     if (o.cpu_load) {
         // Drift: expert-like CPU streaming (and PCIe traffic) during steps 20–39.
