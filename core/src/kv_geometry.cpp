@@ -43,9 +43,13 @@ std::optional<KvGeometry> kv_geometry_preset(std::string_view name, DType dtype)
         g = {std::string(name), 32, 32, 8, 128, 128, false, dtype, 0.0f, 128};
     } else if (name == "deepseek-v2-lite") {
         // config.json: num_hidden_layers 27, num_attention_heads 16, kv_lora_rank 512,
-        // qk_rope_head_dim 64, qk_nope_head_dim 128, v_head_dim 128. Absorbed MLA attends the
-        // 576-wide latent with every head; the softmax scale is 1/sqrt(128 + 64).
+        // qk_rope_head_dim 64, qk_nope_head_dim 128, v_head_dim 128, rope_scaling yarn with
+        // factor 40 and mscale_all_dim 0.707. Absorbed MLA attends the 576-wide latent with every
+        // head; the softmax scale is 1/sqrt(128 + 64) times yarn's mscale squared, as the model's
+        // own attention (and a model directory read by hf_config) computes it.
         g = {std::string(name), 27, 16, 1, 576, 512, true, dtype, 0.0f, 192};
+        const double mscale = 0.1 * 0.707 * std::log(40.0) + 1.0;
+        g.softmax_scale = static_cast<float>(mscale * mscale / std::sqrt(192.0));
     } else {
         return std::nullopt;
     }

@@ -53,7 +53,11 @@ TEST_CASE("KV geometry presets have the published bytes per token", "[unit][geom
     CHECK(q.group_size() == 8);
     CHECK(m.group_size() == 4);
     CHECK(d.group_size() == 16);
-    CHECK(d.scale() == Approx(1.0 / std::sqrt(192.0)));
+    // 1/sqrt(192) times DeepSeek-V2-Lite's yarn mscale squared (factor 40, mscale_all_dim 0.707).
+    const double mscale = 0.1 * 0.707 * std::log(40.0) + 1.0;
+    CHECK(d.scale() == Approx(mscale * mscale / std::sqrt(192.0)).epsilon(1e-6));
+    CHECK(d.scale() > 0.114);
+    CHECK(d.scale() < 0.115);
     CHECK(q.validate().empty());
     CHECK(d.validate().empty());
     CHECK(kv_geometry_preset("qwen3-30b-a3b", DType::f32)->bytes_per_token_layer() == 4096);
