@@ -170,16 +170,7 @@ void CpuAttention::unpack_block(const void* packed, void* linear) const noexcept
     cpu::unpack_block(packed_, packed, linear);
 }
 
-void CpuAttention::run(std::span<const AttnSeq> seqs, StateView out) {
-    run_impl(seqs, out, nullptr);
-}
-
 void CpuAttention::run(std::span<const AttnSeq> seqs, StateView out, FunctionRef<void()> on_start) {
-    run_impl(seqs, out, &on_start);
-}
-
-void CpuAttention::run_impl(std::span<const AttnSeq> seqs, StateView out,
-                            FunctionRef<void()>* on_start) {
     Plan& P = *plan_;
     const std::size_t hq = static_cast<std::size_t>(geometry_.num_q_heads);
     const std::size_t g = P.shape.group, kvh = P.shape.kv_heads, dv = P.shape.dv;
@@ -248,10 +239,7 @@ void CpuAttention::run_impl(std::span<const AttnSeq> seqs, StateView out,
                      ws + P.offs.alpha, ws + P.offs.qf, ws + P.offs.qx, ws + P.offs.pp};
         P.kernel(P.shape, a);
     };
-    if (on_start)
-        pool_.parallel_for(n_items, item, *on_start);
-    else
-        pool_.parallel_for(n_items, item);
+    pool_.parallel_for(n_items, item, on_start);
 
     // Groups split into several parts: merge them row by row in a second dispatch (parallel_for
     // returned only after every item's writes, so all parts are complete).

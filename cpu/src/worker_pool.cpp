@@ -150,24 +150,15 @@ void WorkerPool::worker_main(std::size_t worker_index, std::size_t slot) {
     }
 }
 
-void WorkerPool::parallel_for(std::size_t n, FunctionRef<void(std::size_t, std::size_t)> fn) {
-    dispatch(n, fn, nullptr);
-}
-
 void WorkerPool::parallel_for(std::size_t n, FunctionRef<void(std::size_t, std::size_t)> fn,
                               FunctionRef<void()> caller_first) {
-    dispatch(n, fn, &caller_first);
-}
-
-void WorkerPool::dispatch(std::size_t n, FunctionRef<void(std::size_t, std::size_t)>& fn,
-                          FunctionRef<void()>* caller_first) {
     if (n == 0) {
-        if (caller_first) (*caller_first)();
+        if (caller_first) caller_first();
         return;
     }
     std::lock_guard lock(dispatch_mutex_);
     if (threads_.empty()) {  // a pool of one: the caller runs everything
-        if (caller_first) (*caller_first)();
+        if (caller_first) caller_first();
         for (std::size_t i = 0; i < n; ++i)
             fn(i, 0);
         return;
@@ -200,7 +191,7 @@ void WorkerPool::dispatch(std::size_t n, FunctionRef<void(std::size_t, std::size
         slots_[t].state.store(tagged(now, kPending), std::memory_order_relaxed);
     generation_.store(now, std::memory_order_release);
     generation_.notify_all();
-    if (caller_first) (*caller_first)();
+    if (caller_first) caller_first();
     if (caller_participates_) run_items(0);
 
     // Return once every item has run, not once every thread has woken: the items a late thread

@@ -307,7 +307,8 @@ struct PartRef {
     const float* o;
 };
 
-// The GPU's parts of one (row, chunk): items [beg + c·chunk_items, ...) of the row's list.
+// The GPU's parts of one (row, chunk): items [beg, beg + n) of the row's list, beg the chunk's
+// first.
 struct ItemSource {
     const MergeParams* p;
     int beg, G, g;

@@ -82,8 +82,7 @@ struct GpuStepBackend::Impl {
     std::vector<std::unique_ptr<Event>> slot_ready, slot_free;
     char* staging = nullptr;
 
-    // Metadata blob, host (pinned) and device, same layout: block pointers, valid counts, items,
-    // CSR offsets and item lists per (sequence, KV head).
+    // Metadata blob, host (pinned) and device, same layout (see m_ptrs below).
     std::size_t meta_bytes = 0;
     std::unique_ptr<PinnedBuffer> h_meta;
     char* d_meta = nullptr;

@@ -21,10 +21,7 @@ const char* CpuAttentionBackendImpl::kernel_name() const noexcept {
 void CpuAttentionBackendImpl::attend(std::span<const CpuSeqWork> seqs, StateView out,
                                      StartHook on_start) {
     // cpu::AttnSeq is CpuSeqWork: the executor's lists go to the kernel as they are.
-    if (on_start.fn)
-        attn_->run(seqs, out, [&on_start] { on_start(); });
-    else
-        attn_->run(seqs, out);
+    attn_->run(seqs, out, on_start);
 }
 
 }  // namespace writescope::runtime

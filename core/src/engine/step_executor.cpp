@@ -15,44 +15,33 @@ double steady_seconds() noexcept {
         .count();
 }
 
-namespace {
-double now_seconds() {
-    return steady_seconds();
-}
-}  // namespace
-
 EnginesStarted start_engines(CpuAttentionBackend& cpu, GpuAttentionBackend* gpu, std::size_t layer,
                              const void* q, std::span<const CpuSeqWork> cpu_work, bool cpu_any,
                              StateView cpu_out, bool overlap, double t0) {
-    // The hook must not throw (it runs inside the CPU backend's dispatch): the error is kept.
-    struct Launch {
-        GpuAttentionBackend* gpu;
-        std::size_t layer;
-        const void* q;
-        double t0, seconds;
-        std::exception_ptr error;
-        static void run(void* p) {
-            auto& l = *static_cast<Launch*>(p);
-            try {
-                l.gpu->launch(l.layer, l.q);
-            } catch (...) {
-                l.error = std::current_exception();
-            }
-            l.seconds = steady_seconds() - l.t0;
+    // The GPU enqueue; as the start hook it must not throw (it runs inside the CPU backend's
+    // dispatch), so the error is kept and rethrown here.
+    double launch_seconds = 0;
+    std::exception_ptr error;
+    const auto launch = [&] {
+        try {
+            gpu->launch(layer, q);
+        } catch (...) {
+            error = std::current_exception();
         }
-    } launch{gpu, layer, q, t0, 0.0, nullptr};
+        launch_seconds = steady_seconds() - t0;
+    };
     overlap = overlap && gpu && cpu_any;
     if (gpu && !overlap) {
-        Launch::run(&launch);
-        if (launch.error) std::rethrow_exception(launch.error);
+        launch();
+        if (error) std::rethrow_exception(error);
     }
     EnginesStarted e;
     if (cpu_any) {
-        cpu.attend(cpu_work, cpu_out, overlap ? StartHook{&Launch::run, &launch} : StartHook{});
+        cpu.attend(cpu_work, cpu_out, overlap ? StartHook(launch) : StartHook());
         e.cpu_seconds = steady_seconds() - t0;
-        if (launch.error) std::rethrow_exception(launch.error);
+        if (error) std::rethrow_exception(error);
     }
-    e.gpu_launch_seconds = launch.seconds;
+    e.gpu_launch_seconds = launch_seconds;
     return e;
 }
 
@@ -74,13 +63,14 @@ StepExecutor::StepExecutor(const StepExecutorConfig& cfg, const KvCache& cache,
     B_ = cache.block_tokens();
     if (!gpu_ && !pool_.host_accessible())
         throw std::invalid_argument("a CPU-only step needs T/G memory the CPU can read");
+    if (gpu_ && !gpu_->cpu_partial_buffer(cfg_.max_seqs * qh_).o)
+        throw std::invalid_argument("the GPU backend holds the CPU partials of fewer than " +
+                                    std::to_string(cfg_.max_seqs) + " sequences");
     tables_.resize(cfg_.max_seqs);
     open_tokens_.resize(cfg_.max_seqs);
     batch_.resize(cfg_.max_seqs);
     cpu_work_.resize(cfg_.max_seqs);
     gpu_work_.resize(cfg_.max_seqs);
-    cpu_o_.resize(cfg_.max_seqs * qh_ * dv_);
-    cpu_lse_.resize(cfg_.max_seqs * qh_);
     cpu_begin_.resize(cfg_.max_seqs + 1);
     mono_ = std::vector<PageableBuffer>(cfg_.max_seqs);
     mono_begin_.resize(cfg_.max_seqs + 1);
@@ -222,7 +212,7 @@ LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateV
     const std::size_t rows = nseq_ * qh_;
     if (out.rows != rows || out.dim != dv_)
         throw std::invalid_argument("run_layer: output shape does not match the planned batch");
-    const double t0 = now_seconds();
+    const double t0 = steady_seconds();
 
     // The CPU's blocks at this layer's addresses.
     for (std::size_t i = 0; i < nseq_; ++i) {
@@ -256,12 +246,12 @@ LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateV
         }
     }
 
-    // The CPU writes its partials where the GPU backend uploads them from.
-    StateView cpu_part = gpu_ ? gpu_->cpu_partial_buffer(rows) : StateView{};
-    if (gpu_ && !cpu_part.o) cpu_part = {cpu_o_.data(), cpu_lse_.data(), rows, dv_};
+    // With a GPU the CPU writes its partials where the GPU side's last merge reads them (sized
+    // for max_seqs, checked at construction); without one, its result is the output.
+    const StateView cpu_part = gpu_ ? gpu_->cpu_partial_buffer(rows) : out;
     const EnginesStarted e =
         start_engines(cpu_, gpu_, layer, q, std::span<const CpuSeqWork>(cpu_work_.data(), nseq_),
-                      cpu_any_, gpu_ ? cpu_part : out, cfg_.overlap_gpu_launch, t0);
+                      cpu_any_, cpu_part, cfg_.overlap_gpu_launch, t0);
     r.cpu_seconds = e.cpu_seconds;
     r.gpu_launch_seconds = e.gpu_launch_seconds;
     if (!gpu_ && !cpu_any_) clear_states(out);
@@ -269,7 +259,7 @@ LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateV
         r.gpu = gpu_->finish(
             cpu_any_ ? ConstStateView{cpu_part.o, cpu_part.lse, rows, dv_} : ConstStateView{}, out);
     }
-    r.step_seconds = now_seconds() - t0;
+    r.step_seconds = steady_seconds() - t0;
     return r;
 }
 

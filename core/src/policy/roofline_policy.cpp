@@ -2,15 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 
 namespace writescope {
-
-namespace {
-
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
-}  // namespace
 
 RooflineCosts sanitized(RooflineCosts c) noexcept {
     c.a = sanitized_per_token_cost(c.a);

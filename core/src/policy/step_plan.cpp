@@ -10,8 +10,6 @@ namespace writescope {
 
 namespace {
 
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
 PlanCosts sanitize(PlanCosts c) noexcept {
     c.a = sanitized_per_token_cost(c.a);
     c.a_pinned = std::max(sanitized_per_token_cost(c.a_pinned), c.a);

@@ -11,9 +11,13 @@ namespace writescope {
 struct RooflineCosts {
     double a = 0;  // A: CPU cost per spilled token (attending U in place), s/token
     double b = 0;  // B: GPU path cost per spilled token (PCIe copy of P + GPU attention), s/token
-    double delta = 0;  // Δ: the GPU path's fixed cost per step (launches, syncs, the merge), s
-    // c0: the CPU's fixed cost per step whenever it has spilled work (waking the threads, Q down,
-    // partials up), s. The calibration's A-line intercept; 0 gives the paper's model exactly.
+    // Δ: the GPU path's fixed cost per step (launches, the in-place T/G attention, the first
+    // chunk's latency, the merge of its own parts), s. The merge with the CPU's partials follows
+    // both engines, so it is in neither side.
+    double delta = 0;
+    // c0: the CPU's fixed cost per step whenever it has spilled work (waking the threads, and
+    // the GPU enqueue when it is not overlapped), s. The calibration's A-line intercept; 0 gives
+    // the paper's model exactly.
     double cpu_fixed = 0;
 };
 
@@ -45,8 +49,8 @@ double roofline_share(const RooflineCosts& c, double spilled_tokens) noexcept;
 
 // The predicted time of one layer's spilled attention when the CPU takes share r of L tokens:
 //   cpu  = A·r·L + (r·L > 0 ? c0 : 0)
-//   gpu  = B·(1 − r)·L + Δ        (the GPU attends T and G and merges every step, so Δ is paid
-//                                  even when it takes no spilled token)
+//   gpu  = B·(1 − r)·L + Δ        (the GPU attends T and G every step, so Δ is paid even when it
+//                                  takes no spilled token)
 //   step = max(cpu, gpu)
 // Costs are sanitized(); r is clamped to [0, 1] (NaN → 0); L NaN or negative → 0. A zero token
 // count costs nothing even at an infinite per-token cost.

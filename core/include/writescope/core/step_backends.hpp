@@ -8,6 +8,7 @@
 #include <span>
 
 #include "writescope/core/attention_state.hpp"
+#include "writescope/core/function_ref.hpp"
 #include "writescope/core/seal_move.hpp"
 
 namespace writescope {
@@ -28,15 +29,9 @@ struct CpuSeqWork {
 
 // Work for the calling thread of CpuAttentionBackend::attend, run once the backend's workers are
 // going and before that thread joins them: the executor enqueues a layer's GPU side there, so the
-// CPU threads do not wait for the enqueue. A plain function and context: nothing allocates. It
-// must not throw.
-struct StartHook {
-    void (*fn)(void*) = nullptr;
-    void* ctx = nullptr;
-    void operator()() const {
-        if (fn) fn(ctx);
-    }
-};
+// CPU threads do not wait for the enqueue. Empty: nothing to run. Nothing allocates. It must not
+// throw.
+using StartHook = FunctionRef<void()>;
 
 class CpuAttentionBackend {
   public:
@@ -95,8 +90,9 @@ class GpuAttentionBackend {
     // anyway).
     virtual void launch(std::size_t layer, const void* q) = 0;
     // Host memory where the CPU may write its partial states for the next finish() (rows ×
-    // head_dim_v o, then rows lse), so they go up without another copy; rows at most the
-    // backend's max_seqs × num_q_heads. Valid until the backend is destroyed.
+    // head_dim_v o, then rows lse), so the merge reads them without another copy; rows at most
+    // the backend's max_seqs × num_q_heads (an empty view beyond). Valid until the backend is
+    // destroyed.
     virtual StateView cpu_partial_buffer(std::size_t rows) noexcept = 0;
     // Waits for the GPU attention, merges the CPU partial states (host, rows × dv; null o for
     // none; best in cpu_partial_buffer()) with the GPU's, and writes the final states to out

@@ -110,8 +110,7 @@ class StepExecutor {
     std::vector<CpuSeqWork> cpu_work_;
     std::vector<std::uint32_t> gpu_pool_slots_, gpu_p_slots_;
     std::vector<GpuSeqWork> gpu_work_;
-    std::vector<float> cpu_o_, cpu_lse_;  // CPU partial states (rows, dv) and (rows)
-    LayerStepResult counts_;              // the token counts of every layer of the step
+    LayerStepResult counts_;  // the token counts of every layer of the step
     bool cpu_any_ = false;
 
     // The monolithic baseline: one pageable cache per sequence, refilled from the GPU share's

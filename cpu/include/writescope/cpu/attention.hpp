@@ -85,10 +85,9 @@ class CpuAttention {
     // Allocates nothing. One run at a time per object (the workspaces are the object's); the
     // blocks and queries are only read. Throws std::invalid_argument when out's shape does not
     // match and std::length_error when seqs.size() exceeds the reserved count.
-    void run(std::span<const AttnSeq> seqs, StateView out);
-    // The same, with on_start() run by the calling thread once the workers have their items
-    // and before it joins them (WorkerPool::parallel_for's caller_first); always called once.
-    void run(std::span<const AttnSeq> seqs, StateView out, FunctionRef<void()> on_start);
+    // on_start (when not empty) is run once by the calling thread once the workers have their
+    // items and before it joins them (WorkerPool::parallel_for's caller_first).
+    void run(std::span<const AttnSeq> seqs, StateView out, FunctionRef<void()> on_start = {});
 
     // The kernel level in use: the forced or selected one, lowered to portable when the
     // geometry's head dims are not multiples of 32 (the vector kernels' chunk width).
@@ -108,7 +107,6 @@ class CpuAttention {
     static bool vector_kernels_support(const KvGeometry& g) noexcept;
 
   private:
-    void run_impl(std::span<const AttnSeq> seqs, StateView out, FunctionRef<void()>* on_start);
     struct Plan;
     KvGeometry geometry_;
     std::size_t block_tokens_;

@@ -13,32 +13,11 @@
 #include <mutex>
 #include <string>
 #include <thread>
-#include <type_traits>
-#include <utility>
 #include <vector>
 
+#include "writescope/core/function_ref.hpp"
+
 namespace writescope::cpu {
-
-// A non-owning reference to a callable: two pointers, no allocation. The callable must outlive
-// every call through the reference (true for a lambda passed straight to parallel_for).
-template <class Sig>
-class FunctionRef;
-
-template <class R, class... Args>
-class FunctionRef<R(Args...)> {
-  public:
-    template <class F, class = std::enable_if_t<!std::is_same_v<std::decay_t<F>, FunctionRef>>>
-    FunctionRef(F&& f) noexcept  // NOLINT(google-explicit-constructor): used like a std::function
-        : obj_(const_cast<void*>(static_cast<const void*>(std::addressof(f)))),
-          call_([](void* o, Args... a) -> R {
-              return (*static_cast<std::remove_reference_t<F>*>(o))(std::forward<Args>(a)...);
-          }) {}
-    R operator()(Args... a) const { return call_(obj_, std::forward<Args>(a)...); }
-
-  private:
-    void* obj_;
-    R (*call_)(void*, Args...);
-};
 
 struct WorkerPoolOptions {
     // Workers taking part in a dispatch, the calling thread included when caller_participates.
@@ -82,20 +61,17 @@ class WorkerPool {
     // are serialised. Allocates nothing. It returns as soon as every item has run: a pool thread
     // still waking from its sleep when the items are gone has its part withdrawn by the next
     // dispatch, which does not wait for it. At most 2^32 - 1 items.
-    void parallel_for(std::size_t n, FunctionRef<void(std::size_t, std::size_t)> fn);
-    // The same, with caller_first() run by the calling thread once the pool threads are woken
+    // caller_first (when not empty) is run by the calling thread once the pool threads are woken
     // and before it takes items itself: work that must happen at the start of the dispatch but
-    // need not delay the workers (the executor enqueues the GPU side of a step there). Runs
-    // even when n is 0. caller_first must not throw or dispatch on this pool.
+    // need not delay the workers (the executor enqueues the GPU side of a step there). It runs
+    // even when n is 0, and must not throw or dispatch on this pool.
     void parallel_for(std::size_t n, FunctionRef<void(std::size_t, std::size_t)> fn,
-                      FunctionRef<void()> caller_first);
+                      FunctionRef<void()> caller_first = {});
 
     // CPUs in the process's affinity mask, in ascending order.
     static std::vector<int> allowed_cpus();
 
   private:
-    void dispatch(std::size_t n, FunctionRef<void(std::size_t, std::size_t)>& fn,
-                  FunctionRef<void()>* caller_first);
     void worker_main(std::size_t worker_index, std::size_t slot);
     void run_items(std::size_t worker_index) noexcept;
 

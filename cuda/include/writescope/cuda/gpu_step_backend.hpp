@@ -49,7 +49,8 @@ class GpuStepBackend final : public GpuAttentionBackend {
 
     std::size_t staging_bytes() const noexcept;
     // Device memory a backend with these options takes from its pool (staging ring, metadata,
-    // queries, partial and merged states): what the VRAM budget must leave for it.
+    // queries, the GPU's partial states and the merge's chunk states): what the VRAM budget must
+    // leave for it.
     static std::uint64_t device_bytes(const GpuStepOptions& opts);
 
   private:
