@@ -330,7 +330,7 @@ struct ModelRig {
     };
     std::vector<std::unique_ptr<Pageable>> mono;
     std::unique_ptr<runtime::CpuAttentionBackendImpl> cpu;
-    std::unique_ptr<cuda::GpuStepBackend> gpu, gpu_mono;
+    std::unique_ptr<cuda::GpuStepBackend> gpu, gpu_inplace;
     std::vector<std::byte> q;
     std::vector<float> o, lse;
     CacheFlusher* flush = nullptr;
@@ -394,7 +394,8 @@ std::unique_ptr<ModelRig> build_rig(const std::string& name, const Options& o, s
     so.max_seqs = nseq;
     so.max_blocks = nseq * sh.nb;
     rig->gpu = std::make_unique<cuda::GpuStepBackend>(so, *rig->pool, *rig->gmem, rig->pmem.get());
-    rig->gpu_mono = std::make_unique<cuda::GpuStepBackend>(so, *rig->pool, *rig->landing, nullptr);
+    rig->gpu_inplace =
+        std::make_unique<cuda::GpuStepBackend>(so, *rig->pool, *rig->landing, nullptr);
 
     // Random KV (never zeros), a few distinct blocks copied round-robin.
     std::mt19937_64 rng(std::random_device{}());
@@ -437,10 +438,10 @@ struct Config {
         return spilled_tokens() * rig->g.bytes_per_token_layer();
     }
 
-    std::vector<std::vector<std::uint32_t>> pool_slots, p_slots;
-    std::vector<std::vector<CpuBlock>> cpu_blocks;
-    std::vector<GpuSeqWork> gw;
-    std::vector<CpuSeqWork> cw;
+    std::vector<std::vector<std::uint32_t>> pool_slots{}, p_slots{};
+    std::vector<std::vector<CpuBlock>> cpu_blocks{};
+    std::vector<GpuSeqWork> gw{};
+    std::vector<CpuSeqWork> cw{};
 
     // The spilled blocks of each sequence the CPU attends at share r (the first ones).
     std::size_t cpu_share_blocks(double r) const {
@@ -487,7 +488,7 @@ struct Config {
         for (const auto& c : cw)
             any_cpu = any_cpu || !c.blocks.empty();
         // As the executor does (the same start_engines); the CPU partials go where the GPU
-        // backend uploads them from.
+        // side's last merge reads them.
         const StateView part = m.gpu->cpu_partial_buffer(rows);
         const EnginesStarted e =
             start_engines(*m.cpu, m.gpu.get(), 0, m.q.data(), cw, any_cpu, part, m.overlap, t0);
@@ -522,8 +523,6 @@ struct Config {
             sum.total += t.total / layers;
             sum.cpu += t.cpu / layers;
             sum.gpu_attn += t.gpu_attn / layers;
-            sum.overhead += t.overhead / layers;
-            sum.p_rate += t.p_rate / layers;
             sum.cpu_tokens = t.cpu_tokens;
             sum.gpu_tokens = t.gpu_tokens;
         }
@@ -627,11 +626,11 @@ struct Config {
         const std::size_t rows = batch * m.g.num_q_heads, dv = m.g.head_dim_v;
         std::vector<std::vector<std::uint32_t>> slots;
         const std::vector<GpuSeqWork> w = landing_work(slots);
-        m.gpu_mono->set_work(w);
+        m.gpu_inplace->set_work(w);
         std::vector<double> v;
         for (int rep = 0; rep <= reps; ++rep) {
-            m.gpu_mono->launch(0, m.q.data());
-            const auto t = m.gpu_mono->finish({}, {m.o.data(), m.lse.data(), rows, dv});
+            m.gpu_inplace->launch(0, m.q.data());
+            const auto t = m.gpu_inplace->finish({}, {m.o.data(), m.lse.data(), rows, dv});
             if (rep) v.push_back(t.attention_seconds);
         }
         const double bytes = static_cast<double>(batch) * ctx * m.g.bytes_per_token_layer();
@@ -752,8 +751,7 @@ int run_attention_step(int argc, char** argv) {
         if (o.anatomy) {
             for (std::size_t batch : o.batches)
                 for (std::size_t ctx : o.contexts) {
-                    Config cf{rig.get(), ctx, batch, shape_of(ctx, o.block, o.g_fraction), {}, {},
-                              {},        {},  {}};
+                    Config cf{rig.get(), ctx, batch, shape_of(ctx, o.block, o.g_fraction)};
                     for (double r : {0.0, 0.5, 1.0})
                         cf.anatomy(r, 4 * o.reps);
                 }
@@ -764,8 +762,7 @@ int run_attention_step(int argc, char** argv) {
             std::vector<double> cx, cy, gx, gy, ov;
             std::vector<Config> cfgs;
             for (std::size_t ctx : o.contexts) {
-                Config cf{rig.get(), ctx, batch, shape_of(ctx, o.block, o.g_fraction), {}, {},
-                          {},        {},  {}};
+                Config cf{rig.get(), ctx, batch, shape_of(ctx, o.block, o.g_fraction)};
                 const StepTime t = cf.run(0.5, o.reps);
                 cx.push_back(static_cast<double>(t.cpu_tokens));
                 cy.push_back(t.cpu);
@@ -906,7 +903,7 @@ int run_attention_step(int argc, char** argv) {
         auto rig = build_rig("qwen3-30b-a3b", lo, threads, pool);
         rig->flush = &flush;
         rig->overlap = o.overlap;
-        Config cf{rig.get(), 32768, 4, shape_of(32768, o.block, o.g_fraction), {}, {}, {}, {}, {}};
+        Config cf{rig.get(), 32768, 4, shape_of(32768, o.block, o.g_fraction)};
         PolicyTrackers tr;
         StepTime t = cf.run(0.5, 3);
         RooflineCosts seed;

@@ -1,5 +1,6 @@
-// The closed loop the engine runs: deploy r from the tracked constants, measure the step, feed
-// the measurement back. Engines are simulated by lines (fixed + per-token cost) with noise.
+// The closed loop the trackers are made for (the benchmark runs it; the engine will once it has a
+// decode-step entry point): deploy r from the tracked constants, measure the step, feed the
+// measurement back. Engines are simulated by lines (fixed + per-token cost) with noise.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -29,7 +30,7 @@ struct Plant {
 
 // Runs `steps` closed-loop steps from the seeded constants; returns how far the last `tail_n`
 // steps' times are above the optimum, on average. A step is `layers` layer measurements summed
-// (what the engine feeds the trackers once per decode step); each layer carries `sigma`
+// (what a decode step feeds the trackers once); each layer carries `sigma`
 // relative noise, and with probability `spike` its CPU side takes twice as long (an interrupt,
 // a core taken by another thread: seen on sub-millisecond layers on the H200 machine).
 double run_loop(const Plant& p, const RooflineCosts& seed, int steps, std::mt19937_64& rng,
@@ -48,7 +49,7 @@ double run_loop(const Plant& p, const RooflineCosts& seed, int steps, std::mt199
             m.gpu_seconds += p.gpu(r) * std::max(0.5, noise(rng));
             m.gpu_p_tokens += (1 - r) * p.L;
         }
-        // Sums over the layers: per-layer constants are the sums over `layers` layers.
+        // The layers' mean: what a step of `layers` identical layers gives per layer.
         m.cpu_seconds /= layers;
         m.cpu_u_tokens /= layers;
         m.gpu_seconds /= layers;
@@ -111,7 +112,7 @@ TEST_CASE("closed-loop tracking keeps a right calibration on small, noisy steps"
     // Shaped after the H200 machine's sub-millisecond layers (8K-32K tokens at batch 1-4):
     // fixed costs of 0.1-0.3 ms are a large part of a layer and single layers vary by 10 %.
     // Fed per layer, the trackers pass that noise into r (142 of 200 within 3 %); fed once per
-    // decode step with its layers summed, as the engine does, 8 layers are enough to keep a
+    // decode step with its layers summed, 8 layers are enough to keep a
     // right calibration right. (Occasional slow layers are not modelled here: they raise the
     // mean cost, so the noiseless plant would no longer be the optimum to compare with.)
     auto rng = test::seeded_rng("policy closed loop, noisy small steps");

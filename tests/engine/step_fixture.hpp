@@ -3,17 +3,20 @@
 // and the GPU hybrid-step tests.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "writescope/core/execution_mode.hpp"
 #include "writescope/core/kv_cache.hpp"
 #include "writescope/core/region_memory.hpp"
 #include "writescope/core/step_backends.hpp"
+#include "writescope/core/step_executor.hpp"
 #include "writescope/core/step_plan.hpp"
 #include "writescope/cpu/reference_attention.hpp"
 
@@ -145,6 +148,34 @@ struct StepFixture {
         cpu::reference_attention(g, B, seqs, o, lse);
     }
 
+    // Tokens of the sequences' sealed blocks that live in U (the CPU's whatever the mode).
+    std::uint64_t u_tokens(const std::vector<std::uint64_t>& ids) const {
+        std::uint64_t n = 0;
+        for (auto id : ids)
+            for (const BlockRef& b : cache.block_table(id))
+                if (b.region == Region::U) n += B;
+        return n;
+    }
+
+    // Runs one layer of exec's planned step into outputs poisoned with NaN (a row left unwritten
+    // shows) and compares them with the fp64 reference: the layer's result and the errors.
+    struct CheckedLayer {
+        LayerStepResult r;
+        double rel = 0, lse_err = 0;
+    };
+    CheckedLayer run_checked(StepExecutor& exec, std::size_t layer,
+                             const std::vector<std::uint64_t>& ids, const void* q) const {
+        const std::size_t rows = ids.size() * g.num_q_heads,
+                          dv = static_cast<std::size_t>(g.head_dim_v);
+        std::vector<float> o(rows * dv, NAN), lse(rows, NAN);
+        CheckedLayer c;
+        c.r = exec.run_layer(layer, q, {o.data(), lse.data(), rows, dv});
+        std::vector<double> ro, rl;
+        reference(layer, ids, q, ro, rl);
+        std::tie(c.rel, c.lse_err) = error(o, lse, ro, rl);
+        return c;
+    }
+
     // Relative L2 error of out against the reference, and the largest lse error.
     static std::pair<double, double> error(const std::vector<float>& o,
                                            const std::vector<float>& lse,
@@ -168,7 +199,8 @@ struct StepFixture {
                 continue;
             }
             const double e = std::fabs(lse[i] - rl[i]) / (1 + std::fabs(rl[i]));
-            if (!(e <= le)) le = e;  // NaN propagates
+            if (std::isnan(e)) return {INFINITY, INFINITY};  // an lse left unwritten (NaN)
+            le = std::max(le, e);
         }
         return {den > 0 ? std::sqrt(num / den) : std::sqrt(num), le};
     }

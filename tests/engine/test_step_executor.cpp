@@ -54,15 +54,8 @@ TEST_CASE("CPU-only steps over T and U equal fp64 attention in every layer", "[u
                           cpu, nullptr);
         exec.plan(ids, parse_execution_mode("writescope"), PlanCosts{});
         const auto q = fx.random_q(ids.size(), rng);
-        const std::size_t rows = ids.size() * g.num_q_heads;
         for (std::size_t layer = 0; layer < 2; ++layer) {
-            std::vector<float> o(rows * g.head_dim_v, NAN), lse(rows, NAN);
-            const auto r = exec.run_layer(
-                layer, q.data(),
-                {o.data(), lse.data(), rows, static_cast<std::size_t>(g.head_dim_v)});
-            std::vector<double> ro, rl;
-            fx.reference(layer, ids, q.data(), ro, rl);
-            const auto [rel, lerr] = test::StepFixture::error(o, lse, ro, rl);
+            const auto [r, rel, lerr] = fx.run_checked(exec, layer, ids, q.data());
             std::printf(
                 "[engine] cpu-only step %-16s layer %zu: %llu tokens on the CPU, rel err vs fp64 "
                 "%.3e, lse err %.3e\n",
@@ -188,18 +181,11 @@ TEST_CASE("hybrid steps in every mode through the executor equal fp64 attention 
             exec.plan(ids, mode, test::random_plan_costs(rng));
             REQUIRE(gpu.set_work_calls == 1);
             const auto q = fx.random_q(ids.size(), rng);
-            std::uint64_t u_tokens = 0;
-            for (auto id : ids)
-                for (const BlockRef& b : cache.block_table(id))
-                    if (b.region == Region::U) u_tokens += B;
+            const std::uint64_t u_tokens = fx.u_tokens(ids);
             std::size_t layers_run = 0;
             for (std::size_t layer : {std::size_t{0}, std::size_t{1}, std::size_t{0}}) {
-                std::vector<float> o(rows * dv, NAN), lse(rows, NAN);
-                const auto r = exec.run_layer(layer, q.data(), {o.data(), lse.data(), rows, dv});
+                const auto [r, rel, lerr] = fx.run_checked(exec, layer, ids, q.data());
                 ++layers_run;
-                std::vector<double> ro, rl;
-                fx.reference(layer, ids, q.data(), ro, rl);
-                const auto [rel, lerr] = test::StepFixture::error(o, lse, ro, rl);
                 std::printf(
                     "[engine] hybrid step %-16s %-11s layer %zu: CPU %5llu spilled tok, GPU %5llu "
                     "streamed + %4llu in place: rel err vs fp64 %.3e, lse err %.3e\n",
@@ -233,10 +219,7 @@ TEST_CASE("hybrid steps in every mode through the executor equal fp64 attention 
             REQUIRE_THROWS_WITH(exec.run_layer(1, q.data(), {o.data(), lse.data(), rows, dv}),
                                 Catch::Contains("launch failed"));
             gpu.fail_launch = false;
-            exec.run_layer(1, q.data(), {o.data(), lse.data(), rows, dv});
-            std::vector<double> ro, rl;
-            fx.reference(1, ids, q.data(), ro, rl);
-            const auto [rel, lerr] = test::StepFixture::error(o, lse, ro, rl);
+            const auto [r, rel, lerr] = fx.run_checked(exec, 1, ids, q.data());
             REQUIRE(rel < 1e-5);
             REQUIRE(lerr < 1e-5);
         }

@@ -177,13 +177,8 @@ TEST_CASE("sealing through G, P and U loses and duplicates no token", "[gpu]") {
         PlanCosts costs{1e-8, 1.15e-8, 1e-8, INFINITY, 1e-5, 0};
         exec.plan(ids, parse_execution_mode("writescope"), costs);
         const auto q = fx.random_q(S, rng);
-        const std::size_t rows = S * g.num_q_heads, dv = g.head_dim_v;
         for (std::size_t l = 0; l < L; ++l) {
-            std::vector<float> o(rows * dv), lse(rows);
-            exec.run_layer(l, q.data(), {o.data(), lse.data(), rows, dv});
-            std::vector<double> ro, rl;
-            fx.reference(l, ids, q.data(), ro, rl);
-            const auto [rel, lerr] = test::StepFixture::error(o, lse, ro, rl);
+            const auto [r, rel, lerr] = fx.run_checked(exec, l, ids, q.data());
             std::printf("[gpu] after sealing %s layer %zu: rel err vs fp64 %.3e, lse err %.3e\n",
                         preset, l, rel, lerr);
             REQUIRE(rel < 2e-5);

@@ -75,19 +75,11 @@ TEST_CASE("hybrid steps in every mode equal unsplit fp64 attention", "[gpu]") {
             StepExecutor exec({max_seqs}, cache, gmem, &pmem, &umem, cpu, &gpu);
             const auto& plan = exec.plan(ids, mode, test::random_plan_costs(rng));
             const auto q = fx.random_q(ids.size(), rng);
-            std::uint64_t u_tokens = 0;
-            for (auto id : ids)
-                for (const BlockRef& b : cache.block_table(id))
-                    if (b.region == Region::U) u_tokens += B;
-            const std::size_t rows = ids.size() * g.num_q_heads, dv = g.head_dim_v;
+            const std::uint64_t u_tokens = fx.u_tokens(ids);
             // Layer 0 again last: the work is laid out once per step and only the layer's
             // addresses change, so going back must give layer 0's result again.
             for (std::size_t layer : {std::size_t{0}, std::size_t{1}, std::size_t{0}}) {
-                std::vector<float> o(rows * dv, NAN), lse(rows, NAN);
-                const auto r = exec.run_layer(layer, q.data(), {o.data(), lse.data(), rows, dv});
-                std::vector<double> ro, rl;
-                fx.reference(layer, ids, q.data(), ro, rl);
-                const auto [rel, lerr] = test::StepFixture::error(o, lse, ro, rl);
+                const auto [r, rel, lerr] = fx.run_checked(exec, layer, ids, q.data());
                 std::printf(
                     "[gpu] step %-16s %-11s %s layer %zu: CPU %6llu spilled tok, GPU %6llu "
                     "streamed + %5llu in place, planned CPU share %.2f: rel err %.3e, lse err "
