@@ -369,6 +369,7 @@ TEST_CASE("step plan never gives the GPU a U block when it cannot pull them",
     auto rng = test::seeded_rng("step plan no U pulls");
     StepPlan plan;
     plan.reserve(8, 8 * 64);
+    int pulled_when_allowed = 0;
     for (int trial = 0; trial < 60; ++trial) {
         const std::size_t bt = 128;
         const Batch b = random_batch(rng, bt);
@@ -391,7 +392,13 @@ TEST_CASE("step plan never gives the GPU a U block when it cannot pull them",
             if (opts.mode.kind == ModeKind::gpu_only || opts.mode.kind == ModeKind::monolithic)
                 REQUIRE(plan.totals().cpu_spilled_tokens == n.u * bt);
         }
+        // The control: the same batch and costs with pulls allowed do move U to the GPU.
+        opts.gpu_pulls_u = true;
+        opts.mode = parse_execution_mode("writescope");
+        plan_step(batch, opts, plan);
+        pulled_when_allowed += plan.totals().u_to_gpu_blocks > 0;
     }
+    REQUIRE(pulled_when_allowed > 0);
 }
 
 TEST_CASE("step plan does not allocate after reserve", "[unit][policy][plan]") {
