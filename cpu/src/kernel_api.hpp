@@ -1,11 +1,12 @@
 // The seam between the planning code (attention.cpp, built at the baseline ISA) and the kernels
 // (one translation unit per ISA, each built with its own -m flags).
 //
-// Only plain data crosses it. A kernel TU must not use inline functions or templates that other
-// TUs also instantiate (std::min, std::span members, dtype.hpp's inline converters...): the
-// linker keeps one copy of each such function, and it might keep the AVX-512 one for the
-// portable caller. So the kernel TUs keep their helpers in their own namespace and call only
-// intrinsics, builtins and libm.
+// Only plain data crosses it. A vector kernel TU (AVX2, AVX-512) must not use inline functions or
+// templates that other TUs also instantiate (std::min, std::span members, dtype.hpp's inline
+// converters...): the linker keeps one copy of each such function, and it might keep the AVX-512
+// one for the portable caller. So those TUs keep their helpers in their own namespace and call
+// only intrinsics, builtins and libm. The portable kernel is built at the baseline ISA like its
+// callers, so any copy of a shared inline it makes is valid for all of them.
 #pragma once
 
 #include <cstddef>

@@ -91,7 +91,8 @@ class WorkerPool {
     alignas(64) std::atomic<std::uint32_t> generation_{0};
     alignas(64) std::atomic<std::size_t> next_item_{0};
     alignas(64) std::atomic<std::uint32_t> items_done_{0};  // fn calls returned (caller waits)
-    // Per pool thread, a cache line of its own: (generation << 2) | one of the states below.
+    // Per pool thread, a cache line of its own: (generation << 2) | its part in the
+    // dispatch (pending, active, done, revoked: worker_pool.cpp).
     struct alignas(64) Slot {
         std::atomic<std::uint64_t> state{0};
     };
