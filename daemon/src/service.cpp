@@ -99,8 +99,9 @@ void Service::boot(const StatusFn& status) {
     set_stage(status, "opening the store");
     {
         auto store = Store::open(profile.storage.state_dir, [&] {
-            set_stage(status,
-                      "opening the store: waiting for another process's lock (10 s at most)");
+            set_stage(status, fmt::format("opening the store: waiting for another process's "
+                                          "lock ({} s at most)",
+                                          Store::lock_wait_seconds()));
         });
         std::lock_guard lock(state_mu_);
         store_ = std::move(store);

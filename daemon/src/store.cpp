@@ -154,10 +154,10 @@ std::string utc_stamp() {
     return buf;
 }
 
-// How long a lock held by another process (sqlite3, a second daemon) is waited for.
-constexpr int kLockWaitMs = 10000;
+// Store::kLockWait for sqlite3_busy_timeout.
+constexpr int kLockWaitMs = static_cast<int>(Store::kLockWait.count());
 
-// SQLite's busy handler while a store opens: it retries for kLockWaitMs like
+// SQLite's busy handler while a store opens: it retries for Store::kLockWait like
 // sqlite3_busy_timeout, and says the first time that it has to wait.
 struct OpenWait {
     std::string path;
@@ -169,12 +169,12 @@ struct OpenWait {
         auto& w = *static_cast<OpenWait*>(self);
         const auto now = std::chrono::steady_clock::now();
         if (count == 0) w.since = now;
-        if (now - w.since >= std::chrono::milliseconds(kLockWaitMs)) return 0;  // SQLITE_BUSY
+        if (now - w.since >= Store::kLockWait) return 0;  // SQLITE_BUSY
         if (!w.told) {
             w.told = true;
             log_notice("store.waiting",
                        "store {} is locked by another process; waiting for it ({} s at most)",
-                       w.path, kLockWaitMs / 1000);
+                       w.path, Store::lock_wait_seconds());
             if (w.on_wait && *w.on_wait) (*w.on_wait)();
         }
         sqlite3_sleep(count < 5 ? 1 << count : 20);  // 1, 2, 4, 8, 16 ms, then every 20 ms
@@ -228,7 +228,7 @@ void prepare(sqlite3* db, StoreOpenReport& report, bool on_disk, OpenWait* wait)
             if (report.migrated_from < 0) report.migrated_from = v;
             report.schema_version = v + 1;
         }
-        // From now on `wait` is gone: the store's own reads and writes wait the same 10 s.
+        // From now on `wait` is gone: the store's own reads and writes wait as long.
         sqlite3_busy_timeout(db, kLockWaitMs);
     } catch (const StoreError& e) {
         const int primary = e.sqlite_code() & 0xff;
@@ -388,7 +388,9 @@ std::unique_ptr<Store> Store::open(const std::filesystem::path& state_dir,
         } catch (const OpenFailure& bad) {
             report.problem = bad.what;
             locked = bad.locked;
-            if (locked) report.problem += " (locked by another process for over 10 s)";
+            if (locked)
+                report.problem += fmt::format(" (locked by another process for over {} s)",
+                                              Store::lock_wait_seconds());
         }
         // The file is unusable: keep it for inspection, start afresh. A locked file is sound
         // and in someone else's hands: it is left alone.

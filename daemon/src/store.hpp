@@ -12,6 +12,7 @@
 // fails the store lives in memory for this run. Opening never throws.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -101,9 +102,15 @@ class Store {
   public:
     static constexpr int kSchemaVersion = 1;
     static constexpr std::string_view kFileName = "writescope.db";
+    // How long a lock held by another process (sqlite3, a second daemon) is waited for: at open
+    // and by every read and write after it.
+    static constexpr std::chrono::milliseconds kLockWait{10000};
+    static constexpr long long lock_wait_seconds() {
+        return std::chrono::duration_cast<std::chrono::seconds>(kLockWait).count();
+    }
 
     // Called at most once by open(), when the database file is locked by another process and
-    // open() starts to wait for it (10 s at most; logged as store.waiting).
+    // open() starts to wait for it (kLockWait at most; logged as store.waiting).
     using LockWait = std::function<void()>;
     static std::unique_ptr<Store> open(const std::filesystem::path& state_dir,
                                        const LockWait& on_lock_wait = {});

@@ -27,6 +27,8 @@ struct FakeEngineLog {
     std::mutex mu;
     std::string last_import;
     std::string last_mode;
+    std::string refuse_mode;  // set_mode() refuses this mode (as the engine refuses one it cannot
+                              // run); empty: none. Guarded by mu.
 };
 
 class FakeEngine final : public Engine {
@@ -91,6 +93,12 @@ class FakeEngine final : public Engine {
     void set_mode(std::string_view mode) override {
         if (mode == "gpu-only" && opts_.gpu_index < 0)
             throw std::invalid_argument("gpu-only needs a GPU, and this engine has none");
+        {
+            std::lock_guard l(log_->mu);
+            if (!log_->refuse_mode.empty() && mode == log_->refuse_mode)
+                throw std::invalid_argument("policy mode '" + std::string(mode) +
+                                            "' is refused by this (fake) engine");
+        }
         std::lock_guard lock(mu_);
         mode_ = std::string(mode);
         std::lock_guard l2(log_->mu);

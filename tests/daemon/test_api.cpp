@@ -168,15 +168,15 @@ TEST_CASE("PUT /v1/policy changes the engine's mode and tracker", "[unit][daemon
     Harness h(test_profile(dir.path()));
     h.service->boot(nullptr);
     const auto r = h.call("PUT", "/v1/policy",
-                          R"({"mode": "static:0.5", "tracker": {"alpha": 0.5, "clamp": 4}})");
+                          R"({"mode": "static:1", "tracker": {"alpha": 0.5, "clamp": 4}})");
     REQUIRE(r.status == 200);
     const auto j = json::parse(r.body);
-    CHECK(j["mode"] == "static:0.5");
-    CHECK(j["engine_mode"] == "static:0.5");
+    CHECK(j["mode"] == "static:1");
+    CHECK(j["engine_mode"] == "static:1");
     CHECK(j["tracker"]["alpha"] == 0.5);
     CHECK(j["tracker"]["clamp"] == 4.0);
     std::lock_guard lock(h.log->mu);
-    CHECK(h.log->last_mode == "static:0.5");
+    CHECK(h.log->last_mode == "static:1");
 }
 
 TEST_CASE("POST /v1/calibration runs a job, and a second one while it runs is a conflict",
@@ -299,13 +299,16 @@ TEST_CASE("a failing engine or a cancelled boot throws from boot()", "[unit][dae
     }
     Harness h(test_profile(dir / "other"));
     h.log->calibrate_ms = 2000;
+    // Catch's assertions are not thread-safe: the stopper keeps its result for the main thread.
+    bool saw_running = false;
     std::thread stopper([&] {
         // Stopped while the boot's calibration runs (view() does not wait for the engine).
-        CHECK(wait_until([&] { return h.service->view().job.state == "running"; }));
+        saw_running = wait_until([&] { return h.service->view().job.state == "running"; });
         h.service->request_stop();
     });
     CHECK_THROWS_WITH(h.service->boot(nullptr), Catch::Contains("cancelled"));
     stopper.join();
+    CHECK(saw_running);
     require_error(h.call("GET", "/v1/health"), 503, "unavailable_error");
 }
 
@@ -332,6 +335,45 @@ TEST_CASE("reload applies reloadable keys and reports the others", "[unit][daemo
                           !Catch::Contains("as it would run"));
     CHECK(h.get("/v1/policy")["engine_mode"] == "cpu-only");
     CHECK(h.service->profile().policy.mode == "cpu-only");
+}
+
+TEST_CASE("a mode the engine refuses at reload is rolled back and nothing is applied",
+          "[unit][daemon][api]") {
+    TempDir dir;
+    const Profile p = test_profile(dir.path());
+    Harness h(p);
+    h.service->boot(nullptr);
+    REQUIRE(h.get("/v1/policy")["engine_mode"] == "writescope");
+    // The profile check takes "static:1" (all on the CPU: no GPU needed); the engine does not.
+    {
+        std::lock_guard lock(h.log->mu);
+        h.log->refuse_mode = "static:1";
+    }
+    Profile next = p;
+    next.policy.mode = "static:1";
+    next.policy.tracker_alpha = p.policy.tracker_alpha / 2;
+    next.storage.sample_log_max = 9;
+    const auto r = h.service->reload(next, "next.toml");
+    CHECK_FALSE(r.ok);
+    CHECK_THAT(r.error, Catch::Contains("policy.mode: the engine refused \"static:1\"") &&
+                            Catch::Contains("refused by this (fake) engine"));
+    CHECK(r.applied.empty());
+    CHECK_FALSE(r.policy_deferred);
+    // The engine is back on the running mode, and the running profile is untouched.
+    CHECK(h.get("/v1/policy")["engine_mode"] == "writescope");
+    {
+        std::lock_guard lock(h.log->mu);
+        CHECK(h.log->last_mode == "writescope");
+    }
+    CHECK(h.service->profile().policy.mode == "writescope");
+    CHECK(h.service->profile().policy.tracker_alpha == p.policy.tracker_alpha);
+    CHECK(h.service->profile().storage.sample_log_max == 5);
+    // A mode the engine takes still reloads afterwards.
+    next.policy.mode = "cpu-only";
+    const auto ok = h.service->reload(next, "next.toml");
+    CHECK(ok.ok);
+    CHECK(h.get("/v1/policy")["engine_mode"] == "cpu-only");
+    CHECK(h.service->profile().storage.sample_log_max == 9);
 }
 
 TEST_CASE("a reload is checked as it would run, with restart-only keys at their running values",

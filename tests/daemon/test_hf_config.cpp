@@ -6,12 +6,12 @@
 #include <filesystem>
 #include <fstream>
 
-#include <unistd.h>
-
 #include "hf_config.hpp"
+#include "temp_dir.hpp"
 
 using namespace writescope;
 using namespace writescope::daemon;
+using writescope::test::TempDir;
 
 namespace {
 
@@ -87,14 +87,15 @@ TEST_CASE("a bad config.json is refused naming the file and the key", "[unit][mo
 }
 
 TEST_CASE("a model directory is read from disk and named after itself", "[unit][model]") {
-    const auto dir = std::filesystem::temp_directory_path() /
-                     ("ws-hf-" + std::to_string(::getpid())) / "Mixtral-8x7B-v0.1";
+    const TempDir tmp;
+    const auto dir = tmp / "Mixtral-8x7B-v0.1";
     std::filesystem::create_directories(dir);
     std::ofstream(dir / "config.json") << kMixtral;
     const auto g = kv_geometry_from_model_dir(dir, DType::f16);
     CHECK(g.name == "Mixtral-8x7B-v0.1");
     CHECK(g.dtype == DType::f16);
     CHECK(g.bytes_per_token_layer() == 4096);
-    std::filesystem::remove_all(dir.parent_path());
+    // A directory that is gone is refused.
+    std::filesystem::remove_all(dir);
     CHECK_THROWS_AS(kv_geometry_from_model_dir(dir, DType::bf16), HfConfigError);
 }

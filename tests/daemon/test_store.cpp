@@ -6,11 +6,13 @@
 #include <random>
 
 #include "store.hpp"
+#include "store_lock_holder.hpp"
 #include "temp_dir.hpp"
 #include "test_seed.hpp"
 
 using namespace writescope;
 using namespace writescope::daemon;
+using writescope::test::StoreLockHolder;
 using writescope::test::TempDir;
 
 namespace {
@@ -223,18 +225,12 @@ TEST_CASE("an unusable state directory gives an in-memory store", "[unit][daemon
 TEST_CASE("a database locked by another process is waited for, never moved aside",
           "[unit][daemon][store]") {
     TempDir dir;
-    Store::open(dir.path()).reset();  // a valid store (WAL)
-    sqlite3* db = nullptr;
-    REQUIRE(sqlite3_open((dir / "writescope.db").c_str(), &db) == SQLITE_OK);
-    // Leave WAL so that an exclusive lock also keeps readers out.
-    REQUIRE(sqlite3_exec(db, "PRAGMA journal_mode=DELETE; BEGIN EXCLUSIVE;", nullptr, nullptr,
-                         nullptr) == SQLITE_OK);
+    StoreLockHolder lock(dir.path());  // on a valid store (WAL)
     // Released once the opener is waiting for it (from its busy handler, on this thread).
     int waits = 0;
     auto store = Store::open(dir.path(), [&] {
         ++waits;
-        sqlite3_exec(db, "COMMIT", nullptr, nullptr, nullptr);
-        sqlite3_close(db);
+        lock.release();
     });
     CHECK(waits == 1);
     CHECK_FALSE(store->report().in_memory);
