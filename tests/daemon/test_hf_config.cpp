@@ -48,6 +48,7 @@ TEST_CASE("config.json gives the same KV geometry as the built-in presets", "[un
         CHECK(got.head_dim_v == p.head_dim_v);
         CHECK(got.mla == p.mla);
         CHECK(got.bytes_per_token_layer() == p.bytes_per_token_layer());
+        CHECK(got.scale() == Approx(p.scale()).epsilon(1e-6));
     }
     CHECK(q.name == "Qwen3-30B-A3B");
     CHECK(q.scale() == Approx(1.0 / std::sqrt(128.0)));
