@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -191,9 +192,344 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+// ---- Tensor-core decode attention (sm_80+) -------------------------------------------------
+//
+// The same contract as decode_attn_kernel, on mma.sync m16n8k16 with fp32 accumulation. The 16
+// rows of the A side are the group's query heads (G ≤ 16; rows past G are zero and never
+// written out), so one CTA reads its KV tile once for all of them:
+//   S (16 heads × tile)  = Q (16 × DK) · Kᵀ              bf16/fp16 inputs, exact products
+//   O (16 heads × DV)   += P (16 × tile) · V              P split hi + lo (two mmas)
+// Products of bf16/fp16 values are exact in fp32, so Q·K matches the SIMT kernel to fp32
+// rounding. P is not representable in 16 bits; splitting it as p = hi + lo (hi = round(p),
+// lo = round(p − hi)) leaves ~2⁻¹⁷ of p (bf16) or ~2⁻²² (fp16) unrepresented, far inside the
+// 2e-5 the GPU tests require against fp64.
+// The KV tile goes to shared memory with cp.async, double-buffered: the copy of tile i+1
+// overlaps the math of tile i. Rows past the valid tokens are zero-filled (a stale V row times
+// p = 0 could otherwise be NaN). Shared rows are padded by 16 bytes so that ldmatrix's eight
+// row addresses fall in different banks.
+// Warps: Q·K over the tile's 8-token column groups (each warp its own), the online softmax over
+// head rows, P·V over DV/4 output dims each.
+
+__device__ inline std::uint32_t smem_addr(const void* p) {
+    return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+// 16 bytes global → shared, L2 only; src_bytes = 0 zero-fills the destination.
+__device__ inline void cp_async16(void* dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(src_bytes));
+}
+__device__ inline void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ inline void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ inline void ldmatrix_x4(std::uint32_t (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ inline void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+// c += a · b for one m16n8k16 tile (a: 4 regs, b: 2 regs, c: 4 fp32).
+__device__ inline void mma16816(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                std::uint32_t b1, __nv_bfloat16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ inline void mma16816(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                std::uint32_t b1, __half) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ inline __nv_bfloat16 from_f32(float x, __nv_bfloat16) {
+    return __float2bfloat16_rn(x);
+}
+__device__ inline __half from_f32(float x, __half) {
+    return __float2half_rn(x);
+}
+
+// Shared-memory layout of one CTA (element counts of T unless noted); host and device agree.
+template <int DK, int DV, bool MLA, int TILE>
+struct MmaLayout {
+    static constexpr int kRow = DK + 8;  // padded K (or latent) row
+    static constexpr int vRow = DV + 8;  // padded V row (GQA)
+    static constexpr int pRow = TILE + 8;
+    static constexpr int stage = TILE * kRow + (MLA ? 0 : TILE * vRow);
+    static constexpr std::size_t q_off = 0;
+    static constexpr std::size_t kv_off = q_off + 16 * kRow;
+    static constexpr std::size_t p_off = kv_off + 2 * static_cast<std::size_t>(stage);
+    static constexpr std::size_t elems = p_off + 2 * 16 * pRow;  // p hi, p lo
+    template <typename T>
+    static constexpr std::size_t bytes() {
+        // + scores (16 × TILE fp32) + m, l, f (16 fp32 each)
+        return elems * sizeof(T) + (16 * TILE + 48) * sizeof(float);
+    }
+};
+
+template <typename T, int DK, int DV, int G, bool MLA, int TILE>
+__global__ void __launch_bounds__(kThreads)
+    decode_attn_mma_kernel(const DecodeAttnParams p, int num_q_heads, int num_kv_heads,
+                           float scale) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    using L = MmaLayout<DK, DV, MLA, TILE>;
+    static_assert(G >= 1 && G <= 16, "the group must fit the 16 mma rows");
+    static_assert(DK % 32 == 0 && DV % 64 == 0 && TILE % 32 == 0, "tile shapes");
+    constexpr int NW = kThreads / 32;
+    constexpr int QK_TILES = TILE / 8 / NW;  // 8-token column groups per warp
+    constexpr int DV_W = DV / NW;            // output dims per warp
+    constexpr int NV = DV_W / 8;             // n8 tiles per warp
+    static_assert(QK_TILES >= 1 && NV % 2 == 0, "warp split");
+
+    extern __shared__ uint4 smem_raw[];
+    T* const sm = reinterpret_cast<T*>(smem_raw);
+    T* const q_s = sm + L::q_off;
+    T* const kv_s = sm + L::kv_off;
+    T* const ph_s = sm + L::p_off;
+    T* const pl_s = ph_s + 16 * L::pRow;
+    float* const s_s = reinterpret_cast<float*>(sm + L::elems);  // [16][TILE]
+    float* const m_s = s_s + 16 * TILE;
+    float* const l_s = m_s + 16;
+    float* const f_s = l_s + 16;
+
+    const int item_idx = p.item_begin + static_cast<int>(blockIdx.x);
+    const AttnWorkItem it = p.items[item_idx];
+    const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int B = p.block_tokens;
+
+    // Q rows of the group (zero rows past G), P zeroed (rows past G stay zero), row state.
+    const T* q =
+        static_cast<const T*>(p.q) +
+        (static_cast<size_t>(it.seq) * num_q_heads + static_cast<size_t>(it.kv_head) * G) * DK;
+    for (int c = tid; c < 16 * (DK / 8); c += kThreads) {
+        const int r = c / (DK / 8), col = (c % (DK / 8)) * 8;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r < G) v = *reinterpret_cast<const uint4*>(q + static_cast<size_t>(r) * DK + col);
+        *reinterpret_cast<uint4*>(q_s + r * L::kRow + col) = v;
+    }
+    for (int c = tid; c < 2 * 16 * L::pRow / 8; c += kThreads)
+        reinterpret_cast<uint4*>(ph_s)[c] = make_uint4(0, 0, 0, 0);
+    if (tid < 16) {
+        m_s[tid] = -INFINITY;
+        l_s[tid] = 0.0f;
+        f_s[tid] = 1.0f;
+    }
+
+    int total = 0;
+    if (it.num_blocks > 0)
+        total = (it.num_blocks - 1) * B + p.block_tokens_valid[it.first_block + it.num_blocks - 1];
+    const int ntiles = (total + TILE - 1) / TILE;
+
+    // Issues the copies of tile `ti` into stage `st` (tiles never straddle blocks: B % TILE == 0).
+    auto load_tile = [&](int ti, int st) {
+        const int j0 = ti * TILE;
+        const int blk = it.first_block + j0 / B, off = j0 % B;
+        const int nvalid = min(TILE, total - j0);
+        const T* base = static_cast<const T*>(p.block_ptrs[blk]);
+        const T* k0 = MLA ? base + static_cast<size_t>(off) * DK
+                          : base + (static_cast<size_t>(it.kv_head) * B + off) * DK;
+        T* kd = kv_s + st * L::stage;
+        for (int c = tid; c < TILE * (DK / 8); c += kThreads) {
+            const int r = c / (DK / 8), col = (c % (DK / 8)) * 8;
+            const bool ok = r < nvalid;
+            cp_async16(kd + r * L::kRow + col, ok ? k0 + static_cast<size_t>(r) * DK + col : base,
+                       ok ? 16 : 0);
+        }
+        if constexpr (!MLA) {
+            const T* v0 = base + static_cast<size_t>(num_kv_heads) * B * DK +
+                          (static_cast<size_t>(it.kv_head) * B + off) * DV;
+            T* vd = kd + TILE * L::kRow;
+            for (int c = tid; c < TILE * (DV / 8); c += kThreads) {
+                const int r = c / (DV / 8), col = (c % (DV / 8)) * 8;
+                const bool ok = r < nvalid;
+                cp_async16(vd + r * L::vRow + col,
+                           ok ? v0 + static_cast<size_t>(r) * DV + col : base, ok ? 16 : 0);
+            }
+        }
+    };
+
+    float o[NV][4];
+#pragma unroll
+    for (int n = 0; n < NV; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            o[n][e] = 0.0f;
+
+    if (ntiles > 0) load_tile(0, 0);
+    cp_async_commit();
+    for (int ti = 0; ti < ntiles; ++ti) {
+        if (ti + 1 < ntiles) load_tile(ti + 1, (ti + 1) & 1);
+        cp_async_commit();
+        cp_async_wait<1>();  // this tile's group has landed (the next may be in flight)
+        __syncthreads();
+        const T* kt = kv_s + (ti & 1) * L::stage;
+        const T* vt = MLA ? kt : kt + TILE * L::kRow;
+        constexpr int vstride = MLA ? L::kRow : L::vRow;
+        const int nvalid = min(TILE, total - ti * TILE);
+
+        // S = Q·Kᵀ for this warp's column groups, scaled, −inf past the valid tokens.
+#pragma unroll
+        for (int ct = 0; ct < QK_TILES; ++ct) {
+            const int t0 = (warp * QK_TILES + ct) * 8;
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 4
+            for (int ks = 0; ks < DK / 16; ks += 2) {
+                std::uint32_t a0[4], a1[4], b[4];
+                ldmatrix_x4(a0, q_s + (lane & 15) * L::kRow + ks * 16 + (lane >> 4) * 8);
+                ldmatrix_x4(a1, q_s + (lane & 15) * L::kRow + ks * 16 + 16 + (lane >> 4) * 8);
+                ldmatrix_x4(b, kt + (t0 + (lane & 7)) * L::kRow + ks * 16 + (lane >> 3) * 8);
+                mma16816(acc, a0, b[0], b[1], T{});
+                mma16816(acc, a1, b[2], b[3], T{});
+            }
+            const int c0 = t0 + tig * 2;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int row = gid + (e >> 1) * 8, col = c0 + (e & 1);
+                s_s[row * TILE + col] = col < nvalid ? acc[e] * scale : -INFINITY;
+            }
+        }
+        __syncthreads();
+
+        // Online softmax per head row; P as hi + lo halves.
+        for (int g = warp; g < G; g += NW) {
+            float sv[TILE / 32];
+            float mx = -INFINITY;
+#pragma unroll
+            for (int k = 0; k < TILE / 32; ++k) {
+                sv[k] = s_s[g * TILE + lane + 32 * k];
+                mx = fmaxf(mx, sv[k]);
+            }
+            mx = warp_max(mx);
+            const float m_old = m_s[g];
+            const float m_new = fmaxf(m_old, mx);
+            float sum = 0.0f;
+#pragma unroll
+            for (int k = 0; k < TILE / 32; ++k) {
+                const float e = sv[k] == -INFINITY ? 0.0f : expf(sv[k] - m_new);
+                sum += e;
+                const T hi = from_f32(e, T{});
+                const T lo = from_f32(e - to_f32(hi), T{});
+                ph_s[g * L::pRow + lane + 32 * k] = hi;
+                pl_s[g * L::pRow + lane + 32 * k] = lo;
+            }
+            sum = warp_sum(sum);
+            if (lane == 0) {
+                const float f = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+                l_s[g] = l_s[g] * f + sum;
+                m_s[g] = m_new;
+                f_s[g] = f;
+            }
+        }
+        __syncthreads();
+
+        // O = O·f + P·V over this warp's DV/4 dims.
+        {
+            const float f_lo = f_s[gid], f_hi = f_s[gid + 8];
+#pragma unroll
+            for (int n = 0; n < NV; ++n) {
+                o[n][0] *= f_lo;
+                o[n][1] *= f_lo;
+                o[n][2] *= f_hi;
+                o[n][3] *= f_hi;
+            }
+            const int d0 = warp * DV_W;
+#pragma unroll
+            for (int ks = 0; ks < TILE / 16; ++ks) {
+                std::uint32_t ah[4], al[4];
+                ldmatrix_x4(ah, ph_s + (lane & 15) * L::pRow + ks * 16 + (lane >> 4) * 8);
+                ldmatrix_x4(al, pl_s + (lane & 15) * L::pRow + ks * 16 + (lane >> 4) * 8);
+                const T* vrow = vt + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * vstride + d0 +
+                                (lane >> 4) * 8;
+#pragma unroll
+                for (int n = 0; n < NV; n += 2) {
+                    std::uint32_t b[4];
+                    ldmatrix_x4_trans(b, vrow + n * 8);
+                    mma16816(o[n], ah, b[0], b[1], T{});
+                    mma16816(o[n], al, b[0], b[1], T{});
+                    mma16816(o[n + 1], ah, b[2], b[3], T{});
+                    mma16816(o[n + 1], al, b[2], b[3], T{});
+                }
+            }
+        }
+        __syncthreads();  // the next tile rewrites S, P and (two tiles on) this stage
+    }
+    cp_async_wait<0>();
+
+    // Rows gid and gid + 8 of the group, this warp's dims.
+    const int d0 = warp * DV_W;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int g = gid + half * 8;
+        if (g >= G) continue;
+        const float l = l_s[g];
+        const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        float* out = p.part_o + (static_cast<size_t>(item_idx) * G + g) * DV + d0 + tig * 2;
+#pragma unroll
+        for (int n = 0; n < NV; ++n)
+            *reinterpret_cast<float2*>(out + n * 8) =
+                make_float2(o[n][half * 2] * inv, o[n][half * 2 + 1] * inv);
+    }
+    if (tid < G) {
+        const float l = l_s[tid];
+        p.part_lse[static_cast<size_t>(item_idx) * G + tid] =
+            l > 0.0f ? m_s[tid] + logf(l) : -INFINITY;
+    }
+#else
+    __trap();  // never launched below sm_80 (mma_kernel_usable checks)
+#endif
+}
+
+// Whether the current device runs the tensor-core kernel (sm_80 or later).
+bool mma_kernel_usable() {
+    static const bool usable = [] {
+        int dev = 0, major = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess) return false;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
+            return false;
+        return major >= 8;
+    }();
+    return usable;
+}
+
+template <typename T, int DK, int DV, int G, bool MLA, int TILE>
+bool launch_attn_mma(const DecodeAttnParams& p, cudaStream_t s) {
+    if (p.block_tokens % TILE != 0 || !mma_kernel_usable()) return false;
+    using L = MmaLayout<DK, DV, MLA, TILE>;
+    constexpr std::size_t bytes = L::template bytes<T>();
+    auto* kernel = &decode_attn_mma_kernel<T, DK, DV, G, MLA, TILE>;
+    static const cudaError_t attr = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+    if (attr != cudaSuccess)
+        throw std::runtime_error(std::string("decode attention: shared memory attribute: ") +
+                                 cudaGetErrorString(attr));
+    kernel<<<p.item_count, kThreads, bytes, s>>>(p, p.geo.num_q_heads, p.geo.num_kv_heads,
+                                                 p.geo.scale());
+    return true;
+}
+
 template <typename T, int DK, int DV, int G, bool MLA>
 void launch_attn(const DecodeAttnParams& p, cudaStream_t s) {
     if (p.item_count <= 0) return;
+    // Tiles of 64 tokens for the 128-dim heads (two CTAs of ~81 KB per SM), 32 for the MLA
+    // latent (~98 KB).
+    constexpr int kTile = MLA ? 32 : 64;
+    if (p.kernel != AttnKernel::simt && launch_attn_mma<T, DK, DV, G, MLA, kTile>(p, s)) return;
+    if (p.kernel == AttnKernel::mma)
+        throw std::invalid_argument(
+            "GPU decode attention: the tensor-core kernel needs sm_80 or later and block_tokens "
+            "a multiple of " +
+            std::to_string(kTile) + " (got " + std::to_string(p.block_tokens) + ")");
     decode_attn_kernel<T, DK, DV, G, MLA>
         <<<p.item_count, kThreads, 0, s>>>(p, p.geo.num_q_heads, p.geo.num_kv_heads, p.geo.scale());
 }

@@ -34,6 +34,7 @@
 
 #include <unistd.h>
 
+#include "bench_util.hpp"
 #include "cpu_attention_backend.hpp"
 #include "read_bandwidth.hpp"
 #include "writescope/core/engine_impl.hpp"
@@ -51,36 +52,6 @@ namespace {
 
 double now() {
     return steady_seconds();  // the executor's clock (start_engines times from it)
-}
-
-double median(std::vector<double> v) {
-    if (v.empty()) return 0;
-    std::sort(v.begin(), v.end());
-    return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-std::vector<std::size_t> parse_list(const std::string& s) {
-    std::vector<std::size_t> out;
-    std::stringstream ss(s);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-        std::size_t mult = 1;
-        if (!item.empty() && (item.back() == 'K' || item.back() == 'k')) {
-            mult = 1024;
-            item.pop_back();
-        }
-        out.push_back(std::stoull(item) * mult);
-    }
-    return out;
-}
-
-std::vector<std::string> split_names(const std::string& s) {
-    std::vector<std::string> out;
-    std::stringstream ss(s);
-    std::string item;
-    while (std::getline(ss, item, ','))
-        out.push_back(item);
-    return out;
 }
 
 struct Options {

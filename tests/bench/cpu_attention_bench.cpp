@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "read_bandwidth.hpp"
 #include "writescope/core/kv_geometry.hpp"
 #include "writescope/cpu/attention.hpp"
@@ -219,11 +220,6 @@ std::string read_first_line(const char* path) {
     std::string line;
     std::getline(in, line);
     return line.empty() ? "unavailable" : line;
-}
-
-double median(std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
 }
 
 struct Result {

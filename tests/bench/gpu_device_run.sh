@@ -2,8 +2,9 @@
 # Builds and runs the GPU tests and the hybrid-step benchmark on the lent GPU machine, writing
 # logs and JSON under $OUT (docs/perf/attention-step.md records what came back). Run from the
 # repository root (or a copy of it) after `source .devdeps/unpack-deps.sh`.
-#   PHASES: any of "test anatomy full" (default: "test full")
+#   PHASES: any of "test kernel anatomy full" (default: "test full"); kernel = gpu-attention
 #   BENCH_ARGS: extra arguments for every attention-step run (e.g. "--models qwen3-30b-a3b")
+#   KERNEL_ARGS: arguments for the gpu-attention run
 # Times on the H200 machine: build ~50 s, test ~40 s, anatomy ~20 s per model, full ~4 min.
 set -u
 OUT=${OUT:-/tmp/ws-out}
@@ -27,6 +28,11 @@ if [[ $PHASES == *test* ]]; then
   "$B/tests/gpu/test-gpu" > "$OUT/gpu-tests.txt" 2>&1
   echo "test-gpu rc=$?"
   tail -2 "$OUT/gpu-tests.txt"
+fi
+if [[ $PHASES == *kernel* ]]; then
+  "$BENCH" gpu-attention ${KERNEL_ARGS:-} > "$OUT/gpu-attention.txt" 2>&1
+  echo "gpu-attention rc=$?"
+  cat "$OUT/gpu-attention.txt"
 fi
 if [[ $PHASES == *anatomy* ]]; then
   # shellcheck disable=SC2086

@@ -8,6 +8,7 @@ namespace writescope::bench {
 int run_cpu_attention(int argc, char** argv);
 #if WRITESCOPE_BENCH_CUDA
 int run_attention_step(int argc, char** argv);
+int run_gpu_attention(int argc, char** argv);
 #endif
 }  // namespace writescope::bench
 
@@ -24,6 +25,8 @@ const Command kCommands[] = {
 #if WRITESCOPE_BENCH_CUDA
     {"attention-step", &writescope::bench::run_attention_step,
      "one hybrid decode step per layer in every mode vs PCIe, HBM and host read ceilings"},
+    {"gpu-attention", &writescope::bench::run_gpu_attention,
+     "the in-place GPU decode attention kernels over device-resident KV vs HBM"},
 #endif
 };
 

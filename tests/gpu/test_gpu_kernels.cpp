@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "test_seed.hpp"
@@ -45,8 +46,20 @@ HostSeq make_seq(const KvGeometry& g, int B, int tokens, std::mt19937_64& rng) {
         std::vector<std::uint16_t> b(lay.elems());
         for (auto& x : b)
             x = enc(nd(rng), g.dtype);
+        // Slots past the valid tokens hold NaN: a kernel that reads a stale row into its sums
+        // (even times a zero probability) fails.
+        const int valid = std::min(left, B);
+        const std::uint16_t nan = g.dtype == DType::bf16 ? 0x7fc0 : 0x7e00;
+        for (int t = valid; t < B; ++t)
+            for (int h = 0; h < g.num_kv_heads; ++h) {
+                std::fill_n(b.begin() + static_cast<std::ptrdiff_t>(lay.k_offset(h, t)),
+                            g.head_dim_k, nan);
+                if (!g.mla)
+                    std::fill_n(b.begin() + static_cast<std::ptrdiff_t>(lay.v_offset(h, t)),
+                                g.head_dim_v, nan);
+            }
         s.blocks.push_back(std::move(b));
-        s.valid.push_back(std::min(left, B));
+        s.valid.push_back(valid);
     }
     s.q.resize(static_cast<std::size_t>(g.num_q_heads) * g.head_dim_k);
     for (auto& x : s.q)
@@ -102,7 +115,7 @@ struct GpuRun {
 GpuRun run_gpu(const KvGeometry& g, int B, const std::vector<HostSeq>& seqs,
                const std::vector<std::size_t>& gpu_from,  // per seq: blocks before this go to ext
                const std::vector<float>* ext_o, const std::vector<float>* ext_lse,
-               std::mt19937_64& rng) {
+               cuda::AttnKernel kernel, std::mt19937_64& rng) {
     const auto lay = LinearBlockLayout::of(g, B);
     const std::size_t block_bytes = lay.elems() * 2;
     std::size_t nblocks = 0;
@@ -163,6 +176,7 @@ GpuRun run_gpu(const KvGeometry& g, int B, const std::vector<HostSeq>& seqs,
     cuda::Stream stream;
     cuda::DecodeAttnParams p;
     p.geo = g;
+    p.kernel = kernel;
     p.block_tokens = B;
     p.q = d_q.data();
     p.block_ptrs = static_cast<const void* const*>(d_ptrs.data());
@@ -259,7 +273,7 @@ GpuRun run_gpu(const KvGeometry& g, int B, const std::vector<HostSeq>& seqs,
 }
 
 void check_against_ref(const KvGeometry& g, int B, const std::vector<HostSeq>& seqs,
-                       const GpuRun& r, const char* what) {
+                       const GpuRun& r, const std::string& what) {
     double num = 0, den = 0, max_lse_err = 0;
     const std::size_t dv = g.head_dim_v;
     for (std::size_t si = 0; si < seqs.size(); ++si)
@@ -284,13 +298,20 @@ void check_against_ref(const KvGeometry& g, int B, const std::vector<HostSeq>& s
         }
     const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
     std::printf(
-        "[gpu] %-34s %-5s heads %2d/%d dim %3d/%3d, merge chunks %2d%s: rel err vs fp64 %.3e, "
+        "[gpu] %-44s %-5s heads %2d/%d dim %3d/%3d, merge chunks %2d%s: rel err vs fp64 %.3e, "
         "lse err %.3e\n",
-        what, std::string(dtype_name(g.dtype)).c_str(), g.num_q_heads, g.num_kv_heads, g.head_dim_k,
-        g.head_dim_v, r.merge_chunks, r.staged ? " staged" : "", rel, max_lse_err);
+        what.c_str(), std::string(dtype_name(g.dtype)).c_str(), g.num_q_heads, g.num_kv_heads,
+        g.head_dim_k, g.head_dim_v, r.merge_chunks, r.staged ? " staged" : "", rel, max_lse_err);
     // Inputs are exact in fp32; only fp32 accumulation differs from fp64.
     REQUIRE(rel < 2e-5);
     REQUIRE(max_lse_err < 2e-5);
+}
+
+std::string kernel_label(cuda::AttnKernel k, const char* what, int B) {
+    const char* name = k == cuda::AttnKernel::simt  ? "simt"
+                       : k == cuda::AttnKernel::mma ? "mma"
+                                                    : "auto";
+    return std::string(what) + " [" + name + ", B " + std::to_string(B) + "]";
 }
 
 std::vector<KvGeometry> gpu_shapes(DType t) {
@@ -309,53 +330,59 @@ std::vector<KvGeometry> gpu_shapes(DType t) {
 TEST_CASE("GPU decode attention + merge equals fp64 attention", "[gpu]") {
     if (!have_gpu()) FAIL("no GPU: run the gpu label only on a GPU machine");
     auto rng = test::seeded_rng("gpu decode attention");
-    for (DType t : {DType::bf16, DType::f16})
-        for (const auto& g : gpu_shapes(t)) {
-            const int B = (rng() % 2) ? 64 : 128;
-            std::vector<HostSeq> seqs;
-            const int nseq = 1 + static_cast<int>(rng() % 4);
-            seqs.push_back(make_seq(g, B, 2000 + static_cast<int>(rng() % 3000), rng));
-            for (int i = 0; i < nseq; ++i) {
-                // Lengths: empty, single token, non-multiples of B, a few thousand.
-                const int choices[] = {0,     1,          B - 1,
-                                       B + 1, 3 * B + 17, 2000 + static_cast<int>(rng() % 3000)};
-                seqs.push_back(make_seq(g, B, choices[rng() % 6], rng));
+    // Both kernels, forced, and the automatic choice, which also sees a block size the
+    // tensor-core kernel's tiles do not divide (48: it must fall back to the SIMT kernel).
+    for (const auto kernel :
+         {cuda::AttnKernel::simt, cuda::AttnKernel::mma, cuda::AttnKernel::automatic})
+        for (DType t : {DType::bf16, DType::f16})
+            for (const auto& g : gpu_shapes(t)) {
+                const int sizes[] = {64, 128, 48};
+                const int B = sizes[rng() % (kernel == cuda::AttnKernel::automatic ? 3 : 2)];
+                std::vector<HostSeq> seqs;
+                const int nseq = 1 + static_cast<int>(rng() % 4);
+                seqs.push_back(make_seq(g, B, 2000 + static_cast<int>(rng() % 3000), rng));
+                for (int i = 0; i < nseq; ++i) {
+                    // Lengths: empty, single token, non-multiples of B, a few thousand.
+                    const int choices[] = {
+                        0, 1, B - 1, B + 1, 3 * B + 17, 2000 + static_cast<int>(rng() % 3000)};
+                    seqs.push_back(make_seq(g, B, choices[rng() % 6], rng));
+                }
+                std::vector<std::size_t> from(seqs.size(), 0);
+                auto r = run_gpu(g, B, seqs, from, nullptr, nullptr, kernel, rng);
+                check_against_ref(g, B, seqs, r, kernel_label(kernel, "paged, random runs", B));
             }
-            std::vector<std::size_t> from(seqs.size(), 0);
-            auto r = run_gpu(g, B, seqs, from, nullptr, nullptr, rng);
-            check_against_ref(g, B, seqs, r, "paged attention, random runs");
-        }
 }
 
 TEST_CASE("GPU merge of a split (external CPU part + GPU runs) equals unsplit", "[gpu]") {
     if (!have_gpu()) FAIL("no GPU");
     auto rng = test::seeded_rng("gpu split merge");
-    for (DType t : {DType::bf16, DType::f16})
-        for (const auto& g : gpu_shapes(t)) {
-            const int B = 64;
-            std::vector<HostSeq> seqs;
-            for (int i = 0; i < 3; ++i)
-                seqs.push_back(make_seq(g, B, 1 + static_cast<int>(rng() % 1500), rng));
-            // The first blocks of each sequence are the "CPU part": its exact state, rounded to
-            // fp32, comes in as the external state.
-            std::vector<std::size_t> from;
-            const std::size_t rows = seqs.size() * g.num_q_heads, dv = g.head_dim_v;
-            std::vector<float> ext_o(rows * dv), ext_lse(rows);
-            for (std::size_t si = 0; si < seqs.size(); ++si) {
-                from.push_back(rng() % (seqs[si].blocks.size() + 1));
-                for (int qh = 0; qh < g.num_q_heads; ++qh) {
-                    std::vector<double> o;
-                    double lse;
-                    ref_attention(g, B, seqs[si], qh, 0, from.back(), o, lse);
-                    const std::size_t row = si * g.num_q_heads + qh;
-                    for (std::size_t d = 0; d < dv; ++d)
-                        ext_o[row * dv + d] = static_cast<float>(o[d]);
-                    ext_lse[row] = static_cast<float>(lse);
+    for (const auto kernel : {cuda::AttnKernel::simt, cuda::AttnKernel::mma})
+        for (DType t : {DType::bf16, DType::f16})
+            for (const auto& g : gpu_shapes(t)) {
+                const int B = 64;
+                std::vector<HostSeq> seqs;
+                for (int i = 0; i < 3; ++i)
+                    seqs.push_back(make_seq(g, B, 1 + static_cast<int>(rng() % 1500), rng));
+                // The first blocks of each sequence are the "CPU part": its exact state, rounded to
+                // fp32, comes in as the external state.
+                std::vector<std::size_t> from;
+                const std::size_t rows = seqs.size() * g.num_q_heads, dv = g.head_dim_v;
+                std::vector<float> ext_o(rows * dv), ext_lse(rows);
+                for (std::size_t si = 0; si < seqs.size(); ++si) {
+                    from.push_back(rng() % (seqs[si].blocks.size() + 1));
+                    for (int qh = 0; qh < g.num_q_heads; ++qh) {
+                        std::vector<double> o;
+                        double lse;
+                        ref_attention(g, B, seqs[si], qh, 0, from.back(), o, lse);
+                        const std::size_t row = si * g.num_q_heads + qh;
+                        for (std::size_t d = 0; d < dv; ++d)
+                            ext_o[row * dv + d] = static_cast<float>(o[d]);
+                        ext_lse[row] = static_cast<float>(lse);
+                    }
                 }
+                auto r = run_gpu(g, B, seqs, from, &ext_o, &ext_lse, kernel, rng);
+                check_against_ref(g, B, seqs, r, kernel_label(kernel, "split CPU/GPU", B));
             }
-            auto r = run_gpu(g, B, seqs, from, &ext_o, &ext_lse, rng);
-            check_against_ref(g, B, seqs, r, "split CPU/GPU, merged on GPU");
-        }
 }
 
 TEST_CASE("merge chunking: about sqrt(n) chunks that cover every part", "[gpu]") {

@@ -22,8 +22,15 @@ struct AttnWorkItem {
     std::int32_t num_blocks = 0;
 };
 
+// Which kernel runs the attention. automatic: the tensor-core kernel where it applies (sm_80 or
+// later, block_tokens a multiple of its tile: 64 tokens, 32 for MLA), the SIMT kernel otherwise.
+// The other two force one (mma throws std::invalid_argument where it does not apply); for tests
+// and benchmarks.
+enum class AttnKernel : std::uint8_t { automatic, simt, mma };
+
 struct DecodeAttnParams {
-    KvGeometry geo;                 // dims, dtype (bf16 or fp16), MLA flag, scale
+    KvGeometry geo;  // dims, dtype (bf16 or fp16), MLA flag, scale
+    AttnKernel kernel = AttnKernel::automatic;
     std::int32_t block_tokens = 0;  // B
     // q: (num_seqs, num_q_heads, head_dim_k) in geo.dtype, device memory.
     const void* q = nullptr;

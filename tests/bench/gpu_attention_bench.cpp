@@ -1,0 +1,220 @@
+// writescope-bench gpu-attention: the in-place GPU decode attention kernel (the whole attention
+// when a sequence's KV sits in T and G) over paged blocks resident in device memory, for each
+// model geometry, context and batch, against the HBM copy rate measured in the same run. Times
+// the kernel alone (CUDA events around its launch), not the merge: the rate is KV bytes read
+// per second. Runs each kernel the build has (the SIMT one and the tensor-core one) on the
+// same inputs, and prints how far their partial states differ, as a sanity check.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bench_util.hpp"
+#include "writescope/core/kv_block.hpp"
+#include "writescope/core/kv_geometry.hpp"
+#include "writescope/cuda/attention.hpp"
+#include "writescope/cuda/device.hpp"
+
+namespace writescope::bench {
+
+namespace {
+
+struct Options {
+    std::vector<std::string> models{"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"};
+    std::vector<std::size_t> contexts{8192, 16384, 32768, 65536, 131072};
+    std::vector<std::size_t> batches{1, 4, 16};
+    std::size_t block = 128;
+    std::size_t item_blocks = 2;  // the step backend's in-place default
+    int reps = 10;
+};
+
+void usage() {
+    std::puts(
+        "usage: writescope-bench gpu-attention [--models a,b] [--contexts 8K,128K]\n"
+        "         [--batches 1,16] [--block N] [--item-blocks N] [--reps N]\n"
+        "  The in-place decode attention kernel over device-resident paged KV (bf16), each\n"
+        "  kernel variant on the same inputs, against the HBM copy rate measured in the run.");
+}
+
+Options parse(int argc, char** argv) {
+    Options o;
+    for (int i = 0; i < argc; ++i) {
+        const std::string a = argv[i];
+        auto val = [&]() -> std::string {
+            if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
+            return argv[++i];
+        };
+        if (a == "--help" || a == "-h") {
+            usage();
+            std::exit(0);
+        } else if (a == "--models") {
+            o.models = split_names(val());
+        } else if (a == "--contexts") {
+            o.contexts = parse_list(val());
+        } else if (a == "--batches") {
+            o.batches = parse_list(val());
+        } else if (a == "--block") {
+            o.block = std::stoull(val());
+        } else if (a == "--item-blocks") {
+            o.item_blocks = std::stoull(val());
+        } else if (a == "--reps") {
+            o.reps = std::stoi(val());
+        } else {
+            throw std::invalid_argument("unknown option " + a);
+        }
+    }
+    if (o.block == 0 || o.item_blocks == 0 || o.reps < 1)
+        throw std::invalid_argument("--block, --item-blocks and --reps must be positive");
+    return o;
+}
+
+double hbm_copy_gbps() {
+    const std::size_t bytes = std::size_t{1} << 30;
+    cuda::DeviceBuffer a(bytes), b(bytes);
+    a.fill_bytes(0x3c);
+    cuda::Stream s;
+    cuda::Event e0, e1;
+    std::vector<double> r;
+    for (int i = 0; i < 6; ++i) {
+        e0.record(s);
+        cuda::copy_async(b.data(), a.data(), bytes, s);
+        e1.record(s);
+        e1.synchronize();
+        if (i) r.push_back(2.0 * bytes / (e1.elapsed_ms_since(e0) * 1e-3) / 1e9);
+    }
+    return median(r);
+}
+
+template <class T>
+cuda::DeviceBuffer upload(const std::vector<T>& v) {
+    cuda::DeviceBuffer b(std::max<std::size_t>(v.size() * sizeof(T), 16));
+    if (!v.empty()) b.upload(v.data(), v.size() * sizeof(T));
+    return b;
+}
+
+}  // namespace
+
+int run_gpu_attention(int argc, char** argv) {
+    const Options o = parse(argc, argv);
+    if (cuda::device_count() == 0) throw std::runtime_error("no GPU");
+    const auto dev = cuda::device_info(0);
+    char date[64];
+    const std::time_t t = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&t));
+    std::printf("writescope-bench gpu-attention (%s)\n%s, %d SMs\n", date, dev.name.c_str(),
+                dev.sm_count);
+    const double hbm = hbm_copy_gbps();
+    std::printf("ceiling: HBM copy %.0f GB/s (bytes read + written)\n", hbm);
+    std::printf("block %zu tokens, %zu blocks per work item (one CTA), all blocks full, bf16\n\n",
+                o.block, o.item_blocks);
+
+    const std::uint64_t seed = std::random_device{}();
+    std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+    std::mt19937_64 rng(seed);
+    const cuda::AttnKernel kernels[] = {cuda::AttnKernel::simt, cuda::AttnKernel::mma};
+
+    for (const auto& name : o.models) {
+        const auto geo = kv_geometry_preset(name, DType::bf16);
+        if (!geo) throw std::invalid_argument("unknown model " + name);
+        const KvGeometry& g = *geo;
+        const auto lay = LinearBlockLayout::of(g, o.block);
+        const std::size_t block_bytes = lay.elems() * 2;
+        std::size_t most_blocks = 0;
+        for (auto c : o.contexts)
+            for (auto b : o.batches)
+                most_blocks = std::max(most_blocks, b * ((c + o.block - 1) / o.block));
+        // One device allocation for the largest point, filled with random bf16 (a repeated
+        // 64 MiB pattern: the values do not change the time).
+        cuda::DeviceBuffer kv(most_blocks * block_bytes);
+        {
+            std::normal_distribution<float> nd(0.0f, 1.0f);
+            std::vector<std::uint16_t> pat((std::size_t{64} << 20) / 2);
+            for (auto& x : pat)
+                x = f32_to_bf16(nd(rng));
+            const std::size_t pb = pat.size() * 2;
+            for (std::size_t off = 0; off < kv.size(); off += pb)
+                kv.upload(pat.data(), std::min(pb, kv.size() - off), off);
+        }
+        std::printf(
+            "%s: %d q / %d kv heads, dims %d/%d, %zu B/token/layer\n"
+            " context batch   KV MB |  simt us   GB/s  /HBM |   mma us   GB/s  /HBM | mma/simt  "
+            "max|diff|\n",
+            name.c_str(), g.num_q_heads, g.num_kv_heads, g.head_dim_k, g.head_dim_v,
+            g.bytes_per_token_layer());
+        for (auto ctx : o.contexts)
+            for (auto batch : o.batches) {
+                const std::size_t nb = (ctx + o.block - 1) / o.block;
+                std::vector<const void*> ptrs;
+                std::vector<std::int32_t> valid;
+                for (std::size_t i = 0; i < batch * nb; ++i) {
+                    ptrs.push_back(static_cast<char*>(kv.data()) + i * block_bytes);
+                    const std::size_t left = ctx - (i % nb) * o.block;
+                    valid.push_back(static_cast<std::int32_t>(std::min(left, o.block)));
+                }
+                std::vector<cuda::AttnWorkItem> items;
+                for (std::size_t s = 0; s < batch; ++s)
+                    for (int h = 0; h < g.num_kv_heads; ++h)
+                        for (std::size_t b = 0; b < nb; b += o.item_blocks)
+                            items.push_back(
+                                {static_cast<std::int32_t>(s), h,
+                                 static_cast<std::int32_t>(s * nb + b),
+                                 static_cast<std::int32_t>(std::min(o.item_blocks, nb - b))});
+                std::vector<std::uint16_t> q(batch * g.num_q_heads * g.head_dim_k);
+                std::normal_distribution<float> nd(0.0f, 0.5f);
+                for (auto& x : q)
+                    x = f32_to_bf16(nd(rng));
+                auto d_ptrs = upload(ptrs), d_valid = upload(valid), d_items = upload(items),
+                     d_q = upload(q);
+                const std::size_t G = g.group_size(), parts = items.size() * G;
+                cuda::DeviceBuffer part_o(parts * g.head_dim_v * 4), part_lse(parts * 4);
+                cuda::DecodeAttnParams p;
+                p.geo = g;
+                p.block_tokens = static_cast<std::int32_t>(o.block);
+                p.q = d_q.data();
+                p.block_ptrs = static_cast<const void* const*>(d_ptrs.data());
+                p.block_tokens_valid = static_cast<const std::int32_t*>(d_valid.data());
+                p.items = static_cast<const cuda::AttnWorkItem*>(d_items.data());
+                p.item_count = static_cast<std::int32_t>(items.size());
+                p.part_o = static_cast<float*>(part_o.data());
+                p.part_lse = static_cast<float*>(part_lse.data());
+                cuda::Stream s;
+                cuda::Event e0, e1;
+                const double bytes = static_cast<double>(batch) * ctx * g.bytes_per_token_layer();
+                double us[2] = {0, 0};
+                std::vector<float> out[2];
+                for (int k = 0; k < 2; ++k) {
+                    p.kernel = kernels[k];
+                    std::vector<double> v;
+                    for (int rep = 0; rep <= o.reps; ++rep) {
+                        e0.record(s);
+                        cuda::decode_attention(p, s.handle());
+                        e1.record(s);
+                        e1.synchronize();
+                        if (rep) v.push_back(e1.elapsed_ms_since(e0) * 1e3);
+                    }
+                    us[k] = median(v);
+                    out[k].resize(parts * g.head_dim_v);
+                    part_o.download(out[k].data(), out[k].size() * 4);
+                }
+                double diff = 0;
+                for (std::size_t i = 0; i < out[0].size(); ++i)
+                    diff = std::max(diff, static_cast<double>(std::fabs(out[0][i] - out[1][i])));
+                std::printf("%8zu %5zu %7.1f |", ctx, batch, bytes / 1e6);
+                for (int k = 0; k < 2; ++k) {
+                    const double gbps = bytes / (us[k] * 1e-6) / 1e9;
+                    std::printf(" %8.1f %6.0f %5.2f |", us[k], gbps, gbps / hbm);
+                }
+                std::printf(" %7.2fx  %.1e\n", us[0] / us[1], diff);
+                std::fflush(stdout);
+            }
+        std::printf("\n");
+    }
+    return 0;
+}
+
+}  // namespace writescope::bench
