@@ -203,12 +203,11 @@ __global__ void __launch_bounds__(kThreads)
 // rounding. P is not representable in 16 bits; splitting it as p = hi + lo (hi = round(p),
 // lo = round(p − hi)) leaves ~2⁻¹⁷ of p (bf16) or ~2⁻²² (fp16) unrepresented, far inside the
 // 2e-5 the GPU tests require against fp64.
-// The KV tile goes to shared memory with cp.async, double-buffered: the copy of tile i+1
-// overlaps the math of tile i. Rows past the valid tokens are zero-filled (a stale V row times
-// p = 0 could otherwise be NaN). Shared rows are padded by 16 bytes so that ldmatrix's eight
-// row addresses fall in different banks.
-// Warps: Q·K over the tile's 8-token column groups (each warp its own), the online softmax over
-// head rows, P·V over DV/4 output dims each.
+// KV tiles go to shared memory with cp.async in a ring of STAGES: the copies of the next
+// STAGES − 1 tiles are in flight while one is attended. Rows past the valid tokens are zero-filled
+// (a stale V row times p = 0 could otherwise be NaN). Shared rows are padded by 16 bytes so that
+// ldmatrix's eight row addresses fall in different banks. Warps: Q·K over the tile's 8-token column
+// groups (each warp its own), the online softmax over head rows, P·V over DV/4 output dims each.
 
 __device__ inline std::uint32_t smem_addr(const void* p) {
     return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
@@ -260,7 +259,7 @@ __device__ inline __half from_f32(float x, __half) {
 }
 
 // Shared-memory layout of one CTA (element counts of T unless noted); host and device agree.
-template <int DK, int DV, bool MLA, int TILE>
+template <int DK, int DV, bool MLA, int TILE, int STAGES>
 struct MmaLayout {
     static constexpr int kRow = DK + 8;  // padded K (or latent) row
     static constexpr int vRow = DV + 8;  // padded V row (GQA)
@@ -268,7 +267,7 @@ struct MmaLayout {
     static constexpr int stage = TILE * kRow + (MLA ? 0 : TILE * vRow);
     static constexpr std::size_t q_off = 0;
     static constexpr std::size_t kv_off = q_off + 16 * kRow;
-    static constexpr std::size_t p_off = kv_off + 2 * static_cast<std::size_t>(stage);
+    static constexpr std::size_t p_off = kv_off + STAGES * static_cast<std::size_t>(stage);
     static constexpr std::size_t elems = p_off + 2 * 16 * pRow;  // p hi, p lo
     template <typename T>
     static constexpr std::size_t bytes() {
@@ -277,12 +276,13 @@ struct MmaLayout {
     }
 };
 
-template <typename T, int DK, int DV, int G, bool MLA, int TILE>
+template <typename T, int DK, int DV, int G, bool MLA, int TILE, int STAGES>
 __global__ void __launch_bounds__(kThreads)
     decode_attn_mma_kernel(const DecodeAttnParams p, int num_q_heads, int num_kv_heads,
                            float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    using L = MmaLayout<DK, DV, MLA, TILE>;
+    using L = MmaLayout<DK, DV, MLA, TILE, STAGES>;
+    static_assert(STAGES >= 2, "at least one tile in flight while one is attended");
     static_assert(G >= 1 && G <= 16, "the group must fit the 16 mma rows");
     static_assert(DK % 32 == 0 && DV % 64 == 0 && TILE % 32 == 0, "tile shapes");
     constexpr int NW = kThreads / 32;
@@ -366,14 +366,20 @@ __global__ void __launch_bounds__(kThreads)
         for (int e = 0; e < 4; ++e)
             o[n][e] = 0.0f;
 
-    if (ntiles > 0) load_tile(0, 0);
-    cp_async_commit();
-    for (int ti = 0; ti < ntiles; ++ti) {
-        if (ti + 1 < ntiles) load_tile(ti + 1, (ti + 1) & 1);
+            // STAGES − 1 tiles in flight ahead of the one attended; one commit group per tile
+            // (empty past the end), so that wait_group<STAGES − 1> means "this tile has landed".
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {
+        if (st < ntiles) load_tile(st, st);
         cp_async_commit();
-        cp_async_wait<1>();  // this tile's group has landed (the next may be in flight)
+    }
+    for (int ti = 0; ti < ntiles; ++ti) {
+        const int ahead = ti + STAGES - 1;  // its stage was attended at ti − 1
+        if (ahead < ntiles) load_tile(ahead, ahead % STAGES);
+        cp_async_commit();
+        cp_async_wait<STAGES - 1>();
         __syncthreads();
-        const T* kt = kv_s + (ti & 1) * L::stage;
+        const T* kt = kv_s + (ti % STAGES) * L::stage;
         const T* vt = MLA ? kt : kt + TILE * L::kRow;
         constexpr int vstride = MLA ? L::kRow : L::vRow;
         const int nvalid = min(TILE, total - ti * TILE);
@@ -382,7 +388,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int ct = 0; ct < QK_TILES; ++ct) {
             const int t0 = (warp * QK_TILES + ct) * 8;
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            // Two accumulators: two dependent mma chains of DK/32 instead of one of DK/16
+            // (36 for the MLA latent).
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 4
             for (int ks = 0; ks < DK / 16; ks += 2) {
                 std::uint32_t a0[4], a1[4], b[4];
@@ -390,8 +398,11 @@ __global__ void __launch_bounds__(kThreads)
                 ldmatrix_x4(a1, q_s + (lane & 15) * L::kRow + ks * 16 + 16 + (lane >> 4) * 8);
                 ldmatrix_x4(b, kt + (t0 + (lane & 7)) * L::kRow + ks * 16 + (lane >> 3) * 8);
                 mma16816(acc, a0, b[0], b[1], T{});
-                mma16816(acc, a1, b[2], b[3], T{});
+                mma16816(acc1, a1, b[2], b[3], T{});
             }
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                acc[e] += acc1[e];
             const int c0 = t0 + tig * 2;
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
@@ -502,12 +513,12 @@ bool mma_kernel_usable() {
     return usable;
 }
 
-template <typename T, int DK, int DV, int G, bool MLA, int TILE>
+template <typename T, int DK, int DV, int G, bool MLA, int TILE, int STAGES>
 bool launch_attn_mma(const DecodeAttnParams& p, cudaStream_t s) {
     if (p.block_tokens % TILE != 0 || !mma_kernel_usable()) return false;
-    using L = MmaLayout<DK, DV, MLA, TILE>;
+    using L = MmaLayout<DK, DV, MLA, TILE, STAGES>;
     constexpr std::size_t bytes = L::template bytes<T>();
-    auto* kernel = &decode_attn_mma_kernel<T, DK, DV, G, MLA, TILE>;
+    auto* kernel = &decode_attn_mma_kernel<T, DK, DV, G, MLA, TILE, STAGES>;
     static const cudaError_t attr = cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
     if (attr != cudaSuccess)
@@ -521,10 +532,11 @@ bool launch_attn_mma(const DecodeAttnParams& p, cudaStream_t s) {
 template <typename T, int DK, int DV, int G, bool MLA>
 void launch_attn(const DecodeAttnParams& p, cudaStream_t s) {
     if (p.item_count <= 0) return;
-    // Tiles of 64 tokens for the 128-dim heads (two CTAs of ~81 KB per SM), 32 for the MLA
-    // latent (~98 KB).
-    constexpr int kTile = MLA ? 32 : 64;
-    if (p.kernel != AttnKernel::simt && launch_attn_mma<T, DK, DV, G, MLA, kTile>(p, s)) return;
+    // Tiles of 32 tokens. The 128-dim heads: 3 stages (~61 KB: three CTAs per SM, 104 KB of KV
+    // in flight per SM); the MLA latent: 2 stages (~98 KB: two CTAs per SM).
+    constexpr int kTile = 32, kStages = MLA ? 2 : 3;
+    if (p.kernel != AttnKernel::simt && launch_attn_mma<T, DK, DV, G, MLA, kTile, kStages>(p, s))
+        return;
     if (p.kernel == AttnKernel::mma)
         throw std::invalid_argument(
             "GPU decode attention: the tensor-core kernel needs sm_80 or later and block_tokens "
