@@ -501,6 +501,237 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
+// Two fp32 values as one register of two 16-bit values (the first in the low half), and the
+// same pair back as fp32.
+__device__ inline std::uint32_t pack2(float a, float b, __nv_bfloat16) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<const std::uint32_t*>(&h);
+}
+__device__ inline std::uint32_t pack2(float a, float b, __half) {
+    const __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const std::uint32_t*>(&h);
+}
+__device__ inline float2 unpack2(std::uint32_t u, __nv_bfloat16) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
+}
+__device__ inline float2 unpack2(std::uint32_t u, __half) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&u));
+}
+
+// The 128-dim heads (GQA) in the FlashAttention-2 arrangement: each warp owns 16 tokens of every
+// 64-token tile and keeps its own softmax state and output for all DV dims, so that scores,
+// probabilities and the output never leave registers: the Q·K accumulators of two 8-token
+// column groups are, element for element, the A fragment of the P·V mma. One barrier per tile
+// (the stage ring's handoff); the four warps' states merge once at the end through shared
+// memory. Rows past G are zero queries whose states are never written.
+template <typename T, int G, int STAGES>
+__global__ void __launch_bounds__(kThreads)
+    decode_attn_gqa_mma_kernel(const DecodeAttnParams p, int num_q_heads, int num_kv_heads,
+                               float scale) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    constexpr int D = 128, TILE = 64, NW = kThreads / 32;
+    constexpr int kRow = D + 8;  // padded row (K and V alike)
+    constexpr int stage = 2 * TILE * kRow;
+    static_assert(G >= 1 && G <= 16 && STAGES >= 2, "shape");
+    extern __shared__ uint4 smem_raw[];
+    T* const q_s = reinterpret_cast<T*>(smem_raw);  // [16][kRow]
+    T* const kv_s = q_s + 16 * kRow;                // STAGES × (K tile, V tile)
+
+    const int item_idx = p.item_begin + static_cast<int>(blockIdx.x);
+    const AttnWorkItem it = p.items[item_idx];
+    const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+    const int gid = lane >> 2, tig = lane & 3;
+    const int B = p.block_tokens;
+
+    const T* q =
+        static_cast<const T*>(p.q) +
+        (static_cast<size_t>(it.seq) * num_q_heads + static_cast<size_t>(it.kv_head) * G) * D;
+    for (int c = tid; c < 16 * (D / 8); c += kThreads) {
+        const int r = c / (D / 8), col = (c % (D / 8)) * 8;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r < G) v = *reinterpret_cast<const uint4*>(q + static_cast<size_t>(r) * D + col);
+        *reinterpret_cast<uint4*>(q_s + r * kRow + col) = v;
+    }
+    int total = 0;
+    if (it.num_blocks > 0)
+        total = (it.num_blocks - 1) * B + p.block_tokens_valid[it.first_block + it.num_blocks - 1];
+    const int ntiles = (total + TILE - 1) / TILE;
+
+    auto load_tile = [&](int ti, int st) {
+        const int j0 = ti * TILE;
+        const int blk = it.first_block + j0 / B, off = j0 % B;
+        const int nvalid = min(TILE, total - j0);
+        const T* base = static_cast<const T*>(p.block_ptrs[blk]);
+        const T* k0 = base + (static_cast<size_t>(it.kv_head) * B + off) * D;
+        const T* v0 = base + static_cast<size_t>(num_kv_heads) * B * D +
+                      (static_cast<size_t>(it.kv_head) * B + off) * D;
+        T* kd = kv_s + st * stage;
+        for (int c = tid; c < 2 * TILE * (D / 8); c += kThreads) {
+            const int isv = c >= TILE * (D / 8);
+            const int cc = c - isv * TILE * (D / 8);
+            const int r = cc / (D / 8), col = (cc % (D / 8)) * 8;
+            const bool ok = r < nvalid;
+            const T* src = (isv ? v0 : k0) + static_cast<size_t>(r) * D + col;
+            cp_async16(kd + (isv * TILE + r) * kRow + col, ok ? src : base, ok ? 16 : 0);
+        }
+    };
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {
+        if (st < ntiles) load_tile(st, st);
+        cp_async_commit();
+    }
+    __syncthreads();              // q_s
+    std::uint32_t qa[D / 16][4];  // Q's A fragments, all 8 k-steps
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks)
+        ldmatrix_x4(qa[ks], q_s + (lane & 15) * kRow + ks * 16 + (lane >> 4) * 8);
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            o[n][e] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows gid, gid + 8 (l: own part)
+
+    for (int ti = 0; ti < ntiles; ++ti) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();  // tile ti landed for every thread; stage (ti − 1) is free
+        const int ahead = ti + STAGES - 1;
+        if (ahead < ntiles) load_tile(ahead, ahead % STAGES);
+        cp_async_commit();
+
+        const T* kt = kv_s + (ti % STAGES) * stage;
+        const T* vt = kt + TILE * kRow;
+        const int t0 = warp * 16;
+        const int nvalid = min(TILE, total - ti * TILE);
+        if (t0 >= nvalid) continue;  // this warp's tokens are past the end
+
+        // S for tokens t0..t0+15: two 8-token column groups, two accumulator chains each.
+        float s[2][4];
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+            float a0[4] = {0, 0, 0, 0}, a1[4] = {0, 0, 0, 0};
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ks += 2) {
+                std::uint32_t b[4];
+                ldmatrix_x4(b, kt + (t0 + c * 8 + (lane & 7)) * kRow + ks * 16 + (lane >> 3) * 8);
+                mma16816(a0, qa[ks], b[0], b[1], T{});
+                mma16816(a1, qa[ks + 1], b[2], b[3], T{});
+            }
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int tok = t0 + c * 8 + tig * 2 + (e & 1);
+                s[c][e] = tok < nvalid ? (a0[e] + a1[e]) * scale : -INFINITY;
+            }
+        }
+        // Online softmax per row (the quad of lanes 4·gid .. 4·gid + 3 shares a row).
+        float f[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float mx =
+                fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float m_new = fmaxf(m[h], mx);  // finite: token t0 is valid
+            f[h] = m[h] == -INFINITY ? 0.0f : expf(m[h] - m_new);
+            m[h] = m_new;
+            float sum = 0.0f;
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+#pragma unroll
+                for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                    s[c][e] = s[c][e] == -INFINITY ? 0.0f : expf(s[c][e] - m_new);
+                    sum += s[c][e];
+                }
+            l[h] = l[h] * f[h] + sum;
+        }
+        // P as the A fragment (hi and lo halves): regs (row gid, tokens 0–7), (gid + 8, 0–7),
+        // (gid, 8–15), (gid + 8, 8–15) = column groups 0 and 1, rows gid / gid + 8.
+        std::uint32_t ph[4], pl[4];
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const int c = r >> 1, e = (r & 1) * 2;
+            ph[r] = pack2(s[c][e], s[c][e + 1], T{});
+            const float2 h2 = unpack2(ph[r], T{});
+            pl[r] = pack2(s[c][e] - h2.x, s[c][e + 1] - h2.y, T{});
+        }
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            o[n][0] *= f[0];
+            o[n][1] *= f[0];
+            o[n][2] *= f[1];
+            o[n][3] *= f[1];
+        }
+        const T* vrow = vt + (t0 + (lane & 7) + ((lane >> 3) & 1) * 8) * kRow + (lane >> 4) * 8;
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+            std::uint32_t b[4];
+            ldmatrix_x4_trans(b, vrow + n * 8);
+            mma16816(o[n], ph, b[0], b[1], T{});
+            mma16816(o[n], pl, b[0], b[1], T{});
+            mma16816(o[n + 1], ph, b[2], b[3], T{});
+            mma16816(o[n + 1], pl, b[2], b[3], T{});
+        }
+    }
+    cp_async_wait<0>();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // the row's l over the quad
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    }
+    __syncthreads();  // every warp is done with the stages: reuse them for the merge
+
+    // Merge the four warps' states: o_w (16 × D fp32), m_w and l_w per row.
+    float* const mo = reinterpret_cast<float*>(kv_s);  // [NW][16][D]
+    float* const mm = mo + NW * 16 * D;                // [NW][16]
+    float* const ml = mm + NW * 16;                    // [NW][16]
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = gid + h * 8;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n)
+            *reinterpret_cast<float2*>(mo + (warp * 16 + row) * D + n * 8 + tig * 2) =
+                make_float2(o[n][2 * h], o[n][2 * h + 1]);
+        if (tig == 0) {
+            mm[warp * 16 + row] = m[h];
+            ml[warp * 16 + row] = l[h];
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < G * D; i += kThreads) {
+        const int row = i / D, d = i % D;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < NW; ++w)
+            mx = fmaxf(mx, mm[w * 16 + row]);
+        float acc = 0.0f, lsum = 0.0f;
+        if (mx != -INFINITY)
+#pragma unroll
+            for (int w = 0; w < NW; ++w) {
+                const float mw = mm[w * 16 + row];
+                if (mw == -INFINITY) continue;
+                const float wgt = expf(mw - mx);
+                acc += wgt * mo[(w * 16 + row) * D + d];
+                lsum += wgt * ml[w * 16 + row];
+            }
+        const size_t out = static_cast<size_t>(item_idx) * G + row;
+        p.part_o[out * D + d] = lsum > 0.0f ? acc / lsum : 0.0f;
+        if (d == 0) p.part_lse[out] = lsum > 0.0f ? mx + logf(lsum) : -INFINITY;
+    }
+#else
+    __trap();  // never launched below sm_80 (mma_kernel_usable checks)
+#endif
+}
+
+template <typename T, int G, int STAGES>
+constexpr std::size_t gqa_mma_smem_bytes() {
+    constexpr std::size_t kRow = 128 + 8;
+    const std::size_t ring = (16 + STAGES * 2 * 64) * kRow * sizeof(T);
+    const std::size_t merge = 16 * kRow * sizeof(T) + (4 * 16 * 128 + 2 * 4 * 16) * sizeof(float);
+    return ring > merge ? ring : merge;
+}
+
 // Whether the current device runs the tensor-core kernel (sm_80 or later).
 bool mma_kernel_usable() {
     static const bool usable = [] {
@@ -529,14 +760,35 @@ bool launch_attn_mma(const DecodeAttnParams& p, cudaStream_t s) {
     return true;
 }
 
+template <typename T, int G, int STAGES>
+bool launch_attn_gqa_mma(const DecodeAttnParams& p, cudaStream_t s) {
+    if (p.block_tokens % 64 != 0 || !mma_kernel_usable()) return false;
+    constexpr std::size_t bytes = gqa_mma_smem_bytes<T, G, STAGES>();
+    auto* kernel = &decode_attn_gqa_mma_kernel<T, G, STAGES>;
+    static const cudaError_t attr = cudaFuncSetAttribute(
+        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+    if (attr != cudaSuccess)
+        throw std::runtime_error(std::string("decode attention: shared memory attribute: ") +
+                                 cudaGetErrorString(attr));
+    kernel<<<p.item_count, kThreads, bytes, s>>>(p, p.geo.num_q_heads, p.geo.num_kv_heads,
+                                                 p.geo.scale());
+    return true;
+}
+
 template <typename T, int DK, int DV, int G, bool MLA>
 void launch_attn(const DecodeAttnParams& p, cudaStream_t s) {
     if (p.item_count <= 0) return;
-    // Tiles of 32 tokens. The 128-dim heads: 3 stages (~61 KB: three CTAs per SM, 104 KB of KV
-    // in flight per SM); the MLA latent: 2 stages (~98 KB: two CTAs per SM).
-    constexpr int kTile = 32, kStages = MLA ? 2 : 3;
-    if (p.kernel != AttnKernel::simt && launch_attn_mma<T, DK, DV, G, MLA, kTile, kStages>(p, s))
-        return;
+    // The 128-dim heads: 64-token tiles, two stages (~74 KB: three CTAs per SM, one tile in
+    // flight each while one is attended). The MLA latent: 32-token tiles, two stages (~98 KB:
+    // two CTAs per SM).
+    constexpr int kTile = MLA ? 32 : 64;
+    if (p.kernel != AttnKernel::simt) {
+        if constexpr (MLA) {
+            if (launch_attn_mma<T, DK, DV, G, MLA, 32, 2>(p, s)) return;
+        } else {
+            if (launch_attn_gqa_mma<T, G, 2>(p, s)) return;
+        }
+    }
     if (p.kernel == AttnKernel::mma)
         throw std::invalid_argument(
             "GPU decode attention: the tensor-core kernel needs sm_80 or later and block_tokens "
