@@ -194,9 +194,10 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- Tensor-core decode attention (sm_80+) -------------------------------------------------
 //
-// The same contract as decode_attn_kernel, on mma.sync m16n8k16 with fp32 accumulation. The 16
-// rows of the A side are the group's query heads (G ≤ 16; rows past G are zero and never
-// written out), so one CTA reads its KV tile once for all of them:
+// Two kernels with decode_attn_kernel's contract, on mma.sync m16n8k16 with fp32 accumulation:
+// one for the 128-dim heads, one for the MLA latent. The 16 rows of the A side are the group's
+// query heads (G ≤ 16; rows past G are zero and never written out), so one CTA reads its KV tile
+// once for all of them:
 //   S (16 heads × tile)  = Q (16 × DK) · Kᵀ              bf16/fp16 inputs, exact products
 //   O (16 heads × DV)   += P (16 × tile) · V              P split hi + lo (two mmas)
 // Products of bf16/fp16 values are exact in fp32, so Q·K matches the SIMT kernel to fp32
@@ -206,8 +207,8 @@ __global__ void __launch_bounds__(kThreads)
 // KV tiles go to shared memory with cp.async in a ring of STAGES: the copies of the next
 // STAGES − 1 tiles are in flight while one is attended. Rows past the valid tokens are zero-filled
 // (a stale V row times p = 0 could otherwise be NaN). Shared rows are padded by 16 bytes so that
-// ldmatrix's eight row addresses fall in different banks. Warps: Q·K over the tile's 8-token column
-// groups (each warp its own), the online softmax over head rows, P·V over DV/4 output dims each.
+// ldmatrix's eight row addresses fall in different banks. How the four warps share a tile is
+// each kernel's own (below).
 
 __device__ inline std::uint32_t smem_addr(const void* p) {
     return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
@@ -258,38 +259,36 @@ __device__ inline __half from_f32(float x, __half) {
     return __float2half_rn(x);
 }
 
-// Shared-memory layout of one CTA (element counts of T unless noted); host and device agree.
-template <int DK, int DV, bool MLA, int TILE, int STAGES>
-struct MmaLayout {
-    static constexpr int kRow = DK + 8;  // padded K (or latent) row
-    static constexpr int vRow = DV + 8;  // padded V row (GQA)
+// The MLA latent (576 = 512 + 64 dims, 16 heads, V = the latent's first 512 dims). A latent row
+// is 1152 bytes, so O (16 × 512 fp32) cannot stay in one warp's registers: the warps split Q·K
+// over the latent's dims (Q's fragments for its 144 dims held in registers), the partial scores
+// meet in shared memory, the online softmax runs over head rows (four per warp) and writes P
+// (hi and lo) to shared memory, and P·V splits the 512 output dims (128 per warp). Tiles of 32
+// tokens, two stages (~104 KB: two CTAs per SM). Three barriers per tile.
+struct MlaLayout {
+    static constexpr int DK = 576, DV = 512, TILE = 32, STAGES = 2, NW = kThreads / 32;
+    static constexpr int kRow = DK + 8;  // padded latent row
     static constexpr int pRow = TILE + 8;
-    static constexpr int stage = TILE * kRow + (MLA ? 0 : TILE * vRow);
-    static constexpr std::size_t q_off = 0;
-    static constexpr std::size_t kv_off = q_off + 16 * kRow;
+    static constexpr int stage = TILE * kRow;
+    // Elements of T: Q, the ring, P hi and lo; then fp32: partial scores [NW][16][TILE], m, l, f.
+    static constexpr std::size_t q_off = 0, kv_off = 16 * kRow;
     static constexpr std::size_t p_off = kv_off + STAGES * static_cast<std::size_t>(stage);
-    static constexpr std::size_t elems = p_off + 2 * 16 * pRow;  // p hi, p lo
+    static constexpr std::size_t elems = p_off + 2 * 16 * pRow;
     template <typename T>
     static constexpr std::size_t bytes() {
-        // + scores (16 × TILE fp32) + m, l, f (16 fp32 each)
-        return elems * sizeof(T) + (16 * TILE + 48) * sizeof(float);
+        return elems * sizeof(T) + (NW * 16 * TILE + 48) * sizeof(float);
     }
 };
 
-template <typename T, int DK, int DV, int G, bool MLA, int TILE, int STAGES>
+template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    decode_attn_mma_kernel(const DecodeAttnParams p, int num_q_heads, int num_kv_heads,
-                           float scale) {
+    decode_attn_mla_mma_kernel(const DecodeAttnParams p, int num_q_heads, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    using L = MmaLayout<DK, DV, MLA, TILE, STAGES>;
-    static_assert(STAGES >= 2, "at least one tile in flight while one is attended");
-    static_assert(G >= 1 && G <= 16, "the group must fit the 16 mma rows");
-    static_assert(DK % 32 == 0 && DV % 64 == 0 && TILE % 32 == 0, "tile shapes");
-    constexpr int NW = kThreads / 32;
-    constexpr int QK_TILES = TILE / 8 / NW;  // 8-token column groups per warp
-    constexpr int DV_W = DV / NW;            // output dims per warp
-    constexpr int NV = DV_W / 8;             // n8 tiles per warp
-    static_assert(QK_TILES >= 1 && NV % 2 == 0, "warp split");
+    using L = MlaLayout;
+    constexpr int DK = L::DK, DV = L::DV, TILE = L::TILE, STAGES = L::STAGES, NW = L::NW;
+    constexpr int DK_W = DK / NW, KS_W = DK_W / 16;  // Q·K dims and k-steps per warp (144, 9)
+    constexpr int DV_W = DV / NW, NV = DV_W / 8;     // P·V dims and n8 tiles per warp (128, 16)
+    static_assert(DK_W % 16 == 0 && TILE == 32 && NV % 2 == 0, "warp split");
 
     extern __shared__ uint4 smem_raw[];
     T* const sm = reinterpret_cast<T*>(smem_raw);
@@ -297,8 +296,8 @@ __global__ void __launch_bounds__(kThreads)
     T* const kv_s = sm + L::kv_off;
     T* const ph_s = sm + L::p_off;
     T* const pl_s = ph_s + 16 * L::pRow;
-    float* const s_s = reinterpret_cast<float*>(sm + L::elems);  // [16][TILE]
-    float* const m_s = s_s + 16 * TILE;
+    float* const sp_s = reinterpret_cast<float*>(sm + L::elems);  // [NW][16][TILE]
+    float* const m_s = sp_s + NW * 16 * TILE;
     float* const l_s = m_s + 16;
     float* const f_s = l_s + 16;
 
@@ -308,15 +307,11 @@ __global__ void __launch_bounds__(kThreads)
     const int gid = lane >> 2, tig = lane & 3;
     const int B = p.block_tokens;
 
-    // Q rows of the group (zero rows past G), P zeroed (rows past G stay zero), row state.
-    const T* q =
-        static_cast<const T*>(p.q) +
-        (static_cast<size_t>(it.seq) * num_q_heads + static_cast<size_t>(it.kv_head) * G) * DK;
+    const T* q = static_cast<const T*>(p.q) + static_cast<size_t>(it.seq) * num_q_heads * DK;
     for (int c = tid; c < 16 * (DK / 8); c += kThreads) {
         const int r = c / (DK / 8), col = (c % (DK / 8)) * 8;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (r < G) v = *reinterpret_cast<const uint4*>(q + static_cast<size_t>(r) * DK + col);
-        *reinterpret_cast<uint4*>(q_s + r * L::kRow + col) = v;
+        *reinterpret_cast<uint4*>(q_s + r * L::kRow + col) =
+            *reinterpret_cast<const uint4*>(q + static_cast<size_t>(r) * DK + col);
     }
     for (int c = tid; c < 2 * 16 * L::pRow / 8; c += kThreads)
         reinterpret_cast<uint4*>(ph_s)[c] = make_uint4(0, 0, 0, 0);
@@ -325,20 +320,17 @@ __global__ void __launch_bounds__(kThreads)
         l_s[tid] = 0.0f;
         f_s[tid] = 1.0f;
     }
-
     int total = 0;
     if (it.num_blocks > 0)
         total = (it.num_blocks - 1) * B + p.block_tokens_valid[it.first_block + it.num_blocks - 1];
     const int ntiles = (total + TILE - 1) / TILE;
 
-    // Issues the copies of tile `ti` into stage `st` (tiles never straddle blocks: B % TILE == 0).
     auto load_tile = [&](int ti, int st) {
         const int j0 = ti * TILE;
         const int blk = it.first_block + j0 / B, off = j0 % B;
         const int nvalid = min(TILE, total - j0);
         const T* base = static_cast<const T*>(p.block_ptrs[blk]);
-        const T* k0 = MLA ? base + static_cast<size_t>(off) * DK
-                          : base + (static_cast<size_t>(it.kv_head) * B + off) * DK;
+        const T* k0 = base + static_cast<size_t>(off) * DK;
         T* kd = kv_s + st * L::stage;
         for (int c = tid; c < TILE * (DK / 8); c += kThreads) {
             const int r = c / (DK / 8), col = (c % (DK / 8)) * 8;
@@ -346,18 +338,17 @@ __global__ void __launch_bounds__(kThreads)
             cp_async16(kd + r * L::kRow + col, ok ? k0 + static_cast<size_t>(r) * DK + col : base,
                        ok ? 16 : 0);
         }
-        if constexpr (!MLA) {
-            const T* v0 = base + static_cast<size_t>(num_kv_heads) * B * DK +
-                          (static_cast<size_t>(it.kv_head) * B + off) * DV;
-            T* vd = kd + TILE * L::kRow;
-            for (int c = tid; c < TILE * (DV / 8); c += kThreads) {
-                const int r = c / (DV / 8), col = (c % (DV / 8)) * 8;
-                const bool ok = r < nvalid;
-                cp_async16(vd + r * L::vRow + col,
-                           ok ? v0 + static_cast<size_t>(r) * DV + col : base, ok ? 16 : 0);
-            }
-        }
     };
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {
+        if (st < ntiles) load_tile(st, st);
+        cp_async_commit();
+    }
+    __syncthreads();  // q_s, P, row state
+    std::uint32_t qa[KS_W][4];
+#pragma unroll
+    for (int ks = 0; ks < KS_W; ++ks)
+        ldmatrix_x4(qa[ks], q_s + (lane & 15) * L::kRow + warp * DK_W + ks * 16 + (lane >> 4) * 8);
 
     float o[NV][4];
 #pragma unroll
@@ -366,75 +357,54 @@ __global__ void __launch_bounds__(kThreads)
         for (int e = 0; e < 4; ++e)
             o[n][e] = 0.0f;
 
-            // STAGES − 1 tiles in flight ahead of the one attended; one commit group per tile
-            // (empty past the end), so that wait_group<STAGES − 1> means "this tile has landed".
-#pragma unroll
-    for (int st = 0; st < STAGES - 1; ++st) {
-        if (st < ntiles) load_tile(st, st);
-        cp_async_commit();
-    }
     for (int ti = 0; ti < ntiles; ++ti) {
-        const int ahead = ti + STAGES - 1;  // its stage was attended at ti − 1
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();  // tile ti landed; the previous tile's P·V is done everywhere
+        const int ahead = ti + STAGES - 1;
         if (ahead < ntiles) load_tile(ahead, ahead % STAGES);
         cp_async_commit();
-        cp_async_wait<STAGES - 1>();
-        __syncthreads();
         const T* kt = kv_s + (ti % STAGES) * L::stage;
-        const T* vt = MLA ? kt : kt + TILE * L::kRow;
-        constexpr int vstride = MLA ? L::kRow : L::vRow;
         const int nvalid = min(TILE, total - ti * TILE);
 
-        // S = Q·Kᵀ for this warp's column groups, scaled, −inf past the valid tokens.
+        // Partial S over this warp's 144 latent dims, all 32 tokens: four chains of 9 mmas.
 #pragma unroll
-        for (int ct = 0; ct < QK_TILES; ++ct) {
-            const int t0 = (warp * QK_TILES + ct) * 8;
-            // Two accumulators: two dependent mma chains of DK/32 instead of one of DK/16
-            // (36 for the MLA latent).
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc1[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 4
-            for (int ks = 0; ks < DK / 16; ks += 2) {
-                std::uint32_t a0[4], a1[4], b[4];
-                ldmatrix_x4(a0, q_s + (lane & 15) * L::kRow + ks * 16 + (lane >> 4) * 8);
-                ldmatrix_x4(a1, q_s + (lane & 15) * L::kRow + ks * 16 + 16 + (lane >> 4) * 8);
-                ldmatrix_x4(b, kt + (t0 + (lane & 7)) * L::kRow + ks * 16 + (lane >> 3) * 8);
-                mma16816(acc, a0, b[0], b[1], T{});
-                mma16816(acc1, a1, b[2], b[3], T{});
+        for (int c = 0; c < TILE / 8; c += 2) {
+            float a0[4] = {0, 0, 0, 0}, a1[4] = {0, 0, 0, 0};
+#pragma unroll
+            for (int ks = 0; ks < KS_W; ++ks) {
+                std::uint32_t b[4];
+                ldmatrix_x4(b, kt + ((c + (lane >> 4)) * 8 + (lane & 7)) * L::kRow + warp * DK_W +
+                                   ks * 16 + ((lane >> 3) & 1) * 8);
+                mma16816(a0, qa[ks], b[0], b[1], T{});
+                mma16816(a1, qa[ks], b[2], b[3], T{});
             }
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                acc[e] += acc1[e];
-            const int c0 = t0 + tig * 2;
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int row = gid + (e >> 1) * 8, col = c0 + (e & 1);
-                s_s[row * TILE + col] = col < nvalid ? acc[e] * scale : -INFINITY;
-            }
+            float* sp = sp_s + warp * 16 * TILE;
+            *reinterpret_cast<float2*>(sp + gid * TILE + c * 8 + tig * 2) =
+                make_float2(a0[0], a0[1]);
+            *reinterpret_cast<float2*>(sp + (gid + 8) * TILE + c * 8 + tig * 2) =
+                make_float2(a0[2], a0[3]);
+            *reinterpret_cast<float2*>(sp + gid * TILE + (c + 1) * 8 + tig * 2) =
+                make_float2(a1[0], a1[1]);
+            *reinterpret_cast<float2*>(sp + (gid + 8) * TILE + (c + 1) * 8 + tig * 2) =
+                make_float2(a1[2], a1[3]);
         }
         __syncthreads();
 
-        // Online softmax per head row; P as hi + lo halves.
-        for (int g = warp; g < G; g += NW) {
-            float sv[TILE / 32];
-            float mx = -INFINITY;
+        // Online softmax, one token per lane, rows warp, warp + 4, ...
 #pragma unroll
-            for (int k = 0; k < TILE / 32; ++k) {
-                sv[k] = s_s[g * TILE + lane + 32 * k];
-                mx = fmaxf(mx, sv[k]);
-            }
-            mx = warp_max(mx);
+        for (int g = warp; g < 16; g += NW) {
+            float sv = 0.0f;
+#pragma unroll
+            for (int w = 0; w < NW; ++w)
+                sv += sp_s[(w * 16 + g) * TILE + lane];
+            sv = lane < nvalid ? sv * scale : -INFINITY;
             const float m_old = m_s[g];
-            const float m_new = fmaxf(m_old, mx);
-            float sum = 0.0f;
-#pragma unroll
-            for (int k = 0; k < TILE / 32; ++k) {
-                const float e = sv[k] == -INFINITY ? 0.0f : expf(sv[k] - m_new);
-                sum += e;
-                const T hi = from_f32(e, T{});
-                const T lo = from_f32(e - to_f32(hi), T{});
-                ph_s[g * L::pRow + lane + 32 * k] = hi;
-                pl_s[g * L::pRow + lane + 32 * k] = lo;
-            }
-            sum = warp_sum(sum);
+            const float m_new = fmaxf(m_old, warp_max(sv));  // finite: token 0 is valid
+            const float e = sv == -INFINITY ? 0.0f : expf(sv - m_new);
+            const float sum = warp_sum(e);
+            const T hi = from_f32(e, T{});
+            ph_s[g * L::pRow + lane] = hi;
+            pl_s[g * L::pRow + lane] = from_f32(e - to_f32(hi), T{});
             if (lane == 0) {
                 const float f = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
                 l_s[g] = l_s[g] * f + sum;
@@ -444,56 +414,53 @@ __global__ void __launch_bounds__(kThreads)
         }
         __syncthreads();
 
-        // O = O·f + P·V over this warp's DV/4 dims.
-        {
-            const float f_lo = f_s[gid], f_hi = f_s[gid + 8];
+        // O = O·f + P·V over this warp's 128 output dims.
+        const float f_lo = f_s[gid], f_hi = f_s[gid + 8];
 #pragma unroll
-            for (int n = 0; n < NV; ++n) {
-                o[n][0] *= f_lo;
-                o[n][1] *= f_lo;
-                o[n][2] *= f_hi;
-                o[n][3] *= f_hi;
-            }
-            const int d0 = warp * DV_W;
+        for (int n = 0; n < NV; ++n) {
+            o[n][0] *= f_lo;
+            o[n][1] *= f_lo;
+            o[n][2] *= f_hi;
+            o[n][3] *= f_hi;
+        }
 #pragma unroll
-            for (int ks = 0; ks < TILE / 16; ++ks) {
-                std::uint32_t ah[4], al[4];
-                ldmatrix_x4(ah, ph_s + (lane & 15) * L::pRow + ks * 16 + (lane >> 4) * 8);
-                ldmatrix_x4(al, pl_s + (lane & 15) * L::pRow + ks * 16 + (lane >> 4) * 8);
-                const T* vrow = vt + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * vstride + d0 +
-                                (lane >> 4) * 8;
+        for (int ks = 0; ks < TILE / 16; ++ks) {
+            std::uint32_t ah[4], al[4];
+            ldmatrix_x4(ah, ph_s + (lane & 15) * L::pRow + ks * 16 + (lane >> 4) * 8);
+            ldmatrix_x4(al, pl_s + (lane & 15) * L::pRow + ks * 16 + (lane >> 4) * 8);
+            const T* vrow = kt + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * L::kRow +
+                            warp * DV_W + (lane >> 4) * 8;
 #pragma unroll
-                for (int n = 0; n < NV; n += 2) {
-                    std::uint32_t b[4];
-                    ldmatrix_x4_trans(b, vrow + n * 8);
-                    mma16816(o[n], ah, b[0], b[1], T{});
-                    mma16816(o[n], al, b[0], b[1], T{});
-                    mma16816(o[n + 1], ah, b[2], b[3], T{});
-                    mma16816(o[n + 1], al, b[2], b[3], T{});
-                }
+            for (int n = 0; n < NV; n += 2) {
+                std::uint32_t b[4];
+                ldmatrix_x4_trans(b, vrow + n * 8);
+                mma16816(o[n], ah, b[0], b[1], T{});
+                mma16816(o[n], al, b[0], b[1], T{});
+                mma16816(o[n + 1], ah, b[2], b[3], T{});
+                mma16816(o[n + 1], al, b[2], b[3], T{});
             }
         }
-        __syncthreads();  // the next tile rewrites S, P and (two tiles on) this stage
+        // No barrier here: the next tile writes the partial scores and P only after its first
+        // barrier, which every warp reaches after this P·V.
     }
     cp_async_wait<0>();
+    __syncthreads();  // the last tile's l and m
 
-    // Rows gid and gid + 8 of the group, this warp's dims.
-    const int d0 = warp * DV_W;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int g = gid + half * 8;
-        if (g >= G) continue;
         const float l = l_s[g];
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        float* out = p.part_o + (static_cast<size_t>(item_idx) * G + g) * DV + d0 + tig * 2;
+        float* out =
+            p.part_o + (static_cast<size_t>(item_idx) * 16 + g) * DV + warp * DV_W + tig * 2;
 #pragma unroll
         for (int n = 0; n < NV; ++n)
             *reinterpret_cast<float2*>(out + n * 8) =
                 make_float2(o[n][half * 2] * inv, o[n][half * 2 + 1] * inv);
     }
-    if (tid < G) {
+    if (tid < 16) {
         const float l = l_s[tid];
-        p.part_lse[static_cast<size_t>(item_idx) * G + tid] =
+        p.part_lse[static_cast<size_t>(item_idx) * 16 + tid] =
             l > 0.0f ? m_s[tid] + logf(l) : -INFINITY;
     }
 #else
@@ -744,19 +711,17 @@ bool mma_kernel_usable() {
     return usable;
 }
 
-template <typename T, int DK, int DV, int G, bool MLA, int TILE, int STAGES>
-bool launch_attn_mma(const DecodeAttnParams& p, cudaStream_t s) {
-    if (p.block_tokens % TILE != 0 || !mma_kernel_usable()) return false;
-    using L = MmaLayout<DK, DV, MLA, TILE, STAGES>;
-    constexpr std::size_t bytes = L::template bytes<T>();
-    auto* kernel = &decode_attn_mma_kernel<T, DK, DV, G, MLA, TILE, STAGES>;
+template <typename T>
+bool launch_attn_mla_mma(const DecodeAttnParams& p, cudaStream_t s) {
+    if (p.block_tokens % MlaLayout::TILE != 0 || !mma_kernel_usable()) return false;
+    constexpr std::size_t bytes = MlaLayout::bytes<T>();
+    auto* kernel = &decode_attn_mla_mma_kernel<T>;
     static const cudaError_t attr = cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
     if (attr != cudaSuccess)
         throw std::runtime_error(std::string("decode attention: shared memory attribute: ") +
                                  cudaGetErrorString(attr));
-    kernel<<<p.item_count, kThreads, bytes, s>>>(p, p.geo.num_q_heads, p.geo.num_kv_heads,
-                                                 p.geo.scale());
+    kernel<<<p.item_count, kThreads, bytes, s>>>(p, p.geo.num_q_heads, p.geo.scale());
     return true;
 }
 
@@ -779,12 +744,12 @@ template <typename T, int DK, int DV, int G, bool MLA>
 void launch_attn(const DecodeAttnParams& p, cudaStream_t s) {
     if (p.item_count <= 0) return;
     // The 128-dim heads: 64-token tiles, two stages (~74 KB: three CTAs per SM, one tile in
-    // flight each while one is attended). The MLA latent: 32-token tiles, two stages (~98 KB:
+    // flight each while one is attended). The MLA latent: 32-token tiles, two stages (~104 KB:
     // two CTAs per SM).
     constexpr int kTile = MLA ? 32 : 64;
     if (p.kernel != AttnKernel::simt) {
         if constexpr (MLA) {
-            if (launch_attn_mma<T, DK, DV, G, MLA, 32, 2>(p, s)) return;
+            if (launch_attn_mla_mma<T>(p, s)) return;
         } else {
             if (launch_attn_gqa_mma<T, G, 2>(p, s)) return;
         }
