@@ -1039,6 +1039,14 @@ void merge_chunking(std::int32_t max_items, std::int32_t max_chunks, std::int32_
     chunks = (max_items + chunk_items - 1) / chunk_items;
 }
 
+std::size_t inplace_item_blocks_for(std::size_t head_blocks, int sm_count) noexcept {
+    const std::size_t target = 3 * static_cast<std::size_t>(std::max(sm_count, 1)) / 2;
+    std::size_t per = 1;
+    while (per < 8 && head_blocks / (2 * per) >= target)
+        per *= 2;
+    return per;
+}
+
 void append_kv(const AppendParams& p, void* stream) {
     if (p.num_seqs == 0) return;
     auto s = static_cast<cudaStream_t>(stream);

@@ -35,6 +35,12 @@ int device_count() noexcept {
     return n;
 }
 
+int current_device() {
+    int d = 0;
+    check(cudaGetDevice(&d), "cudaGetDevice");
+    return d;
+}
+
 DeviceInfo device_info(int index) {
     cudaDeviceProp prop{};
     check(cudaGetDeviceProperties(&prop, index), "GPU " + std::to_string(index));

@@ -76,6 +76,7 @@ struct GpuStepBackend::Impl {
     DeviceRegionMemory& gpu_pool;
     PinnedRegionMemory* pinned;
     std::size_t kvh, G, dk, dv, qh, block_bytes, chunk_blocks, max_items;
+    int sm_count = 1;  // of the current device: sizes the in-place work items
 
     Stream compute, copy;
     Event start, attn_done, done, copy_start, copy_end;
@@ -148,6 +149,7 @@ struct GpuStepBackend::Impl {
         o.staging_chunk_bytes = z.chunk_bytes;
         o.staging_slots = z.slots;
         max_items = z.max_items;
+        sm_count = device_info(current_device()).sm_count;
         meta_bytes = z.meta_bytes;
 
         staging = static_cast<char*>(
@@ -241,8 +243,11 @@ struct GpuStepBackend::Impl {
         nitems = 0;
         const auto B = static_cast<std::int32_t>(o.block_tokens);
 
-        // In place: T and G blocks, in runs of inplace_item_blocks per item; their addresses
-        // are the layer's, filled in by launch().
+        // In place: T and G blocks, in runs of inplace_item_blocks per item (or as many as
+        // keep two CTAs per SM); their addresses are the layer's, filled in by launch().
+        const std::size_t per_item = o.inplace_item_blocks > 0
+                                         ? o.inplace_item_blocks
+                                         : inplace_item_blocks_for(n_pool * kvh, sm_count);
         inplace_slots.clear();
         std::size_t nb = 0;
         for (std::size_t s = 0; s < nseq; ++s) {
@@ -253,7 +258,7 @@ struct GpuStepBackend::Impl {
                 const bool open = w.has_open && i + 1 == w.pool_slots.size();
                 m_valid[nb] = open ? static_cast<std::int32_t>(w.open_tokens) : B;
             }
-            add_items(static_cast<std::int32_t>(s), first, nb - first, o.inplace_item_blocks);
+            add_items(static_cast<std::int32_t>(s), first, nb - first, per_item);
         }
         inplace_items = nitems;
 

@@ -398,6 +398,22 @@ TEST_CASE("merge chunking: about sqrt(n) chunks that cover every part", "[gpu]")
     }
 }
 
+TEST_CASE("in-place work items: longer while two CTAs per SM remain", "[gpu]") {
+    // 132 SMs: at least 198 CTAs wanted.
+    CHECK(cuda::inplace_item_blocks_for(0, 132) == 1);
+    CHECK(cuda::inplace_item_blocks_for(256, 132) == 1);
+    CHECK(cuda::inplace_item_blocks_for(395, 132) == 1);
+    CHECK(cuda::inplace_item_blocks_for(396, 132) == 2);
+    CHECK(cuda::inplace_item_blocks_for(792, 132) == 4);
+    CHECK(cuda::inplace_item_blocks_for(1024, 132) == 4);
+    CHECK(cuda::inplace_item_blocks_for(1584, 132) == 8);
+    CHECK(cuda::inplace_item_blocks_for(1u << 20, 132) == 8);  // capped
+    for (std::size_t hb : {1u, 100u, 600u, 5000u, 70000u}) {
+        const std::size_t per = cuda::inplace_item_blocks_for(hb, 132);
+        CHECK((per == 1 || (hb + per - 1) / per >= 198));
+    }
+}
+
 TEST_CASE("append_kv writes each token into its T slot in the linear layout", "[gpu]") {
     if (!have_gpu()) FAIL("no GPU");
     auto rng = test::seeded_rng("gpu append");

@@ -29,6 +29,8 @@ int device_count() noexcept;
 DeviceInfo device_info(int index);
 // Makes `index` the current device of the calling thread.
 void set_device(int index);
+// The calling thread's current device.
+int current_device();
 
 // Throws std::runtime_error("<what>: <cuda error string>") when the last CUDA call failed.
 void check_last_error(const char* what);
