@@ -29,14 +29,15 @@ struct Options {
     std::vector<std::size_t> contexts{8192, 16384, 32768, 65536, 131072};
     std::vector<std::size_t> batches{1, 4, 16};
     std::size_t block = 128;
-    std::size_t item_blocks = 2;  // the step backend's in-place default
+    std::size_t item_blocks = 0;  // 0: the step backend's choice (inplace_item_blocks_for)
     int reps = 10;
 };
 
 void usage() {
     std::puts(
         "usage: writescope-bench gpu-attention [--models a,b] [--contexts 8K,128K]\n"
-        "         [--batches 1,16] [--block N] [--item-blocks N] [--reps N]\n"
+        "         [--batches 1,16] [--block N] [--item-blocks N (0: per point, as the step)]\n"
+        "         [--reps N]\n"
         "  The in-place decode attention kernel over device-resident paged KV (bf16), each\n"
         "  kernel variant on the same inputs, against the HBM copy rate measured in the run.");
 }
@@ -68,8 +69,8 @@ Options parse(int argc, char** argv) {
             throw std::invalid_argument("unknown option " + a);
         }
     }
-    if (o.block == 0 || o.item_blocks == 0 || o.reps < 1)
-        throw std::invalid_argument("--block, --item-blocks and --reps must be positive");
+    if (o.block == 0 || o.reps < 1)
+        throw std::invalid_argument("--block and --reps must be positive");
     return o;
 }
 
@@ -110,8 +111,9 @@ int run_gpu_attention(int argc, char** argv) {
                 dev.sm_count);
     const double hbm = hbm_copy_gbps();
     std::printf("ceiling: HBM copy %.0f GB/s (bytes read + written)\n", hbm);
-    std::printf("block %zu tokens, %zu blocks per work item (one CTA), all blocks full, bf16\n\n",
-                o.block, o.item_blocks);
+    std::printf(
+        "block %zu tokens, all blocks full, bf16; blk/item: blocks per work item (one CTA)\n\n",
+        o.block);
 
     const std::uint64_t seed = std::random_device{}();
     std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
@@ -142,8 +144,8 @@ int run_gpu_attention(int argc, char** argv) {
         }
         std::printf(
             "%s: %d q / %d kv heads, dims %d/%d, %zu B/token/layer\n"
-            " context batch   KV MB |  simt us   GB/s  /HBM |   mma us   GB/s  /HBM | mma/simt  "
-            "max|diff|\n",
+            " context batch   KV MB blk/item |  simt us   GB/s  /HBM |   mma us   GB/s  /HBM | "
+            "mma/simt  max|diff|\n",
             name.c_str(), g.num_q_heads, g.num_kv_heads, g.head_dim_k, g.head_dim_v,
             g.bytes_per_token_layer());
         for (auto ctx : o.contexts)
@@ -156,14 +158,17 @@ int run_gpu_attention(int argc, char** argv) {
                     const std::size_t left = ctx - (i % nb) * o.block;
                     valid.push_back(static_cast<std::int32_t>(std::min(left, o.block)));
                 }
+                const std::size_t per =
+                    o.item_blocks > 0
+                        ? o.item_blocks
+                        : cuda::inplace_item_blocks_for(batch * nb * g.num_kv_heads, dev.sm_count);
                 std::vector<cuda::AttnWorkItem> items;
                 for (std::size_t s = 0; s < batch; ++s)
                     for (int h = 0; h < g.num_kv_heads; ++h)
-                        for (std::size_t b = 0; b < nb; b += o.item_blocks)
-                            items.push_back(
-                                {static_cast<std::int32_t>(s), h,
-                                 static_cast<std::int32_t>(s * nb + b),
-                                 static_cast<std::int32_t>(std::min(o.item_blocks, nb - b))});
+                        for (std::size_t b = 0; b < nb; b += per)
+                            items.push_back({static_cast<std::int32_t>(s), h,
+                                             static_cast<std::int32_t>(s * nb + b),
+                                             static_cast<std::int32_t>(std::min(per, nb - b))});
                 std::vector<std::uint16_t> q(batch * g.num_q_heads * g.head_dim_k);
                 std::normal_distribution<float> nd(0.0f, 0.5f);
                 for (auto& x : q)
@@ -204,7 +209,7 @@ int run_gpu_attention(int argc, char** argv) {
                 double diff = 0;
                 for (std::size_t i = 0; i < out[0].size(); ++i)
                     diff = std::max(diff, static_cast<double>(std::fabs(out[0][i] - out[1][i])));
-                std::printf("%8zu %5zu %7.1f |", ctx, batch, bytes / 1e6);
+                std::printf("%8zu %5zu %7.1f %8zu |", ctx, batch, bytes / 1e6, per);
                 for (int k = 0; k < 2; ++k) {
                     const double gbps = bytes / (us[k] * 1e-6) / 1e9;
                     std::printf(" %8.1f %6.0f %5.2f |", us[k], gbps, gbps / hbm);
