@@ -8,7 +8,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -31,13 +33,16 @@ struct Options {
     std::size_t block = 128;
     std::size_t item_blocks = 0;  // 0: the step backend's choice (inplace_item_blocks_for)
     int reps = 10;
+    // The KV in pinned host memory, read by the kernel across PCIe (mapped, no copy): against
+    // the pinned DMA rate instead of HBM.
+    bool host = false;
 };
 
 void usage() {
     std::puts(
         "usage: writescope-bench gpu-attention [--models a,b] [--contexts 8K,128K]\n"
         "         [--batches 1,16] [--block N] [--item-blocks N (0: per point, as the step)]\n"
-        "         [--reps N]\n"
+        "         [--reps N] [--host]\n"
         "  The in-place decode attention kernel over device-resident paged KV (bf16), each\n"
         "  kernel variant on the same inputs, against the HBM copy rate measured in the run.");
 }
@@ -63,6 +68,8 @@ Options parse(int argc, char** argv) {
             o.block = std::stoull(val());
         } else if (a == "--item-blocks") {
             o.item_blocks = std::stoull(val());
+        } else if (a == "--host") {
+            o.host = true;
         } else if (a == "--reps") {
             o.reps = std::stoi(val());
         } else {
@@ -72,6 +79,24 @@ Options parse(int argc, char** argv) {
     if (o.block == 0 || o.reps < 1)
         throw std::invalid_argument("--block and --reps must be positive");
     return o;
+}
+
+double pinned_h2d_gbps() {
+    const std::size_t bytes = std::size_t{1} << 30;
+    cuda::PinnedSlabs host(bytes, bytes);
+    std::memset(host.slab(0), 0x3c, bytes);
+    cuda::DeviceBuffer dev(bytes);
+    cuda::Stream s;
+    cuda::Event e0, e1;
+    std::vector<double> r;
+    for (int i = 0; i < 6; ++i) {
+        e0.record(s);
+        cuda::copy_async(dev.data(), host.slab(0), bytes, s);
+        e1.record(s);
+        e1.synchronize();
+        if (i) r.push_back(bytes / (e1.elapsed_ms_since(e0) * 1e-3) / 1e9);
+    }
+    return median(r);
 }
 
 double hbm_copy_gbps() {
@@ -109,8 +134,14 @@ int run_gpu_attention(int argc, char** argv) {
     std::strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", std::gmtime(&t));
     std::printf("writescope-bench gpu-attention (%s)\n%s, %d SMs\n", date, dev.name.c_str(),
                 dev.sm_count);
-    const double hbm = hbm_copy_gbps();
-    std::printf("ceiling: HBM copy %.0f GB/s (bytes read + written)\n", hbm);
+    const double hbm = o.host ? pinned_h2d_gbps() : hbm_copy_gbps();
+    if (o.host)
+        std::printf(
+            "KV in pinned host memory, read by the kernels across PCIe (mapped)\n"
+            "ceiling: pinned H2D copy %.1f GB/s (the /HBM column is against it)\n",
+            hbm);
+    else
+        std::printf("ceiling: HBM copy %.0f GB/s (bytes read + written)\n", hbm);
     std::printf(
         "block %zu tokens, all blocks full, bf16; blk/item: blocks per work item (one CTA)\n\n",
         o.block);
@@ -132,15 +163,34 @@ int run_gpu_attention(int argc, char** argv) {
                 most_blocks = std::max(most_blocks, b * ((c + o.block - 1) / o.block));
         // One device allocation for the largest point, filled with random bf16 (a repeated
         // 64 MiB pattern: the values do not change the time).
-        cuda::DeviceBuffer kv(most_blocks * block_bytes);
-        {
-            std::normal_distribution<float> nd(0.0f, 1.0f);
-            std::vector<std::uint16_t> pat((std::size_t{64} << 20) / 2);
-            for (auto& x : pat)
-                x = f32_to_bf16(nd(rng));
-            const std::size_t pb = pat.size() * 2;
+        std::normal_distribution<float> nd0(0.0f, 1.0f);
+        std::vector<std::uint16_t> pat((std::size_t{64} << 20) / 2);
+        for (auto& x : pat)
+            x = f32_to_bf16(nd0(rng));
+        const std::size_t pb = pat.size() * 2;
+        cuda::DeviceBuffer kv;
+        std::unique_ptr<cuda::PinnedSlabs> hkv;
+        std::vector<char*> base;  // block i at base[i / per_slab] + (i % per_slab) * block_bytes
+        std::size_t per_slab = most_blocks;
+        if (o.host) {
+            const std::size_t slab = std::size_t{1} << 30;
+            per_slab = std::max<std::size_t>(slab / block_bytes, 1);
+            const std::size_t slabs = (most_blocks + per_slab - 1) / per_slab;
+            hkv = std::make_unique<cuda::PinnedSlabs>(slabs * per_slab * block_bytes,
+                                                      per_slab * block_bytes);
+            for (std::size_t i = 0; i < hkv->slab_count(); ++i) {
+                auto* h = static_cast<char*>(hkv->slab(i));
+                for (std::size_t off = 0; off < hkv->slab_bytes(); off += pb)
+                    std::memcpy(h + off, pat.data(), std::min(pb, hkv->slab_bytes() - off));
+                base.push_back(static_cast<char*>(cuda::mapped_device_pointer(h)));
+            }
+        } else {
+            // One device allocation for the largest point, filled with random bf16 (a repeated
+            // 64 MiB pattern: the values do not change the time).
+            kv = cuda::DeviceBuffer(most_blocks * block_bytes);
             for (std::size_t off = 0; off < kv.size(); off += pb)
                 kv.upload(pat.data(), std::min(pb, kv.size() - off), off);
+            base.push_back(static_cast<char*>(kv.data()));
         }
         std::printf(
             "%s: %d q / %d kv heads, dims %d/%d, %zu B/token/layer\n"
@@ -154,7 +204,7 @@ int run_gpu_attention(int argc, char** argv) {
                 std::vector<const void*> ptrs;
                 std::vector<std::int32_t> valid;
                 for (std::size_t i = 0; i < batch * nb; ++i) {
-                    ptrs.push_back(static_cast<char*>(kv.data()) + i * block_bytes);
+                    ptrs.push_back(base[i / per_slab] + (i % per_slab) * block_bytes);
                     const std::size_t left = ctx - (i % nb) * o.block;
                     valid.push_back(static_cast<std::int32_t>(std::min(left, o.block)));
                 }
