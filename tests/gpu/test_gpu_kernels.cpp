@@ -417,64 +417,67 @@ TEST_CASE("in-place work items: longer while two CTAs per SM remain", "[gpu]") {
 TEST_CASE("append_kv writes each token into its T slot in the linear layout", "[gpu]") {
     if (!have_gpu()) FAIL("no GPU");
     auto rng = test::seeded_rng("gpu append");
-    for (const char* name : {"qwen3-30b-a3b", "deepseek-v2-lite"}) {
-        const auto g = *kv_geometry_preset(name, DType::bf16);
-        const int B = 128, S = 5;
-        const auto lay = LinearBlockLayout::of(g, B);
-        std::vector<std::uint16_t> blocks(S * lay.elems());
-        for (auto& x : blocks)
-            x = static_cast<std::uint16_t>(rng());
-        const std::size_t kw =
-            g.mla ? g.head_dim_k : static_cast<std::size_t>(g.num_kv_heads) * g.head_dim_k;
-        const std::size_t vw = g.mla ? 1 : static_cast<std::size_t>(g.num_kv_heads) * g.head_dim_v;
-        std::vector<std::uint16_t> kn(S * kw), vn(S * vw);
-        for (auto& x : kn)
-            x = static_cast<std::uint16_t>(rng());
-        for (auto& x : vn)
-            x = static_cast<std::uint16_t>(rng());
-        std::vector<std::int32_t> pos(S);
-        for (auto& x : pos)
-            x = static_cast<std::int32_t>(rng() % B);
-        cuda::DeviceBuffer d_blocks(blocks.size() * 2), d_kn(kn.size() * 2), d_vn(vn.size() * 2),
-            d_pos(S * 4), d_ptrs(S * 8);
-        d_blocks.upload(blocks.data(), blocks.size() * 2);
-        d_kn.upload(kn.data(), kn.size() * 2);
-        d_vn.upload(vn.data(), vn.size() * 2);
-        d_pos.upload(pos.data(), S * 4);
-        std::vector<void*> ptrs;
-        for (int s = 0; s < S; ++s)
-            ptrs.push_back(static_cast<char*>(d_blocks.data()) + s * lay.elems() * 2);
-        d_ptrs.upload(ptrs.data(), S * 8);
-        cuda::Stream st;
-        cuda::AppendParams ap;
-        ap.geo = g;
-        ap.block_tokens = B;
-        ap.num_seqs = S;
-        ap.k_new = d_kn.data();
-        ap.v_new = d_vn.data();
-        ap.t_blocks = static_cast<void* const*>(d_ptrs.data());
-        ap.t_pos = static_cast<const std::int32_t*>(d_pos.data());
-        cuda::append_kv(ap, st.handle());
-        st.synchronize();
-        std::vector<std::uint16_t> out(blocks.size());
-        d_blocks.download(out.data(), out.size() * 2);
-        // Expected: the original blocks with exactly the appended rows replaced.
-        auto expect = blocks;
-        for (int s = 0; s < S; ++s) {
-            auto* b = expect.data() + s * lay.elems();
-            if (g.mla) {
-                std::memcpy(b + lay.k_offset(0, pos[s]), kn.data() + s * kw, g.head_dim_k * 2);
-                continue;
+    // Both element types (the kernel is instantiated per type), a GQA and the MLA layout.
+    for (DType t : {DType::bf16, DType::f16})
+        for (const char* name : {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"}) {
+            const auto g = *kv_geometry_preset(name, t);
+            const int B = 128, S = 5;
+            const auto lay = LinearBlockLayout::of(g, B);
+            std::vector<std::uint16_t> blocks(S * lay.elems());
+            for (auto& x : blocks)
+                x = static_cast<std::uint16_t>(rng());
+            const std::size_t kw =
+                g.mla ? g.head_dim_k : static_cast<std::size_t>(g.num_kv_heads) * g.head_dim_k;
+            const std::size_t vw =
+                g.mla ? 1 : static_cast<std::size_t>(g.num_kv_heads) * g.head_dim_v;
+            std::vector<std::uint16_t> kn(S * kw), vn(S * vw);
+            for (auto& x : kn)
+                x = static_cast<std::uint16_t>(rng());
+            for (auto& x : vn)
+                x = static_cast<std::uint16_t>(rng());
+            std::vector<std::int32_t> pos(S);
+            for (auto& x : pos)
+                x = static_cast<std::int32_t>(rng() % B);
+            cuda::DeviceBuffer d_blocks(blocks.size() * 2), d_kn(kn.size() * 2),
+                d_vn(vn.size() * 2), d_pos(S * 4), d_ptrs(S * 8);
+            d_blocks.upload(blocks.data(), blocks.size() * 2);
+            d_kn.upload(kn.data(), kn.size() * 2);
+            d_vn.upload(vn.data(), vn.size() * 2);
+            d_pos.upload(pos.data(), S * 4);
+            std::vector<void*> ptrs;
+            for (int s = 0; s < S; ++s)
+                ptrs.push_back(static_cast<char*>(d_blocks.data()) + s * lay.elems() * 2);
+            d_ptrs.upload(ptrs.data(), S * 8);
+            cuda::Stream st;
+            cuda::AppendParams ap;
+            ap.geo = g;
+            ap.block_tokens = B;
+            ap.num_seqs = S;
+            ap.k_new = d_kn.data();
+            ap.v_new = d_vn.data();
+            ap.t_blocks = static_cast<void* const*>(d_ptrs.data());
+            ap.t_pos = static_cast<const std::int32_t*>(d_pos.data());
+            cuda::append_kv(ap, st.handle());
+            st.synchronize();
+            std::vector<std::uint16_t> out(blocks.size());
+            d_blocks.download(out.data(), out.size() * 2);
+            // Expected: the original blocks with exactly the appended rows replaced.
+            auto expect = blocks;
+            for (int s = 0; s < S; ++s) {
+                auto* b = expect.data() + s * lay.elems();
+                if (g.mla) {
+                    std::memcpy(b + lay.k_offset(0, pos[s]), kn.data() + s * kw, g.head_dim_k * 2);
+                    continue;
+                }
+                for (int h = 0; h < g.num_kv_heads; ++h) {
+                    std::memcpy(b + lay.k_offset(h, pos[s]), kn.data() + s * kw + h * g.head_dim_k,
+                                g.head_dim_k * 2);
+                    std::memcpy(b + lay.v_offset(h, pos[s]), vn.data() + s * vw + h * g.head_dim_v,
+                                g.head_dim_v * 2);
+                }
             }
-            for (int h = 0; h < g.num_kv_heads; ++h) {
-                std::memcpy(b + lay.k_offset(h, pos[s]), kn.data() + s * kw + h * g.head_dim_k,
-                            g.head_dim_k * 2);
-                std::memcpy(b + lay.v_offset(h, pos[s]), vn.data() + s * vw + h * g.head_dim_v,
-                            g.head_dim_v * 2);
-            }
+            REQUIRE(out == expect);
         }
-        REQUIRE(out == expect);
-    }
 }
 
 TEST_CASE("the device pool honours its budget and reuses freed space", "[gpu]") {
