@@ -109,7 +109,8 @@ __global__ void __launch_bounds__(kThreads)
             acc[g] = 0.0f;
         if (j < total) {
             const int blk = it.first_block + j / B, off = j % B;
-            const T* base = static_cast<const T*>(p.block_ptrs[blk]);
+            const T* base = reinterpret_cast<const T*>(static_cast<const char*>(p.block_ptrs[blk]) +
+                                                       p.block_offset_bytes);
             const T* krow = MLA ? base + static_cast<size_t>(off) * DK
                                 : base + (static_cast<size_t>(it.kv_head) * B + off) * DK;
             vrow_s[tid] = MLA ? krow
@@ -329,7 +330,8 @@ __global__ void __launch_bounds__(kThreads)
         const int j0 = ti * TILE;
         const int blk = it.first_block + j0 / B, off = j0 % B;
         const int nvalid = min(TILE, total - j0);
-        const T* base = static_cast<const T*>(p.block_ptrs[blk]);
+        const T* base = reinterpret_cast<const T*>(static_cast<const char*>(p.block_ptrs[blk]) +
+                                                   p.block_offset_bytes);
         const T* k0 = base + static_cast<size_t>(off) * DK;
         T* kd = kv_s + st * L::stage;
         for (int c = tid; c < TILE * (DK / 8); c += kThreads) {
@@ -528,7 +530,8 @@ __global__ void __launch_bounds__(kThreads)
         const int j0 = ti * TILE;
         const int blk = it.first_block + j0 / B, off = j0 % B;
         const int nvalid = min(TILE, total - j0);
-        const T* base = static_cast<const T*>(p.block_ptrs[blk]);
+        const T* base = reinterpret_cast<const T*>(static_cast<const char*>(p.block_ptrs[blk]) +
+                                                   p.block_offset_bytes);
         const T* k0 = base + (static_cast<size_t>(it.kv_head) * B + off) * D;
         const T* v0 = base + static_cast<size_t>(num_kv_heads) * B * D +
                       (static_cast<size_t>(it.kv_head) * B + off) * D;

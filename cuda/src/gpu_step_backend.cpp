@@ -99,7 +99,7 @@ struct GpuStepBackend::Impl {
 
     // The step's work, laid out in set_work() (host pinned, packed to its size and uploaded
     // whole at the first launch after it) and kept for every layer: block pointers (the in-place
-    // ones first: the only entries that change between layers), valid counts, the CSR offsets
+    // ones first, layer 0's: the kernel adds the layer's offset), valid counts, the CSR offsets
     // per (sequence, KV head), the items and the CSR item lists.
     const void** m_ptrs = nullptr;
     std::int32_t* m_valid = nullptr;
@@ -111,8 +111,7 @@ struct GpuStepBackend::Impl {
     bool work_set = false, meta_uploaded = false, launched = false, any_copy = false;
     std::uint64_t p_bytes = 0;
 
-    std::vector<std::uint32_t> inplace_slots;  // pool slot of m_ptrs[i], i < inplace count
-    std::vector<std::int32_t> counts;          // per (seq, kv head), reserved once
+    std::vector<std::int32_t> counts;  // per (seq, kv head), reserved once
     // One copy into the staging ring: a run of consecutive P slots of one slab, or a piece of a
     // pageable buffer (monolithic); dst is an offset into the ring.
     struct CopyRun {
@@ -174,7 +173,6 @@ struct GpuStepBackend::Impl {
             static_cast<float*>(pool.allocate(z.merge_scratch_bytes, "merge chunk states"));
         counts.resize(o.max_seqs * kvh + 1);
         const std::size_t max_blocks = o.max_blocks + o.max_seqs;
-        inplace_slots.reserve(max_blocks);
         // Every chunk is full but the last one of a step; runs are at most one per block plus
         // one split per chunk boundary.
         runs.reserve(max_blocks + max_blocks / chunk_blocks + 2);
@@ -244,17 +242,17 @@ struct GpuStepBackend::Impl {
         const auto B = static_cast<std::int32_t>(o.block_tokens);
 
         // In place: T and G blocks, in runs of inplace_item_blocks per item (or as many as
-        // keep two CTAs per SM); their addresses are the layer's, filled in by launch().
+        // keep 1.5 CTAs per SM); their addresses are layer 0's (the kernel adds the layer's
+        // offset: DeviceRegionMemory is layer-major).
         const std::size_t per_item = o.inplace_item_blocks > 0
                                          ? o.inplace_item_blocks
                                          : inplace_item_blocks_for(n_pool * kvh, sm_count);
-        inplace_slots.clear();
         std::size_t nb = 0;
         for (std::size_t s = 0; s < nseq; ++s) {
             const auto& w = seqs[s];
             const std::size_t first = nb;
             for (std::size_t i = 0; i < w.pool_slots.size(); ++i, ++nb) {
-                inplace_slots.push_back(w.pool_slots[i]);
+                m_ptrs[nb] = gpu_pool.device_block(0, w.pool_slots[i]);
                 const bool open = w.has_open && i + 1 == w.pool_slots.size();
                 m_valid[nb] = open ? static_cast<std::int32_t>(w.open_tokens) : B;
             }
@@ -342,10 +340,8 @@ struct GpuStepBackend::Impl {
         if (launched) throw std::logic_error("GpuStepBackend::launch twice without finish");
         if (!work_set) throw std::logic_error("GpuStepBackend::launch before set_work");
         unregister_pageable();  // left locked by a launch that failed before its finish
-        for (std::size_t i = 0; i < inplace_slots.size(); ++i)
-            m_ptrs[i] = gpu_pool.device_block(layer, inplace_slots[i]);
-
-        // Enqueue: q and metadata up (all of it after set_work, else the in-place addresses),
+        // Enqueue: q up, the metadata too at the first layer after set_work (it is the same in
+        // every layer: in-place addresses are layer 0's, offset by the layer in the kernel),
         // in-place attention, then the P stream.
         const auto& g = o.geometry;
         const std::size_t q_bytes = nseq * qh * dk * dtype_bytes(g.dtype);
@@ -353,9 +349,7 @@ struct GpuStepBackend::Impl {
         start.record(compute);
         start.wait_on(copy);
         copy_async(d_q, h_q->data(), q_bytes, compute);
-        const std::size_t meta_now =
-            meta_uploaded ? inplace_slots.size() * sizeof(void*) : meta_used;
-        if (meta_now > 0) copy_async(d_meta, h_meta->data(), meta_now, compute);
+        if (!meta_uploaded && meta_used > 0) copy_async(d_meta, h_meta->data(), meta_used, compute);
         meta_uploaded = true;
 
         DecodeAttnParams p;
@@ -372,7 +366,9 @@ struct GpuStepBackend::Impl {
         p.part_lse = d_part_lse;
         p.item_begin = 0;
         p.item_count = static_cast<std::int32_t>(inplace_items);
+        p.block_offset_bytes = static_cast<std::int64_t>(layer * gpu_pool.layer_pitch());
         if (inplace_items > 0) decode_attention(p, compute.handle());
+        p.block_offset_bytes = 0;  // staged blocks: the ring's addresses, in every layer
 
         // The monolithic baseline's pass: page-lock each sequence's pageable cache (the
         // caller refilled it for this layer); finish() unlocks it.

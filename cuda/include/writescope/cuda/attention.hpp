@@ -34,8 +34,10 @@ struct DecodeAttnParams {
     std::int32_t block_tokens = 0;  // B
     // q: (num_seqs, num_q_heads, head_dim_k) in geo.dtype, device memory.
     const void* q = nullptr;
-    // Device array of device pointers: the base of each block of this layer (linear layout).
+    // Device array of device pointers: the base of each block (linear layout), plus
+    // block_offset_bytes (so one array can serve every layer of a layer-major region).
     const void* const* block_ptrs = nullptr;
+    std::int64_t block_offset_bytes = 0;
     // Device array: valid tokens in each block (≤ B).
     const std::int32_t* block_tokens_valid = nullptr;
     // Device array of work items; this launch runs items [item_begin, item_begin + item_count).
