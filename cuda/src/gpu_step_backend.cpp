@@ -189,6 +189,14 @@ struct GpuStepBackend::Impl {
     }
 
     void unregister_pageable() noexcept {
+        if (registered == 0) return;
+        // A launch that failed after locking may have left copies from these ranges in flight
+        // (finish() has already waited): unlock only once both streams are idle.
+        try {
+            copy.synchronize();
+            compute.synchronize();
+        } catch (...) {  // a failed stream: unlocking cannot make it worse
+        }
         // The first `registered` ranges are locked (a failed lock leaves the rest unlocked).
         for (std::size_t i = 0; i < registered; ++i) {
             try {
