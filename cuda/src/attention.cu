@@ -702,22 +702,32 @@ constexpr std::size_t gqa_mma_smem_bytes() {
     return ring > merge ? ring : merge;
 }
 
-// Whether the current device runs the tensor-core kernel (sm_80 or later).
-bool mma_kernel_usable() {
-    static const bool usable = [] {
-        int dev = 0, major = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess) return false;
-        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-            return false;
-        return major >= 8;
+// Whether the current device runs a tensor-core kernel that takes `smem_bytes` of shared memory
+// per CTA: sm_80 or later, and that much shared memory per block (the H100/H200 and A100 give
+// 227 and 163 KB; the sm_86/sm_89 workstation GPUs 99 KB, too little for the MLA kernel, which
+// then falls back to the SIMT kernel).
+bool mma_kernel_usable(std::size_t smem_bytes) {
+    struct Caps {
+        int major = 0, smem_optin = 0;
+    };
+    static const Caps caps = [] {
+        Caps c;
+        int dev = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess) return c;
+        if (cudaDeviceGetAttribute(&c.major, cudaDevAttrComputeCapabilityMajor, dev) !=
+                cudaSuccess ||
+            cudaDeviceGetAttribute(&c.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+                cudaSuccess)
+            return Caps{};
+        return c;
     }();
-    return usable;
+    return caps.major >= 8 && smem_bytes <= static_cast<std::size_t>(caps.smem_optin);
 }
 
 template <typename T>
 bool launch_attn_mla_mma(const DecodeAttnParams& p, cudaStream_t s) {
-    if (p.block_tokens % MlaLayout::TILE != 0 || !mma_kernel_usable()) return false;
     constexpr std::size_t bytes = MlaLayout::bytes<T>();
+    if (p.block_tokens % MlaLayout::TILE != 0 || !mma_kernel_usable(bytes)) return false;
     auto* kernel = &decode_attn_mla_mma_kernel<T>;
     static const cudaError_t attr = cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
@@ -730,8 +740,8 @@ bool launch_attn_mla_mma(const DecodeAttnParams& p, cudaStream_t s) {
 
 template <typename T, int G, int STAGES>
 bool launch_attn_gqa_mma(const DecodeAttnParams& p, cudaStream_t s) {
-    if (p.block_tokens % 64 != 0 || !mma_kernel_usable()) return false;
     constexpr std::size_t bytes = gqa_mma_smem_bytes<T, G, STAGES>();
+    if (p.block_tokens % 64 != 0 || !mma_kernel_usable(bytes)) return false;
     auto* kernel = &decode_attn_gqa_mma_kernel<T, G, STAGES>;
     static const cudaError_t attr = cudaFuncSetAttribute(
         kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
@@ -759,9 +769,11 @@ void launch_attn(const DecodeAttnParams& p, cudaStream_t s) {
     }
     if (p.kernel == AttnKernel::mma)
         throw std::invalid_argument(
-            "GPU decode attention: the tensor-core kernel needs sm_80 or later and block_tokens "
-            "a multiple of " +
-            std::to_string(kTile) + " (got " + std::to_string(p.block_tokens) + ")");
+            "GPU decode attention: the tensor-core kernel needs sm_80 or later, enough shared "
+            "memory per block (" +
+            std::to_string(MLA ? MlaLayout::bytes<T>() : gqa_mma_smem_bytes<T, G, 2>()) +
+            " bytes) and block_tokens a multiple of " + std::to_string(kTile) + " (got " +
+            std::to_string(p.block_tokens) + ")");
     decode_attn_kernel<T, DK, DV, G, MLA>
         <<<p.item_count, kThreads, 0, s>>>(p, p.geo.num_q_heads, p.geo.num_kv_heads, p.geo.scale());
 }

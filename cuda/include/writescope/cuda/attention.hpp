@@ -23,7 +23,8 @@ struct AttnWorkItem {
 };
 
 // Which kernel runs the attention. automatic: the tensor-core kernel where it applies (sm_80 or
-// later, block_tokens a multiple of its tile: 64 tokens, 32 for MLA), the SIMT kernel otherwise.
+// later, block_tokens a multiple of its tile: 64 tokens, 32 for MLA, and the shared memory it
+// needs per block: ~74 KB, ~104 KB for MLA), the SIMT kernel otherwise.
 // The other two force one (mma throws std::invalid_argument where it does not apply); for tests
 // and benchmarks.
 enum class AttnKernel : std::uint8_t { automatic, simt, mma };
