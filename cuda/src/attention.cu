@@ -253,6 +253,34 @@ __device__ inline void mma16816(float (&c)[4], const std::uint32_t (&a)[4], std:
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// P·V for one 16-token k-step into N n8 tiles of O (N even): P as its hi and lo A fragments,
+// V from shared memory at vrow, this lane's ldmatrix.trans address of the first tile (the next
+// tiles 8 elements on).
+template <typename T, int N>
+__device__ inline void pv_kstep(float (&o)[N][4], const std::uint32_t (&ph)[4],
+                                const std::uint32_t (&pl)[4], const T* vrow) {
+#pragma unroll
+    for (int n = 0; n < N; n += 2) {
+        std::uint32_t b[4];
+        ldmatrix_x4_trans(b, vrow + n * 8);
+        mma16816(o[n], ph, b[0], b[1], T{});
+        mma16816(o[n], pl, b[0], b[1], T{});
+        mma16816(o[n + 1], ph, b[2], b[3], T{});
+        mma16816(o[n + 1], pl, b[2], b[3], T{});
+    }
+}
+// Scales the rows of N n8 tiles of O: row gid by f_lo, row gid + 8 by f_hi.
+template <int N>
+__device__ inline void scale_rows(float (&o)[N][4], float f_lo, float f_hi) {
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+        o[n][0] *= f_lo;
+        o[n][1] *= f_lo;
+        o[n][2] *= f_hi;
+        o[n][3] *= f_hi;
+    }
+}
+
 __device__ inline __nv_bfloat16 from_f32(float x, __nv_bfloat16) {
     return __float2bfloat16_rn(x);
 }
@@ -417,30 +445,15 @@ __global__ void __launch_bounds__(kThreads)
         __syncthreads();
 
         // O = O·f + P·V over this warp's 128 output dims.
-        const float f_lo = f_s[gid], f_hi = f_s[gid + 8];
-#pragma unroll
-        for (int n = 0; n < NV; ++n) {
-            o[n][0] *= f_lo;
-            o[n][1] *= f_lo;
-            o[n][2] *= f_hi;
-            o[n][3] *= f_hi;
-        }
+        scale_rows(o, f_s[gid], f_s[gid + 8]);
 #pragma unroll
         for (int ks = 0; ks < TILE / 16; ++ks) {
             std::uint32_t ah[4], al[4];
             ldmatrix_x4(ah, ph_s + (lane & 15) * L::pRow + ks * 16 + (lane >> 4) * 8);
             ldmatrix_x4(al, pl_s + (lane & 15) * L::pRow + ks * 16 + (lane >> 4) * 8);
-            const T* vrow = kt + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * L::kRow +
-                            warp * DV_W + (lane >> 4) * 8;
-#pragma unroll
-            for (int n = 0; n < NV; n += 2) {
-                std::uint32_t b[4];
-                ldmatrix_x4_trans(b, vrow + n * 8);
-                mma16816(o[n], ah, b[0], b[1], T{});
-                mma16816(o[n], al, b[0], b[1], T{});
-                mma16816(o[n + 1], ah, b[2], b[3], T{});
-                mma16816(o[n + 1], al, b[2], b[3], T{});
-            }
+            pv_kstep<T, NV>(o, ah, al,
+                            kt + (ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * L::kRow +
+                                warp * DV_W + (lane >> 4) * 8);
         }
         // No barrier here: the next tile writes the partial scores and P only after its first
         // barrier, which every warp reaches after this P·V.
@@ -626,23 +639,9 @@ __global__ void __launch_bounds__(kThreads)
             const float2 h2 = unpack2(ph[r], T{});
             pl[r] = pack2(s[c][e] - h2.x, s[c][e + 1] - h2.y, T{});
         }
-#pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            o[n][0] *= f[0];
-            o[n][1] *= f[0];
-            o[n][2] *= f[1];
-            o[n][3] *= f[1];
-        }
-        const T* vrow = vt + (t0 + (lane & 7) + ((lane >> 3) & 1) * 8) * kRow + (lane >> 4) * 8;
-#pragma unroll
-        for (int n = 0; n < D / 8; n += 2) {
-            std::uint32_t b[4];
-            ldmatrix_x4_trans(b, vrow + n * 8);
-            mma16816(o[n], ph, b[0], b[1], T{});
-            mma16816(o[n], pl, b[0], b[1], T{});
-            mma16816(o[n + 1], ph, b[2], b[3], T{});
-            mma16816(o[n + 1], pl, b[2], b[3], T{});
-        }
+        scale_rows(o, f[0], f[1]);
+        pv_kstep<T, D / 8>(o, ph, pl,
+                           vt + (t0 + (lane & 7) + ((lane >> 3) & 1) * 8) * kRow + (lane >> 4) * 8);
     }
     cp_async_wait<0>();
 #pragma unroll
