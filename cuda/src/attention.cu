@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -707,20 +708,21 @@ constexpr std::size_t gqa_mma_smem_bytes() {
 // then falls back to the SIMT kernel).
 bool mma_kernel_usable(std::size_t smem_bytes) {
     struct Caps {
+        std::once_flag once;
         int major = 0, smem_optin = 0;
     };
-    static const Caps caps = [] {
-        Caps c;
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess) return c;
+    static Caps caps[64];  // per device index
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+    Caps& c = caps[dev];
+    std::call_once(c.once, [&c, dev] {
         if (cudaDeviceGetAttribute(&c.major, cudaDevAttrComputeCapabilityMajor, dev) !=
                 cudaSuccess ||
             cudaDeviceGetAttribute(&c.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
                 cudaSuccess)
-            return Caps{};
-        return c;
-    }();
-    return caps.major >= 8 && smem_bytes <= static_cast<std::size_t>(caps.smem_optin);
+            c.major = c.smem_optin = 0;
+    });
+    return c.major >= 8 && smem_bytes <= static_cast<std::size_t>(c.smem_optin);
 }
 
 template <typename T>
@@ -979,6 +981,14 @@ bool decode_attention_supported(const KvGeometry& g) noexcept {
            (gs == 1 || gs == 2 || gs == 4 || gs == 8 || gs == 16);
 }
 
+bool decode_attention_uses_mma(const KvGeometry& g, int block_tokens) {
+    if (!decode_attention_supported(g)) return false;
+    const int tile = g.mla ? MlaLayout::TILE : 64;
+    const std::size_t bytes =
+        g.mla ? MlaLayout::bytes<__nv_bfloat16>() : gqa_mma_smem_bytes<__nv_bfloat16, 1, 2>();
+    return block_tokens > 0 && block_tokens % tile == 0 && mma_kernel_usable(bytes);
+}
+
 void decode_attention(const DecodeAttnParams& p, void* stream) {
     auto s = static_cast<cudaStream_t>(stream);
     bool ok = false;
@@ -1054,10 +1064,11 @@ void merge_chunking(std::int32_t max_items, std::int32_t max_chunks, std::int32_
 }
 
 std::size_t inplace_item_blocks_for(std::size_t head_blocks, int sm_count) noexcept {
-    const std::size_t target = 3 * static_cast<std::size_t>(std::max(sm_count, 1)) / 2;
+    const std::size_t sms = static_cast<std::size_t>(std::max(sm_count, 1));
     std::size_t per = 1;
-    while (per < 8 && head_blocks / (2 * per) >= target)
+    while (per < 4 && head_blocks / (2 * per) >= 3 * sms / 2)
         per *= 2;
+    if (per == 4 && head_blocks / 8 >= 12 * sms) per = 8;
     return per;
 }
 

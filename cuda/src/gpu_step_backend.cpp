@@ -76,7 +76,8 @@ struct GpuStepBackend::Impl {
     DeviceRegionMemory& gpu_pool;
     PinnedRegionMemory* pinned;
     std::size_t kvh, G, dk, dv, qh, block_bytes, chunk_blocks, max_items;
-    int sm_count = 1;  // of the current device: sizes the in-place work items
+    int sm_count = 1;       // of the current device: sizes the in-place work items
+    bool uses_mma = false;  // the tensor-core kernels run (decode_attention_uses_mma)
 
     Stream compute, copy;
     Event start, attn_done, done, copy_start, copy_end;
@@ -109,6 +110,7 @@ struct GpuStepBackend::Impl {
     std::size_t meta_used = 0;
     std::size_t nseq = 0, nitems = 0, inplace_items = 0;
     bool work_set = false, meta_uploaded = false, launched = false, any_copy = false;
+    bool enqueued = false;  // a launch's work may be in flight (until finish() waited for it)
     std::uint64_t p_bytes = 0;
 
     std::vector<std::int32_t> counts;  // per (seq, kv head), reserved once
@@ -149,6 +151,9 @@ struct GpuStepBackend::Impl {
         o.staging_slots = z.slots;
         max_items = z.max_items;
         sm_count = device_info(current_device()).sm_count;
+        uses_mma = decode_attention_uses_mma(g, static_cast<int>(o.block_tokens));
+        if (o.staged_item_blocks == 0)
+            throw std::invalid_argument("GPU step: staged_item_blocks must be at least 1");
         meta_bytes = z.meta_bytes;
 
         staging = static_cast<char*>(
@@ -181,22 +186,30 @@ struct GpuStepBackend::Impl {
     }
 
     ~Impl() {
-        unregister_pageable();
+        settle();
         for (void* p : {static_cast<void*>(staging), static_cast<void*>(d_meta),
                         static_cast<void*>(d_q), static_cast<void*>(d_part_o),
                         static_cast<void*>(d_part_lse), static_cast<void*>(d_merge_scratch)})
             pool.free(p);
     }
 
-    void unregister_pageable() noexcept {
-        if (registered == 0) return;
-        // A launch that failed after locking may have left copies from these ranges in flight
-        // (finish() has already waited): unlock only once both streams are idle.
-        try {
-            copy.synchronize();
-            compute.synchronize();
-        } catch (...) {  // a failed stream: unlocking cannot make it worse
+    // After a launch that did not reach its finish (it threw, or finish threw before waiting):
+    // its copies and kernels may still read the pinned q and metadata, the pageable ranges and
+    // the pool memory. Waits for both streams before any of it is rewritten, unlocked or freed;
+    // then unlocks the ranges a monolithic launch locked.
+    void settle() noexcept {
+        if (enqueued) {
+            try {
+                copy.synchronize();
+                compute.synchronize();
+            } catch (...) {  // a failed stream: nothing is in flight on it any more
+            }
+            enqueued = false;
         }
+        unregister_pageable();
+    }
+
+    void unregister_pageable() noexcept {
         // The first `registered` ranges are locked (a failed lock leaves the rest unlocked).
         for (std::size_t i = 0; i < registered; ++i) {
             try {
@@ -219,7 +232,7 @@ struct GpuStepBackend::Impl {
 
     void set_work(std::span<const GpuSeqWork> seqs) {
         if (launched) throw std::logic_error("GpuStepBackend::set_work between launch and finish");
-        unregister_pageable();  // left locked by a launch that failed before its finish
+        settle();  // after a launch that failed before its finish
         work_set = false;
         nseq = seqs.size();
         if (nseq > o.max_seqs)
@@ -252,9 +265,10 @@ struct GpuStepBackend::Impl {
         // In place: T and G blocks, in runs of inplace_item_blocks per item (or as many as
         // keep 1.5 CTAs per SM); their addresses are layer 0's (the kernel adds the layer's
         // offset: DeviceRegionMemory is layer-major).
-        const std::size_t per_item = o.inplace_item_blocks > 0
-                                         ? o.inplace_item_blocks
-                                         : inplace_item_blocks_for(n_pool * kvh, sm_count);
+        // (The rule was measured for the tensor-core kernels; the SIMT fallback keeps 2.)
+        const std::size_t per_item = o.inplace_item_blocks > 0 ? o.inplace_item_blocks
+                                     : uses_mma ? inplace_item_blocks_for(n_pool * kvh, sm_count)
+                                                : 2;
         std::size_t nb = 0;
         for (std::size_t s = 0; s < nseq; ++s) {
             const auto& w = seqs[s];
@@ -347,13 +361,14 @@ struct GpuStepBackend::Impl {
     void launch(std::size_t layer, const void* q) {
         if (launched) throw std::logic_error("GpuStepBackend::launch twice without finish");
         if (!work_set) throw std::logic_error("GpuStepBackend::launch before set_work");
-        unregister_pageable();  // left locked by a launch that failed before its finish
+        settle();  // after a launch that failed before its finish
         // Enqueue: q up, the metadata too at the first layer after set_work (it is the same in
         // every layer: in-place addresses are layer 0's, offset by the layer in the kernel),
         // in-place attention, then the P stream.
         const auto& g = o.geometry;
         const std::size_t q_bytes = nseq * qh * dk * dtype_bytes(g.dtype);
         std::memcpy(h_q->data(), q, q_bytes);
+        enqueued = true;
         start.record(compute);
         start.wait_on(copy);
         copy_async(d_q, h_q->data(), q_bytes, compute);
@@ -466,6 +481,7 @@ struct GpuStepBackend::Impl {
         merge_with_ext(mp, compute.handle());  // writes the result into h_out
         done.record(compute);
         done.synchronize();
+        enqueued = false;
         unregister_pageable();
         check_last_error("GPU decode step");
         const float* ho = reinterpret_cast<const float*>(h_out->data());

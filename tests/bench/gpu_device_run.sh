@@ -30,6 +30,7 @@ if [[ $PHASES == *test* ]]; then
   tail -2 "$OUT/gpu-tests.txt"
 fi
 if [[ $PHASES == *kernel* ]]; then
+  # shellcheck disable=SC2086
   "$BENCH" gpu-attention ${KERNEL_ARGS:-} > "$OUT/gpu-attention.txt" 2>&1
   echo "gpu-attention rc=$?"
   cat "$OUT/gpu-attention.txt"

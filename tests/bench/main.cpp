@@ -26,7 +26,7 @@ const Command kCommands[] = {
     {"attention-step", &writescope::bench::run_attention_step,
      "one hybrid decode step per layer in every mode vs PCIe, HBM and host read ceilings"},
     {"gpu-attention", &writescope::bench::run_gpu_attention,
-     "the in-place GPU decode attention kernels over device-resident KV vs HBM"},
+     "the GPU decode attention kernels over device-resident KV vs HBM (--host: over PCIe)"},
 #endif
 };
 

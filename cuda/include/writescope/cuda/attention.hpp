@@ -53,6 +53,9 @@ struct DecodeAttnParams {
 // Returns false (and launches nothing) for a shape outside the compiled set: head_dim 128 with
 // group size 1, 2, 4, 8 or 16, and the MLA latent 576/512 with 16 heads; bf16 or fp16.
 bool decode_attention_supported(const KvGeometry& geo) noexcept;
+// Whether AttnKernel::automatic runs the tensor-core kernel for this shape and block size on the
+// current device (else the SIMT kernel).
+bool decode_attention_uses_mma(const KvGeometry& geo, int block_tokens);
 // Launches on `stream` (a cudaStream_t as void*). Throws std::invalid_argument for an unsupported
 // shape and std::runtime_error for a launch error.
 void decode_attention(const DecodeAttnParams& p, void* stream);
@@ -92,13 +95,15 @@ void merge_with_ext(const MergeParams& p, void* stream);
 void merge_chunking(std::int32_t max_items, std::int32_t max_chunks, std::int32_t& chunks,
                     std::int32_t& chunk_items) noexcept;
 
-// Blocks per in-place work item (one CTA) for a launch over head_blocks (sequence, KV head,
-// block) triples on a GPU of sm_count SMs: the largest of 1, 2, 4, 8 that still leaves 1.5
-// CTAs per SM (two or three run on an SM at once). A CTA's fixed cost (loading Q, filling its
-// pipeline, merging its warps) is paid per item, so longer items are faster while the GPU stays
-// busy (H200, Qwen3 shape, 128K x 16: 0.69 of the HBM copy rate at 2 blocks per item, 0.91 at
-// 4; 8K x 4: 256 items of 4 blocks beat 1024 of 1 by 1.4x; 8K x 1: 256 items of 1 block beat
-// 64 of 4 by 1.45x).
+// Blocks per in-place work item (one CTA) of the tensor-core kernels, for a launch over
+// head_blocks (sequence, KV head, block) triples on a GPU of sm_count SMs: the largest of 1, 2
+// and 4 that still leaves 1.5 CTAs per SM (two or three run on an SM at once), and 8 once that
+// still leaves 12 per SM (four waves or more: with fewer, the last wave of long items runs the
+// GPU part-empty). A CTA's fixed cost (loading Q, filling its pipeline, merging its warps) is
+// paid per item, so longer items are faster while the GPU stays busy. Measured on the H200
+// (docs/perf/gpu-attention.md), Qwen3 shape: 128K x 16 at 2, 4, 8 blocks per item 0.77, 0.91,
+// 0.97 of the HBM copy rate; 8K x 16 4 blocks 97 us, 8 blocks 107 us; 8K x 4 256 items of 4
+// blocks 1.4x faster than 1024 of 1; 8K x 1 256 items of 1 block 1.45x faster than 64 of 4.
 std::size_t inplace_item_blocks_for(std::size_t head_blocks, int sm_count) noexcept;
 
 // Appends one token's K and V per sequence into the open block of this layer.

@@ -27,8 +27,8 @@ struct GpuStepOptions {
     std::size_t staging_chunk_bytes = std::size_t{8} << 20;
     std::size_t staging_slots = 3;
     // Blocks per work item (one CTA): in place (0: chosen per step by inplace_item_blocks_for,
-    // from the step's in-place blocks and the GPU's SM count) and in staged chunks. One block
-    // per staged item
+    // from the step's in-place blocks and the GPU's SM count, where the tensor-core kernels run;
+    // 2 for the SIMT kernel) and in staged chunks (at least 1). One block per staged item
     // keeps a chunk's launch wide enough (an 8 MiB chunk of MLA blocks is 56 CTAs) to finish
     // before the next copy lands; 4 per item left the ring waiting on the kernel (P at 0.67 of
     // the pinned rate for DeepSeek-V2-Lite, 2026-11-29).
