@@ -202,15 +202,15 @@ __global__ void __launch_bounds__(kThreads)
 // once for all of them:
 //   S (16 heads × tile)  = Q (16 × DK) · Kᵀ              bf16/fp16 inputs, exact products
 //   O (16 heads × DV)   += P (16 × tile) · V              P split hi + lo (two mmas)
-// Products of bf16/fp16 values are exact in fp32, so Q·K matches the SIMT kernel to fp32
-// rounding. P is not representable in 16 bits; splitting it as p = hi + lo (hi = round(p),
-// lo = round(p − hi)) leaves ~2⁻¹⁷ of p (bf16) or ~2⁻²² (fp16) unrepresented, far inside the
-// 2e-5 the GPU tests require against fp64.
-// KV tiles go to shared memory with cp.async in a ring of STAGES: the copies of the next
-// STAGES − 1 tiles are in flight while one is attended. Rows past the valid tokens are zero-filled
-// (a stale V row times p = 0 could otherwise be NaN). Shared rows are padded by 16 bytes so that
-// ldmatrix's eight row addresses fall in different banks. How the four warps share a tile is
-// each kernel's own (below).
+// Products of bf16/fp16 values are exact in fp32, so Q·K differs from the SIMT kernel only in
+// how the sums are rounded (the tensor cores' accumulation is not round-to-nearest fp32). P is not
+// representable in 16 bits; splitting it as p = hi + lo (hi = round(p), lo = round(p − hi)) leaves
+// ~2⁻¹⁷ of p (bf16) or ~2⁻²² (fp16) unrepresented, far inside the 2e-5 the GPU tests require
+// against fp64. KV tiles go to shared memory with cp.async in a ring of STAGES: the copies of the
+// next STAGES − 1 tiles are in flight while one is attended. Rows past the valid tokens are
+// zero-filled (a stale V row times p = 0 could otherwise be NaN). Shared rows are padded by 16
+// bytes so that ldmatrix's eight row addresses fall in different banks. How the four warps share a
+// tile is each kernel's own (below).
 
 __device__ inline std::uint32_t smem_addr(const void* p) {
     return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
@@ -294,7 +294,7 @@ __device__ inline __half from_f32(float x, __half) {
 // over the latent's dims (Q's fragments for its 144 dims held in registers), the partial scores
 // meet in shared memory, the online softmax runs over head rows (four per warp) and writes P
 // (hi and lo) to shared memory, and P·V splits the 512 output dims (128 per warp). Tiles of 32
-// tokens, two stages (~104 KB: two CTAs per SM). Three barriers per tile.
+// tokens, two stages (~104 KB: two CTAs per SM on Hopper, one on A100). Three barriers per tile.
 struct MlaLayout {
     static constexpr int DK = 576, DV = 512, TILE = 32, STAGES = 2, NW = kThreads / 32;
     static constexpr int kRow = DK + 8;  // padded latent row
@@ -480,7 +480,7 @@ __global__ void __launch_bounds__(kThreads)
             l > 0.0f ? m_s[tid] + logf(l) : -INFINITY;
     }
 #else
-    __trap();  // never launched below sm_80 (mma_kernel_usable checks)
+    __trap();  // never launched: kernel_ready checks the code it was built from (ptxVersion)
 #endif
 }
 
@@ -690,7 +690,7 @@ __global__ void __launch_bounds__(kThreads)
         if (d == 0) p.part_lse[out] = lsum > 0.0f ? mx + logf(lsum) : -INFINITY;
     }
 #else
-    __trap();  // never launched below sm_80 (mma_kernel_usable checks)
+    __trap();  // never launched: kernel_ready checks the code it was built from (ptxVersion)
 #endif
 }
 
@@ -725,41 +725,69 @@ bool mma_kernel_usable(std::size_t smem_bytes) {
     return c.major >= 8 && smem_bytes <= static_cast<std::size_t>(c.smem_optin);
 }
 
+// Per device: whether a tensor-core kernel runs there (set up once per device).
+struct KernelReady {
+    std::once_flag once;
+    bool ok = false;
+};
+
+// Whether `kernel` runs on the current device with `bytes` of dynamic shared memory: the device
+// is sm_80 or later and grants that much per block, and the kernel's code was compiled for sm_80
+// or later (a build for older architectures only has the trap stub, which the driver would
+// JIT-compile); then sets the kernel's shared-memory attribute, once per device.
+template <typename Kernel>
+bool kernel_ready(Kernel* kernel, KernelReady (&cache)[64], std::size_t bytes) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+    KernelReady& c = cache[dev];
+    std::call_once(c.once, [&c, kernel, bytes] {
+        cudaFuncAttributes a{};
+        c.ok = mma_kernel_usable(bytes) && cudaFuncGetAttributes(&a, kernel) == cudaSuccess &&
+               a.ptxVersion >= 80 &&
+               cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(bytes)) == cudaSuccess;
+        (void)cudaGetLastError();  // a refusal above is an answer, not a launch error
+    });
+    return c.ok;
+}
+
+template <typename T>
+bool mla_mma_ready() {
+    static KernelReady cache[64];
+    return kernel_ready(&decode_attn_mla_mma_kernel<T>, cache, MlaLayout::bytes<T>());
+}
+
+template <typename T, int G, int STAGES>
+bool gqa_mma_ready() {
+    static KernelReady cache[64];
+    return kernel_ready(&decode_attn_gqa_mma_kernel<T, G, STAGES>, cache,
+                        gqa_mma_smem_bytes<T, G, STAGES>());
+}
+
 template <typename T>
 bool launch_attn_mla_mma(const DecodeAttnParams& p, cudaStream_t s) {
-    constexpr std::size_t bytes = MlaLayout::bytes<T>();
-    if (p.block_tokens % MlaLayout::TILE != 0 || !mma_kernel_usable(bytes)) return false;
-    auto* kernel = &decode_attn_mla_mma_kernel<T>;
-    static const cudaError_t attr = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-    if (attr != cudaSuccess)
-        throw std::runtime_error(std::string("decode attention: shared memory attribute: ") +
-                                 cudaGetErrorString(attr));
-    kernel<<<p.item_count, kThreads, bytes, s>>>(p, p.geo.num_q_heads, p.geo.scale());
+    if (p.block_tokens % MlaLayout::TILE != 0 || !mla_mma_ready<T>()) return false;
+    decode_attn_mla_mma_kernel<T>
+        <<<p.item_count, kThreads, MlaLayout::bytes<T>(), s>>>(p, p.geo.num_q_heads, p.geo.scale());
     return true;
 }
 
 template <typename T, int G, int STAGES>
 bool launch_attn_gqa_mma(const DecodeAttnParams& p, cudaStream_t s) {
-    constexpr std::size_t bytes = gqa_mma_smem_bytes<T, G, STAGES>();
-    if (p.block_tokens % 64 != 0 || !mma_kernel_usable(bytes)) return false;
-    auto* kernel = &decode_attn_gqa_mma_kernel<T, G, STAGES>;
-    static const cudaError_t attr = cudaFuncSetAttribute(
-        kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-    if (attr != cudaSuccess)
-        throw std::runtime_error(std::string("decode attention: shared memory attribute: ") +
-                                 cudaGetErrorString(attr));
-    kernel<<<p.item_count, kThreads, bytes, s>>>(p, p.geo.num_q_heads, p.geo.num_kv_heads,
-                                                 p.geo.scale());
+    if (p.block_tokens % 64 != 0 || !gqa_mma_ready<T, G, STAGES>()) return false;
+    decode_attn_gqa_mma_kernel<T, G, STAGES>
+        <<<p.item_count, kThreads, gqa_mma_smem_bytes<T, G, STAGES>(), s>>>(
+            p, p.geo.num_q_heads, p.geo.num_kv_heads, p.geo.scale());
     return true;
 }
 
 template <typename T, int DK, int DV, int G, bool MLA>
 void launch_attn(const DecodeAttnParams& p, cudaStream_t s) {
     if (p.item_count <= 0) return;
-    // The 128-dim heads: 64-token tiles, two stages (~74 KB: three CTAs per SM, one tile in
-    // flight each while one is attended). The MLA latent: 32-token tiles, two stages (~104 KB:
-    // two CTAs per SM).
+    // The 128-dim heads: 64-token tiles, two stages (~74 KB: three CTAs per SM on Hopper, two
+    // on A100, one on sm_86/89; one tile in flight each while one is attended). The MLA latent:
+    // 32-token tiles, two stages (~104 KB: two CTAs per SM on Hopper, one on A100; too much for
+    // sm_86/89, which run the SIMT kernel). Measured on the H200 only.
     constexpr int kTile = MLA ? 32 : 64;
     if (p.kernel != AttnKernel::simt) {
         if constexpr (MLA) {
@@ -975,18 +1003,40 @@ void check_launch(const char* what) {
 
 bool decode_attention_supported(const KvGeometry& g) noexcept {
     if (g.dtype != DType::bf16 && g.dtype != DType::f16) return false;
-    if (g.mla) return g.head_dim_k == 576 && g.head_dim_v == 512 && g.num_q_heads == 16;
+    if (g.mla)
+        return g.head_dim_k == 576 && g.head_dim_v == 512 && g.num_q_heads == 16 &&
+               g.num_kv_heads == 1;
     const int gs = g.group_size();
     return g.head_dim_k == 128 && g.head_dim_v == 128 &&
            (gs == 1 || gs == 2 || gs == 4 || gs == 8 || gs == 16);
 }
 
+namespace {
+template <typename T>
+bool mma_ready_for(const KvGeometry& g) {
+    if (g.mla) return mla_mma_ready<T>();
+    switch (g.group_size()) {
+        case 1:
+            return gqa_mma_ready<T, 1, 2>();
+        case 2:
+            return gqa_mma_ready<T, 2, 2>();
+        case 4:
+            return gqa_mma_ready<T, 4, 2>();
+        case 8:
+            return gqa_mma_ready<T, 8, 2>();
+        case 16:
+            return gqa_mma_ready<T, 16, 2>();
+        default:
+            return false;
+    }
+}
+}  // namespace
+
 bool decode_attention_uses_mma(const KvGeometry& g, int block_tokens) {
     if (!decode_attention_supported(g)) return false;
     const int tile = g.mla ? MlaLayout::TILE : 64;
-    const std::size_t bytes =
-        g.mla ? MlaLayout::bytes<__nv_bfloat16>() : gqa_mma_smem_bytes<__nv_bfloat16, 1, 2>();
-    return block_tokens > 0 && block_tokens % tile == 0 && mma_kernel_usable(bytes);
+    if (block_tokens <= 0 || block_tokens % tile != 0) return false;
+    return g.dtype == DType::bf16 ? mma_ready_for<__nv_bfloat16>(g) : mma_ready_for<__half>(g);
 }
 
 void decode_attention(const DecodeAttnParams& p, void* stream) {
