@@ -111,7 +111,9 @@ struct GpuRun {
 
 // Uploads the blocks, cuts each (sequence, kv head) into random runs of blocks (one work item
 // each, T-like partial block last), runs decode_attention in two launches and merge_partials
-// with an optional external part, and returns the merged states.
+// with an optional external part, and returns the merged states. The block pointers are the
+// blocks' addresses less a random offset that the kernels must add back (block_offset_bytes, as
+// for a layer past 0); the bytes a kernel would read without it are NaN.
 GpuRun run_gpu(const KvGeometry& g, int B, const std::vector<HostSeq>& seqs,
                const std::vector<std::size_t>& gpu_from,  // per seq: blocks before this go to ext
                const std::vector<float>* ext_o, const std::vector<float>* ext_lse,
@@ -121,14 +123,16 @@ GpuRun run_gpu(const KvGeometry& g, int B, const std::vector<HostSeq>& seqs,
     std::size_t nblocks = 0;
     for (auto& s : seqs)
         nblocks += s.blocks.size();
-    cuda::DeviceBuffer kv(std::max<std::size_t>(nblocks * block_bytes, 16));
+    const std::size_t shift = block_bytes * (rng() % 3);  // 0, 1 or 2 blocks
+    cuda::DeviceBuffer kv(std::max<std::size_t>(shift + nblocks * block_bytes, 16));
+    kv.fill_bytes(0xff);  // 0xffff: NaN in bf16 and fp16
     std::vector<const void*> ptrs;
     std::vector<std::int32_t> valid;
     std::vector<std::vector<std::int32_t>> seq_first(seqs.size());
     std::size_t bi = 0;
     for (std::size_t si = 0; si < seqs.size(); ++si) {
         for (std::size_t b = 0; b < seqs[si].blocks.size(); ++b, ++bi) {
-            kv.upload(seqs[si].blocks[b].data(), block_bytes, bi * block_bytes);
+            kv.upload(seqs[si].blocks[b].data(), block_bytes, shift + bi * block_bytes);
             ptrs.push_back(static_cast<char*>(kv.data()) + bi * block_bytes);
             valid.push_back(seqs[si].valid[b]);
             seq_first[si].push_back(static_cast<std::int32_t>(bi));
@@ -180,6 +184,7 @@ GpuRun run_gpu(const KvGeometry& g, int B, const std::vector<HostSeq>& seqs,
     p.block_tokens = B;
     p.q = d_q.data();
     p.block_ptrs = static_cast<const void* const*>(d_ptrs.data());
+    p.block_offset_bytes = static_cast<std::int64_t>(shift);
     p.block_tokens_valid = static_cast<const std::int32_t*>(d_valid.data());
     p.items = static_cast<const cuda::AttnWorkItem*>(d_items.data());
     p.part_o = static_cast<float*>(part_o.data());
@@ -355,8 +360,9 @@ TEST_CASE("GPU decode attention + merge equals fp64 attention", "[gpu]") {
     auto rng = test::seeded_rng("gpu decode attention");
     for (DType t : {DType::bf16, DType::f16})
         for (const auto& g : gpu_shapes(t)) {
-            // Both kernels forced, at a block size of 64 or 128.
-            const int B = (rng() % 2) ? 64 : 128;
+            // Both kernels forced, at a block size of 64 or 128 (MLA: also 32, its tile).
+            const int sizes[] = {64, 128, 32};
+            const int B = sizes[rng() % (g.mla ? 3 : 2)];
             paged_case(g, B, cuda::AttnKernel::simt, rng);
             if (!skip_unless_mma(g, B)) paged_case(g, B, cuda::AttnKernel::mma, rng);
             // The automatic choice at a block size no tile divides (48): the SIMT kernel, and
