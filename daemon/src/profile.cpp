@@ -399,7 +399,8 @@ const std::vector<KeyDef>& key_table() {
         t.push_back(int_key<std::size_t>(
             "kv", "block_tokens", "128",
             "tokens per KV block (a multiple of 16 in 16..1024; 64 to 256 suits most machines; the "
-            "GPU's tensor-core kernels need a multiple of 64, else a slower kernel runs)",
+            "GPU's tensor-core kernels need a multiple of 64, 32 for MLA, else a slower kernel "
+            "runs)",
             false, [](Profile & p) -> auto& { return p.kv.block_tokens; }, 16, 1024, 16));
         t.push_back(int_key<std::size_t>(
             "kv", "max_batch", "64", "most sequences decoded together in one step", false,
