@@ -59,6 +59,32 @@ __device__ inline float warp_sum(float v) {
     return v;
 }
 
+// ---- Shared by the kernels -------------------------------------------------------------------
+
+// Tokens of a work item: every block but the last is full.
+__device__ inline int item_tokens(const DecodeAttnParams& p, const AttnWorkItem& it) {
+    return it.num_blocks > 0 ? (it.num_blocks - 1) * p.block_tokens +
+                                   p.block_tokens_valid[it.first_block + it.num_blocks - 1]
+                             : 0;
+}
+// The base of block `blk` (an index into block_ptrs), at the launch's layer offset.
+template <typename T>
+__device__ inline const T* block_base(const DecodeAttnParams& p, int blk) {
+    return reinterpret_cast<const T*>(static_cast<const char*>(p.block_ptrs[blk]) +
+                                      p.block_offset_bytes);
+}
+
+// The online softmax's row state after a tile whose scores reached m_new (≥ m_old) and whose
+// probabilities exp(s − m_new) sum to `sum`: l and m updated, and f, the factor that rescales
+// the output so far (0 while the row had no score yet). One thread per row.
+__device__ inline void update_row(float* m_s, float* l_s, float* f_s, int g, float m_old,
+                                  float m_new, float sum) {
+    const float f = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+    l_s[g] = l_s[g] * f + sum;
+    m_s[g] = m_new;
+    f_s[g] = f;
+}
+
 // One CTA per work item (sequence, KV head, run of blocks), all G query heads of the group.
 // Tiles of kThreads tokens: each thread scores one token against the G queries (its K row read
 // with 16-byte loads), one warp per head runs the online softmax over the tile, then each thread
@@ -97,9 +123,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int k = 0; k < DPT; ++k)
             o[g][k] = 0.0f;
 
-    int total = 0;
-    if (it.num_blocks > 0)
-        total = (it.num_blocks - 1) * B + p.block_tokens_valid[it.first_block + it.num_blocks - 1];
+    const int total = item_tokens(p, it);
     __syncthreads();
 
     for (int tile = 0; tile < total; tile += kThreads) {
@@ -110,8 +134,7 @@ __global__ void __launch_bounds__(kThreads)
             acc[g] = 0.0f;
         if (j < total) {
             const int blk = it.first_block + j / B, off = j % B;
-            const T* base = reinterpret_cast<const T*>(static_cast<const char*>(p.block_ptrs[blk]) +
-                                                       p.block_offset_bytes);
+            const T* base = block_base<T>(p, blk);
             const T* krow = MLA ? base + static_cast<size_t>(off) * DK
                                 : base + (static_cast<size_t>(it.kv_head) * B + off) * DK;
             vrow_s[tid] = MLA ? krow
@@ -148,12 +171,7 @@ __global__ void __launch_bounds__(kThreads)
                 sum += e;
             }
             sum = warp_sum(sum);
-            if (lane == 0) {
-                const float f = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
-                l_s[g] = l_s[g] * f + sum;
-                m_s[g] = m_new;
-                f_s[g] = f;
-            }
+            if (lane == 0) update_row(m_s, l_s, f_s, g, m_old, m_new, sum);
         }
         __syncthreads();
 
@@ -254,6 +272,29 @@ __device__ inline void mma16816(float (&c)[4], const std::uint32_t (&a)[4], std:
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// Loads the group's query rows (rows ≥ `rows` zero) into 16 shared rows of `stride` elements.
+template <typename T, int DK>
+__device__ inline void load_q16(T* q_s, int stride, const T* q, int rows, int tid) {
+    for (int c = tid; c < 16 * (DK / 8); c += kThreads) {
+        const int r = c / (DK / 8), col = (c % (DK / 8)) * 8;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r < rows) v = *reinterpret_cast<const uint4*>(q + static_cast<size_t>(r) * DK + col);
+        *reinterpret_cast<uint4*>(q_s + r * stride + col) = v;
+    }
+}
+// Issues the copies of ROWS consecutive rows of W elements from src into shared rows of
+// `stride` elements; rows from nvalid on are zero-filled (`safe`: any readable address).
+template <typename T, int W, int ROWS>
+__device__ inline void async_rows(T* dst, int stride, const T* src, int nvalid, const T* safe,
+                                  int tid) {
+    for (int c = tid; c < ROWS * (W / 8); c += kThreads) {
+        const int r = c / (W / 8), col = (c % (W / 8)) * 8;
+        const bool ok = r < nvalid;
+        cp_async16(dst + r * stride + col, ok ? src + static_cast<size_t>(r) * W + col : safe,
+                   ok ? 16 : 0);
+    }
+}
+
 // P·V for one 16-token k-step into N n8 tiles of O (N even): P as its hi and lo A fragments,
 // V from shared memory at vrow, this lane's ldmatrix.trans address of the first tile (the next
 // tiles 8 elements on).
@@ -338,11 +379,7 @@ __global__ void __launch_bounds__(kThreads)
     const int B = p.block_tokens;
 
     const T* q = static_cast<const T*>(p.q) + static_cast<size_t>(it.seq) * num_q_heads * DK;
-    for (int c = tid; c < 16 * (DK / 8); c += kThreads) {
-        const int r = c / (DK / 8), col = (c % (DK / 8)) * 8;
-        *reinterpret_cast<uint4*>(q_s + r * L::kRow + col) =
-            *reinterpret_cast<const uint4*>(q + static_cast<size_t>(r) * DK + col);
-    }
+    load_q16<T, DK>(q_s, L::kRow, q, 16, tid);
     for (int c = tid; c < 2 * 16 * L::pRow / 8; c += kThreads)
         reinterpret_cast<uint4*>(ph_s)[c] = make_uint4(0, 0, 0, 0);
     if (tid < 16) {
@@ -350,25 +387,15 @@ __global__ void __launch_bounds__(kThreads)
         l_s[tid] = 0.0f;
         f_s[tid] = 1.0f;
     }
-    int total = 0;
-    if (it.num_blocks > 0)
-        total = (it.num_blocks - 1) * B + p.block_tokens_valid[it.first_block + it.num_blocks - 1];
+    const int total = item_tokens(p, it);
     const int ntiles = (total + TILE - 1) / TILE;
 
-    auto load_tile = [&](int ti, int st) {
+    auto load_tile = [&](int ti, int st) {  // tiles never straddle blocks (B % TILE == 0)
         const int j0 = ti * TILE;
         const int blk = it.first_block + j0 / B, off = j0 % B;
-        const int nvalid = min(TILE, total - j0);
-        const T* base = reinterpret_cast<const T*>(static_cast<const char*>(p.block_ptrs[blk]) +
-                                                   p.block_offset_bytes);
-        const T* k0 = base + static_cast<size_t>(off) * DK;
-        T* kd = kv_s + st * L::stage;
-        for (int c = tid; c < TILE * (DK / 8); c += kThreads) {
-            const int r = c / (DK / 8), col = (c % (DK / 8)) * 8;
-            const bool ok = r < nvalid;
-            cp_async16(kd + r * L::kRow + col, ok ? k0 + static_cast<size_t>(r) * DK + col : base,
-                       ok ? 16 : 0);
-        }
+        const T* base = block_base<T>(p, blk);
+        async_rows<T, DK, TILE>(kv_s + st * L::stage, L::kRow, base + static_cast<size_t>(off) * DK,
+                                min(TILE, total - j0), base, tid);
     };
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) {
@@ -436,12 +463,7 @@ __global__ void __launch_bounds__(kThreads)
             const T hi = from_f32(e, T{});
             ph_s[g * L::pRow + lane] = hi;
             pl_s[g * L::pRow + lane] = from_f32(e - to_f32(hi), T{});
-            if (lane == 0) {
-                const float f = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
-                l_s[g] = l_s[g] * f + sum;
-                m_s[g] = m_new;
-                f_s[g] = f;
-            }
+            if (lane == 0) update_row(m_s, l_s, f_s, g, m_old, m_new, sum);
         }
         __syncthreads();
 
@@ -529,35 +551,21 @@ __global__ void __launch_bounds__(kThreads)
     const T* q =
         static_cast<const T*>(p.q) +
         (static_cast<size_t>(it.seq) * num_q_heads + static_cast<size_t>(it.kv_head) * G) * D;
-    for (int c = tid; c < 16 * (D / 8); c += kThreads) {
-        const int r = c / (D / 8), col = (c % (D / 8)) * 8;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (r < G) v = *reinterpret_cast<const uint4*>(q + static_cast<size_t>(r) * D + col);
-        *reinterpret_cast<uint4*>(q_s + r * kRow + col) = v;
-    }
-    int total = 0;
-    if (it.num_blocks > 0)
-        total = (it.num_blocks - 1) * B + p.block_tokens_valid[it.first_block + it.num_blocks - 1];
+    load_q16<T, D>(q_s, kRow, q, G, tid);
+    const int total = item_tokens(p, it);
     const int ntiles = (total + TILE - 1) / TILE;
 
-    auto load_tile = [&](int ti, int st) {
+    auto load_tile = [&](int ti, int st) {  // tiles never straddle blocks (B % TILE == 0)
         const int j0 = ti * TILE;
         const int blk = it.first_block + j0 / B, off = j0 % B;
         const int nvalid = min(TILE, total - j0);
-        const T* base = reinterpret_cast<const T*>(static_cast<const char*>(p.block_ptrs[blk]) +
-                                                   p.block_offset_bytes);
+        const T* base = block_base<T>(p, blk);
         const T* k0 = base + (static_cast<size_t>(it.kv_head) * B + off) * D;
         const T* v0 = base + static_cast<size_t>(num_kv_heads) * B * D +
                       (static_cast<size_t>(it.kv_head) * B + off) * D;
         T* kd = kv_s + st * stage;
-        for (int c = tid; c < 2 * TILE * (D / 8); c += kThreads) {
-            const int isv = c >= TILE * (D / 8);
-            const int cc = c - isv * TILE * (D / 8);
-            const int r = cc / (D / 8), col = (cc % (D / 8)) * 8;
-            const bool ok = r < nvalid;
-            const T* src = (isv ? v0 : k0) + static_cast<size_t>(r) * D + col;
-            cp_async16(kd + (isv * TILE + r) * kRow + col, ok ? src : base, ok ? 16 : 0);
-        }
+        async_rows<T, D, TILE>(kd, kRow, k0, nvalid, base, tid);
+        async_rows<T, D, TILE>(kd + TILE * kRow, kRow, v0, nvalid, base, tid);
     };
 #pragma unroll
     for (int st = 0; st < STAGES - 1; ++st) {

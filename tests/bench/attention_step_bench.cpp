@@ -102,22 +102,9 @@ void usage() {
 
 Options parse(int argc, char** argv) {
     Options o;
-    for (int i = 0; i < argc; ++i) {
-        const std::string a = argv[i];
-        auto val = [&]() -> std::string {
-            if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
-            return argv[++i];
-        };
-        if (a == "--help" || a == "-h") {
-            usage();
-            std::exit(0);
-        } else if (a == "--models") {
-            o.models = split_names(val());
-        } else if (a == "--contexts") {
-            o.contexts = parse_list(val());
-        } else if (a == "--batches") {
-            o.batches = parse_list(val());
-        } else if (a == "--threads") {
+    for_each_option(argc, argv, usage, [&](const std::string& a, auto& val) {
+        if (sweep_option(a, val, o.models, o.contexts, o.batches)) return true;
+        if (a == "--threads") {
             o.threads = std::stoull(val());
         } else if (a == "--block") {
             o.block = std::stoull(val());
@@ -148,9 +135,10 @@ Options parse(int argc, char** argv) {
         } else if (a == "--json") {
             o.json = val();
         } else {
-            throw std::invalid_argument("unknown option " + a + " (see --help)");
+            return false;
         }
-    }
+        return true;
+    });
     if (o.reps < 1 || o.sweep_step <= 0 || o.sweep_step > 1 || o.g_fraction < 0 ||
         o.g_fraction >= 1)
         throw std::invalid_argument("bad --reps, --sweep-step or --g-fraction");

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdlib>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,40 @@ inline std::vector<std::string> split_names(const std::string& s) {
     while (std::getline(ss, item, ','))
         out.push_back(item);
     return out;
+}
+
+// Walks the options: on(name, value) for each, where value() takes the next argument (or throws
+// "<name> needs a value"); on returns false for a name it does not know, which throws. --help
+// and -h print help() and exit.
+template <class On>
+void for_each_option(int argc, char** argv, void (*help)(), On&& on) {
+    for (int i = 0; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--help" || a == "-h") {
+            help();
+            std::exit(0);
+        }
+        auto value = [&]() -> std::string {
+            if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
+            return argv[++i];
+        };
+        if (!on(a, value)) throw std::invalid_argument("unknown option " + a + " (see --help)");
+    }
+}
+
+// The sweep options the GPU benchmarks share: --models a,b  --contexts 8K,128K  --batches 1,16.
+template <class Value>
+bool sweep_option(const std::string& a, Value& value, std::vector<std::string>& models,
+                  std::vector<std::size_t>& contexts, std::vector<std::size_t>& batches) {
+    if (a == "--models")
+        models = split_names(value());
+    else if (a == "--contexts")
+        contexts = parse_list(value());
+    else if (a == "--batches")
+        batches = parse_list(value());
+    else
+        return false;
+    return true;
 }
 
 }  // namespace writescope::bench

@@ -52,33 +52,20 @@ void usage() {
 
 Options parse(int argc, char** argv) {
     Options o;
-    for (int i = 0; i < argc; ++i) {
-        const std::string a = argv[i];
-        auto val = [&]() -> std::string {
-            if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
-            return argv[++i];
-        };
-        if (a == "--help" || a == "-h") {
-            usage();
-            std::exit(0);
-        } else if (a == "--models") {
-            o.models = split_names(val());
-        } else if (a == "--contexts") {
-            o.contexts = parse_list(val());
-        } else if (a == "--batches") {
-            o.batches = parse_list(val());
-        } else if (a == "--block") {
+    for_each_option(argc, argv, usage, [&](const std::string& a, auto& val) {
+        if (sweep_option(a, val, o.models, o.contexts, o.batches)) return true;
+        if (a == "--block")
             o.block = std::stoull(val());
-        } else if (a == "--item-blocks") {
+        else if (a == "--item-blocks")
             o.item_blocks = std::stoull(val());
-        } else if (a == "--host") {
+        else if (a == "--host")
             o.host = true;
-        } else if (a == "--reps") {
+        else if (a == "--reps")
             o.reps = std::stoi(val());
-        } else {
-            throw std::invalid_argument("unknown option " + a);
-        }
-    }
+        else
+            return false;
+        return true;
+    });
     if (o.block == 0 || o.reps < 1)
         throw std::invalid_argument("--block and --reps must be positive");
     return o;
