@@ -27,7 +27,8 @@ struct Sizes {
     std::size_t kvh, G, dk, dv, qh, block_bytes;
     std::size_t chunk_blocks, chunk_bytes, slots;  // staging ring
     std::size_t max_items, meta_bytes, q_bytes, state_bytes;
-    std::size_t merge_scratch_bytes;  // the two-level merge's chunk states
+    std::size_t part_o_bytes, part_lse_bytes;  // the GPU's partial states, per item and head
+    std::size_t merge_scratch_bytes;           // the two-level merge's chunk states
 };
 
 // At most this many chunks per row in the two-level merge (attention.hpp, merge_chunking).
@@ -52,6 +53,8 @@ Sizes sizes_of(const GpuStepOptions& o) {
                    ((o.max_seqs * z.kvh + 1) * 4 + 256) + (z.max_items * 4 + 256);
     z.q_bytes = o.max_seqs * z.qh * z.dk * dtype_bytes(g.dtype);
     z.state_bytes = o.max_seqs * z.qh * (z.dv + 1) * sizeof(float);
+    z.part_o_bytes = z.max_items * z.G * z.dv * sizeof(float);
+    z.part_lse_bytes = z.max_items * z.G * sizeof(float);
     z.merge_scratch_bytes = o.max_seqs * z.qh * kMaxMergeChunks * (z.dv + 1) * sizeof(float);
     return z;
 }
@@ -170,10 +173,8 @@ struct GpuStepBackend::Impl {
         m_ext = static_cast<float*>(mapped_device_pointer(h_ext->data()));
         m_out = static_cast<float*>(mapped_device_pointer(h_out->data()));
         d_q = static_cast<char*>(pool.allocate(z.q_bytes, "GPU step queries"));
-        d_part_o = static_cast<float*>(
-            pool.allocate(max_items * G * dv * sizeof(float), "GPU partial states"));
-        d_part_lse =
-            static_cast<float*>(pool.allocate(max_items * G * sizeof(float), "GPU partial lse"));
+        d_part_o = static_cast<float*>(pool.allocate(z.part_o_bytes, "GPU partial states"));
+        d_part_lse = static_cast<float*>(pool.allocate(z.part_lse_bytes, "GPU partial lse"));
         d_merge_scratch =
             static_cast<float*>(pool.allocate(z.merge_scratch_bytes, "merge chunk states"));
         counts.resize(o.max_seqs * kvh + 1);
@@ -522,8 +523,7 @@ GpuLayerTiming GpuStepBackend::finish(ConstStateView cpu_part, StateView out) {
 std::uint64_t GpuStepBackend::device_bytes(const GpuStepOptions& opts) {
     const Sizes z = sizes_of(opts);
     return pooled(z.slots * z.chunk_bytes) + pooled(z.meta_bytes) + pooled(z.q_bytes) +
-           pooled(z.max_items * z.G * z.dv * sizeof(float)) +
-           pooled(z.max_items * z.G * sizeof(float)) + pooled(z.merge_scratch_bytes);
+           pooled(z.part_o_bytes) + pooled(z.part_lse_bytes) + pooled(z.merge_scratch_bytes);
 }
 
 std::size_t GpuStepBackend::staging_bytes() const noexcept {
