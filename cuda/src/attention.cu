@@ -340,14 +340,16 @@ struct MlaLayout {
     static constexpr int DK = 576, DV = 512, TILE = 32, STAGES = 2, NW = kThreads / 32;
     static constexpr int kRow = DK + 8;  // padded latent row
     static constexpr int pRow = TILE + 8;
+    static constexpr int sRow = TILE + 4;  // padded partial-score row: the 8 rows of a store
+                                           // fall in different banks
     static constexpr int stage = TILE * kRow;
-    // Elements of T: Q, the ring, P hi and lo; then fp32: partial scores [NW][16][TILE], m, l, f.
+    // Elements of T: Q, the ring, P hi and lo; then fp32: partial scores [NW][16][sRow], m, l, f.
     static constexpr std::size_t q_off = 0, kv_off = 16 * kRow;
     static constexpr std::size_t p_off = kv_off + STAGES * static_cast<std::size_t>(stage);
     static constexpr std::size_t elems = p_off + 2 * 16 * pRow;
     template <typename T>
     static constexpr std::size_t bytes() {
-        return elems * sizeof(T) + (NW * 16 * TILE + 48) * sizeof(float);
+        return elems * sizeof(T) + (NW * 16 * sRow + 48) * sizeof(float);
     }
 };
 
@@ -367,8 +369,8 @@ __global__ void __launch_bounds__(kThreads)
     T* const kv_s = sm + L::kv_off;
     T* const ph_s = sm + L::p_off;
     T* const pl_s = ph_s + 16 * L::pRow;
-    float* const sp_s = reinterpret_cast<float*>(sm + L::elems);  // [NW][16][TILE]
-    float* const m_s = sp_s + NW * 16 * TILE;
+    float* const sp_s = reinterpret_cast<float*>(sm + L::elems);  // [NW][16][sRow]
+    float* const m_s = sp_s + NW * 16 * L::sRow;
     float* const l_s = m_s + 16;
     float* const f_s = l_s + 16;
 
@@ -436,34 +438,59 @@ __global__ void __launch_bounds__(kThreads)
                 mma16816(a0, qa[ks], b[0], b[1], T{});
                 mma16816(a1, qa[ks], b[2], b[3], T{});
             }
-            float* sp = sp_s + warp * 16 * TILE;
-            *reinterpret_cast<float2*>(sp + gid * TILE + c * 8 + tig * 2) =
+            float* sp = sp_s + warp * 16 * L::sRow;
+            *reinterpret_cast<float2*>(sp + gid * L::sRow + c * 8 + tig * 2) =
                 make_float2(a0[0], a0[1]);
-            *reinterpret_cast<float2*>(sp + (gid + 8) * TILE + c * 8 + tig * 2) =
+            *reinterpret_cast<float2*>(sp + (gid + 8) * L::sRow + c * 8 + tig * 2) =
                 make_float2(a0[2], a0[3]);
-            *reinterpret_cast<float2*>(sp + gid * TILE + (c + 1) * 8 + tig * 2) =
+            *reinterpret_cast<float2*>(sp + gid * L::sRow + (c + 1) * 8 + tig * 2) =
                 make_float2(a1[0], a1[1]);
-            *reinterpret_cast<float2*>(sp + (gid + 8) * TILE + (c + 1) * 8 + tig * 2) =
+            *reinterpret_cast<float2*>(sp + (gid + 8) * L::sRow + (c + 1) * 8 + tig * 2) =
                 make_float2(a1[2], a1[3]);
         }
         __syncthreads();
 
-        // Online softmax, one token per lane, rows warp, warp + 4, ...
+        // Online softmax, one token per lane, rows warp, warp + 4, warp + 8, warp + 12: the four
+        // rows side by side, so that their reductions interleave instead of running in turn.
+        {
+            constexpr int R = 16 / NW;
+            float sv[R], mx[R], e[R], sum[R];
 #pragma unroll
-        for (int g = warp; g < 16; g += NW) {
-            float sv = 0.0f;
+            for (int k = 0; k < R; ++k) {
+                const int g = warp + k * NW;
+                sv[k] = 0.0f;
 #pragma unroll
-            for (int w = 0; w < NW; ++w)
-                sv += sp_s[(w * 16 + g) * TILE + lane];
-            sv = lane < nvalid ? sv * scale : -INFINITY;
-            const float m_old = m_s[g];
-            const float m_new = fmaxf(m_old, warp_max(sv));  // finite: token 0 is valid
-            const float e = sv == -INFINITY ? 0.0f : expf(sv - m_new);
-            const float sum = warp_sum(e);
-            const T hi = from_f32(e, T{});
-            ph_s[g * L::pRow + lane] = hi;
-            pl_s[g * L::pRow + lane] = from_f32(e - to_f32(hi), T{});
-            if (lane == 0) update_row(m_s, l_s, f_s, g, m_old, m_new, sum);
+                for (int w = 0; w < NW; ++w)
+                    sv[k] += sp_s[(w * 16 + g) * L::sRow + lane];
+                sv[k] = lane < nvalid ? sv[k] * scale : -INFINITY;
+                mx[k] = sv[k];
+            }
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1)
+#pragma unroll
+                for (int k = 0; k < R; ++k)
+                    mx[k] = fmaxf(mx[k], __shfl_xor_sync(0xffffffffu, mx[k], off));
+#pragma unroll
+            for (int k = 0; k < R; ++k) {
+                const int g = warp + k * NW;
+                mx[k] = fmaxf(m_s[g], mx[k]);  // the new max; finite: token 0 is valid
+                e[k] = sv[k] == -INFINITY ? 0.0f : expf(sv[k] - mx[k]);
+                sum[k] = e[k];
+                const T hi = from_f32(e[k], T{});
+                ph_s[g * L::pRow + lane] = hi;
+                pl_s[g * L::pRow + lane] = from_f32(e[k] - to_f32(hi), T{});
+            }
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1)
+#pragma unroll
+                for (int k = 0; k < R; ++k)
+                    sum[k] += __shfl_xor_sync(0xffffffffu, sum[k], off);
+            if (lane == 0)
+#pragma unroll
+                for (int k = 0; k < R; ++k) {
+                    const int g = warp + k * NW;
+                    update_row(m_s, l_s, f_s, g, m_s[g], mx[k], sum[k]);
+                }
         }
         __syncthreads();
 
