@@ -280,14 +280,7 @@ struct ModelRig {
     std::unique_ptr<cuda::PinnedRegionMemory> pmem;
     std::unique_ptr<HostRegionMemory> umem;
     // The monolithic caches: one pageable buffer per sequence (one layer of its spilled KV).
-    struct Pageable {
-        void* p = nullptr;
-        explicit Pageable(std::size_t n) : p(::operator new (n, std::align_val_t{4096})) {}
-        Pageable(const Pageable&) = delete;
-        Pageable& operator=(const Pageable&) = delete;
-        ~Pageable() { ::operator delete (p, std::align_val_t{4096}); }
-    };
-    std::vector<std::unique_ptr<Pageable>> mono;
+    std::vector<std::unique_ptr<PageBuffer>> mono;
     std::unique_ptr<runtime::CpuAttentionBackendImpl> cpu;
     std::unique_ptr<cuda::GpuStepBackend> gpu, gpu_inplace;
     std::vector<std::byte> q;
@@ -346,7 +339,7 @@ std::unique_ptr<ModelRig> build_rig(const std::string& name, const Options& o, s
     HostMemoryOptions ho;
     rig->umem = std::make_unique<HostRegionMemory>("U", 1, spill_slots, rig->packed, ho);
     for (std::size_t i = 0; i < nseq; ++i)  // ordinary pageable memory, as such a system has
-        rig->mono.push_back(std::make_unique<ModelRig::Pageable>(sh.s * rig->lin));
+        rig->mono.push_back(std::make_unique<PageBuffer>(sh.s * rig->lin));
     cuda::GpuStepOptions so;
     so.geometry = rig->g;
     so.block_tokens = o.block;
@@ -369,7 +362,7 @@ std::unique_ptr<ModelRig> build_rig(const std::string& name, const Options& o, s
         rig->cpu->pack_block(b.data(), rig->umem->block(0, i));
     });
     fill_pool.parallel_for(nseq, [&](std::size_t i, std::size_t) {
-        std::memset(rig->mono[i]->p, 0x3c, sh.s * rig->lin);  // touched once: no first-fault
+        std::memset(rig->mono[i]->data(), 0x3c, sh.s * rig->lin);  // touched once: no first-fault
     });
     for (std::size_t i = 0; i < pool_slots; ++i)
         cuda::copy_sync(rig->gmem->device_block(0, i), src[i % src.size()].data(), rig->lin);
@@ -532,7 +525,7 @@ struct Config {
         prepare(0.0);
         for (std::size_t i = 0; i < batch; ++i) {
             gw[i].p_slots = {};
-            gw[i].pageable = m.mono[i]->p;
+            gw[i].pageable = m.mono[i]->data();
             gw[i].pageable_blocks = static_cast<std::uint32_t>(sh.s);
         }
         m.gpu->set_work(gw);
@@ -541,7 +534,7 @@ struct Config {
             (*m.flush)();
             const double t0 = now();
             for (std::size_t i = 0; i < batch; ++i) {
-                auto* dst = static_cast<char*>(m.mono[i]->p);
+                auto* dst = static_cast<char*>(m.mono[i]->data());
                 for (std::uint32_t slot : p_slots[i]) {
                     std::memcpy(dst, m.pmem->block(0, slot), m.lin);
                     dst += m.lin;

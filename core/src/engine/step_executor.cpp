@@ -72,26 +72,14 @@ StepExecutor::StepExecutor(const StepExecutorConfig& cfg, const KvCache& cache,
     cpu_work_.resize(cfg_.max_seqs);
     gpu_work_.resize(cfg_.max_seqs);
     cpu_begin_.resize(cfg_.max_seqs + 1);
-    mono_ = std::vector<PageableBuffer>(cfg_.max_seqs);
+    mono_ = std::vector<PageBuffer>(cfg_.max_seqs);
     mono_begin_.resize(cfg_.max_seqs + 1);
-}
-
-StepExecutor::PageableBuffer::~PageableBuffer() {
-    if (p) ::operator delete (p, std::align_val_t{4096});
-}
-
-void StepExecutor::PageableBuffer::reserve(std::size_t n) {
-    if (n <= bytes) return;
-    void* q = ::operator new (n, std::align_val_t{4096});  // std::bad_alloc when there is none
-    if (p) ::operator delete (p, std::align_val_t{4096});
-    p = q;
-    bytes = n;
 }
 
 std::size_t StepExecutor::monolithic_bytes() const noexcept {
     std::size_t n = 0;
     for (const auto& b : mono_)
-        n += b.bytes;
+        n += b.size();
     return n;
 }
 
@@ -196,7 +184,7 @@ void StepExecutor::build_work(bool monolithic) {
             // The monolithic cache holds this sequence's GPU share of one layer, gathered anew
             // before every layer (run_layer); the P slots are only its source.
             mono_[i].reserve((np - p0) * pinned_->slot_bytes());
-            w.pageable = mono_[i].p;
+            w.pageable = mono_[i].data();
             w.pageable_blocks = static_cast<std::uint32_t>(np - p0);
         } else {
             w.p_slots = std::span<const std::uint32_t>(gpu_p_slots_.data() + p0, np - p0);
@@ -240,7 +228,7 @@ LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateV
         // The baseline's gather: each sequence's GPU share of this layer into its one cache.
         const std::size_t bytes = pinned_->slot_bytes();
         for (std::size_t i = 0; i < nseq_; ++i) {
-            auto* dst = static_cast<char*>(mono_[i].p);
+            auto* dst = static_cast<char*>(mono_[i].data());
             for (std::size_t k = mono_begin_[i]; k < mono_begin_[i + 1]; ++k, dst += bytes)
                 std::memcpy(dst, pinned_->block(layer, gpu_p_slots_[k]), bytes);
         }

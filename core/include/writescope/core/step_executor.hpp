@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "writescope/core/kv_cache.hpp"
+#include "writescope/core/page_buffer.hpp"
 #include "writescope/core/region_memory.hpp"
 #include "writescope/core/step_backends.hpp"
 #include "writescope/core/step_plan.hpp"
@@ -115,16 +116,7 @@ class StepExecutor {
 
     // The monolithic baseline: one pageable cache per sequence, refilled from the GPU share's
     // P blocks (the gather) before each layer; the backend page-locks, copies and unlocks it.
-    struct PageableBuffer {
-        void* p = nullptr;
-        std::size_t bytes = 0;
-        PageableBuffer() = default;
-        PageableBuffer(const PageableBuffer&) = delete;
-        PageableBuffer& operator=(const PageableBuffer&) = delete;
-        ~PageableBuffer();
-        void reserve(std::size_t n);
-    };
-    std::vector<PageableBuffer> mono_;
+    std::vector<PageBuffer> mono_;
     std::vector<std::size_t> mono_begin_;  // per sequence + 1: its gathered P slots in gpu_p_slots_
     bool monolithic_ = false;
 };
