@@ -409,39 +409,6 @@ TEST_CASE("GPU merge of a split (external CPU part + GPU runs) equals unsplit", 
             }
 }
 
-TEST_CASE("merge chunking: about sqrt(n) chunks that cover every part", "[gpu]") {
-    for (std::int32_t n : {0, 1, 31, 32, 33, 100, 1024, 1025, 5000, 100000}) {
-        std::int32_t chunks = 0, items = 0;
-        cuda::merge_chunking(n, 32, chunks, items);
-        REQUIRE(chunks >= 1);
-        REQUIRE(chunks <= 32);
-        REQUIRE(static_cast<std::int64_t>(chunks) * items >= n);
-        REQUIRE(static_cast<std::int64_t>(chunks - 1) * items < std::max(n, 1));  // none empty
-        if (n <= 32) REQUIRE(chunks == 1);
-        if (n == 1024) REQUIRE((chunks == 32 && items == 32));
-    }
-}
-
-TEST_CASE("in-place work items: longer while 1.5 CTAs per SM remain, 8 blocks from 12", "[gpu]") {
-    // 132 SMs: at least 198 CTAs of 1, 2 or 4 blocks; 8 blocks once 1584 CTAs remain.
-    CHECK(cuda::inplace_item_blocks_for(0, 132) == 1);
-    CHECK(cuda::inplace_item_blocks_for(256, 132) == 1);
-    CHECK(cuda::inplace_item_blocks_for(395, 132) == 1);
-    CHECK(cuda::inplace_item_blocks_for(396, 132) == 2);
-    CHECK(cuda::inplace_item_blocks_for(791, 132) == 2);
-    CHECK(cuda::inplace_item_blocks_for(792, 132) == 4);
-    CHECK(cuda::inplace_item_blocks_for(4096, 132) == 4);  // Qwen3 8K x 16: 4 measured faster
-    CHECK(cuda::inplace_item_blocks_for(12671, 132) == 4);
-    CHECK(cuda::inplace_item_blocks_for(12672, 132) == 8);
-    CHECK(cuda::inplace_item_blocks_for(1u << 20, 132) == 8);  // capped
-    for (std::size_t hb : {1u, 100u, 600u, 5000u, 70000u}) {
-        const std::size_t per = cuda::inplace_item_blocks_for(hb, 132);
-        CHECK((per == 1 || hb / per >= 198));  // never too few CTAs
-        // never shorter than allowed
-        CHECK((per == 8 || hb / (2 * per) < (per == 4 ? 1584u : 198u)));
-    }
-}
-
 TEST_CASE("append_kv writes each token into its T slot in the linear layout", "[gpu]") {
     if (!have_gpu()) FAIL("no GPU");
     auto rng = test::seeded_rng("gpu append");
