@@ -526,6 +526,17 @@ std::uint64_t GpuStepBackend::device_bytes(const GpuStepOptions& opts) {
            pooled(z.part_o_bytes) + pooled(z.part_lse_bytes) + pooled(z.merge_scratch_bytes);
 }
 
+std::string GpuStepBackend::kernel_name() const {
+    const auto& o = impl_->o;
+    if (impl_->uses_mma) return "tensor cores (mma.sync)";
+    const std::size_t tile = o.geometry.mla ? 32 : 64;
+    if (o.block_tokens % tile != 0)
+        return "SIMT (kv.block_tokens " + std::to_string(o.block_tokens) +
+               " is not a multiple of " + std::to_string(tile) + ")";
+    return "SIMT (this GPU or build has no tensor-core kernel for the shape: it needs sm_80 or "
+           "later and enough shared memory per block)";
+}
+
 std::size_t GpuStepBackend::staging_bytes() const noexcept {
     return impl_->o.staging_slots * impl_->o.staging_chunk_bytes;
 }

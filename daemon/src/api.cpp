@@ -125,6 +125,7 @@ json status_json(const ServiceView& v) {
         {"hardware",
          {{"gpu", v.engine.gpu ? json(v.engine_options.gpu_index) : json(nullptr)},
           {"cpu_isa", v.engine.cpu_isa},
+          {"gpu_kernel", v.engine.gpu ? json(v.engine.gpu_kernel) : json(nullptr)},
           {"attention_threads", v.engine.attention_threads}}},
         {"budgets",
          {{"vram_kv_bytes", v.engine_options.vram_kv_bytes},

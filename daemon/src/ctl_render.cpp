@@ -127,9 +127,15 @@ std::string render_status(const json& s) {
                                          format_size_human(u64(m, "kv_bytes_per_token")))});
     const auto& gpu = hw.contains("gpu") ? hw["gpu"] : json(nullptr);
     rows.push_back(
-        {"hardware", fmt::format("{}; CPU kernel {}, {} attention threads",
-                                 gpu.is_null() ? "CPU only" : fmt::format("GPU {}", gpu.dump()),
-                                 str(hw, "cpu_isa"), u64(hw, "attention_threads"))});
+        {"hardware",
+         fmt::format("{}; CPU kernel {}, {} attention threads",
+                     gpu.is_null()
+                         ? "CPU only"
+                         : fmt::format("GPU {} ({})", gpu.dump(),
+                                       hw.contains("gpu_kernel") && hw["gpu_kernel"].is_string()
+                                           ? hw["gpu_kernel"].get<std::string>()
+                                           : "kernel unknown"),
+                     str(hw, "cpu_isa"), u64(hw, "attention_threads"))});
     rows.push_back(
         {"policy", fmt::format("{}; A {}, B {}, delta {}; r target {}, deployed {}",
                                str(pol, "engine_mode"), per_token(num(pol, "a_seconds_per_token")),

@@ -128,7 +128,12 @@ void Service::boot(const StatusFn& status) {
     log_info("engine.started",
              "engine up: {} {} KV, mode {}, CPU kernel {}, {} attention threads, GPU {}",
              options_.geometry.name, dtype_name(options_.geometry.dtype), first.mode, first.cpu_isa,
-             first.attention_threads, first.gpu ? "yes" : "no");
+             first.attention_threads, first.gpu ? "kernel " + first.gpu_kernel : "no");
+    if (first.gpu && first.gpu_kernel.rfind("SIMT", 0) == 0)
+        log_warning("engine.gpu-kernel",
+                    "the GPU runs its slower attention kernel: {}; in-place attention reads "
+                    "device memory at a fraction of the tensor-core kernel's rate",
+                    first.gpu_kernel);
 
     const auto fp = fingerprint_of(machine_, options_.gpu_index, first.attention_threads);
     const CalibrationKey key{fp.text(), geometry_key(options_),

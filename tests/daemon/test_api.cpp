@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api.hpp"
+#include "ctl_render.hpp"
 #include "engine_options.hpp"
 #include "fake_engine.hpp"
 #include "service.hpp"
@@ -126,6 +127,14 @@ TEST_CASE("routes answer after boot and errors keep the shape", "[unit][daemon][
     CHECK(st["policy"]["mode"] == "writescope");
     CHECK(st["calibration"]["source"] == "measured");
     CHECK(st["hardware"]["gpu"].is_null());
+    CHECK(st["hardware"]["gpu_kernel"].is_null());
+    CHECK_THAT(render_status(st), Catch::Contains("CPU only; CPU kernel fake"));
+    // With a GPU, writescopectl shows which attention kernel it runs.
+    auto gst = st;
+    gst["hardware"]["gpu"] = 0;
+    gst["hardware"]["gpu_kernel"] = "SIMT (kv.block_tokens 48 is not a multiple of 64)";
+    CHECK_THAT(render_status(gst),
+               Catch::Contains("GPU 0 (SIMT (kv.block_tokens 48 is not a multiple of 64))"));
     CHECK(st["store"]["in_memory"] == false);
 
     const auto cal = h.get("/v1/calibration");

@@ -257,6 +257,7 @@ EngineStatus EngineImpl::status() const {
     s.steps = steps_;
     s.step_seconds_mean = step_stats_.mean;
     s.cpu_isa = parts_.cpu->kernel_name();
+    if (parts_.gpu) s.gpu_kernel = parts_.gpu->kernel_name();
     s.attention_threads = parts_.cpu->threads();
     s.gpu = parts_.gpu != nullptr;
     return s;

@@ -67,6 +67,7 @@ struct EngineStatus {
     std::uint64_t steps = 0;         // decode steps run
     double step_seconds_mean = 0;    // mean step time (per layer)
     std::string cpu_isa;             // the CPU attention kernel in use
+    std::string gpu_kernel;          // the GPU attention kernel in use (empty without a GPU)
     int attention_threads = 0;
     bool gpu = false;
 };

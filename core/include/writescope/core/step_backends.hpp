@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "writescope/core/attention_state.hpp"
 #include "writescope/core/function_ref.hpp"
@@ -98,6 +99,8 @@ class GpuAttentionBackend {
     // none; best in cpu_partial_buffer()) with the GPU's, and writes the final states to out
     // (host). Returns the timings.
     virtual GpuLayerTiming finish(ConstStateView cpu_part, StateView out) = 0;
+    // Which attention kernel runs, and why when it is not the fast one (for status and logs).
+    virtual std::string kernel_name() const { return {}; }
 };
 
 // Performs the data movement of sealed blocks (kv_cache.hpp's SealMove) on a backend's memory:

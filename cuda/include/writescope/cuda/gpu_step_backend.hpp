@@ -48,6 +48,8 @@ class GpuStepBackend final : public GpuAttentionBackend {
     void launch(std::size_t layer, const void* q) override;
     StateView cpu_partial_buffer(std::size_t rows) noexcept override;
     GpuLayerTiming finish(ConstStateView cpu_part, StateView out) override;
+    // "tensor cores (mma.sync)", or "SIMT (<why the tensor-core kernel does not run>)".
+    std::string kernel_name() const override;
 
     std::size_t staging_bytes() const noexcept;
     // Device memory a backend with these options takes from its pool (staging ring, metadata,
