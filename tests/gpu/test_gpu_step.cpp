@@ -11,6 +11,7 @@
 #include "writescope/core/engine.hpp"
 #include "writescope/core/host_region_memory.hpp"
 #include "writescope/core/step_executor.hpp"
+#include "writescope/cuda/attention.hpp"
 #include "writescope/cuda/gpu_kv_memory.hpp"
 #include "writescope/cuda/gpu_step_backend.hpp"
 
@@ -51,6 +52,12 @@ TEST_CASE("hybrid steps in every mode equal unsplit fp64 attention", "[gpu]") {
             so.max_blocks = cap.gpu_pool_slots() + cap.slots[2];
             so.staging_chunk_bytes = 3 * lin + lin / 2;  // small chunks: many ring turns
             cuda::GpuStepBackend gpu(so, pool, gmem, &pmem);
+            // B = 64 is a multiple of both kernels' tiles: the tensor cores where the GPU has
+            // them, and the status string says which.
+            if (cuda::decode_attention_uses_mma(g, static_cast<int>(B)))
+                CHECK(gpu.kernel_name() == "tensor cores (mma.sync)");
+            else
+                CHECK_THAT(gpu.kernel_name(), Catch::StartsWith("SIMT (this GPU"));
             test::StepFixture fx{g,
                                  B,
                                  cache,
