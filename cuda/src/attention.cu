@@ -748,14 +748,19 @@ bool mma_kernel_usable(std::size_t smem_bytes) {
     };
     static Caps caps[64];  // per device index
     int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        (void)cudaGetLastError();  // no device is an answer here, not a later launch's error
+        return false;
+    }
     Caps& c = caps[dev];
     std::call_once(c.once, [&c, dev] {
         if (cudaDeviceGetAttribute(&c.major, cudaDevAttrComputeCapabilityMajor, dev) !=
                 cudaSuccess ||
             cudaDeviceGetAttribute(&c.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
-                cudaSuccess)
+                cudaSuccess) {
             c.major = c.smem_optin = 0;
+            (void)cudaGetLastError();
+        }
     });
     return c.major >= 8 && smem_bytes <= static_cast<std::size_t>(c.smem_optin);
 }
@@ -773,7 +778,10 @@ struct KernelReady {
 template <typename Kernel>
 bool kernel_ready(Kernel* kernel, KernelReady (&cache)[64], std::size_t bytes) {
     int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return false;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        (void)cudaGetLastError();
+        return false;
+    }
     KernelReady& c = cache[dev];
     std::call_once(c.once, [&c, kernel, bytes] {
         cudaFuncAttributes a{};

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "writescope/core/kv_geometry.hpp"
 #include "writescope/cuda/attention.hpp"
+#include "writescope/cuda/device.hpp"
 
 using namespace writescope;
 
@@ -39,5 +41,19 @@ TEST_CASE("in-place work items: longer while 1.5 CTAs per SM remain, 8 blocks fr
         CHECK((per == 1 || hb / per >= 198));  // never too few CTAs
         // never shorter than allowed
         CHECK((per == 8 || hb / (2 * per) < (per == 4 ? 1584u : 198u)));
+    }
+}
+
+TEST_CASE("the tensor-core kernels are chosen only where they can run", "[unit]") {
+    const auto g = *kv_geometry_preset("qwen3-30b-a3b", DType::bf16);
+    const auto mla = *kv_geometry_preset("deepseek-v2-lite", DType::bf16);
+    // Block sizes the tiles do not divide never take them, on any machine.
+    CHECK_FALSE(cuda::decode_attention_uses_mma(g, 48));
+    CHECK_FALSE(cuda::decode_attention_uses_mma(g, 32));  // 32 is MLA's tile, not GQA's
+    CHECK_FALSE(cuda::decode_attention_uses_mma(mla, 48));
+    CHECK_FALSE(cuda::decode_attention_uses_mma(g, 0));
+    if (cuda::device_count() == 0) {  // without a GPU (or a driver) the answer is no
+        CHECK_FALSE(cuda::decode_attention_uses_mma(g, 64));
+        CHECK_FALSE(cuda::decode_attention_uses_mma(mla, 32));
     }
 }
