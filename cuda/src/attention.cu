@@ -1156,7 +1156,9 @@ void merge_chunking(std::int32_t max_items, std::int32_t max_chunks, std::int32_
     chunks = (max_items + chunk_items - 1) / chunk_items;
 }
 
-std::size_t inplace_item_blocks_for(std::size_t head_blocks, int sm_count) noexcept {
+std::size_t inplace_item_blocks_for(std::size_t head_blocks, int sm_count,
+                                    bool tensor_cores) noexcept {
+    if (!tensor_cores) return kSimtItemBlocks;
     const std::size_t sms = static_cast<std::size_t>(std::max(sm_count, 1));
     std::size_t per = 1;
     while (per < 4 && head_blocks / (2 * per) >= 3 * sms / 2)

@@ -266,10 +266,9 @@ struct GpuStepBackend::Impl {
         // In place: T and G blocks, in runs of inplace_item_blocks per item (or as many as
         // keep 1.5 CTAs per SM); their addresses are layer 0's (the kernel adds the layer's
         // offset: DeviceRegionMemory is layer-major).
-        // (The rule was measured for the tensor-core kernels; the SIMT fallback keeps 2.)
-        const std::size_t per_item = o.inplace_item_blocks > 0 ? o.inplace_item_blocks
-                                     : uses_mma ? inplace_item_blocks_for(n_pool * kvh, sm_count)
-                                                : 2;
+        const std::size_t per_item =
+            o.inplace_item_blocks > 0 ? o.inplace_item_blocks
+                                      : inplace_item_blocks_for(n_pool * kvh, sm_count, uses_mma);
         std::size_t nb = 0;
         for (std::size_t s = 0; s < nseq; ++s) {
             const auto& w = seqs[s];

@@ -35,6 +35,7 @@
 #include <unistd.h>
 
 #include "bench_util.hpp"
+#include "copy_rate.hpp"
 #include "cpu_attention_backend.hpp"
 #include "read_bandwidth.hpp"
 #include "writescope/core/engine_impl.hpp"
@@ -198,25 +199,8 @@ Ceilings measure_ceilings(cpu::WorkerPool& pool, cpu::Isa isa) {
     std::memset(host.slab(0), 0x5a, bytes);
     cuda::DeviceBuffer dev(bytes), dev2(bytes);
     cuda::Stream s;
-    cuda::Event e0, e1;
-    std::vector<double> r;
-    for (int i = 0; i < 6; ++i) {
-        e0.record(s);
-        cuda::copy_async(dev.data(), host.slab(0), bytes, s);
-        e1.record(s);
-        e1.synchronize();
-        if (i) r.push_back(bytes / (e1.elapsed_ms_since(e0) * 1e-3) / 1e9);
-    }
-    c.pinned_h2d = median(r);
-    r.clear();
-    for (int i = 0; i < 6; ++i) {
-        e0.record(s);
-        cuda::copy_async(dev2.data(), dev.data(), bytes, s);
-        e1.record(s);
-        e1.synchronize();
-        if (i) r.push_back(2.0 * bytes / (e1.elapsed_ms_since(e0) * 1e-3) / 1e9);
-    }
-    c.hbm = median(r);
+    c.pinned_h2d = copy_rate_gbps(dev.data(), host.slab(0), bytes, 1.0, s);
+    c.hbm = copy_rate_gbps(dev2.data(), dev.data(), bytes, 2.0, s);
 
     const std::size_t cpu_bytes = std::size_t{4} << 30;
     HostRegionMemory buf("bandwidth", 1, 1, cpu_bytes);

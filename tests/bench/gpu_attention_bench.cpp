@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "bench_util.hpp"
+#include "copy_rate.hpp"
 #include "writescope/core/kv_block.hpp"
 #include "writescope/core/kv_geometry.hpp"
 #include "writescope/cuda/attention.hpp"
@@ -34,7 +35,8 @@ struct Options {
     std::vector<std::size_t> contexts{8192, 16384, 32768, 65536, 131072};
     std::vector<std::size_t> batches{1, 4, 16};
     std::size_t block = 128;
-    std::size_t item_blocks = 0;  // 0: the step backend's choice (inplace_item_blocks_for)
+    std::size_t item_blocks =
+        0;  // 0: the step backend's choice per kernel (inplace_item_blocks_for)
     int reps = 10;
     // The KV in pinned host memory, read by the kernel across PCIe (mapped, no copy): against
     // the pinned DMA rate instead of HBM.
@@ -76,34 +78,14 @@ double pinned_h2d_gbps() {
     cuda::PinnedSlabs host(bytes, bytes);
     std::memset(host.slab(0), 0x3c, bytes);
     cuda::DeviceBuffer dev(bytes);
-    cuda::Stream s;
-    cuda::Event e0, e1;
-    std::vector<double> r;
-    for (int i = 0; i < 6; ++i) {
-        e0.record(s);
-        cuda::copy_async(dev.data(), host.slab(0), bytes, s);
-        e1.record(s);
-        e1.synchronize();
-        if (i) r.push_back(bytes / (e1.elapsed_ms_since(e0) * 1e-3) / 1e9);
-    }
-    return median(r);
+    return copy_rate_gbps(dev.data(), host.slab(0), bytes, 1.0, cuda::Stream{});
 }
 
 double hbm_copy_gbps() {
     const std::size_t bytes = std::size_t{1} << 30;
     cuda::DeviceBuffer a(bytes), b(bytes);
     a.fill_bytes(0x3c);
-    cuda::Stream s;
-    cuda::Event e0, e1;
-    std::vector<double> r;
-    for (int i = 0; i < 6; ++i) {
-        e0.record(s);
-        cuda::copy_async(b.data(), a.data(), bytes, s);
-        e1.record(s);
-        e1.synchronize();
-        if (i) r.push_back(2.0 * bytes / (e1.elapsed_ms_since(e0) * 1e-3) / 1e9);
-    }
-    return median(r);
+    return copy_rate_gbps(b.data(), a.data(), bytes, 2.0, cuda::Stream{});
 }
 
 template <class T>
@@ -132,14 +114,11 @@ int run_gpu_attention(int argc, char** argv) {
             hbm);
     else
         std::printf("ceiling: HBM copy %.0f GB/s (bytes read + written)\n", hbm);
-    std::printf(
-        "block %zu tokens, all blocks full, bf16; blk/item: blocks per work item (one CTA)\n\n",
-        o.block);
+    std::printf("block %zu tokens, bf16; blk: blocks per work item (one CTA)\n\n", o.block);
 
     const std::uint64_t seed = std::random_device{}();
     std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
     std::mt19937_64 rng(seed);
-    const cuda::AttnKernel kernels[] = {cuda::AttnKernel::simt, cuda::AttnKernel::mma};
 
     for (const auto& name : o.models) {
         const auto geo = kv_geometry_preset(name, DType::bf16);
@@ -151,8 +130,8 @@ int run_gpu_attention(int argc, char** argv) {
         for (auto c : o.contexts)
             for (auto b : o.batches)
                 most_blocks = std::max(most_blocks, b * ((c + o.block - 1) / o.block));
-        // One device allocation for the largest point, filled with random bf16 (a repeated
-        // 64 MiB pattern: the values do not change the time).
+        // The blocks of the largest point, in one device allocation (or pinned host slabs),
+        // filled with random bf16: a repeated 64 MiB pattern (the values do not change the time).
         std::normal_distribution<float> nd0(0.0f, 1.0f);
         std::vector<std::uint16_t> pat((std::size_t{64} << 20) / 2);
         for (auto& x : pat)
@@ -175,8 +154,6 @@ int run_gpu_attention(int argc, char** argv) {
                 base.push_back(static_cast<char*>(cuda::mapped_device_pointer(h)));
             }
         } else {
-            // One device allocation for the largest point, filled with random bf16 (a repeated
-            // 64 MiB pattern: the values do not change the time).
             kv = cuda::DeviceBuffer(most_blocks * block_bytes);
             for (std::size_t off = 0; off < kv.size(); off += pb)
                 kv.upload(pat.data(), std::min(pb, kv.size() - off), off);
@@ -184,8 +161,8 @@ int run_gpu_attention(int argc, char** argv) {
         }
         std::printf(
             "%s: %d q / %d kv heads, dims %d/%d, %zu B/token/layer\n"
-            " context batch   KV MB blk/item |  simt us   GB/s  /HBM |   mma us   GB/s  /HBM | "
-            "mma/simt  max|diff|\n",
+            " context batch   KV MB | simt: blk      us   GB/s  /HBM |  mma: blk      us   GB/s  "
+            "/HBM | mma/simt  max|diff|\n",
             name.c_str(), g.num_q_heads, g.num_kv_heads, g.head_dim_k, g.head_dim_v,
             g.bytes_per_token_layer());
         for (auto ctx : o.contexts)
@@ -208,77 +185,99 @@ int run_gpu_attention(int argc, char** argv) {
                     const std::size_t left = ctx - (i % nb) * o.block;
                     valid.push_back(static_cast<std::int32_t>(std::min(left, o.block)));
                 }
-                const std::size_t per =
-                    o.item_blocks > 0
-                        ? o.item_blocks
-                        : cuda::inplace_item_blocks_for(batch * nb * g.num_kv_heads, dev.sm_count);
-                std::vector<cuda::AttnWorkItem> items;
-                for (std::size_t s = 0; s < batch; ++s)
-                    for (int h = 0; h < g.num_kv_heads; ++h)
-                        for (std::size_t b = 0; b < nb; b += per)
-                            items.push_back({static_cast<std::int32_t>(s), h,
-                                             static_cast<std::int32_t>(s * nb + b),
-                                             static_cast<std::int32_t>(std::min(per, nb - b))});
                 std::vector<std::uint16_t> q(batch * g.num_q_heads * g.head_dim_k);
                 std::normal_distribution<float> nd(0.0f, 0.5f);
                 for (auto& x : q)
                     x = f32_to_bf16(nd(rng));
-                auto d_ptrs = upload(ptrs), d_valid = upload(valid), d_items = upload(items),
-                     d_q = upload(q);
-                const std::size_t G = g.group_size(), parts = items.size() * G;
-                cuda::DeviceBuffer part_o(parts * g.head_dim_v * 4), part_lse(parts * 4);
-                cuda::DecodeAttnParams p;
-                p.geo = g;
-                p.block_tokens = static_cast<std::int32_t>(o.block);
-                p.q = d_q.data();
-                p.block_ptrs = static_cast<const void* const*>(d_ptrs.data());
-                p.block_tokens_valid = static_cast<const std::int32_t*>(d_valid.data());
-                p.items = static_cast<const cuda::AttnWorkItem*>(d_items.data());
-                p.item_count = static_cast<std::int32_t>(items.size());
-                p.part_o = static_cast<float*>(part_o.data());
-                p.part_lse = static_cast<float*>(part_lse.data());
-                cuda::Stream s;
-                cuda::Event e0, e1;
+                auto d_ptrs = upload(ptrs), d_valid = upload(valid), d_q = upload(q);
                 const double bytes = static_cast<double>(batch) * ctx * g.bytes_per_token_layer();
-                double us[2] = {0, 0};
-                std::vector<float> out[2];
-                for (int k = 0; k < 2; ++k) {
-                    p.kernel = kernels[k];
-                    // Back-to-back launches between one pair of events (so the host's launch
-                    // latency overlaps the kernels, as in a decode step), each on the next
-                    // rotation; the median over 3 such runs of the mean per launch.
+                const std::size_t head_blocks = batch * nb * g.num_kv_heads;
+                cuda::Stream s;
+                // One kernel over work items of `per` blocks: its time per launch (reps > 0:
+                // back to back between one pair of events, each launch on the next rotation so
+                // the host's launch latency overlaps the kernels as in a decode step; the
+                // median of 3 such means), and its partial states over the first rotation.
+                auto run = [&](cuda::AttnKernel kernel, std::size_t per, int reps,
+                               std::vector<float>& out) {
+                    std::vector<cuda::AttnWorkItem> items;
+                    for (std::size_t sq = 0; sq < batch; ++sq)
+                        for (int h = 0; h < g.num_kv_heads; ++h)
+                            for (std::size_t b = 0; b < nb; b += per)
+                                items.push_back({static_cast<std::int32_t>(sq), h,
+                                                 static_cast<std::int32_t>(sq * nb + b),
+                                                 static_cast<std::int32_t>(std::min(per, nb - b))});
+                    auto d_items = upload(items);
+                    const std::size_t parts = items.size() * g.group_size();
+                    cuda::DeviceBuffer part_o(parts * g.head_dim_v * 4), part_lse(parts * 4);
+                    cuda::DecodeAttnParams p;
+                    p.geo = g;
+                    p.kernel = kernel;
+                    p.block_tokens = static_cast<std::int32_t>(o.block);
+                    p.q = d_q.data();
+                    p.block_tokens_valid = static_cast<const std::int32_t*>(d_valid.data());
+                    p.items = static_cast<const cuda::AttnWorkItem*>(d_items.data());
+                    p.item_count = static_cast<std::int32_t>(items.size());
+                    p.part_o = static_cast<float*>(part_o.data());
+                    p.part_lse = static_cast<float*>(part_lse.data());
                     auto launch = [&](int i) {
                         p.block_ptrs = static_cast<const void* const*>(d_ptrs.data()) +
                                        static_cast<std::size_t>(i) % rot * n;
                         cuda::decode_attention(p, s.handle());
                     };
-                    launch(0);  // warm-up
                     std::vector<double> v;
-                    for (int run = 0; run < 3; ++run) {
-                        e0.record(s);
-                        for (int rep = 0; rep < o.reps; ++rep)
-                            launch(1 + rep);
-                        e1.record(s);
-                        e1.synchronize();
-                        v.push_back(e1.elapsed_ms_since(e0) * 1e3 / o.reps);
+                    if (reps > 0) {
+                        launch(0);  // warm-up
+                        cuda::Event e0, e1;
+                        for (int r = 0; r < 3; ++r) {
+                            e0.record(s);
+                            for (int rep = 0; rep < reps; ++rep)
+                                launch(1 + rep);
+                            e1.record(s);
+                            e1.synchronize();
+                            v.push_back(e1.elapsed_ms_since(e0) * 1e3 / reps);
+                        }
                     }
-                    us[k] = median(v);
-                    launch(0);  // the compared outputs: the same blocks for both kernels
+                    launch(0);
                     s.synchronize();
-                    out[k].resize(parts * g.head_dim_v);
-                    part_o.download(out[k].data(), out[k].size() * 4);
+                    out.resize(parts * g.head_dim_v);
+                    part_o.download(out.data(), out.size() * 4);
+                    return median(v);
+                };
+                // Each kernel at the item length the step gives it (or --item-blocks).
+                auto per_for = [&](bool tensor_cores) {
+                    return o.item_blocks > 0 ? o.item_blocks
+                                             : cuda::inplace_item_blocks_for(
+                                                   head_blocks, dev.sm_count, tensor_cores);
+                };
+                const bool mma_runs = cuda::decode_attention_uses_mma(g, static_cast<int>(o.block));
+                std::vector<float> simt_out, mma_out, check_out;
+                const std::size_t simt_per = per_for(false), mma_per = per_for(true);
+                const double us_simt = run(cuda::AttnKernel::simt, simt_per, o.reps, simt_out);
+                auto rate = [&](double us) {
+                    const double gbps = bytes / (us * 1e-6) / 1e9;
+                    std::printf(" %8.1f %6.0f %5.2f |", us, gbps, gbps / hbm);
+                };
+                std::printf("%8zu %5zu %7.1f | %4zu", ctx, batch, bytes / 1e6, simt_per);
+                rate(us_simt);
+                if (!mma_runs) {
+                    std::printf("  (no tensor-core kernel for this shape, block size or GPU)\n");
+                    std::fflush(stdout);
+                    continue;
                 }
+                const double us_mma = run(cuda::AttnKernel::mma, mma_per, o.reps, mma_out);
+                // The check compares like with like: the SIMT kernel over the same items.
+                if (simt_per == mma_per)
+                    check_out = simt_out;
+                else
+                    run(cuda::AttnKernel::simt, mma_per, 0, check_out);
                 double diff = 0;
-                for (std::size_t i = 0; i < out[0].size(); ++i) {
-                    const double d = std::fabs(static_cast<double>(out[0][i]) - out[1][i]);
+                for (std::size_t i = 0; i < mma_out.size(); ++i) {
+                    const double d = std::fabs(static_cast<double>(check_out[i]) - mma_out[i]);
                     diff = std::isfinite(d) ? std::max(diff, d) : INFINITY;
                 }
-                std::printf("%8zu %5zu %7.1f %8zu |", ctx, batch, bytes / 1e6, per);
-                for (int k = 0; k < 2; ++k) {
-                    const double gbps = bytes / (us[k] * 1e-6) / 1e9;
-                    std::printf(" %8.1f %6.0f %5.2f |", us[k], gbps, gbps / hbm);
-                }
-                std::printf(" %7.2fx  %.1e\n", us[0] / us[1], diff);
+                std::printf(" %4zu", mma_per);
+                rate(us_mma);
+                std::printf(" %7.2fx  %.1e\n", us_simt / us_mma, diff);
                 std::fflush(stdout);
             }
         std::printf("\n");

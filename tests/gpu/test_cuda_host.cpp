@@ -26,18 +26,21 @@ TEST_CASE("merge chunking: about sqrt(n) chunks that cover every part", "[unit]"
 
 TEST_CASE("in-place work items: longer while 1.5 CTAs per SM remain, 8 blocks from 12", "[unit]") {
     // 132 SMs: at least 198 CTAs of 1, 2 or 4 blocks; 8 blocks once 1584 CTAs remain.
-    CHECK(cuda::inplace_item_blocks_for(0, 132) == 1);
-    CHECK(cuda::inplace_item_blocks_for(256, 132) == 1);
-    CHECK(cuda::inplace_item_blocks_for(395, 132) == 1);
-    CHECK(cuda::inplace_item_blocks_for(396, 132) == 2);
-    CHECK(cuda::inplace_item_blocks_for(791, 132) == 2);
-    CHECK(cuda::inplace_item_blocks_for(792, 132) == 4);
-    CHECK(cuda::inplace_item_blocks_for(4096, 132) == 4);  // Qwen3 8K x 16: 4 measured faster
-    CHECK(cuda::inplace_item_blocks_for(12671, 132) == 4);
-    CHECK(cuda::inplace_item_blocks_for(12672, 132) == 8);
-    CHECK(cuda::inplace_item_blocks_for(1u << 20, 132) == 8);  // capped
+    CHECK(cuda::inplace_item_blocks_for(0, 132, true) == 1);
+    CHECK(cuda::inplace_item_blocks_for(256, 132, true) == 1);
+    CHECK(cuda::inplace_item_blocks_for(395, 132, true) == 1);
+    CHECK(cuda::inplace_item_blocks_for(396, 132, true) == 2);
+    CHECK(cuda::inplace_item_blocks_for(791, 132, true) == 2);
+    CHECK(cuda::inplace_item_blocks_for(792, 132, true) == 4);
+    CHECK(cuda::inplace_item_blocks_for(4096, 132, true) == 4);  // Qwen3 8K x 16: 4 measured faster
+    CHECK(cuda::inplace_item_blocks_for(12671, 132, true) == 4);
+    CHECK(cuda::inplace_item_blocks_for(12672, 132, true) == 8);
+    CHECK(cuda::inplace_item_blocks_for(1u << 20, 132, true) == 8);  // capped
+    // The SIMT kernel keeps the item length it was tuned at, whatever the size.
+    CHECK(cuda::inplace_item_blocks_for(1u << 20, 132, false) == cuda::kSimtItemBlocks);
+    CHECK(cuda::inplace_item_blocks_for(1, 132, false) == cuda::kSimtItemBlocks);
     for (std::size_t hb : {1u, 100u, 600u, 5000u, 70000u}) {
-        const std::size_t per = cuda::inplace_item_blocks_for(hb, 132);
+        const std::size_t per = cuda::inplace_item_blocks_for(hb, 132, true);
         CHECK((per == 1 || hb / per >= 198));  // never too few CTAs
         // never shorter than allowed
         CHECK((per == 8 || hb / (2 * per) < (per == 4 ? 1584u : 198u)));

@@ -95,7 +95,7 @@ void merge_with_ext(const MergeParams& p, void* stream);
 void merge_chunking(std::int32_t max_items, std::int32_t max_chunks, std::int32_t& chunks,
                     std::int32_t& chunk_items) noexcept;
 
-// Blocks per in-place work item (one CTA) of the tensor-core kernels, for a launch over
+// Blocks per in-place work item (one CTA) for a launch over
 // head_blocks (sequence, KV head, block) triples on a GPU of sm_count SMs: the largest of 1, 2
 // and 4 that still leaves 1.5 CTAs per SM (two or three run on an SM at once), and 8 once that
 // still leaves 12 per SM (four waves or more: with fewer, the last wave of long items runs the
@@ -104,7 +104,11 @@ void merge_chunking(std::int32_t max_items, std::int32_t max_chunks, std::int32_
 // (docs/perf/gpu-attention.md), Qwen3 shape: 128K x 16 at 2, 4, 8 blocks per item 0.77, 0.91,
 // 0.97 of the HBM copy rate; 8K x 16 4 blocks 97 us, 8 blocks 107 us; 8K x 4 256 items of 4
 // blocks 1.4x faster than 1024 of 1; 8K x 1 256 items of 1 block 1.45x faster than 64 of 4.
-std::size_t inplace_item_blocks_for(std::size_t head_blocks, int sm_count) noexcept;
+// That is the rule for the tensor-core kernels (tensor_cores: decode_attention_uses_mma); the
+// SIMT kernel gets kSimtItemBlocks, which it was tuned at (it slows down with longer items).
+constexpr std::size_t kSimtItemBlocks = 2;
+std::size_t inplace_item_blocks_for(std::size_t head_blocks, int sm_count,
+                                    bool tensor_cores) noexcept;
 
 // Appends one token's K and V per sequence into the open block of this layer.
 // k_new: (num_seqs, num_kv_heads, head_dim_k), v_new: (num_seqs, num_kv_heads, head_dim_v), in
