@@ -1075,9 +1075,13 @@ bool mma_ready_for(const KvGeometry& g) {
 }
 }  // namespace
 
+int decode_attention_tile(const KvGeometry& g) noexcept {
+    return g.mla ? MlaLayout::TILE : 64;
+}
+
 bool decode_attention_uses_mma(const KvGeometry& g, int block_tokens) {
     if (!decode_attention_supported(g)) return false;
-    const int tile = g.mla ? MlaLayout::TILE : 64;
+    const int tile = decode_attention_tile(g);
     if (block_tokens <= 0 || block_tokens % tile != 0) return false;
     return g.dtype == DType::bf16 ? mma_ready_for<__nv_bfloat16>(g) : mma_ready_for<__half>(g);
 }

@@ -525,10 +525,14 @@ std::uint64_t GpuStepBackend::device_bytes(const GpuStepOptions& opts) {
            pooled(z.part_o_bytes) + pooled(z.part_lse_bytes) + pooled(z.merge_scratch_bytes);
 }
 
+bool GpuStepBackend::tensor_cores() const noexcept {
+    return impl_->uses_mma;
+}
+
 std::string GpuStepBackend::kernel_name() const {
     const auto& o = impl_->o;
     if (impl_->uses_mma) return "tensor cores (mma.sync)";
-    const std::size_t tile = o.geometry.mla ? 32 : 64;
+    const std::size_t tile = decode_attention_tile(o.geometry);
     if (o.block_tokens % tile != 0)
         return "SIMT (kv.block_tokens " + std::to_string(o.block_tokens) +
                " is not a multiple of " + std::to_string(tile) + ")";

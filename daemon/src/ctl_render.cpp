@@ -126,16 +126,14 @@ std::string render_status(const json& s) {
                                          str(kv, "dtype"), u64(kv, "block_tokens"),
                                          format_size_human(u64(m, "kv_bytes_per_token")))});
     const auto& gpu = hw.contains("gpu") ? hw["gpu"] : json(nullptr);
+    const std::string gpu_kernel = str(hw, "gpu_kernel");
     rows.push_back(
-        {"hardware",
-         fmt::format("{}; CPU kernel {}, {} attention threads",
-                     gpu.is_null()
-                         ? "CPU only"
-                         : fmt::format("GPU {} ({})", gpu.dump(),
-                                       hw.contains("gpu_kernel") && hw["gpu_kernel"].is_string()
-                                           ? hw["gpu_kernel"].get<std::string>()
-                                           : "kernel unknown"),
-                     str(hw, "cpu_isa"), u64(hw, "attention_threads"))});
+        {"hardware", fmt::format("{}; CPU kernel {}, {} attention threads",
+                                 gpu.is_null() ? "CPU only"
+                                               : fmt::format("GPU {} ({})", gpu.dump(),
+                                                             gpu_kernel.empty() ? "kernel unknown"
+                                                                                : gpu_kernel),
+                                 str(hw, "cpu_isa"), u64(hw, "attention_threads"))});
     rows.push_back(
         {"policy", fmt::format("{}; A {}, B {}, delta {}; r target {}, deployed {}",
                                str(pol, "engine_mode"), per_token(num(pol, "a_seconds_per_token")),

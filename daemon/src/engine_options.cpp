@@ -67,7 +67,8 @@ void check_gpu_index(int index, const MachineInfo& m, std::string_view source,
                                       "\"auto\"",
                                       index, driver)
                         : fmt::format("GPU {} requested, but {} GPU{} found ({} in "
-                                      "/proc/driver/nvidia/gpus, {})",
+                                      "/proc/driver/nvidia/gpus, {}); use one of those, \"none\" "
+                                      "or \"auto\"",
                                       index, found, found == 1 ? " was" : "s were",
                                       found == 1 ? std::string("index 0")
                                                  : fmt::format("indices 0 to {}", found - 1),

@@ -256,7 +256,7 @@ KeyDef duration_key(std::string_view sec, std::string_view name, std::string_vie
                     if (s < std::numeric_limits<std::int64_t>::max() / 1000)
                         v = std::chrono::seconds(s);
                 } else if (n.is_string()) {
-                    text = fmt::format("\"{}\"", *n.value<std::string>());
+                    text = quote(*n.value<std::string>());
                     v = parse_duration(*n.value<std::string>());
                 } else {
                     return fmt::format("expected a duration such as \"30s\" or \"7d\", got {}",

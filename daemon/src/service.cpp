@@ -129,7 +129,7 @@ void Service::boot(const StatusFn& status) {
              "engine up: {} {} KV, mode {}, CPU kernel {}, {} attention threads, GPU {}",
              options_.geometry.name, dtype_name(options_.geometry.dtype), first.mode, first.cpu_isa,
              first.attention_threads, first.gpu ? "kernel " + first.gpu_kernel : "no");
-    if (first.gpu && first.gpu_kernel.rfind("SIMT", 0) == 0)
+    if (first.gpu && !first.gpu_tensor_cores)
         log_warning("engine.gpu-kernel",
                     "the GPU runs its slower attention kernel: {}; in-place attention reads "
                     "device memory at a fraction of the tensor-core kernel's rate",

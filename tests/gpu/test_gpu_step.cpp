@@ -54,6 +54,7 @@ TEST_CASE("hybrid steps in every mode equal unsplit fp64 attention", "[gpu]") {
             cuda::GpuStepBackend gpu(so, pool, gmem, &pmem);
             // B = 64 is a multiple of both kernels' tiles: the tensor cores where the GPU has
             // them, and the status string says which.
+            CHECK(gpu.tensor_cores() == cuda::decode_attention_uses_mma(g, static_cast<int>(B)));
             if (cuda::decode_attention_uses_mma(g, static_cast<int>(B)))
                 CHECK(gpu.kernel_name() == "tensor cores (mma.sync)");
             else

@@ -257,7 +257,10 @@ EngineStatus EngineImpl::status() const {
     s.steps = steps_;
     s.step_seconds_mean = step_stats_.mean;
     s.cpu_isa = parts_.cpu->kernel_name();
-    if (parts_.gpu) s.gpu_kernel = parts_.gpu->kernel_name();
+    if (parts_.gpu) {
+        s.gpu_kernel = parts_.gpu->kernel_name();
+        s.gpu_tensor_cores = parts_.gpu->tensor_cores();
+    }
     s.attention_threads = parts_.cpu->threads();
     s.gpu = parts_.gpu != nullptr;
     return s;

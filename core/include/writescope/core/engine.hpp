@@ -68,6 +68,7 @@ struct EngineStatus {
     double step_seconds_mean = 0;    // mean step time (per layer)
     std::string cpu_isa;             // the CPU attention kernel in use
     std::string gpu_kernel;          // the GPU attention kernel in use (empty without a GPU)
+    bool gpu_tensor_cores = false;   // it is the tensor-core kernel
     int attention_threads = 0;
     bool gpu = false;
 };

@@ -101,6 +101,8 @@ class GpuAttentionBackend {
     virtual GpuLayerTiming finish(ConstStateView cpu_part, StateView out) = 0;
     // Which attention kernel runs, and why when it is not the fast one (for status and logs).
     virtual std::string kernel_name() const { return {}; }
+    // Whether that is the tensor-core kernel (false: the slower fallback).
+    virtual bool tensor_cores() const noexcept { return false; }
 };
 
 // Performs the data movement of sealed blocks (kv_cache.hpp's SealMove) on a backend's memory:

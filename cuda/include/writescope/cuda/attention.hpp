@@ -53,6 +53,9 @@ struct DecodeAttnParams {
 // Returns false (and launches nothing) for a shape outside the compiled set: head_dim 128 with
 // group size 1, 2, 4, 8 or 16, and the MLA latent 576/512 with 16 heads; bf16 or fp16.
 bool decode_attention_supported(const KvGeometry& geo) noexcept;
+// Tokens per tile of the tensor-core kernel for this shape (64; 32 for the MLA latent): block
+// sizes must be a multiple of it.
+int decode_attention_tile(const KvGeometry& geo) noexcept;
 // Whether AttnKernel::automatic runs the tensor-core kernel for this shape and block size on the
 // current device (else the SIMT kernel).
 bool decode_attention_uses_mma(const KvGeometry& geo, int block_tokens);

@@ -50,6 +50,7 @@ class GpuStepBackend final : public GpuAttentionBackend {
     GpuLayerTiming finish(ConstStateView cpu_part, StateView out) override;
     // "tensor cores (mma.sync)", or "SIMT (<why the tensor-core kernel does not run>)".
     std::string kernel_name() const override;
+    bool tensor_cores() const noexcept override;
 
     std::size_t staging_bytes() const noexcept;
     // Device memory a backend with these options takes from its pool (staging ring, metadata,
