@@ -729,7 +729,7 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
-template <typename T, int G, int STAGES>
+template <typename T, int STAGES>
 constexpr std::size_t gqa_mma_smem_bytes() {
     constexpr std::size_t kRow = 128 + 8;
     const std::size_t ring = (16 + STAGES * 2 * 64) * kRow * sizeof(T);
@@ -784,12 +784,15 @@ bool kernel_ready(Kernel* kernel, KernelReady (&cache)[64], std::size_t bytes) {
     }
     KernelReady& c = cache[dev];
     std::call_once(c.once, [&c, kernel, bytes] {
+        if (!mma_kernel_usable(bytes)) return;
         cudaFuncAttributes a{};
-        c.ok = mma_kernel_usable(bytes) && cudaFuncGetAttributes(&a, kernel) == cudaSuccess &&
-               a.ptxVersion >= 80 &&
-               cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(bytes)) == cudaSuccess;
-        (void)cudaGetLastError();  // a refusal above is an answer, not a launch error
+        if (cudaFuncGetAttributes(&a, kernel) != cudaSuccess ||
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 static_cast<int>(bytes)) != cudaSuccess) {
+            (void)cudaGetLastError();  // this refusal is an answer, not a later launch's error
+            return;
+        }
+        c.ok = a.ptxVersion >= 80;
     });
     return c.ok;
 }
@@ -804,7 +807,7 @@ template <typename T, int G, int STAGES>
 bool gqa_mma_ready() {
     static KernelReady cache[64];
     return kernel_ready(&decode_attn_gqa_mma_kernel<T, G, STAGES>, cache,
-                        gqa_mma_smem_bytes<T, G, STAGES>());
+                        gqa_mma_smem_bytes<T, STAGES>());
 }
 
 template <typename T>
@@ -819,7 +822,7 @@ template <typename T, int G, int STAGES>
 bool launch_attn_gqa_mma(const DecodeAttnParams& p, cudaStream_t s) {
     if (p.block_tokens % 64 != 0 || !gqa_mma_ready<T, G, STAGES>()) return false;
     decode_attn_gqa_mma_kernel<T, G, STAGES>
-        <<<p.item_count, kThreads, gqa_mma_smem_bytes<T, G, STAGES>(), s>>>(
+        <<<p.item_count, kThreads, gqa_mma_smem_bytes<T, STAGES>(), s>>>(
             p, p.geo.num_q_heads, p.geo.num_kv_heads, p.geo.scale());
     return true;
 }
@@ -843,7 +846,7 @@ void launch_attn(const DecodeAttnParams& p, cudaStream_t s) {
         throw std::invalid_argument(
             "GPU decode attention: the tensor-core kernel needs sm_80 or later, enough shared "
             "memory per block (" +
-            std::to_string(MLA ? MlaLayout::bytes<T>() : gqa_mma_smem_bytes<T, G, 2>()) +
+            std::to_string(MLA ? MlaLayout::bytes<T>() : gqa_mma_smem_bytes<T, 2>()) +
             " bytes) and block_tokens a multiple of " + std::to_string(kTile) + " (got " +
             std::to_string(p.block_tokens) + ")");
     decode_attn_kernel<T, DK, DV, G, MLA>

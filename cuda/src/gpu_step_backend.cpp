@@ -78,7 +78,7 @@ struct GpuStepBackend::Impl {
     DevicePool& pool;
     DeviceRegionMemory& gpu_pool;
     PinnedRegionMemory* pinned;
-    std::size_t kvh, G, dk, dv, qh, block_bytes, chunk_blocks, max_items;
+    std::size_t kvh, dk, dv, qh, block_bytes, chunk_blocks, max_items;
     int sm_count = 1;       // of the current device: sizes the in-place work items
     bool uses_mma = false;  // the tensor-core kernels run (decode_attention_uses_mma)
 
@@ -88,7 +88,6 @@ struct GpuStepBackend::Impl {
     char* staging = nullptr;
 
     // Metadata blob, host (pinned) and device, same layout (see m_ptrs below).
-    std::size_t meta_bytes = 0;
     std::unique_ptr<PinnedBuffer> h_meta;
     char* d_meta = nullptr;
     // q: a pinned mirror and its device copy. The CPU partials and the merged output stay in
@@ -144,7 +143,6 @@ struct GpuStepBackend::Impl {
                                         g.name + "'");
         const Sizes z = sizes_of(o);
         kvh = z.kvh;
-        G = z.G;
         dk = z.dk;
         dv = z.dv;
         qh = z.qh;
@@ -157,7 +155,6 @@ struct GpuStepBackend::Impl {
         uses_mma = decode_attention_uses_mma(g, static_cast<int>(o.block_tokens));
         if (o.staged_item_blocks == 0)
             throw std::invalid_argument("GPU step: staged_item_blocks must be at least 1");
-        meta_bytes = z.meta_bytes;
 
         staging = static_cast<char*>(
             pool.allocate(o.staging_slots * o.staging_chunk_bytes, "P staging ring"));
@@ -165,8 +162,8 @@ struct GpuStepBackend::Impl {
             slot_ready.push_back(std::make_unique<Event>(false));
             slot_free.push_back(std::make_unique<Event>(false));
         }
-        h_meta = std::make_unique<PinnedBuffer>(meta_bytes);
-        d_meta = static_cast<char*>(pool.allocate(meta_bytes, "GPU step metadata"));
+        h_meta = std::make_unique<PinnedBuffer>(z.meta_bytes);
+        d_meta = static_cast<char*>(pool.allocate(z.meta_bytes, "GPU step metadata"));
         h_q = std::make_unique<PinnedBuffer>(z.q_bytes);
         h_ext = std::make_unique<PinnedBuffer>(z.state_bytes);
         h_out = std::make_unique<PinnedBuffer>(z.state_bytes);
