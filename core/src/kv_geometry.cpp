@@ -48,12 +48,16 @@ std::optional<KvGeometry> kv_geometry_preset(std::string_view name, DType dtype)
         // head; the softmax scale is 1/sqrt(128 + 64) times yarn's mscale squared, as the model's
         // own attention (and a model directory read by hf_config) computes it.
         g = {std::string(name), 27, 16, 1, 576, 512, true, dtype, 0.0f, 192};
-        const double mscale = 0.1 * 0.707 * std::log(40.0) + 1.0;
+        const double mscale = yarn_mscale(40.0, 0.707);
         g.softmax_scale = static_cast<float>(mscale * mscale / std::sqrt(192.0));
     } else {
         return std::nullopt;
     }
     return g;
+}
+
+double yarn_mscale(double factor, double m) noexcept {
+    return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0;
 }
 
 std::vector<std::string> kv_geometry_preset_names() {

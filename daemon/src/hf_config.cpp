@@ -35,11 +35,6 @@ struct Reader {
     }
 };
 
-// DeepSeek's yarn attention factor: 0.1·m·ln(s) + 1 for a scaling factor s > 1, else 1.
-double yarn_mscale(double scale, double m) {
-    return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
-}
-
 }  // namespace
 
 KvGeometry kv_geometry_from_hf_config(std::string_view json_text, const std::string& file,

@@ -53,9 +53,12 @@ TEST_CASE("KV geometry presets have the published bytes per token", "[unit][geom
     CHECK(q.group_size() == 8);
     CHECK(m.group_size() == 4);
     CHECK(d.group_size() == 16);
-    // 1/sqrt(192) times DeepSeek-V2-Lite's yarn mscale squared (factor 40, mscale_all_dim 0.707).
-    const double mscale = 0.1 * 0.707 * std::log(40.0) + 1.0;
-    CHECK(d.scale() == Approx(mscale * mscale / std::sqrt(192.0)).epsilon(1e-6));
+    // 1/sqrt(192) times DeepSeek-V2-Lite's yarn mscale squared (factor 40, mscale_all_dim 0.707):
+    // (0.1·0.707·ln 40 + 1)² / √192, worked out apart from the code.
+    CHECK(d.scale() == Approx(0.11472139).epsilon(1e-6));
+    CHECK(yarn_mscale(40.0, 0.707) == Approx(1.26080378).epsilon(1e-7));
+    CHECK(yarn_mscale(1.0, 0.707) == 1.0);  // no scaling, no factor
+    CHECK(yarn_mscale(0.5, 0.707) == 1.0);
     CHECK(d.scale() > 0.114);
     CHECK(d.scale() < 0.115);
     CHECK(q.validate().empty());

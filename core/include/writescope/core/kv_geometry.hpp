@@ -51,6 +51,9 @@ struct KvGeometry {
 // The built-in presets, with shapes from the models' published configs (DESIGN.md section 5).
 // Names: "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite".
 std::optional<KvGeometry> kv_geometry_preset(std::string_view name, DType dtype = DType::bf16);
+// YaRN's attention scaling for a RoPE scaling factor and an mscale coefficient m:
+// 0.1·m·ln(factor) + 1 (1 for factor <= 1). The softmax scale carries its square.
+double yarn_mscale(double factor, double m) noexcept;
 std::vector<std::string> kv_geometry_preset_names();
 
 }  // namespace writescope
