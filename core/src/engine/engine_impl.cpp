@@ -17,7 +17,7 @@ double lower_quartile(std::vector<double> v) {
     return v[v.size() / 4];
 }
 
-// Random KV values (never zeros: they hide unwritten outputs and can run faster).
+// Random KV values (never zeros, which would hide outputs a kernel never wrote).
 void random_values(void* dst, std::size_t n, DType t, std::mt19937_64& rng) {
     std::uniform_real_distribution<float> u(-2.0f, 2.0f);
     for (std::size_t i = 0; i < n; ++i)
@@ -148,7 +148,8 @@ Calibration EngineImpl::calibrate(const std::function<void(double, std::string_v
     // Each timed layer step reads another layer than the few before it, as a decode does: the
     // same layer again would find its KV in the last-level cache (the small points fit it), and
     // the CPU's slope and fixed cost would come out of cache reads. Only layer 0 holds the
-    // points' random KV; the others hold zeros or older KV, which the kernels take as long on.
+    // points' random KV; the others hold zeros or older KV, which the kernels take as long on
+    // (no kernel branches on a value per token: only masks and the final normalization do).
     const std::size_t layers = std::max<std::size_t>(1, static_cast<std::size_t>(g.num_layers));
     std::size_t layer = 0;
     for (std::size_t pi = 0; pi < fractions.size(); ++pi) {
