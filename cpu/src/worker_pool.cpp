@@ -113,7 +113,7 @@ WorkerPool::~WorkerPool() {
         t.join();
 }
 
-void WorkerPool::run_items(std::size_t worker_index) noexcept {
+void WorkerPool::run_items(std::size_t worker_index, bool is_caller) noexcept {
     const std::size_t n = n_items_;
     std::uint32_t did = 0;
     for (;;) {
@@ -125,7 +125,9 @@ void WorkerPool::run_items(std::size_t worker_index) noexcept {
     if (did == 0) return;
     // Release: the caller reads what the items wrote once it sees every item done.
     const std::uint32_t done = items_done_.fetch_add(did, std::memory_order_acq_rel) + did;
-    if (done == n) items_done_.notify_one();
+    // Not from the caller: it would only wake itself, and the notify can cost a futex syscall
+    // whenever any thread sleeps on an atomic that hashes to the same wait bucket.
+    if (done == n && !is_caller) items_done_.notify_one();
 }
 
 void WorkerPool::worker_main(std::size_t worker_index, std::size_t slot) {
@@ -144,7 +146,7 @@ void WorkerPool::worker_main(std::size_t worker_index, std::size_t slot) {
         if (!state.compare_exchange_strong(expect, tagged(seen, kActive), std::memory_order_acq_rel,
                                            std::memory_order_relaxed))
             continue;
-        run_items(worker_index);
+        run_items(worker_index, false);
         // Release: done with n_items_ and fn_; the next dispatch may rewrite them.
         state.store(tagged(seen, kDone), std::memory_order_release);
     }
@@ -192,7 +194,7 @@ void WorkerPool::parallel_for(std::size_t n, FunctionRef<void(std::size_t, std::
     generation_.store(now, std::memory_order_release);
     generation_.notify_all();
     if (caller_first) caller_first();
-    if (caller_participates_) run_items(0);
+    if (caller_participates_) run_items(0, true);
 
     // Return once every item has run, not once every thread has woken: the items a late thread
     // would have taken went to the threads already running.

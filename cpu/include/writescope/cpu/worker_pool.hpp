@@ -73,7 +73,9 @@ class WorkerPool {
 
   private:
     void worker_main(std::size_t worker_index, std::size_t slot);
-    void run_items(std::size_t worker_index) noexcept;
+    // Takes items until none is left. A pool thread that finishes the last one wakes the caller;
+    // the caller (is_caller) then sees every item done without being woken.
+    void run_items(std::size_t worker_index, bool is_caller) noexcept;
 
     std::size_t concurrency_ = 1;
     bool caller_participates_ = true;
