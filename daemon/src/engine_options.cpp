@@ -54,6 +54,15 @@ bool build_has_cuda() noexcept {
 #endif
 }
 
+void check_mode_gpu(const Profile& p, int gpu_index, std::string_view source) {
+    if (gpu_index < 0 && mode_needs_gpu(parse_execution_mode(p.policy.mode)))
+        fail(source, "policy.mode",
+             fmt::format("mode \"{}\" sends work to a GPU, and this daemon runs without one "
+                         "(hardware.gpu = {}{})",
+                         p.policy.mode, profile_value(p, "hardware.gpu"),
+                         build_has_cuda() ? "" : "; this build has no CUDA backend"));
+}
+
 void check_gpu_index(int index, const MachineInfo& m, std::string_view source,
                      std::vector<ProfileIssue>* unchecked) {
     const std::size_t found = m.gpus.size();
@@ -123,12 +132,7 @@ EngineOptions engine_options_from_profile(const Profile& p, const MachineInfo& m
     o.pin_threads = p.hardware.pin_threads;
     o.max_batch = p.kv.max_batch;
     o.mode = p.policy.mode;
-    if (o.gpu_index < 0 && mode_needs_gpu(parse_execution_mode(o.mode)))
-        fail(source, "policy.mode",
-             fmt::format("mode \"{}\" sends work to a GPU, and this daemon runs without one "
-                         "(hardware.gpu = {}{})",
-                         o.mode, profile_value(p, "hardware.gpu"),
-                         build_has_cuda() ? "" : "; this build has no CUDA backend"));
+    check_mode_gpu(p, o.gpu_index, source);
     o.tracker_alpha = p.policy.tracker_alpha;
     o.tracker_clamp = p.policy.tracker_clamp;
     return o;

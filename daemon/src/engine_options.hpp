@@ -31,4 +31,8 @@ EngineOptions engine_options_from_profile(const Profile& p, const MachineInfo& m
 void check_gpu_index(int index, const MachineInfo& m, std::string_view source,
                      std::vector<ProfileIssue>* unchecked);
 
+// p's policy.mode against the GPU the daemon runs with (gpu_index < 0: none). Throws ProfileError
+// naming policy.mode when the mode sends work to a GPU and there is none.
+void check_mode_gpu(const Profile& p, int gpu_index, std::string_view source);
+
 }  // namespace writescope::daemon

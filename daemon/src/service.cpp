@@ -489,11 +489,13 @@ Service::ReloadResult Service::reload(const Profile& next, std::string_view sour
         return r;
     }
     // The file must be one startup would take, and the new values of reloadable keys must hold
-    // with the running values of the others (a GPU mode needs the running daemon to have a GPU,
-    // not the file).
+    // with the running values of the others: policy.mode is the one reloadable key that depends
+    // on a restart-only one (a GPU mode needs the running daemon to have a GPU, not the file).
+    // The running values themselves were checked at startup; they are not checked again (a
+    // model directory moved since would otherwise refuse a policy-only reload).
     engine_options_from_profile(next, machine_, source);
     try {
-        engine_options_from_profile(merged, machine_, source);
+        check_mode_gpu(merged, options_.gpu_index, source);
     } catch (const ProfileError& e) {
         std::vector<ProfileIssue> issues = e.issues();
         for (auto& i : issues)

@@ -143,9 +143,10 @@ class Service {
         bool policy_deferred = false;            // engine busy: applied when calibration ends
     };
     // `next` is the profile as loaded (load_effective_profile), `source` its file. It is checked
-    // as startup checks it (engine_options_from_profile on this machine), and so is the profile
-    // that would run: `next` with the restart-only keys at their running values. A problem in
-    // either throws ProfileError naming the key; nothing is applied.
+    // as startup checks it (engine_options_from_profile on this machine), and the profile that
+    // would run (`next` with the restart-only keys at their running values) where a reloadable
+    // key depends on a restart-only one: policy.mode against the running GPU (check_mode_gpu).
+    // A problem throws ProfileError naming the key; nothing is applied.
     ReloadResult reload(const Profile& next, std::string_view source);
 
     std::vector<WorkloadRecord> history() const;

@@ -371,6 +371,26 @@ TEST_CASE(
     }
 }
 
+TEST_CASE("a GPU mode needs the GPU the daemon runs with", "[unit][daemon][profile]") {
+    Profile p;
+    p.policy.mode = "gpu-only";
+    try {
+        check_mode_gpu(p, -1, "t.toml");
+        FAIL("gpu-only without a GPU was accepted");
+    } catch (const ProfileError& e) {
+        REQUIRE(e.issues().size() == 1);
+        CHECK(e.issues()[0].key == "policy.mode");
+        CHECK_THAT(e.issues()[0].message, Catch::Contains("runs without one"));
+    }
+    CHECK_NOTHROW(check_mode_gpu(p, 0, "t.toml"));
+    p.policy.mode = "static:0.5";
+    CHECK_THROWS_AS(check_mode_gpu(p, -1, "t.toml"), ProfileError);
+    p.policy.mode = "cpu-only";
+    CHECK_NOTHROW(check_mode_gpu(p, -1, "t.toml"));
+    p.policy.mode = "writescope";  // adapts to what there is
+    CHECK_NOTHROW(check_mode_gpu(p, -1, "t.toml"));
+}
+
 TEST_CASE("every log identifier of the daemon is documented", "[unit][daemon][profile]") {
     const std::string doc = read_file(source_dir() / "docs" / "configuration.md");
     const std::regex call(R"re(log_(error|warning|notice|info|debug)\(\s*"([a-z.-]+)")re");
