@@ -1,5 +1,5 @@
-// The CUDA backend's host-side rules (no GPU needed: nothing here calls the CUDA runtime), so
-// they run with the unit tests wherever the backend is built.
+// The CUDA backend's host-side rules, which need no GPU (the one runtime call, device_count,
+// answers 0 without one), so they run with the unit tests wherever the backend is built.
 #include <catch2/catch.hpp>
 
 #include <algorithm>

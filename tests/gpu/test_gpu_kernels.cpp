@@ -330,8 +330,6 @@ std::vector<KvGeometry> gpu_shapes(DType t) {
     return v;
 }
 
-}  // namespace
-
 // One run of the paged-attention check: a long sequence and 1-4 of random lengths.
 void paged_case(const KvGeometry& g, int B, cuda::AttnKernel kernel, std::mt19937_64& rng) {
     std::vector<HostSeq> seqs;
@@ -354,6 +352,8 @@ bool skip_unless_mma(const KvGeometry& g, int B) {
                 g.name.c_str(), B);
     return true;
 }
+
+}  // namespace
 
 TEST_CASE("GPU decode attention + merge equals fp64 attention", "[gpu]") {
     if (!have_gpu()) FAIL("no GPU: run the gpu label only on a GPU machine");

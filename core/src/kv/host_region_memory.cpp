@@ -51,8 +51,9 @@ HostRegionMemory::HostRegionMemory(std::string name, std::size_t layers, std::si
     try {
         for (std::size_t i = 0; i < count; ++i) {
             Slab s;
-            s.slots = i + 1 < count ? slab_slots_ : slots - i * slab_slots_;
-            const std::size_t bytes = round_up(s.slots * slot_all_layers, page);
+            // Slots in this slab: slab_slots_, or fewer in the last (block() derives the same).
+            const std::size_t n = i + 1 < count ? slab_slots_ : slots - i * slab_slots_;
+            const std::size_t bytes = round_up(n * slot_all_layers, page);
             const bool huge = opts.huge_pages && bytes >= kHugePage;
             // Over-map by one huge page so the slot storage can start on a 2 MiB boundary, and
             // keep the length a multiple of 2 MiB so its tail can be a huge page too.
@@ -61,12 +62,12 @@ HostRegionMemory::HostRegionMemory(std::string name, std::size_t layers, std::si
             void* m = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                            -1, 0);
             auto fail = [&](int err) {
-                throw std::runtime_error(
-                    "cannot allocate slab " + std::to_string(i + 1) + " of " +
-                    std::to_string(count) + " of region " + name_ + " (" +
-                    kv_detail::format_bytes(want) + " for " + std::to_string(s.slots) +
-                    " slots x " + std::to_string(layers) + " layers x " +
-                    kv_detail::format_bytes(slot_bytes) + "): " + std::strerror(err));
+                throw std::runtime_error("cannot allocate slab " + std::to_string(i + 1) + " of " +
+                                         std::to_string(count) + " of region " + name_ + " (" +
+                                         kv_detail::format_bytes(want) + " for " +
+                                         std::to_string(n) + " slots x " + std::to_string(layers) +
+                                         " layers x " + kv_detail::format_bytes(slot_bytes) +
+                                         "): " + std::strerror(err));
             };
             if (m == MAP_FAILED) fail(errno);
             auto* base = static_cast<std::byte*>(m);

@@ -49,7 +49,6 @@ class HostRegionMemory final : public RegionMemory {
         void* map = nullptr;        // the mapping, as returned by mmap
         std::size_t map_bytes = 0;  // its length
         std::byte* base = nullptr;  // slot storage: [layer][slots][slot_bytes]
-        std::size_t slots = 0;      // slots in this slab (slab_slots_, or fewer in the last)
     };
     void release() noexcept;
     void prefault_slabs(std::size_t page);
