@@ -571,51 +571,44 @@ struct Config {
     }
 };
 
-// What holds a step below the physical limit, read from the sweep's own split steps (both
-// engines running): a line per engine through its side's time against its tokens gives the rate
-// it keeps while the other runs (the slope) and its fixed cost (the intercept); what follows the
-// later engine is the tail. The efficiency is then exactly the product of three factors:
-//   rates  = (shared CPU rate + shared GPU rate) / the limit's rate   (contention, when < 1)
-//   fixed  = bytes at the shared rates / the fitted lines' best split  (fixed costs and tail)
-//   rest   = the fitted best split / the policy's measured step        (policy, fit and noise)
+// What the fixed costs leave of the physical limit. Each side's fixed cost is measured as its
+// time with one block per sequence while the other engine carries the rest; the tail is what
+// follows the later engine (the last merge, the wait for it). The bound is the best split if both
+// sides paid their fixed costs and then ran at the limit's rate together, shared as the limit
+// shares it (the CPU kernel's rate net of its fixed cost, the pinned rate), plus the tail. The
+// efficiency is then the product of two measured factors:
+//   fixed = limit / bound     (what the fixed costs leave; 1 without any)
+//   rest  = bound / the step  (contention between the engines, the policy, noise)
 struct LimitParts {
-    double cpu_gbps = 0, gpu_gbps = 0;    // rates kept while both run
-    double cpu_fixed = 0, gpu_fixed = 0;  // s, intercepts of the two lines
-    double tail = 0;                      // s, median of (total - the later side) at the splits
-    double rates_ms = 0;                  // spilled bytes over cpu_gbps + gpu_gbps
-    double model_ms = 0;                  // the lines' best split plus the tail, or a single
-                                          // engine's measured step if that is shorter
+    double cpu_fixed = 0, gpu_fixed = 0;  // s
+    double tail = 0;                      // s, median over the sweep's split steps
+    double bound_ms = 0;                  // or 0 where it could not be measured
 };
 
-// `sw`: the sweep's median step at each r; `single_ms`: the better single engine's measured
-// step, ms.
-LimitParts limit_parts(const std::vector<StepTime>& sw, double spilled_bytes, double spilled_tokens,
-                       double single_ms) {
-    std::vector<double> cx, cy, gx, gy, tail;
-    for (const StepTime& t : sw) {
-        if (t.cpu_tokens == 0 || t.gpu_tokens == 0) continue;  // one engine only
-        cx.push_back(static_cast<double>(t.cpu_tokens));
-        cy.push_back(t.cpu);
-        gx.push_back(static_cast<double>(t.gpu_tokens));
-        gy.push_back(t.gpu_attn);
-        tail.push_back(std::max(0.0, t.total - std::max(t.cpu, t.gpu_attn)));
-    }
+// `cpu_one`, `gpu_one`: the steps with one block per sequence on the CPU, on the GPU; `sw`: the
+// sweep's median steps; `cpu_alone`: the cpu-only step's CPU time (s); `single_ms`: the better
+// single engine's step (ms); `pinned`, `aggregate`: the ceilings (GB/s).
+LimitParts limit_parts(const StepTime& cpu_one, const StepTime& gpu_one,
+                       const std::vector<StepTime>& sw, double spilled_bytes, double cpu_alone,
+                       double single_ms, double pinned, double aggregate) {
     LimitParts l;
-    if (cx.size() < 2) return l;
-    const LineFit fc = fit_line(cx, cy), fg = fit_line(gx, gy);
-    if (fc.slope <= 0 || fg.slope <= 0) return l;
-    const double bpt = spilled_bytes / spilled_tokens, n = spilled_tokens;
-    l.cpu_gbps = bpt / fc.slope / 1e9;
-    l.gpu_gbps = bpt / fg.slope / 1e9;
-    l.cpu_fixed = std::max(0.0, fc.intercept);
-    l.gpu_fixed = std::max(0.0, fg.intercept);
+    std::vector<double> tail;
+    for (const StepTime& t : sw)
+        if (t.cpu_tokens > 0 && t.gpu_tokens > 0)
+            tail.push_back(std::max(0.0, t.total - std::max(t.cpu, t.gpu_attn)));
+    if (tail.empty() || cpu_alone <= cpu_one.cpu) return l;
+    l.cpu_fixed = cpu_one.cpu;
+    l.gpu_fixed = gpu_one.gpu_attn;
     l.tail = median(tail);
-    l.rates_ms = spilled_bytes / ((l.cpu_gbps + l.gpu_gbps) * 1e9) * 1e3;
-    // max(cpu_fixed + a·r·n, gpu_fixed + b·(1 - r)·n) is least where the two sides meet.
-    const double a = fc.slope, b = fg.slope;
-    const double r = std::clamp((l.gpu_fixed - l.cpu_fixed + b * n) / ((a + b) * n), 0.0, 1.0);
-    const double split = std::max(l.cpu_fixed + a * r * n, l.gpu_fixed + b * (1 - r) * n) + l.tail;
-    l.model_ms = std::min(split * 1e3, single_ms);
+    const double cpu_net = spilled_bytes / (cpu_alone - l.cpu_fixed) / 1e9;  // GB/s
+    const double rate = std::min(cpu_net + pinned, aggregate);
+    const double c = rate * cpu_net / (cpu_net + pinned) * 1e9,
+                 g = rate * pinned / (cpu_net + pinned) * 1e9;  // bytes/s
+    // max(cpu_fixed + r·S/c, gpu_fixed + (1 - r)·S/g) is least where the two sides meet.
+    const double S = spilled_bytes;
+    const double r = std::clamp((l.gpu_fixed - l.cpu_fixed + S / g) / (S / c + S / g), 0.0, 1.0);
+    const double split = std::max(l.cpu_fixed + r * S / c, l.gpu_fixed + (1 - r) * S / g) + l.tail;
+    l.bound_ms = std::min(split * 1e3, single_ms);
     return l;
 }
 
@@ -658,15 +651,12 @@ void write_json(const std::string& path, const Ceilings& c, const std::vector<Re
           << ", \"cpu_kernel_gbps\": " << r.cpu_rate << ", \"p_transfer_frac\": " << r.p_frac
           << ", \"g_kernel_hbm_frac\": " << r.g_frac << ", \"h2h_noise\": " << r.h2h_noise;
         const LimitParts& l = r.parts;
-        if (l.model_ms > 0)
-            f << ", \"limit_parts\": {\"cpu_shared_gbps\": " << l.cpu_gbps
-              << ", \"gpu_shared_gbps\": " << l.gpu_gbps
-              << ", \"cpu_fixed_us\": " << l.cpu_fixed * 1e6
+        if (l.bound_ms > 0)
+            f << ", \"limit_parts\": {\"cpu_fixed_us\": " << l.cpu_fixed * 1e6
               << ", \"gpu_fixed_us\": " << l.gpu_fixed * 1e6 << ", \"tail_us\": " << l.tail * 1e6
-              << ", \"rates_ms\": " << l.rates_ms << ", \"model_ms\": " << l.model_ms
-              << ", \"factor_rates\": " << r.limit_ms / l.rates_ms
-              << ", \"factor_fixed\": " << l.rates_ms / l.model_ms
-              << ", \"factor_rest\": " << l.model_ms / r.ms_writescope << "}";
+              << ", \"bound_ms\": " << l.bound_ms
+              << ", \"factor_fixed\": " << r.limit_ms / l.bound_ms
+              << ", \"factor_rest\": " << l.bound_ms / r.ms_writescope << "}";
         f << "}" << (i + 1 < res.size() ? "," : "") << "\n";
     }
     f << "  ]\n}\n";
@@ -851,9 +841,15 @@ int run_attention_step(int argc, char** argv) {
                 // PCIe rate, or over the host's aggregate read rate if that is lower.
                 const double rate = std::min(r.cpu_rate + c.pinned_h2d, c.aggregate());
                 r.limit_ms = cf.spilled_bytes() / (rate * 1e9) * 1e3;
-                r.parts = limit_parts(sw, static_cast<double>(cf.spilled_bytes()),
-                                      static_cast<double>(cf.spilled_tokens()),
-                                      std::min(r.ms_gpu_only, r.ms_cpu_only));
+                // Each side's fixed cost: one block per sequence, the other engine the rest.
+                if (cf.sh.s >= 2) {
+                    const double one = 1.0 / static_cast<double>(cf.sh.s);
+                    const std::vector<StepTime> f =
+                        cf.run_interleaved({one, 1.0 - one}, 2 * o.reps);
+                    r.parts = limit_parts(f[0], f[1], sw, static_cast<double>(cf.spilled_bytes()),
+                                          c_only.cpu, std::min(r.ms_gpu_only, r.ms_cpu_only),
+                                          c.pinned_h2d, c.aggregate());
+                }
                 const double best_single = std::min(r.ms_gpu_only, r.ms_cpu_only);
                 std::printf(
                     "%8zu %5zu %8.2f | %9.3f %9.3f %9.3f %9.3f | %6.2f %6.2f %6.1f%% %5.1f%% | "
@@ -890,32 +886,27 @@ int run_attention_step(int argc, char** argv) {
             "noise of the best split run twice); efficiency vs limit >= 0.85 in %d (lowest %.2f)\n",
             n, std::exp(log_sum / n), gap_ok, 100 * gap_max, gap_in_noise, eff_ok, eff_min);
 
-    // What holds the efficiency, configuration by configuration (LimitParts), and what the
-    // speedup would be at the limit (each configuration's speedup over its efficiency).
-    double log_bound = 0, log_rates = 0, log_fixed = 0, log_rest = 0;
+    // What the fixed costs leave of the limit, configuration by configuration (LimitParts),
+    // and what the speedup would be at the limit (each configuration's speedup over its
+    // efficiency).
+    double log_bound = 0, log_fixed = 0, log_rest = 0;
     int n_parts = 0;
-    bool header = false;
     for (const auto& r : results) {
         const LimitParts& l = r.parts;
-        if (r.ctx < 8192 || l.model_ms <= 0) continue;
-        if (!header) {
+        if (r.ctx < 8192 || l.bound_ms <= 0) continue;
+        if (n_parts == 0)
             std::printf(
-                "\nwhat holds the efficiency (eff = rates x fixed x rest; lines through the "
-                "sweep's split steps):\n%-16s %7s %5s | %5s | %8s %8s %6s | %9s %9s %7s | %5s "
-                "%5s %5s\n",
-                "model", "context", "batch", "eff", "CPU GB/s", "GPU GB/s", "/limit", "CPU fix us",
-                "GPU fix us", "tail us", "rates", "fixed", "rest");
-            header = true;
-        }
-        const double eff = r.limit_ms / r.ms_writescope, f_rates = r.limit_ms / l.rates_ms,
-                     f_fixed = l.rates_ms / l.model_ms, f_rest = l.model_ms / r.ms_writescope;
-        std::printf(
-            "%-16s %7zu %5zu | %5.2f | %8.1f %8.1f %6.2f | %9.1f %9.1f %7.1f | %5.2f %5.2f "
-            "%5.2f\n",
-            r.model.c_str(), r.ctx, r.batch, eff, l.cpu_gbps, l.gpu_gbps, f_rates,
-            l.cpu_fixed * 1e6, l.gpu_fixed * 1e6, l.tail * 1e6, f_rates, f_fixed, f_rest);
+                "\nwhat the fixed costs leave (eff = fixed x rest; fixed: each side's time with "
+                "one block per sequence, tail: after the later side):\n%-16s %7s %5s | %5s | %9s "
+                "%9s %7s | %8s %8s | %5s %5s\n",
+                "model", "context", "batch", "eff", "CPU fix us", "GPU fix us", "tail us",
+                "limit ms", "bound ms", "fixed", "rest");
+        const double eff = r.limit_ms / r.ms_writescope, f_fixed = r.limit_ms / l.bound_ms,
+                     f_rest = l.bound_ms / r.ms_writescope;
+        std::printf("%-16s %7zu %5zu | %5.2f | %9.1f %9.1f %7.1f | %8.3f %8.3f | %5.2f %5.2f\n",
+                    r.model.c_str(), r.ctx, r.batch, eff, l.cpu_fixed * 1e6, l.gpu_fixed * 1e6,
+                    l.tail * 1e6, r.limit_ms, l.bound_ms, f_fixed, f_rest);
         log_bound += std::log(std::min(r.ms_gpu_only, r.ms_cpu_only) / r.limit_ms);
-        log_rates += std::log(f_rates);
         log_fixed += std::log(f_fixed);
         log_rest += std::log(f_rest);
         ++n_parts;
@@ -923,9 +914,9 @@ int run_attention_step(int argc, char** argv) {
     if (n_parts)
         std::printf(
             "limits over %d configurations at >= 8K: geomean speedup vs best single engine at the "
-            "limit (efficiency 1) %.2fx; geomean factors: rates %.2f, fixed %.2f, rest %.2f\n",
-            n_parts, std::exp(log_bound / n_parts), std::exp(log_rates / n_parts),
-            std::exp(log_fixed / n_parts), std::exp(log_rest / n_parts));
+            "limit (efficiency 1) %.2fx; geomean factors: fixed %.2f, rest %.2f\n",
+            n_parts, std::exp(log_bound / n_parts), std::exp(log_fixed / n_parts),
+            std::exp(log_rest / n_parts));
 
     if (o.cpu_load) {
         // Drift: expert-like CPU streaming (and PCIe traffic) during steps 20–39.
