@@ -20,6 +20,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -29,6 +30,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -383,7 +385,9 @@ struct Config {
         return static_cast<std::size_t>(std::llround(r * static_cast<double>(sh.s)));
     }
 
-    void prepare(double r) {
+    // The split at CPU share r; `gpu_cap` bounds the P blocks per sequence (the rest of the
+    // spilled KV is then left out of the step: the fixed-cost steps use it).
+    void prepare(double r, std::size_t gpu_cap = SIZE_MAX) {
         pool_slots.assign(batch, {});
         p_slots.assign(batch, {});
         cpu_blocks.assign(batch, {});
@@ -399,7 +403,7 @@ struct Config {
                 if (j < k)
                     cpu_blocks[i].push_back(
                         {rig->umem->block(0, slot), static_cast<std::uint32_t>(rig->B), true});
-                else
+                else if (p_slots[i].size() < gpu_cap)
                     p_slots[i].push_back(static_cast<std::uint32_t>(slot));
             }
             gw[i] = {pool_slots[i], true, static_cast<std::uint32_t>(sh.t_tokens), p_slots[i]};
@@ -445,6 +449,28 @@ struct Config {
     }
 
     StepTime run(double r, int reps) { return run_interleaved({r}, reps)[0]; }
+
+    // Each side's fixed cost: a step with one spilled block per sequence on that side and none on
+    // the other (the T and G blocks in place as always), medians of `reps` interleaved pairs
+    // after one warm-up pair. First the CPU's step, then the GPU's.
+    std::pair<StepTime, StepTime> run_fixed(int reps) {
+        std::vector<StepTime> c, g;
+        for (int k = 0; k <= reps; ++k) {
+            prepare(1.0 / static_cast<double>(sh.s), 0);
+            const StepTime tc = run_once();
+            prepare(0.0, 1);
+            const StepTime tg = run_once();
+            if (k == 0) continue;
+            c.push_back(tc);
+            g.push_back(tg);
+        }
+        const auto by_total = [](const StepTime& a, const StepTime& b) {
+            return a.total < b.total;
+        };
+        std::sort(c.begin(), c.end(), by_total);
+        std::sort(g.begin(), g.end(), by_total);
+        return {c[c.size() / 2], g[g.size() / 2]};
+    }
 
     // One decode step as the trackers see it: `layers` layer steps at the prepared split, their
     // times and tokens averaged (the engine feeds the trackers once per step, summed over its
@@ -572,7 +598,7 @@ struct Config {
 };
 
 // What the fixed costs leave of the physical limit. Each side's fixed cost is measured as its
-// time with one block per sequence while the other engine carries the rest; the tail is what
+// time with one spilled block per sequence and none on the other side; the tail is what
 // follows the later engine (the last merge, the wait for it). The bound is the best split if both
 // sides paid their fixed costs and then ran at the limit's rate together, shared as the limit
 // shares it (the CPU kernel's rate net of its fixed cost, the pinned rate), plus the tail. The
@@ -585,7 +611,8 @@ struct LimitParts {
     double bound_ms = 0;                  // or 0 where it could not be measured
 };
 
-// `cpu_one`, `gpu_one`: the steps with one block per sequence on the CPU, on the GPU; `sw`: the
+// `cpu_one`, `gpu_one`: the steps with one spilled block per sequence on the CPU, on the GPU
+// (Config::run_fixed); `sw`: the
 // sweep's median steps; `cpu_alone`: the cpu-only step's CPU time (s); `single_ms`: the better
 // single engine's step (ms); `pinned`, `aggregate`: the ceilings (GB/s).
 LimitParts limit_parts(const StepTime& cpu_one, const StepTime& gpu_one,
@@ -841,14 +868,12 @@ int run_attention_step(int argc, char** argv) {
                 // PCIe rate, or over the host's aggregate read rate if that is lower.
                 const double rate = std::min(r.cpu_rate + c.pinned_h2d, c.aggregate());
                 r.limit_ms = cf.spilled_bytes() / (rate * 1e9) * 1e3;
-                // Each side's fixed cost: one block per sequence, the other engine the rest.
-                if (cf.sh.s >= 2) {
-                    const double one = 1.0 / static_cast<double>(cf.sh.s);
-                    const std::vector<StepTime> f =
-                        cf.run_interleaved({one, 1.0 - one}, 2 * o.reps);
-                    r.parts = limit_parts(f[0], f[1], sw, static_cast<double>(cf.spilled_bytes()),
-                                          c_only.cpu, std::min(r.ms_gpu_only, r.ms_cpu_only),
-                                          c.pinned_h2d, c.aggregate());
+                // Each side's fixed cost: one block per sequence on it, none on the other.
+                if (cf.sh.s >= 1) {
+                    const auto [one_cpu, one_gpu] = cf.run_fixed(2 * o.reps);
+                    r.parts = limit_parts(
+                        one_cpu, one_gpu, sw, static_cast<double>(cf.spilled_bytes()), c_only.cpu,
+                        std::min(r.ms_gpu_only, r.ms_cpu_only), c.pinned_h2d, c.aggregate());
                 }
                 const double best_single = std::min(r.ms_gpu_only, r.ms_cpu_only);
                 std::printf(
@@ -897,7 +922,8 @@ int run_attention_step(int argc, char** argv) {
         if (n_parts == 0)
             std::printf(
                 "\nwhat the fixed costs leave (eff = fixed x rest; fixed: each side's time with "
-                "one block per sequence, tail: after the later side):\n%-16s %7s %5s | %5s | %9s "
+                "one spilled block per sequence on it and none on the other, tail: after the later "
+                "side):\n%-16s %7s %5s | %5s | %9s "
                 "%9s %7s | %8s %8s | %5s %5s\n",
                 "model", "context", "batch", "eff", "CPU fix us", "GPU fix us", "tail us",
                 "limit ms", "bound ms", "fixed", "rest");
