@@ -1016,7 +1016,7 @@ __global__ void merge_chunks_kernel(const MergeParams p) {
 template <typename T>
 __global__ void append_kernel(const AppendParams p, int kvh, int dk, int dv, bool mla) {
     const int s = static_cast<int>(blockIdx.x);
-    T* base = static_cast<T*>(p.t_blocks[s]);
+    T* base = reinterpret_cast<T*>(static_cast<char*>(p.t_blocks[s]) + p.block_offset_bytes);
     const int pos = p.t_pos[s];
     const int B = p.block_tokens;
     const T* kn = static_cast<const T*>(p.k_new);

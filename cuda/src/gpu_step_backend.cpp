@@ -50,8 +50,11 @@ Sizes sizes_of(const GpuStepOptions& o) {
     const std::size_t max_blocks = o.max_blocks + o.max_seqs;
     z.meta_bytes = (max_blocks * sizeof(void*) + 256) + (max_blocks * 4 + 256) +
                    (z.max_items * sizeof(AttnWorkItem) + 256) +
-                   ((o.max_seqs * z.kvh + 1) * 4 + 256) + (z.max_items * 4 + 256);
-    z.q_bytes = o.max_seqs * z.qh * z.dk * dtype_bytes(g.dtype);
+                   ((o.max_seqs * z.kvh + 1) * 4 + 256) + (z.max_items * 4 + 256) +
+                   (o.max_seqs * sizeof(void*) + 256) + (o.max_seqs * 4 + 256);  // + appends
+    // The queries, then a decode step's new tokens (K, then V; MLA: the latent only).
+    z.q_bytes = o.max_seqs * z.qh * z.dk * dtype_bytes(g.dtype) +
+                o.max_seqs * (g.mla ? z.dk : z.kvh * (z.dk + z.dv)) * dtype_bytes(g.dtype);
     z.state_bytes = o.max_seqs * z.qh * (z.dv + 1) * sizeof(float);
     z.part_o_bytes = z.max_items * z.G * z.dv * sizeof(float);
     z.part_lse_bytes = z.max_items * z.G * sizeof(float);
@@ -109,6 +112,9 @@ struct GpuStepBackend::Impl {
     AttnWorkItem* m_items = nullptr;
     std::int32_t* m_offsets = nullptr;
     std::int32_t* m_part_items = nullptr;
+    void** m_append_ptrs = nullptr;        // per sequence: its open block, layer 0 (or null)
+    std::int32_t* m_append_pos = nullptr;  // per sequence: the row a new token goes to
+    bool append_ok = false;                // every sequence of the work has its open block
     std::size_t meta_used = 0;
     std::size_t nseq = 0, nitems = 0, inplace_items = 0;
     bool work_set = false, meta_uploaded = false, launched = false, any_copy = false;
@@ -256,6 +262,18 @@ struct GpuStepBackend::Impl {
         m_ptrs = carve<const void*>(cur, n_pool + n_p + n_pageable);
         m_valid = carve<std::int32_t>(cur, n_pool + n_p + n_pageable);
         m_offsets = carve<std::int32_t>(cur, nrow + 1);
+        // Where a decode step's new token goes: the open block (the last in-place slot) at row
+        // open_tokens - 1, which the step counted (StepExecutor::plan, pending_token).
+        m_append_ptrs = carve<void*>(cur, nseq);
+        m_append_pos = carve<std::int32_t>(cur, nseq);
+        append_ok = nseq > 0;
+        for (std::size_t s = 0; s < nseq; ++s) {
+            const auto& w = seqs[s];
+            const bool ok = w.has_open && w.open_tokens > 0 && !w.pool_slots.empty();
+            append_ok = append_ok && ok;
+            m_append_ptrs[s] = ok ? gpu_pool.device_block(0, w.pool_slots.back()) : nullptr;
+            m_append_pos[s] = ok ? static_cast<std::int32_t>(w.open_tokens - 1) : 0;
+        }
         m_items = carve<AttnWorkItem>(cur, 0);
         nitems = 0;
         const auto B = static_cast<std::int32_t>(o.block_tokens);
@@ -355,28 +373,51 @@ struct GpuStepBackend::Impl {
         work_set = true;
     }
 
-    void launch(std::size_t layer, const void* q) {
+    void launch(std::size_t layer, const void* q, NewTokens fresh) {
         if (launched) throw std::logic_error("GpuStepBackend::launch twice without finish");
         if (!work_set) throw std::logic_error("GpuStepBackend::launch before set_work");
+        if (fresh.k && !append_ok)
+            throw std::logic_error("GPU step: new tokens for a work set without open blocks");
         settle();  // after a launch that failed before its finish
-        // Enqueue: q up, the metadata too at the first layer after set_work (it is the same in
-        // every layer: in-place addresses are layer 0's, offset by the layer in the kernel),
-        // in-place attention, then the P stream.
+        // Enqueue: q (and a decode step's new tokens) up, the metadata too at the first layer
+        // after set_work (it is the same in every layer: in-place addresses are layer 0's,
+        // offset by the layer in the kernel), the new tokens into T, in-place attention, then
+        // the P stream.
         const auto& g = o.geometry;
-        const std::size_t q_bytes = nseq * qh * dk * dtype_bytes(g.dtype);
+        const std::size_t es = dtype_bytes(g.dtype);
+        const std::size_t q_bytes = nseq * qh * dk * es;
+        const std::size_t k_bytes = fresh.k ? nseq * (g.mla ? 1 : kvh) * dk * es : 0;
+        const std::size_t v_bytes = fresh.k && !g.mla ? nseq * kvh * dv * es : 0;
         std::memcpy(h_q->data(), q, q_bytes);
+        if (k_bytes) std::memcpy(h_q->data() + q_bytes, fresh.k, k_bytes);
+        if (v_bytes) std::memcpy(h_q->data() + q_bytes + k_bytes, fresh.v, v_bytes);
         enqueued = true;
         start.record(compute);
         start.wait_on(copy);
-        copy_async(d_q, h_q->data(), q_bytes, compute);
+        copy_async(d_q, h_q->data(), q_bytes + k_bytes + v_bytes, compute);
         if (!meta_uploaded && meta_used > 0) copy_async(d_meta, h_meta->data(), meta_used, compute);
         meta_uploaded = true;
+        const std::ptrdiff_t meta_shift = d_meta - h_meta->data();
+        if (fresh.k) {
+            AppendParams ap;
+            ap.geo = g;
+            ap.block_tokens = static_cast<std::int32_t>(o.block_tokens);
+            ap.num_seqs = static_cast<std::int32_t>(nseq);
+            ap.k_new = d_q + q_bytes;
+            ap.v_new = v_bytes ? d_q + q_bytes + k_bytes : nullptr;
+            ap.t_blocks =
+                reinterpret_cast<void* const*>(reinterpret_cast<char*>(m_append_ptrs) + meta_shift);
+            ap.t_pos = reinterpret_cast<const std::int32_t*>(reinterpret_cast<char*>(m_append_pos) +
+                                                             meta_shift);
+            ap.block_offset_bytes = static_cast<std::int64_t>(layer * gpu_pool.layer_pitch());
+            append_kv(ap, compute.handle());
+        }
 
         DecodeAttnParams p;
         p.geo = g;
         p.block_tokens = static_cast<std::int32_t>(o.block_tokens);
         p.q = d_q;
-        const std::ptrdiff_t shift = d_meta - h_meta->data();
+        const std::ptrdiff_t shift = meta_shift;
         p.block_ptrs =
             reinterpret_cast<const void* const*>(reinterpret_cast<char*>(m_ptrs) + shift);
         p.block_tokens_valid =
@@ -504,8 +545,12 @@ void GpuStepBackend::set_work(std::span<const GpuSeqWork> seqs) {
     impl_->set_work(seqs);
 }
 
-void GpuStepBackend::launch(std::size_t layer, const void* q) {
-    impl_->launch(layer, q);
+void GpuStepBackend::launch(std::size_t layer, const void* q, NewTokens fresh) {
+    impl_->launch(layer, q, fresh);
+}
+
+const Stream& GpuStepBackend::stream() const noexcept {
+    return impl_->compute;
 }
 
 StateView GpuStepBackend::cpu_partial_buffer(std::size_t rows) noexcept {

@@ -6,11 +6,13 @@
 #include "cpu_attention_backend.hpp"
 #include "writescope/core/engine_impl.hpp"
 #include "writescope/core/host_kv_memory.hpp"
+#include "writescope/core/host_seal_mover.hpp"
 #include "writescope/core/kv_cache.hpp"
 
 #if WRITESCOPE_HAVE_CUDA
 #include "writescope/cuda/device.hpp"
 #include "writescope/cuda/gpu_kv_memory.hpp"
+#include "writescope/cuda/gpu_seal_mover.hpp"
 #include "writescope/cuda/gpu_step_backend.hpp"
 #endif
 
@@ -63,7 +65,11 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& o) {
         parts.pinned = std::move(mem.pinned);
         parts.unpinned = std::move(mem.unpinned);
         parts.kv = kv;
+        const CpuAttentionBackend* packer = cpu.get();
         parts.cpu = std::move(cpu);
+        parts.sealer = std::make_unique<HostSealMover>(
+            *parts.gpu_pool, parts.pinned.get(), parts.unpinned.get(),
+            [packer](const void* linear, void* packed) { packer->pack_block(linear, packed); });
         return std::make_unique<EngineImpl>(o, std::move(parts));
     }
 #if WRITESCOPE_HAVE_CUDA
@@ -111,6 +117,7 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& o) {
         "U (host)", layers, cap.slots[static_cast<int>(Region::U)], cap.u_block_bytes, ho);
     auto gpu = std::make_unique<cuda::GpuStepBackend>(so, *pool, *gpu_pool, pinned.get());
     cuda::DeviceRegionMemory* gp = gpu_pool.get();
+    cuda::PinnedRegionMemory* pp = pinned.get();
     parts.write_pool_block = [gp, lin](std::size_t layer, std::uint32_t slot, const void* src) {
         cuda::copy_sync(gp->device_block(layer, slot), src, lin);
     };
@@ -118,6 +125,13 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& o) {
     parts.gpu_pool = std::move(gpu_pool);
     parts.pinned = std::move(pinned);
     parts.unpinned = std::move(unpinned);
+    // Seals on the step backend's stream, the one append_kv writes T on: a later append into a
+    // reused T slot cannot overtake the copy out of it.
+    const CpuAttentionBackend* packer = cpu.get();
+    parts.sealer = std::make_unique<cuda::GpuSealMover>(
+        *gp, pp, parts.unpinned.get(),
+        [packer](const void* linear, void* packed) { packer->pack_block(linear, packed); },
+        gpu->stream());
     parts.gpu = std::move(gpu);
     parts.gpu_description = info.name + " (GPU " + std::to_string(o.gpu_index) + ")";
     parts.kv = kv;

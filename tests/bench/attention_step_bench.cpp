@@ -430,7 +430,7 @@ struct Config {
         // side's last merge reads them.
         const StateView part = m.gpu->cpu_partial_buffer(rows);
         const EnginesStarted e =
-            start_engines(*m.cpu, m.gpu.get(), 0, m.q.data(), cw, any_cpu, part, m.overlap, t0);
+            start_engines(*m.cpu, m.gpu.get(), 0, m.q.data(), {}, cw, any_cpu, part, m.overlap, t0);
         t.launch = e.gpu_launch_seconds;
         const GpuLayerTiming g =
             m.gpu->finish(any_cpu ? ConstStateView{part.o, part.lse, rows, dv} : ConstStateView{},
@@ -547,7 +547,7 @@ struct Config {
                     dst += m.lin;
                 }
             }
-            m.gpu->launch(0, m.q.data());
+            m.gpu->launch(0, m.q.data(), {});
             m.gpu->finish({}, {m.o.data(), m.lse.data(), rows, dv});
             if (rep) v.push_back(now() - t0);
         }
@@ -588,7 +588,7 @@ struct Config {
         m.gpu_inplace->set_work(w);
         std::vector<double> v;
         for (int rep = 0; rep <= reps; ++rep) {
-            m.gpu_inplace->launch(0, m.q.data());
+            m.gpu_inplace->launch(0, m.q.data(), {});
             const auto t = m.gpu_inplace->finish({}, {m.o.data(), m.lse.data(), rows, dv});
             if (rep) v.push_back(t.attention_seconds);
         }

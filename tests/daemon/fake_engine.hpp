@@ -138,6 +138,15 @@ class FakeEngine final : public Engine {
         std::lock_guard lock(mu_);
         if (sequences_) --sequences_;
     }
+    // The daemon runs no decode steps yet (no model runtime): these are never called.
+    void begin_step(std::span<const std::uint64_t>) override {
+        throw std::logic_error("FakeEngine: no decode steps");
+    }
+    void attend_layer(std::size_t, const void*, NewTokens, StateView) override {
+        throw std::logic_error("FakeEngine: no decode steps");
+    }
+    StepReport end_step() override { throw std::logic_error("FakeEngine: no decode steps"); }
+    void abort_step() override { throw std::logic_error("FakeEngine: no decode steps"); }
 
   private:
     EngineOptions opts_;

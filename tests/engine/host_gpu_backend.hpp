@@ -1,8 +1,9 @@
 // A GpuAttentionBackend on the host, for testing the step executor's hybrid path where there is
 // no GPU (CI): what the executor hands the GPU side (slot lists once per step, a layer and a
-// query per launch, pageable monolithic caches, the CPU partials) is recorded and attended with
-// the fp64 reference over host T/G and P memory, then merged with the CPU partials by core's
-// merge. The real kernels have their own tests on the GPU machine (tests/gpu).
+// query per launch, the new tokens of a decode step, pageable monolithic caches, the CPU
+// partials) is recorded and attended with the fp64 reference over host T/G and P memory, then
+// merged with the CPU partials by core's merge. The real kernels have their own tests on the GPU
+// machine (tests/gpu).
 #pragma once
 
 #include <algorithm>
@@ -31,7 +32,7 @@ class HostGpuBackend final : public GpuAttentionBackend {
           ext_(max_rows * (static_cast<std::size_t>(g.head_dim_v) + 1)) {}
 
     // What the executor did, for the test to check.
-    std::size_t set_work_calls = 0, launches = 0, finishes = 0;
+    std::size_t set_work_calls = 0, launches = 0, finishes = 0, appends = 0;
     std::size_t cpu_parts_in_place = 0;  // finish() found the CPU partials in our buffer
     std::size_t last_layer = 0;
     bool fail_launch = false;  // launch() throws, as a CUDA error would
@@ -51,12 +52,35 @@ class HostGpuBackend final : public GpuAttentionBackend {
                              s.pageable_blocks});
     }
 
-    void launch(std::size_t layer, const void* q) override {
+    void launch(std::size_t layer, const void* q, NewTokens fresh) override {
         if (launched_) throw std::logic_error("launch twice");
         if (fail_launch) throw std::runtime_error("host GPU: launch failed (test)");
         ++launches;
         launched_ = true;
         last_layer = layer;
+        // The new tokens into the open blocks (the last in-place slot), as append_kv does.
+        if (fresh.k) {
+            ++appends;
+            const LinearBlockLayout lay = LinearBlockLayout::of(g_, B_);
+            const std::size_t es = dtype_bytes(g_.dtype), dk = g_.head_dim_k, dv = g_.head_dim_v;
+            const std::size_t heads = g_.mla ? 1 : static_cast<std::size_t>(g_.num_kv_heads);
+            for (std::size_t i = 0; i < work_.size(); ++i) {
+                const Work& w = work_[i];
+                if (!w.has_open || w.open_tokens == 0)
+                    throw std::logic_error("a new token for a sequence without its open block");
+                auto* block = static_cast<char*>(pool_.block(layer, w.pool_slots.back()));
+                const std::size_t row = w.open_tokens - 1;
+                for (std::size_t h = 0; h < heads; ++h) {
+                    std::memcpy(block + lay.k_offset(h, row) * es,
+                                static_cast<const char*>(fresh.k) + (i * heads + h) * dk * es,
+                                dk * es);
+                    if (!g_.mla)
+                        std::memcpy(block + lay.v_offset(h, row) * es,
+                                    static_cast<const char*>(fresh.v) + (i * heads + h) * dv * es,
+                                    dv * es);
+                }
+            }
+        }
         // What a GPU would copy asynchronously from the pageable caches from now on: finish()
         // checks that it still holds this (the caller gathered before launching and did not
         // touch the caches until finish) and attends it.

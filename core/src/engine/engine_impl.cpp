@@ -40,6 +40,9 @@ EngineImpl::EngineImpl(const EngineOptions& opts, EngineParts parts)
     cache_ = std::make_unique<KvCache>(
         parts_.kv, parts_.pinned ? parts_.pinned->slab_slots() : std::size_t{0});
     r_deployed_ = parts_.gpu ? 0.5 : 1.0;
+    exec_ = std::make_unique<StepExecutor>(StepExecutorConfig{opts.max_batch}, *cache_,
+                                           *parts_.gpu_pool, parts_.pinned.get(),
+                                           parts_.unpinned.get(), *parts_.cpu, parts_.gpu.get());
     // A handful of random linear blocks, copied round-robin wherever synthetic KV is needed.
     std::mt19937_64 rng(0x5eed);
     const std::size_t elems =
@@ -52,7 +55,8 @@ EngineImpl::EngineImpl(const EngineOptions& opts, EngineParts parts)
 }
 
 EngineImpl::~EngineImpl() {
-    // The cache refers to the parts: release it first.
+    // The executor refers to the cache, and the cache to the parts: release them first.
+    exec_.reset();
     cache_.reset();
 }
 
@@ -89,6 +93,7 @@ Calibration EngineImpl::calibrate(const std::function<void(double, std::string_v
     {
         std::lock_guard lock(mu_);
         if (calibrating_) throw std::runtime_error("a calibration is already running");
+        if (stepping_) throw std::runtime_error("calibration needs an idle engine: a step is open");
         if (cache_->sequence_count() != 0)
             throw std::runtime_error(
                 "calibration needs an idle engine: " + std::to_string(cache_->sequence_count()) +
@@ -330,7 +335,130 @@ Admission EngineImpl::admit(std::uint64_t seq_id, std::size_t max_tokens) {
 
 void EngineImpl::release(std::uint64_t seq_id) {
     std::lock_guard lock(mu_);
+    if (stepping_ && std::find(step_ids_.begin(), step_ids_.end(), seq_id) != step_ids_.end())
+        throw std::logic_error("sequence " + std::to_string(seq_id) +
+                               " is in the open decode step: end or abort the step first");
     cache_->free(seq_id);
+}
+
+void EngineImpl::begin_step(std::span<const std::uint64_t> seq_ids) {
+    if (!parts_.sealer) throw std::logic_error("this engine has no seal mover: no decode steps");
+    // Sealed blocks of the last step must have landed (U laid out) before a plan may give them
+    // to the CPU. Outside the lock: the GPU's packer finishes on its own thread.
+    parts_.sealer->flush();
+    std::lock_guard lock(mu_);
+    if (stepping_) throw std::logic_error("begin_step: a decode step is already open");
+    if (calibrating_)
+        throw std::runtime_error("the engine is calibrating; retry when it has finished");
+    if (seq_ids.empty()) throw std::invalid_argument("begin_step: no sequences");
+    if (seq_ids.size() > opts_.max_batch)
+        throw std::length_error("begin_step: " + std::to_string(seq_ids.size()) +
+                                " sequences, more than max_batch (" +
+                                std::to_string(opts_.max_batch) + ")");
+    std::vector<std::uint64_t> sorted(seq_ids.begin(), seq_ids.end());
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+        throw std::invalid_argument("begin_step: a sequence appears twice in the batch");
+    // The split: the mode's plan, except that the trackers may ask for a probe share after a
+    // run of steps at one end (PolicyTrackers::deploy); then that share, as static:R.
+    const PlanCosts costs = trackers_.plan_costs();
+    const StepPlan* plan = &exec_->plan(seq_ids, mode_, costs, true);  // checks ids and room
+    if (parts_.gpu && mode_.kind == ModeKind::writescope && plan->totals().spilled_tokens > 0) {
+        const double planned = plan->totals().cpu_share;
+        const double d = trackers_.deploy(planned);
+        if (d != planned)
+            plan = &exec_->plan(seq_ids, ExecutionMode{ModeKind::static_split, d}, costs, true);
+    }
+    const StepTotals& t = plan->totals();
+    std::uint64_t p_to_cpu = 0;
+    for (std::size_t i = 0; i < plan->num_seqs(); ++i)
+        p_to_cpu += plan->split(i).p_to_cpu;
+    step_cpu_p_tokens_ = static_cast<double>(p_to_cpu * parts_.kv.block_tokens);
+    step_cpu_u_tokens_ = static_cast<double>(t.cpu_spilled_tokens) - step_cpu_p_tokens_;
+    step_ = {};
+    step_.sequences = seq_ids.size();
+    step_.r = t.spilled_tokens > 0 ? t.cpu_share : (parts_.gpu ? 0.0 : 1.0);
+    step_ids_.assign(seq_ids.begin(), seq_ids.end());
+    layers_done_ = 0;
+    stepping_ = true;
+}
+
+void EngineImpl::attend_layer(std::size_t layer, const void* q, NewTokens fresh, StateView out) {
+    {
+        std::lock_guard lock(mu_);
+        if (!stepping_) throw std::logic_error("attend_layer: no decode step is open");
+        if (in_layer_) throw std::logic_error("attend_layer: another layer is running");
+        if (layer != layers_done_)
+            throw std::logic_error("attend_layer: layer " + std::to_string(layer) +
+                                   " out of order; the step is at layer " +
+                                   std::to_string(layers_done_));
+        if (!q || !fresh.k) throw std::invalid_argument("attend_layer: q and the new K are needed");
+        in_layer_ = true;
+    }
+    struct Clear {
+        EngineImpl* e;
+        ~Clear() {
+            std::lock_guard lock(e->mu_);
+            e->in_layer_ = false;
+        }
+    } clear{this};
+    const LayerStepResult r = exec_->run_layer(layer, q, out, fresh);
+    std::lock_guard lock(mu_);
+    step_.seconds += r.step_seconds;
+    step_.cpu_seconds += r.cpu_seconds;
+    step_.gpu_seconds += r.gpu.attention_seconds;
+    step_.cpu_spilled_tokens = r.cpu_spilled_tokens;
+    step_.gpu_spilled_tokens = r.gpu_spilled_tokens;
+    ++layers_done_;
+}
+
+StepReport EngineImpl::end_step() {
+    std::lock_guard lock(mu_);
+    if (!stepping_) throw std::logic_error("end_step: no decode step is open");
+    if (in_layer_) throw std::logic_error("end_step: a layer is running");
+    const std::size_t layers = static_cast<std::size_t>(parts_.kv.geometry.num_layers);
+    if (layers_done_ != layers)
+        throw std::logic_error("end_step: " + std::to_string(layers_done_) + " of " +
+                               std::to_string(layers) + " layers attended");
+    // The tokens join the cache; blocks that filled are sealed where the router sends them.
+    // (begin_step checked the room, and release() refuses the step's sequences meanwhile.)
+    std::vector<SealMove> moves;
+    for (std::uint64_t id : step_ids_)
+        for (const SealMove& m : cache_->append(id, 1))
+            moves.push_back(m);
+    parts_.sealer->apply(moves);
+    for (const SealMove& m : moves) {
+        step_.sealed_g += m.kind == MoveKind::remap;
+        step_.sealed_p += m.kind == MoveKind::copy_to_pinned;
+        step_.sealed_u += m.kind == MoveKind::pack_to_unpinned;
+    }
+    step_.layers = layers;
+    const double L = static_cast<double>(layers);
+    step_.cpu_seconds /= L;
+    step_.gpu_seconds /= L;
+    // The trackers learn from every step, per layer (the calibration's unit).
+    StepMeasurement m;
+    m.cpu_seconds = step_.cpu_seconds;
+    m.cpu_u_tokens = step_cpu_u_tokens_;
+    m.cpu_p_tokens = step_cpu_p_tokens_;
+    m.gpu_seconds = step_.gpu_seconds;
+    m.gpu_p_tokens = static_cast<double>(step_.gpu_spilled_tokens);
+    trackers_.observe(m);
+    r_deployed_ = step_.r;
+    ++steps_;
+    step_stats_.add(step_.seconds / L);
+    retarget_locked();
+    stepping_ = false;
+    step_ids_.clear();
+    return step_;
+}
+
+void EngineImpl::abort_step() {
+    std::lock_guard lock(mu_);
+    if (!stepping_) throw std::logic_error("abort_step: no decode step is open");
+    if (in_layer_) throw std::logic_error("abort_step: a layer is running");
+    stepping_ = false;
+    step_ids_.clear();
 }
 
 }  // namespace writescope

@@ -16,15 +16,15 @@ double steady_seconds() noexcept {
 }
 
 EnginesStarted start_engines(CpuAttentionBackend& cpu, GpuAttentionBackend* gpu, std::size_t layer,
-                             const void* q, std::span<const CpuSeqWork> cpu_work, bool cpu_any,
-                             StateView cpu_out, bool overlap, double t0) {
+                             const void* q, NewTokens fresh, std::span<const CpuSeqWork> cpu_work,
+                             bool cpu_any, StateView cpu_out, bool overlap, double t0) {
     // The GPU enqueue; as the start hook it must not throw (it runs inside the CPU backend's
     // dispatch), so the error is kept and rethrown here.
     double launch_seconds = 0;
     std::exception_ptr error;
     const auto launch = [&] {
         try {
-            gpu->launch(layer, q);
+            gpu->launch(layer, q, fresh);
         } catch (...) {
             error = std::current_exception();
         }
@@ -94,12 +94,22 @@ void StepExecutor::ensure_tables(std::size_t seqs, std::size_t blocks) {
 }
 
 const StepPlan& StepExecutor::plan(std::span<const std::uint64_t> seq_ids,
-                                   const ExecutionMode& mode, const PlanCosts& costs) {
+                                   const ExecutionMode& mode, const PlanCosts& costs,
+                                   bool pending_token) {
     if (seq_ids.size() > cfg_.max_seqs)
         throw std::length_error("step of " + std::to_string(seq_ids.size()) +
                                 " sequences; the executor is sized for " +
                                 std::to_string(cfg_.max_seqs));
+    if (pending_token)
+        for (std::uint64_t id : seq_ids) {
+            const KvSequenceStats st = cache_.sequence_stats(id);  // throws for an unknown id
+            if (st.tokens >= st.max_tokens)
+                throw std::length_error("sequence " + std::to_string(id) + " holds " +
+                                        std::to_string(st.tokens) +
+                                        " tokens, its admitted maximum: no room for another");
+        }
     nseq_ = seq_ids.size();
+    pending_ = pending_token;
     std::size_t total = 0;
     for (std::size_t i = 0; i < nseq_; ++i) {
         const auto sealed = cache_.block_table(seq_ids[i]);
@@ -107,7 +117,8 @@ const StepPlan& StepExecutor::plan(std::span<const std::uint64_t> seq_ids,
         auto& t = tables_[i];
         t.assign(sealed.begin(), sealed.end());  // reuses capacity after the first steps
         t.push_back({Region::T, open.t_slot});
-        open_tokens_[i] = static_cast<std::uint32_t>(open.tokens);
+        // The open block always has a free row: a block is sealed the moment it fills.
+        open_tokens_[i] = static_cast<std::uint32_t>(open.tokens + (pending_token ? 1 : 0));
         batch_[i] = {t, open_tokens_[i]};
         total += t.size();
     }
@@ -195,12 +206,43 @@ void StepExecutor::build_work(bool monolithic) {
     if (gpu_) gpu_->set_work(std::span<const GpuSeqWork>(gpu_work_.data(), nseq_));
 }
 
-LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateView out) {
+void StepExecutor::write_fresh_host(std::size_t layer, NewTokens fresh) {
+    const auto& g = cache_.config().geometry;
+    const LinearBlockLayout lay = LinearBlockLayout::of(g, B_);
+    const std::size_t es = dtype_bytes(g.dtype);
+    const std::size_t heads = g.mla ? 1 : static_cast<std::size_t>(g.num_kv_heads);
+    const auto* k = static_cast<const char*>(fresh.k);
+    const auto* v = static_cast<const char*>(fresh.v);
+    for (std::size_t i = 0; i < nseq_; ++i) {
+        auto* block = static_cast<char*>(pool_.block(layer, tables_[i].back().slot));
+        const std::size_t row = open_tokens_[i] - 1;
+        for (std::size_t h = 0; h < heads; ++h) {
+            std::memcpy(block + lay.k_offset(h, row) * es, k + (i * heads + h) * dk_ * es,
+                        dk_ * es);
+            if (!g.mla)
+                std::memcpy(block + lay.v_offset(h, row) * es, v + (i * heads + h) * dv_ * es,
+                            dv_ * es);
+        }
+    }
+}
+
+LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateView out,
+                                        NewTokens fresh) {
     LayerStepResult r = counts_;
     const std::size_t rows = nseq_ * qh_;
     if (out.rows != rows || out.dim != dv_)
         throw std::invalid_argument("run_layer: output shape does not match the planned batch");
+    if (pending_ != (fresh.k != nullptr))
+        throw std::invalid_argument(
+            pending_ ? "run_layer: the step was planned with a new token per sequence; its K and "
+                       "V are missing"
+                     : "run_layer: new tokens given for a step planned without them");
+    if (fresh.k && !cache_.config().geometry.mla && !fresh.v)
+        throw std::invalid_argument("run_layer: the new tokens' V is missing");
     const double t0 = steady_seconds();
+    // Without a GPU the open blocks are host memory: the new rows go there now, before the CPU
+    // reads them. The GPU backend writes them on its stream, ahead of its attention.
+    if (fresh.k && !gpu_) write_fresh_host(layer, fresh);
 
     // The CPU's blocks at this layer's addresses.
     for (std::size_t i = 0; i < nseq_; ++i) {
@@ -237,9 +279,9 @@ LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateV
     // With a GPU the CPU writes its partials where the GPU side's last merge reads them (sized
     // for max_seqs, checked at construction); without one, its result is the output.
     const StateView cpu_part = gpu_ ? gpu_->cpu_partial_buffer(rows) : out;
-    const EnginesStarted e =
-        start_engines(cpu_, gpu_, layer, q, std::span<const CpuSeqWork>(cpu_work_.data(), nseq_),
-                      cpu_any_, cpu_part, cfg_.overlap_gpu_launch, t0);
+    const EnginesStarted e = start_engines(cpu_, gpu_, layer, q, fresh,
+                                           std::span<const CpuSeqWork>(cpu_work_.data(), nseq_),
+                                           cpu_any_, cpu_part, cfg_.overlap_gpu_launch, t0);
     r.cpu_seconds = e.cpu_seconds;
     r.gpu_launch_seconds = e.gpu_launch_seconds;
     if (!gpu_ && !cpu_any_) clear_states(out);

@@ -8,12 +8,15 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "writescope/core/attention_state.hpp"
 #include "writescope/core/kv_block.hpp"
 #include "writescope/core/kv_geometry.hpp"
+#include "writescope/core/step_backends.hpp"
 
 namespace writescope {
 
@@ -73,6 +76,20 @@ struct EngineStatus {
     bool gpu = false;
 };
 
+// What one decode step did (Engine::end_step). Times are seconds of wall time; per layer means
+// what the policy's trackers saw.
+struct StepReport {
+    std::size_t sequences = 0, layers = 0;
+    double seconds = 0;                    // the layers' attention, summed
+    double cpu_seconds = 0;                // per layer, mean: when the CPU side finished
+    double gpu_seconds = 0;                // per layer, mean: the GPU's attention (0 without one)
+    std::uint64_t cpu_spilled_tokens = 0;  // per layer: P and U tokens the CPU attended
+    std::uint64_t gpu_spilled_tokens = 0;  // per layer: P tokens the GPU streamed
+    double r = 1.0;  // the CPU's share of the spilled tokens (1 with nothing spilled, no GPU)
+    // Blocks the new tokens filled and sealed, by where they went: G (remap), P, U.
+    std::size_t sealed_g = 0, sealed_p = 0, sealed_u = 0;
+};
+
 // The outcome of admission: ok, or a message naming what did not fit.
 struct Admission {
     bool ok = false;
@@ -106,7 +123,31 @@ class Engine {
 
     // Sequences: admission is prepare-then-apply; a refusal leaves no trace.
     virtual Admission admit(std::uint64_t seq_id, std::size_t max_tokens) = 0;
+    // Frees the sequence's slots and reservations. Throws std::logic_error for a sequence of the
+    // open decode step (end or abort the step first).
     virtual void release(std::uint64_t seq_id) = 0;
+
+    // Decode steps, one at a time, driven by one thread (the model runtime's):
+    //   begin_step(ids): opens a step of these admitted sequences, each with one new token; the
+    //     ids' order is the row order of q and out. Plans the split once for every layer.
+    //   attend_layer(layer, q, fresh, out): for layers 0, 1, ... in order: writes each
+    //     sequence's new K and V (fresh, NewTokens layout) into its open block, attends the whole
+    //     sequence, the new token included, and writes the merged states to out (rows = ids ×
+    //     num_q_heads, dim = head_dim_v). q: (ids, num_q_heads, head_dim_k), KV dtype, host.
+    //   end_step(): after the last layer: appends the tokens (blocks that fill are sealed into G,
+    //     P or U as the router decides), feeds the step's times to the policy's trackers and
+    //     routes new spilled blocks by what they track.
+    //   abort_step(): closes an open step without appending (what the layers wrote into the
+    //     open blocks is overwritten by the next step's token).
+    // Each throws, changing nothing, naming the problem: std::logic_error for a call out of
+    // order (a step already open, none open, a layer out of order, end_step before the last
+    // layer), std::runtime_error while calibrating, std::out_of_range for an unknown sequence,
+    // std::length_error for a sequence at its admitted maximum or a batch over max_batch,
+    // std::invalid_argument for a repeated id or bad shapes.
+    virtual void begin_step(std::span<const std::uint64_t> seq_ids) = 0;
+    virtual void attend_layer(std::size_t layer, const void* q, NewTokens fresh, StateView out) = 0;
+    virtual StepReport end_step() = 0;
+    virtual void abort_step() = 0;
 };
 
 }  // namespace writescope

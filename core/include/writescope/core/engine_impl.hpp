@@ -29,6 +29,9 @@ struct EngineParts {
     std::unique_ptr<RegionMemory> gpu_pool, pinned, unpinned;
     std::unique_ptr<CpuAttentionBackend> cpu;
     std::unique_ptr<GpuAttentionBackend> gpu;  // null: CPU-only
+    // Moves sealed blocks to their regions (decode steps); declared after what it moves between
+    // and from, so it is released first. Null: the engine runs no decode steps.
+    std::unique_ptr<SealMover> sealer;
     // Writes one linear block (host memory) into the T/G pool at (layer, slot).
     std::function<void(std::size_t layer, std::uint32_t slot, const void* linear)> write_pool_block;
     std::string gpu_description;  // "NVIDIA H200 (GPU 0)", or empty
@@ -49,6 +52,10 @@ class EngineImpl final : public Engine {
     void import_policy_state(std::string_view text) override;
     Admission admit(std::uint64_t seq_id, std::size_t max_tokens) override;
     void release(std::uint64_t seq_id) override;
+    void begin_step(std::span<const std::uint64_t> seq_ids) override;
+    void attend_layer(std::size_t layer, const void* q, NewTokens fresh, StateView out) override;
+    StepReport end_step() override;
+    void abort_step() override;
 
   private:
     // Fills `tokens` tokens of every sequence (admitted into `cache`) with random KV in layer 0
@@ -72,7 +79,16 @@ class EngineImpl final : public Engine {
     std::uint64_t steps_ = 0;
     double r_deployed_ = 1.0;
     bool calibrating_ = false;
-    std::vector<std::vector<std::byte>> random_blocks_;  // linear blocks of random KV values
+
+    // Decode steps: the executor over cache_, and the open step (begin_step .. end_step).
+    std::unique_ptr<StepExecutor> exec_;
+    bool stepping_ = false;
+    bool in_layer_ = false;  // attend_layer running (without mu_)
+    std::vector<std::uint64_t> step_ids_;
+    std::size_t layers_done_ = 0;
+    StepReport step_;  // what the layers measured so far (times summed)
+    double step_cpu_u_tokens_ = 0, step_cpu_p_tokens_ = 0;  // per layer, from the plan
+    std::vector<std::vector<std::byte>> random_blocks_;     // linear blocks of random KV values
 };
 
 }  // namespace writescope

@@ -50,6 +50,15 @@ class CpuAttentionBackend {
     virtual int threads() const noexcept = 0;
 };
 
+// The new token of every sequence of a decode step, written into its open block at the pending
+// position (StepExecutor::plan counted it) before the layer's attention reads the block. Host
+// memory, in the KV dtype: k (seqs, num_kv_heads, head_dim_k) and v (seqs, num_kv_heads,
+// head_dim_v); for MLA, k is the latent (seqs, head_dim_k) and v is unused. Null k: nothing new.
+struct NewTokens {
+    const void* k = nullptr;
+    const void* v = nullptr;
+};
+
 // One sequence's GPU share of a layer.
 struct GpuSeqWork {
     // GPU pool slots (T and G) attended in place, in token order; when has_open the last one is
@@ -88,8 +97,9 @@ class GpuAttentionBackend {
     // Enqueues one layer's GPU attention over the work set last and returns at once: the
     // in-place T/G work and the P stream (chunk i+1 copied while chunk i is attended). q: (seqs,
     // num_q_heads, head_dim_k) in the KV dtype, host memory (the model's Q comes down to the CPU
-    // anyway).
-    virtual void launch(std::size_t layer, const void* q) = 0;
+    // anyway). With fresh.k, each sequence's new token goes into its open block first, at row
+    // open_tokens - 1 of this layer (every sequence then has has_open); the attention reads it.
+    virtual void launch(std::size_t layer, const void* q, NewTokens fresh) = 0;
     // Host memory where the CPU may write its partial states for the next finish() (rows ×
     // head_dim_v o, then rows lse), so the merge reads them without another copy; rows at most
     // the backend's max_seqs × num_q_heads (an empty view beyond). Valid until the backend is

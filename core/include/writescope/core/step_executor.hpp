@@ -49,8 +49,8 @@ struct EnginesStarted {
     double cpu_seconds = 0;
 };
 EnginesStarted start_engines(CpuAttentionBackend& cpu, GpuAttentionBackend* gpu, std::size_t layer,
-                             const void* q, std::span<const CpuSeqWork> cpu_work, bool cpu_any,
-                             StateView cpu_out, bool overlap, double t0);
+                             const void* q, NewTokens fresh, std::span<const CpuSeqWork> cpu_work,
+                             bool cpu_any, StateView cpu_out, bool overlap, double t0);
 double steady_seconds() noexcept;  // the clock of t0
 
 class StepExecutor {
@@ -66,13 +66,19 @@ class StepExecutor {
 
     // Plans the step for the batch (sequence ids in batch order: row order of q and out).
     // Block tables are read from the cache now; do not append or free before the layers ran.
+    // pending_token: a decode step, whose new token (one per sequence, not appended to the cache
+    // yet) run_layer writes into the open block before attending; the open block always has a
+    // free row for it (a block is sealed the moment it fills).
     const StepPlan& plan(std::span<const std::uint64_t> seq_ids, const ExecutionMode& mode,
-                         const PlanCosts& costs);
+                         const PlanCosts& costs, bool pending_token = false);
     const StepPlan& current_plan() const noexcept { return plan_; }
 
     // Runs one layer of the planned step. q: (seqs, num_q_heads, head_dim_k) in the KV dtype,
-    // host. out: rows = seqs × num_q_heads, dim = head_dim_v (final, merged states).
-    LayerStepResult run_layer(std::size_t layer, const void* q, StateView out);
+    // host. out: rows = seqs × num_q_heads, dim = head_dim_v (final, merged states). fresh: the
+    // pending tokens' K and V of this layer (a plan with pending_token needs them in every
+    // layer; one without takes none), written into the open blocks before either engine reads.
+    LayerStepResult run_layer(std::size_t layer, const void* q, StateView out,
+                              NewTokens fresh = {});
 
     // Bytes of ordinary pageable host memory held for the monolithic baseline (one cache per
     // sequence, grown by plan() to the largest share it gave the GPU; 0 in the other modes).
@@ -80,6 +86,8 @@ class StepExecutor {
 
   private:
     void ensure_tables(std::size_t seqs, std::size_t blocks);
+    // CPU-only: the pending tokens' rows into the open blocks (host T) of this layer.
+    void write_fresh_host(std::size_t layer, NewTokens fresh);
     void build_work(bool monolithic);
 
     StepExecutorConfig cfg_;
@@ -93,10 +101,11 @@ class StepExecutor {
 
     // The batch as planned: block tables with the open T block appended (one per sequence).
     std::vector<std::vector<BlockRef>> tables_;
-    std::vector<std::uint32_t> open_tokens_;
+    std::vector<std::uint32_t> open_tokens_;  // with the pending token when pending_
     std::vector<SequenceBlocks> batch_;
     StepPlan plan_;
     std::size_t nseq_ = 0;
+    bool pending_ = false;  // plan(pending_token): run_layer writes each sequence's new token
 
     // The step's work lists, built once by plan() and reserved to the largest batch seen (no
     // allocation in steady state). The CPU's blocks are resolved to the layer's addresses by

@@ -117,7 +117,8 @@ std::size_t inplace_item_blocks_for(std::size_t head_blocks, int sm_count,
 // k_new: (num_seqs, num_kv_heads, head_dim_k), v_new: (num_seqs, num_kv_heads, head_dim_v), in
 // geo.dtype (MLA: k_new is the latent (num_seqs, head_dim_k) and v_new is unused).
 // t_blocks: device array of the T block base of each sequence; t_pos: device array of the slot
-// (0..B-1) each sequence writes.
+// (0..B-1) each sequence writes. block_offset_bytes is added to every t_blocks entry (the step
+// backend keeps layer 0's addresses and passes the layer's offset, as for the attention).
 struct AppendParams {
     KvGeometry geo;
     std::int32_t block_tokens = 0, num_seqs = 0;
@@ -125,6 +126,7 @@ struct AppendParams {
     const void* v_new = nullptr;
     void* const* t_blocks = nullptr;
     const std::int32_t* t_pos = nullptr;
+    std::int64_t block_offset_bytes = 0;
 };
 void append_kv(const AppendParams& p, void* stream);
 

@@ -45,7 +45,7 @@ class GpuStepBackend final : public GpuAttentionBackend {
     ~GpuStepBackend() override;
 
     void set_work(std::span<const GpuSeqWork> seqs) override;
-    void launch(std::size_t layer, const void* q) override;
+    void launch(std::size_t layer, const void* q, NewTokens fresh) override;
     StateView cpu_partial_buffer(std::size_t rows) noexcept override;
     GpuLayerTiming finish(ConstStateView cpu_part, StateView out) override;
     // "tensor cores (mma.sync)", or "SIMT (<why the tensor-core kernel does not run>)".
@@ -53,6 +53,9 @@ class GpuStepBackend final : public GpuAttentionBackend {
     bool tensor_cores() const noexcept override;
 
     std::size_t staging_bytes() const noexcept;
+    // The stream that writes T (append_kv) and attends: a SealMover copying out of T must order
+    // its copies on it (GpuSealMover).
+    const Stream& stream() const noexcept;
     // Device memory a backend with these options takes from its pool (staging ring, metadata,
     // queries, the GPU's partial states and the merge's chunk states): what the VRAM budget must
     // leave for it.

@@ -1,0 +1,260 @@
+// Decode steps end to end without a GPU: each step's new token written into its open block,
+// attended in the same step, appended, and its block sealed into G, P or U when it fills, over
+// many steps; through the executor (CPU-only, and hybrid with the host GPU side) and through the
+// CPU-only engine (Engine::begin_step / attend_layer / end_step). Every output is compared with
+// fp64 attention over every token the sequence holds.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+
+#include "cpu_attention_backend.hpp"
+#include "decode_truth.hpp"
+#include "host_gpu_backend.hpp"
+#include "step_fixture.hpp"
+#include "test_seed.hpp"
+#include "writescope/core/engine.hpp"
+#include "writescope/core/host_kv_memory.hpp"
+#include "writescope/core/host_seal_mover.hpp"
+#include "writescope/core/step_executor.hpp"
+
+using namespace writescope;
+
+namespace {
+
+KvGeometry small(const char* preset, int layers) {
+    auto g = *kv_geometry_preset(preset, DType::bf16);
+    g.num_layers = layers;
+    return g;
+}
+
+}  // namespace
+
+TEST_CASE("decode steps write, attend, append and seal every token exactly (executor)",
+          "[unit][engine]") {
+    auto rng = test::seeded_rng("decode steps through the executor");
+    for (const char* preset : {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"})
+        for (const bool with_gpu : {false, true}) {
+            const auto g = small(preset, 2);
+            const std::size_t B = 16, max_seqs = 3, steps = 40;
+            runtime::CpuAttentionBackendImpl cpu(g, B, 2, false, max_seqs);
+            KvCacheConfig cfg;
+            cfg.geometry = g;
+            cfg.block_tokens = B;
+            cfg.t_slots = max_seqs;
+            cfg.g_slots = with_gpu ? 4 : 0;
+            cfg.pinned_bytes = with_gpu ? 8ull << 20 : 0;
+            cfg.host_bytes = 16ull << 20;
+            cfg.u_block_bytes = cpu.packed_block_bytes();
+            cfg.target_r = with_gpu ? 0.5 : 1.0;
+            HostKvMemory mem = HostKvMemory::create(cfg);
+            KvCache cache(cfg, mem.pinned ? mem.pinned->slab_slots() : 0);
+            RegionMemory* pool = mem.gpu_pool.get();
+            auto fx = test::StepFixture::on_host(g, B, cache, *pool, mem.pinned.get(),
+                                                 mem.unpinned.get(), cpu);
+            std::vector<std::uint64_t> ids;
+            for (std::uint64_t id = 1; id <= max_seqs; ++id) {
+                // Some history first (an open block at every fill level, empty included).
+                const std::size_t n = rng() % (3 * B);
+                REQUIRE(fx.add_sequence(id, n, n + steps, rng));
+                ids.push_back(id);
+            }
+            test::HostGpuBackend gpu(g, B, *pool, mem.pinned.get(), max_seqs * g.num_q_heads);
+            StepExecutor exec({max_seqs}, cache, *pool, mem.pinned.get(), mem.unpinned.get(), cpu,
+                              with_gpu ? &gpu : nullptr);
+            HostSealMover sealer(*pool, mem.pinned.get(), mem.unpinned.get(),
+                                 [&cpu](const void* l, void* p) { cpu.pack_block(l, p); });
+            std::size_t seals[3] = {0, 0, 0};
+            double worst = 0, worst_lse = 0;
+            for (std::size_t step = 0; step < steps; ++step) {
+                if (with_gpu && rng() % 5 == 0)
+                    cache.set_target_r(std::uniform_real_distribution<double>(0, 1)(rng));
+                const char* mode =
+                    with_gpu ? (step % 3 == 0 ? "static:0.5" : "writescope") : "writescope";
+                exec.plan(ids, parse_execution_mode(mode), test::random_plan_costs(rng), true);
+                for (auto id : ids)
+                    ++fx.tokens[id];  // the pending token, attended in this step
+                const auto q = fx.random_q(ids.size(), rng);
+                for (std::size_t layer = 0; layer < 2; ++layer) {
+                    const test::Fresh f = test::random_fresh(g, ids.size(), rng);
+                    for (auto id : ids)
+                        --fx.tokens[id];
+                    test::add_to_truth(fx, ids, layer, f);
+                    for (auto id : ids)
+                        ++fx.tokens[id];
+                    const std::size_t rows = ids.size() * g.num_q_heads, dv = g.head_dim_v;
+                    std::vector<float> o(rows * dv, NAN), lse(rows, NAN);
+                    exec.run_layer(layer, q.data(), {o.data(), lse.data(), rows, dv},
+                                   {f.k.data(), f.v.empty() ? nullptr : f.v.data()});
+                    std::vector<double> ro, rl;
+                    fx.reference(layer, ids, q.data(), ro, rl);
+                    const auto [rel, lerr] = test::StepFixture::error(o, lse, ro, rl);
+                    worst = std::max(worst, rel);
+                    worst_lse = std::max(worst_lse, lerr);
+                    REQUIRE(rel < 1e-5);
+                    REQUIRE(lerr < 1e-5);
+                }
+                for (auto id : ids) {
+                    const auto moves = cache.append(id, 1);
+                    for (const auto& m : moves)
+                        ++seals[static_cast<int>(m.kind)];
+                    sealer.apply(moves);
+                }
+            }
+            std::printf(
+                "[engine] decode %-16s %s: %zu steps, sealed %zu to G, %zu to P, %zu to U; worst "
+                "rel err vs fp64 %.3e, lse %.3e\n",
+                preset, with_gpu ? "hybrid (host GPU side)" : "CPU only              ", steps,
+                seals[0], seals[1], seals[2], worst, worst_lse);
+            // 40 steps of 3 sequences with blocks of 16 seal at least 6 blocks.
+            REQUIRE(seals[0] + seals[1] + seals[2] >= 6);
+            if (with_gpu) REQUIRE(gpu.appends == 2 * steps);
+            // Every token is where the cache says, once: the sealed blocks and the open one
+            // hold exactly the sequence's count.
+            for (auto id : ids) {
+                const auto st = cache.sequence_stats(id);
+                REQUIRE(st.tokens == fx.tokens[id]);
+                REQUIRE(cache.block_table(id).size() * B + st.open_tokens == st.tokens);
+            }
+        }
+}
+
+TEST_CASE("a decode step's new tokens are refused where the plan has no room for them",
+          "[unit][engine]") {
+    const auto g = small("qwen3-30b-a3b", 1);
+    const std::size_t B = 16;
+    runtime::CpuAttentionBackendImpl cpu(g, B, 1, false, 2);
+    KvCacheConfig cfg;
+    cfg.geometry = g;
+    cfg.block_tokens = B;
+    cfg.t_slots = 2;
+    cfg.host_bytes = 4ull << 20;
+    cfg.u_block_bytes = cpu.packed_block_bytes();
+    cfg.target_r = 1.0;
+    HostKvMemory mem = HostKvMemory::create(cfg);
+    KvCache cache(cfg, 0);
+    REQUIRE(cache.admit(1, 5).ok());
+    REQUIRE(cache.append(1, 5).empty());
+    StepExecutor exec({2}, cache, *mem.gpu_pool, nullptr, mem.unpinned.get(), cpu, nullptr);
+    const std::uint64_t ids[] = {1};
+    REQUIRE_THROWS_WITH(exec.plan(ids, parse_execution_mode("cpu-only"), PlanCosts{}, true),
+                        Catch::Contains("admitted maximum"));
+    exec.plan(ids, parse_execution_mode("cpu-only"), PlanCosts{});
+    std::vector<std::byte> q(g.num_q_heads * g.head_dim_k * 2), k(4 * 128 * 2), v(4 * 128 * 2);
+    std::vector<float> o(g.num_q_heads * 128), lse(g.num_q_heads);
+    const StateView out{o.data(), lse.data(), static_cast<std::size_t>(g.num_q_heads), 128};
+    REQUIRE_THROWS_WITH(exec.run_layer(0, q.data(), out, {k.data(), v.data()}),
+                        Catch::Contains("planned without them"));
+    REQUIRE_NOTHROW(exec.run_layer(0, q.data(), out));
+}
+
+TEST_CASE("the CPU-only engine runs decode steps: exact outputs, seals into U, trackers fed",
+          "[unit][engine]") {
+    auto rng = test::seeded_rng("engine decode steps");
+    EngineOptions o;
+    o.geometry = small("mixtral-8x7b", 3);
+    o.block_tokens = 16;
+    o.gpu_index = -1;
+    o.host_kv_bytes = 32ull << 20;
+    o.attention_threads = 2;
+    o.pin_threads = false;
+    o.max_batch = 4;
+    auto e = Engine::create(o);
+    const auto& g = o.geometry;
+    const std::size_t L = 3, B = 16, steps = 50;
+    const std::vector<std::uint64_t> ids{7, 3};
+    for (auto id : ids)
+        REQUIRE(e->admit(id, steps).ok);
+
+    // The truth, kept apart from the engine: every token's rows, in the linear image per block.
+    KvCacheConfig shadow_cfg;
+    shadow_cfg.geometry = g;
+    shadow_cfg.block_tokens = B;
+    shadow_cfg.t_slots = 1;
+    shadow_cfg.host_bytes = 1ull << 20;
+    shadow_cfg.u_block_bytes = 1;
+    KvCache shadow(shadow_cfg, 0);  // unused by the reference; the fixture wants a cache
+    runtime::CpuAttentionBackendImpl ref_cpu(g, B, 1, false, 1);
+    test::StepFixture fx{g, B, shadow, nullptr, nullptr, ref_cpu, {}, {}, {}};
+    for (auto id : ids) {
+        fx.truth[id].assign(L, {});
+        fx.tokens[id] = 0;
+    }
+
+    const std::size_t rows = ids.size() * g.num_q_heads, dv = g.head_dim_v;
+    double worst = 0;
+    std::size_t sealed_u = 0;
+    for (std::size_t step = 0; step < steps; ++step) {
+        e->begin_step(ids);
+        REQUIRE_THROWS_AS(e->begin_step(ids), std::logic_error);
+        REQUIRE_THROWS_AS(e->release(ids[0]), std::logic_error);
+        REQUIRE_THROWS_AS(e->end_step(), std::logic_error);  // no layer attended yet
+        for (std::size_t layer = 0; layer < L; ++layer) {
+            const auto q = fx.random_q(ids.size(), rng);
+            const test::Fresh f = test::random_fresh(g, ids.size(), rng);
+            test::add_to_truth(fx, ids, layer, f);
+            for (auto id : ids)
+                ++fx.tokens[id];
+            std::vector<float> out_o(rows * dv, NAN), out_lse(rows, NAN);
+            e->attend_layer(layer, q.data(), {f.k.data(), f.v.data()},
+                            {out_o.data(), out_lse.data(), rows, dv});
+            std::vector<double> ro, rl;
+            fx.reference(layer, ids, q.data(), ro, rl);
+            for (auto id : ids)
+                --fx.tokens[id];
+            const auto [rel, lerr] = test::StepFixture::error(out_o, out_lse, ro, rl);
+            worst = std::max(worst, rel);
+            REQUIRE(rel < 1e-5);
+            REQUIRE(lerr < 1e-5);
+        }
+        const StepReport r = e->end_step();
+        for (auto id : ids)
+            ++fx.tokens[id];
+        REQUIRE(r.sequences == 2);
+        REQUIRE(r.layers == L);
+        REQUIRE(r.seconds > 0);
+        REQUIRE(r.r == 1.0);
+        REQUIRE(r.gpu_seconds == 0);
+        REQUIRE(r.sealed_g + r.sealed_p == 0);
+        // Both sequences fill a block on the same step: every 16th.
+        REQUIRE(r.sealed_u == ((step + 1) % B == 0 ? 2u : 0u));
+        sealed_u += r.sealed_u;
+    }
+    const EngineStatus s = e->status();
+    std::printf(
+        "[engine] engine decode: %zu steps of 2 x mixtral (3 layers): %zu blocks sealed "
+        "into U, worst rel err vs fp64 %.3e, tracked A %.3e s/token, mean %.1f us/layer\n",
+        steps, sealed_u, worst, s.a, s.step_seconds_mean * 1e6);
+    REQUIRE(s.steps == steps);
+    REQUIRE(s.step_seconds_mean > 0);
+    REQUIRE(sealed_u == 2 * (steps / B));
+    REQUIRE(s.regions[static_cast<int>(Region::U)].used_blocks == 2 * (steps / B));
+    // The trackers learnt A from the steps (no calibration ran).
+    REQUIRE(s.a > 0);
+
+    // At the admitted maximum there is no room for another token; nothing changes.
+    REQUIRE_THROWS_WITH(e->begin_step(ids), Catch::Contains("admitted maximum"));
+    REQUIRE_THROWS_AS(e->attend_layer(0, nullptr, {}, {}), std::logic_error);
+    const std::uint64_t twice[] = {3, 3};
+    REQUIRE_THROWS_WITH(e->begin_step(twice), Catch::Contains("twice"));
+    const std::uint64_t unknown[] = {99};
+    REQUIRE_THROWS_AS(e->begin_step(unknown), std::out_of_range);
+    REQUIRE(e->status().steps == steps);
+
+    // Out of order, then aborted: the token is not appended.
+    REQUIRE(e->admit(11, 4).ok);
+    const std::uint64_t one[] = {11};
+    e->begin_step(one);
+    std::vector<std::byte> q(g.num_q_heads * g.head_dim_k * 2), k(g.num_kv_heads * 128 * 2),
+        v(g.num_kv_heads * 128 * 2);
+    std::vector<float> oo(g.num_q_heads * dv), ol(g.num_q_heads);
+    const StateView out{oo.data(), ol.data(), static_cast<std::size_t>(g.num_q_heads), dv};
+    REQUIRE_THROWS_WITH(e->attend_layer(1, q.data(), {k.data(), v.data()}, out),
+                        Catch::Contains("out of order"));
+    e->attend_layer(0, q.data(), {k.data(), v.data()}, out);
+    e->abort_step();
+    REQUIRE(e->status().steps == steps);
+    e->release(11);
+    for (auto id : ids)
+        e->release(id);
+    REQUIRE(e->status().sequences == 0);
+}
