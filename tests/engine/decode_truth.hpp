@@ -2,8 +2,10 @@
 // fixture's truth (the linear image of every block) extended by them.
 #pragma once
 
+#include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "step_fixture.hpp"
@@ -51,6 +53,29 @@ inline void add_to_truth(test::StepFixture& fx, const std::vector<std::uint64_t>
                             f.v.data() + (i * heads + h) * g.head_dim_v * es, g.head_dim_v * es);
         }
     }
+}
+
+// One layer of a decode step: the new tokens f join the truth (fx.tokens counts the tokens
+// before the step and is left so), run(out, fresh) attends the layer into outputs poisoned with
+// NaN, and the result is compared with fp64 attention over every token, the new one included.
+// Returns the relative error of o and the largest lse error.
+template <class Run>
+std::pair<double, double> check_decode_layer(StepFixture& fx, const std::vector<std::uint64_t>& ids,
+                                             std::size_t layer, const void* q, const Fresh& f,
+                                             Run&& run) {
+    const auto& g = fx.g;
+    add_to_truth(fx, ids, layer, f);
+    for (auto id : ids)
+        ++fx.tokens[id];
+    const std::size_t rows = ids.size() * g.num_q_heads, dv = g.head_dim_v;
+    std::vector<float> o(rows * dv, NAN), lse(rows, NAN);
+    run(StateView{o.data(), lse.data(), rows, dv},
+        NewTokens{f.k.data(), f.v.empty() ? nullptr : f.v.data()});
+    std::vector<double> ro, rl;
+    fx.reference(layer, ids, q, ro, rl);
+    for (auto id : ids)
+        --fx.tokens[id];
+    return StepFixture::error(o, lse, ro, rl);
 }
 
 }  // namespace writescope::test

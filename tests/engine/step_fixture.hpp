@@ -22,6 +22,13 @@
 
 namespace writescope::test {
 
+// A small geometry of a preset model: `layers` layers, bf16.
+inline KvGeometry small_geometry(const char* preset, int layers) {
+    auto g = *kv_geometry_preset(preset, DType::bf16);
+    g.num_layers = layers;
+    return g;
+}
+
 // The routing target a mode runs with, as in the engine: 0 for gpu-only and monolithic, 1 for
 // cpu-only, a random share for the adaptive and static modes.
 inline double routing_target_for(const ExecutionMode& mode, std::mt19937_64& rng) {

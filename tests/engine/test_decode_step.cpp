@@ -19,22 +19,12 @@
 
 using namespace writescope;
 
-namespace {
-
-KvGeometry small(const char* preset, int layers) {
-    auto g = *kv_geometry_preset(preset, DType::bf16);
-    g.num_layers = layers;
-    return g;
-}
-
-}  // namespace
-
 TEST_CASE("decode steps write, attend, append and seal every token exactly (executor)",
           "[unit][engine]") {
     auto rng = test::seeded_rng("decode steps through the executor");
     for (const char* preset : {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"})
         for (const bool with_gpu : {false, true}) {
-            const auto g = small(preset, 2);
+            const auto g = test::small_geometry(preset, 2);
             const std::size_t B = 16, max_seqs = 3, steps = 40;
             runtime::CpuAttentionBackendImpl cpu(g, B, 2, false, max_seqs);
             KvCacheConfig cfg;
@@ -71,23 +61,13 @@ TEST_CASE("decode steps write, attend, append and seal every token exactly (exec
                 const char* mode =
                     with_gpu ? (step % 3 == 0 ? "static:0.5" : "writescope") : "writescope";
                 exec.plan(ids, parse_execution_mode(mode), test::random_plan_costs(rng), true);
-                for (auto id : ids)
-                    ++fx.tokens[id];  // the pending token, attended in this step
                 const auto q = fx.random_q(ids.size(), rng);
                 for (std::size_t layer = 0; layer < 2; ++layer) {
-                    const test::Fresh f = test::random_fresh(g, ids.size(), rng);
-                    for (auto id : ids)
-                        --fx.tokens[id];
-                    test::add_to_truth(fx, ids, layer, f);
-                    for (auto id : ids)
-                        ++fx.tokens[id];
-                    const std::size_t rows = ids.size() * g.num_q_heads, dv = g.head_dim_v;
-                    std::vector<float> o(rows * dv, NAN), lse(rows, NAN);
-                    exec.run_layer(layer, q.data(), {o.data(), lse.data(), rows, dv},
-                                   {f.k.data(), f.v.empty() ? nullptr : f.v.data()});
-                    std::vector<double> ro, rl;
-                    fx.reference(layer, ids, q.data(), ro, rl);
-                    const auto [rel, lerr] = test::StepFixture::error(o, lse, ro, rl);
+                    const auto [rel, lerr] = test::check_decode_layer(
+                        fx, ids, layer, q.data(), test::random_fresh(g, ids.size(), rng),
+                        [&](StateView out, NewTokens fresh) {
+                            exec.run_layer(layer, q.data(), out, fresh);
+                        });
                     worst = std::max(worst, rel);
                     worst_lse = std::max(worst_lse, lerr);
                     REQUIRE(rel < 1e-5);
@@ -98,6 +78,7 @@ TEST_CASE("decode steps write, attend, append and seal every token exactly (exec
                     for (const auto& m : moves)
                         ++seals[static_cast<int>(m.kind)];
                     sealer.apply(moves);
+                    ++fx.tokens[id];
                 }
             }
             std::printf(
@@ -120,7 +101,7 @@ TEST_CASE("decode steps write, attend, append and seal every token exactly (exec
 
 TEST_CASE("a decode step's new tokens are refused where the plan has no room for them",
           "[unit][engine]") {
-    const auto g = small("qwen3-30b-a3b", 1);
+    const auto g = test::small_geometry("qwen3-30b-a3b", 1);
     const std::size_t B = 16;
     runtime::CpuAttentionBackendImpl cpu(g, B, 1, false, 2);
     KvCacheConfig cfg;
@@ -151,7 +132,7 @@ TEST_CASE("the CPU-only engine runs decode steps: exact outputs, seals into U, t
           "[unit][engine]") {
     auto rng = test::seeded_rng("engine decode steps");
     EngineOptions o;
-    o.geometry = small("mixtral-8x7b", 3);
+    o.geometry = test::small_geometry("mixtral-8x7b", 3);
     o.block_tokens = 16;
     o.gpu_index = -1;
     o.host_kv_bytes = 32ull << 20;
@@ -180,7 +161,7 @@ TEST_CASE("the CPU-only engine runs decode steps: exact outputs, seals into U, t
         fx.tokens[id] = 0;
     }
 
-    const std::size_t rows = ids.size() * g.num_q_heads, dv = g.head_dim_v;
+    const std::size_t dv = g.head_dim_v;
     double worst = 0;
     std::size_t sealed_u = 0;
     for (std::size_t step = 0; step < steps; ++step) {
@@ -190,18 +171,11 @@ TEST_CASE("the CPU-only engine runs decode steps: exact outputs, seals into U, t
         REQUIRE_THROWS_AS(e->end_step(), std::logic_error);  // no layer attended yet
         for (std::size_t layer = 0; layer < L; ++layer) {
             const auto q = fx.random_q(ids.size(), rng);
-            const test::Fresh f = test::random_fresh(g, ids.size(), rng);
-            test::add_to_truth(fx, ids, layer, f);
-            for (auto id : ids)
-                ++fx.tokens[id];
-            std::vector<float> out_o(rows * dv, NAN), out_lse(rows, NAN);
-            e->attend_layer(layer, q.data(), {f.k.data(), f.v.data()},
-                            {out_o.data(), out_lse.data(), rows, dv});
-            std::vector<double> ro, rl;
-            fx.reference(layer, ids, q.data(), ro, rl);
-            for (auto id : ids)
-                --fx.tokens[id];
-            const auto [rel, lerr] = test::StepFixture::error(out_o, out_lse, ro, rl);
+            const auto [rel, lerr] = test::check_decode_layer(
+                fx, ids, layer, q.data(), test::random_fresh(g, ids.size(), rng),
+                [&](StateView out, NewTokens fresh) {
+                    e->attend_layer(layer, q.data(), fresh, out);
+                });
             worst = std::max(worst, rel);
             REQUIRE(rel < 1e-5);
             REQUIRE(lerr < 1e-5);

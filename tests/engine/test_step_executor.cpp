@@ -15,20 +15,10 @@
 
 using namespace writescope;
 
-namespace {
-
-KvGeometry small(const char* preset, int layers) {
-    auto g = *kv_geometry_preset(preset, DType::bf16);
-    g.num_layers = layers;
-    return g;
-}
-
-}  // namespace
-
 TEST_CASE("CPU-only steps over T and U equal fp64 attention in every layer", "[unit][engine]") {
     auto rng = test::seeded_rng("cpu-only step executor");
     for (const char* preset : {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"}) {
-        const auto g = small(preset, 2);
+        const auto g = test::small_geometry(preset, 2);
         const std::size_t B = 64, max_seqs = 6;
         runtime::CpuAttentionBackendImpl cpu(g, B, 2, false, max_seqs);
         KvCacheConfig cfg;
@@ -70,7 +60,7 @@ TEST_CASE("CPU-only steps over T and U equal fp64 attention in every layer", "[u
 TEST_CASE("the CPU-only engine calibrates, reports, admits within budget and warm-starts",
           "[unit][engine]") {
     EngineOptions o;
-    o.geometry = small("qwen3-30b-a3b", 4);
+    o.geometry = test::small_geometry("qwen3-30b-a3b", 4);
     o.block_tokens = 128;
     o.gpu_index = -1;
     o.host_kv_bytes = 256ull << 20;  // 256 MiB: 4 layers x 2 KiB/token → 32768 tokens of U
@@ -121,7 +111,7 @@ TEST_CASE("the CPU-only engine calibrates, reports, admits within budget and war
 
 TEST_CASE("Engine::create names what is wrong with the options", "[unit][engine]") {
     EngineOptions o;
-    o.geometry = small("qwen3-30b-a3b", 2);
+    o.geometry = test::small_geometry("qwen3-30b-a3b", 2);
     o.gpu_index = -1;
     o.host_kv_bytes = 64ull << 20;
     o.attention_threads = 1;
@@ -131,7 +121,7 @@ TEST_CASE("Engine::create names what is wrong with the options", "[unit][engine]
     o.block_tokens = 128;
     o.geometry.num_kv_heads = 5;
     REQUIRE_THROWS_WITH(Engine::create(o), Catch::Contains("num_kv_heads"));
-    o.geometry = small("qwen3-30b-a3b", 2);
+    o.geometry = test::small_geometry("qwen3-30b-a3b", 2);
     o.mode = "gpu-only";
     REQUIRE_THROWS_WITH(Engine::create(o), Catch::Contains("needs a GPU"));
 }
@@ -146,7 +136,7 @@ TEST_CASE("hybrid steps in every mode through the executor equal fp64 attention 
                            "static:0.25", "static:0.7", "monolithic"};
     for (const char* preset : {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"})
         for (const char* mode_text : modes) {
-            const auto g = small(preset, 2);
+            const auto g = test::small_geometry(preset, 2);
             const std::size_t B = 64, max_seqs = 5;
             const ExecutionMode mode = parse_execution_mode(mode_text);
             runtime::CpuAttentionBackendImpl cpu(g, B, 2, false, max_seqs);

@@ -212,7 +212,6 @@ TEST_CASE("decode steps on the GPU: new tokens appended by append_kv, attended, 
         StepExecutor exec({max_seqs}, cache, gmem, &pmem, &umem, cpu, &gpu);
         std::size_t seals[3] = {0, 0, 0};
         double worst = 0, worst_lse = 0;
-        const std::size_t rows = ids.size() * g.num_q_heads, dv = g.head_dim_v;
         for (std::size_t step = 0; step < steps; ++step) {
             if (rng() % 9 == 0)
                 cache.set_target_r(std::uniform_real_distribution<double>(0.0, 1.0)(rng));
@@ -221,18 +220,11 @@ TEST_CASE("decode steps on the GPU: new tokens appended by append_kv, attended, 
             exec.plan(ids, parse_execution_mode(mode), test::random_plan_costs(rng), true);
             const auto q = fx.random_q(ids.size(), rng);
             for (std::size_t layer = 0; layer < L; ++layer) {
-                const test::Fresh f = test::random_fresh(g, ids.size(), rng);
-                test::add_to_truth(fx, ids, layer, f);
-                for (auto id : ids)
-                    ++fx.tokens[id];
-                std::vector<float> o(rows * dv, NAN), lse(rows, NAN);
-                exec.run_layer(layer, q.data(), {o.data(), lse.data(), rows, dv},
-                               {f.k.data(), f.v.empty() ? nullptr : f.v.data()});
-                std::vector<double> ro, rl;
-                fx.reference(layer, ids, q.data(), ro, rl);
-                for (auto id : ids)
-                    --fx.tokens[id];
-                const auto [rel, lerr] = test::StepFixture::error(o, lse, ro, rl);
+                const auto [rel, lerr] = test::check_decode_layer(
+                    fx, ids, layer, q.data(), test::random_fresh(g, ids.size(), rng),
+                    [&](StateView out, NewTokens fresh) {
+                        exec.run_layer(layer, q.data(), out, fresh);
+                    });
                 worst = std::max(worst, rel);
                 worst_lse = std::max(worst_lse, lerr);
                 REQUIRE(rel < 2e-5);
