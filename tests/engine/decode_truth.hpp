@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include <catch2/catch.hpp>
+
 #include "step_fixture.hpp"
 
 namespace writescope::test {
@@ -76,6 +78,58 @@ std::pair<double, double> check_decode_layer(StepFixture& fx, const std::vector<
     for (auto id : ids)
         --fx.tokens[id];
     return StepFixture::error(o, lse, ro, rl);
+}
+
+// What a run of decode steps did: the largest errors against fp64, the seals by kind (G, P, U).
+struct DecodeRun {
+    double worst = 0, worst_lse = 0;
+    std::size_t seals[3] = {0, 0, 0};
+};
+
+// `steps` decode steps of the batch through exec, as the engine runs them: the sealer flushed,
+// the step planned with each sequence's new token (mode_of(step)), every layer checked against
+// fp64 within tol, then the tokens appended to the cache and their seals applied. Before each
+// step, retarget(step) may move the cache's routing target.
+template <class ModeOf, class Retarget>
+DecodeRun run_decode_steps(StepFixture& fx, StepExecutor& exec, SealMover& sealer,
+                           const std::vector<std::uint64_t>& ids, std::size_t steps,
+                           std::mt19937_64& rng, double tol, ModeOf&& mode_of,
+                           Retarget&& retarget) {
+    DecodeRun run;
+    const auto layers = static_cast<std::size_t>(fx.g.num_layers);
+    for (std::size_t step = 0; step < steps; ++step) {
+        retarget(step);
+        sealer.flush();  // the last step's U blocks laid out before a plan may attend them
+        exec.plan(ids, parse_execution_mode(mode_of(step)), random_plan_costs(rng), true);
+        const auto q = fx.random_q(ids.size(), rng);
+        for (std::size_t layer = 0; layer < layers; ++layer) {
+            const auto [rel, lerr] =
+                check_decode_layer(fx, ids, layer, q.data(), random_fresh(fx.g, ids.size(), rng),
+                                   [&](StateView out, NewTokens fresh) {
+                                       exec.run_layer(layer, q.data(), out, fresh);
+                                   });
+            run.worst = std::max(run.worst, rel);
+            run.worst_lse = std::max(run.worst_lse, lerr);
+            REQUIRE(rel < tol);
+            REQUIRE(lerr < tol);
+        }
+        for (auto id : ids) {
+            const auto moves = fx.cache.append(id, 1);
+            for (const auto& m : moves)
+                ++run.seals[static_cast<int>(m.kind)];
+            sealer.apply(moves);
+            ++fx.tokens[id];
+        }
+    }
+    sealer.flush();
+    // Every token is where the cache says, once: the sealed blocks and the open one hold
+    // exactly the sequence's count.
+    for (auto id : ids) {
+        const auto st = fx.cache.sequence_stats(id);
+        REQUIRE(st.tokens == fx.tokens[id]);
+        REQUIRE(fx.cache.block_table(id).size() * fx.B + st.open_tokens == st.tokens);
+    }
+    return run;
 }
 
 }  // namespace writescope::test

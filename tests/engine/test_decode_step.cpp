@@ -53,49 +53,23 @@ TEST_CASE("decode steps write, attend, append and seal every token exactly (exec
                               with_gpu ? &gpu : nullptr);
             HostSealMover sealer(*pool, mem.pinned.get(), mem.unpinned.get(),
                                  [&cpu](const void* l, void* p) { cpu.pack_block(l, p); });
-            std::size_t seals[3] = {0, 0, 0};
-            double worst = 0, worst_lse = 0;
-            for (std::size_t step = 0; step < steps; ++step) {
-                if (with_gpu && rng() % 5 == 0)
-                    cache.set_target_r(std::uniform_real_distribution<double>(0, 1)(rng));
-                const char* mode =
-                    with_gpu ? (step % 3 == 0 ? "static:0.5" : "writescope") : "writescope";
-                exec.plan(ids, parse_execution_mode(mode), test::random_plan_costs(rng), true);
-                const auto q = fx.random_q(ids.size(), rng);
-                for (std::size_t layer = 0; layer < 2; ++layer) {
-                    const auto [rel, lerr] = test::check_decode_layer(
-                        fx, ids, layer, q.data(), test::random_fresh(g, ids.size(), rng),
-                        [&](StateView out, NewTokens fresh) {
-                            exec.run_layer(layer, q.data(), out, fresh);
-                        });
-                    worst = std::max(worst, rel);
-                    worst_lse = std::max(worst_lse, lerr);
-                    REQUIRE(rel < 1e-5);
-                    REQUIRE(lerr < 1e-5);
-                }
-                for (auto id : ids) {
-                    const auto moves = cache.append(id, 1);
-                    for (const auto& m : moves)
-                        ++seals[static_cast<int>(m.kind)];
-                    sealer.apply(moves);
-                    ++fx.tokens[id];
-                }
-            }
+            const test::DecodeRun run = test::run_decode_steps(
+                fx, exec, sealer, ids, steps, rng, 1e-5,
+                [&](std::size_t step) {
+                    return with_gpu && step % 3 == 0 ? "static:0.5" : "writescope";
+                },
+                [&](std::size_t) {
+                    if (with_gpu && rng() % 5 == 0)
+                        cache.set_target_r(std::uniform_real_distribution<double>(0, 1)(rng));
+                });
             std::printf(
                 "[engine] decode %-16s %s: %zu steps, sealed %zu to G, %zu to P, %zu to U; worst "
                 "rel err vs fp64 %.3e, lse %.3e\n",
                 preset, with_gpu ? "hybrid (host GPU side)" : "CPU only              ", steps,
-                seals[0], seals[1], seals[2], worst, worst_lse);
+                run.seals[0], run.seals[1], run.seals[2], run.worst, run.worst_lse);
             // 40 steps of 3 sequences with blocks of 16 seal at least 6 blocks.
-            REQUIRE(seals[0] + seals[1] + seals[2] >= 6);
+            REQUIRE(run.seals[0] + run.seals[1] + run.seals[2] >= 6);
             if (with_gpu) REQUIRE(gpu.appends == 2 * steps);
-            // Every token is where the cache says, once: the sealed blocks and the open one
-            // hold exactly the sequence's count.
-            for (auto id : ids) {
-                const auto st = cache.sequence_stats(id);
-                REQUIRE(st.tokens == fx.tokens[id]);
-                REQUIRE(cache.block_table(id).size() * B + st.open_tokens == st.tokens);
-            }
         }
 }
 

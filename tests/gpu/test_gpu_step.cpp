@@ -210,45 +210,18 @@ TEST_CASE("decode steps on the GPU: new tokens appended by append_kv, attended, 
             ids.push_back(id);
         }
         StepExecutor exec({max_seqs}, cache, gmem, &pmem, &umem, cpu, &gpu);
-        std::size_t seals[3] = {0, 0, 0};
-        double worst = 0, worst_lse = 0;
-        for (std::size_t step = 0; step < steps; ++step) {
-            if (rng() % 9 == 0)
-                cache.set_target_r(std::uniform_real_distribution<double>(0.0, 1.0)(rng));
-            sealer.flush();  // the last step's U blocks laid out before a plan may attend them
-            const char* mode = step % 4 == 0 ? "static:0.5" : "writescope";
-            exec.plan(ids, parse_execution_mode(mode), test::random_plan_costs(rng), true);
-            const auto q = fx.random_q(ids.size(), rng);
-            for (std::size_t layer = 0; layer < L; ++layer) {
-                const auto [rel, lerr] = test::check_decode_layer(
-                    fx, ids, layer, q.data(), test::random_fresh(g, ids.size(), rng),
-                    [&](StateView out, NewTokens fresh) {
-                        exec.run_layer(layer, q.data(), out, fresh);
-                    });
-                worst = std::max(worst, rel);
-                worst_lse = std::max(worst_lse, lerr);
-                REQUIRE(rel < 2e-5);
-                REQUIRE(lerr < 2e-5);
-            }
-            for (auto id : ids) {
-                const auto moves = cache.append(id, 1);
-                for (const auto& m : moves)
-                    ++seals[static_cast<int>(m.kind)];
-                sealer.apply(moves);
-                ++fx.tokens[id];
-            }
-        }
-        sealer.flush();
+        const test::DecodeRun run = test::run_decode_steps(
+            fx, exec, sealer, ids, steps, rng, 2e-5,
+            [](std::size_t step) { return step % 4 == 0 ? "static:0.5" : "writescope"; },
+            [&](std::size_t) {
+                if (rng() % 9 == 0)
+                    cache.set_target_r(std::uniform_real_distribution<double>(0.0, 1.0)(rng));
+            });
         std::printf(
             "[gpu] decode %-16s %s: %zu steps of %zu sequences, sealed %zu to G, %zu to P, %zu to "
             "U; worst rel err vs fp64 %.3e, lse %.3e\n",
-            preset, dtype_name(g.dtype).data(), steps, ids.size(), seals[0], seals[1], seals[2],
-            worst, worst_lse);
-        REQUIRE(seals[0] + seals[1] + seals[2] >= 6);
-        for (auto id : ids) {
-            const auto st = cache.sequence_stats(id);
-            REQUIRE(st.tokens == fx.tokens[id]);
-            REQUIRE(cache.block_table(id).size() * B + st.open_tokens == st.tokens);
-        }
+            preset, dtype_name(g.dtype).data(), steps, ids.size(), run.seals[0], run.seals[1],
+            run.seals[2], run.worst, run.worst_lse);
+        REQUIRE(run.seals[0] + run.seals[1] + run.seals[2] >= 6);
     }
 }
