@@ -9,6 +9,7 @@
 #include "../engine/decode_truth.hpp"
 #include "../engine/step_fixture.hpp"
 #include "cpu_attention_backend.hpp"
+#include "gpu_regions.hpp"
 #include "test_seed.hpp"
 #include "writescope/core/engine.hpp"
 #include "writescope/core/host_region_memory.hpp"
@@ -42,12 +43,13 @@ TEST_CASE("hybrid steps in every mode equal unsplit fp64 attention", "[gpu]") {
             cfg.host_bytes = 48ull << 20;
             cfg.u_block_bytes = cpu.packed_block_bytes();
             cfg.target_r = test::routing_target_for(mode, rng);  // as in the engine
-            const KvCapacity cap = kv_capacity(cfg);
-            const std::size_t lin = cap.linear_block_bytes;
-            cuda::DeviceRegionMemory gmem("T+G", pool, 2, cap.gpu_pool_slots(), lin);
-            cuda::PinnedRegionMemory pmem("P", 2, cap.slots[2], lin, cap.extent_slots);
-            HostRegionMemory umem("U", 2, cap.slots[3], cap.u_block_bytes);
-            KvCache cache(cfg, pmem.slab_slots());
+            test::GpuRegions regions(cfg, pool);
+            const KvCapacity& cap = regions.cap;
+            const std::size_t lin = regions.lin;
+            cuda::DeviceRegionMemory& gmem = regions.gmem;
+            cuda::PinnedRegionMemory& pmem = regions.pmem;
+            HostRegionMemory& umem = regions.umem;
+            KvCache& cache = regions.cache;
             cuda::GpuStepOptions so;
             so.geometry = g;
             so.block_tokens = B;
@@ -62,17 +64,7 @@ TEST_CASE("hybrid steps in every mode equal unsplit fp64 attention", "[gpu]") {
                 CHECK(gpu.kernel_name() == "tensor cores (mma.sync)");
             else
                 CHECK_THAT(gpu.kernel_name(), Catch::StartsWith("SIMT (this GPU"));
-            test::StepFixture fx{g,
-                                 B,
-                                 cache,
-                                 &pmem,
-                                 &umem,
-                                 cpu,
-                                 [&](std::size_t l, std::uint32_t s, const void* src) {
-                                     cuda::copy_sync(gmem.device_block(l, s), src, lin);
-                                 },
-                                 {},
-                                 {}};
+            auto fx = regions.fixture(g, B, cpu);
             std::vector<std::uint64_t> ids;
             for (std::uint64_t id = 1; id <= max_seqs; ++id) {
                 const std::size_t choices[] = {1, B - 1, B + 1, 6 * B + 9, 900 + rng() % 1500};
@@ -164,7 +156,7 @@ TEST_CASE("decode steps on the GPU: new tokens appended by append_kv, attended, 
     for (const char* preset : {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"}) {
         auto g = *kv_geometry_preset(preset, rng() % 3 == 0 ? DType::f16 : DType::bf16);
         g.num_layers = 2;
-        const std::size_t B = 64, max_seqs = 3, steps = 150, L = 2;
+        const std::size_t B = 64, max_seqs = 3, steps = 150;
         runtime::CpuAttentionBackendImpl cpu(g, B, 4, false, max_seqs);
         cuda::DevicePool pool(256ull << 20);
         KvCacheConfig cfg;
@@ -176,40 +168,26 @@ TEST_CASE("decode steps on the GPU: new tokens appended by append_kv, attended, 
         cfg.host_bytes = 16ull << 20;
         cfg.u_block_bytes = cpu.packed_block_bytes();
         cfg.target_r = 0.5;
-        const KvCapacity cap = kv_capacity(cfg);
-        const std::size_t lin = cap.linear_block_bytes;
-        cuda::DeviceRegionMemory gmem("T+G", pool, L, cap.gpu_pool_slots(), lin);
-        cuda::PinnedRegionMemory pmem("P", L, cap.slots[2], lin, cap.extent_slots);
-        HostRegionMemory umem("U", L, cap.slots[3], cap.u_block_bytes);
-        KvCache cache(cfg, pmem.slab_slots());
+        test::GpuRegions r(cfg, pool);
+        KvCache& cache = r.cache;
         cuda::GpuStepOptions so;
         so.geometry = g;
         so.block_tokens = B;
         so.max_seqs = max_seqs;
-        so.max_blocks = cap.gpu_pool_slots() + cap.slots[2];
-        so.staging_chunk_bytes = 2 * lin;
-        cuda::GpuStepBackend gpu(so, pool, gmem, &pmem);
+        so.max_blocks = r.cap.gpu_pool_slots() + r.cap.slots[2];
+        so.staging_chunk_bytes = 2 * r.lin;
+        cuda::GpuStepBackend gpu(so, pool, r.gmem, &r.pmem);
         cuda::GpuSealMover sealer(
-            gmem, &pmem, &umem, [&cpu](const void* l, void* p) { cpu.pack_block(l, p); },
+            r.gmem, &r.pmem, &r.umem, [&cpu](const void* l, void* p) { cpu.pack_block(l, p); },
             gpu.stream());
-        test::StepFixture fx{g,
-                             B,
-                             cache,
-                             &pmem,
-                             &umem,
-                             cpu,
-                             [&](std::size_t l, std::uint32_t s, const void* src) {
-                                 cuda::copy_sync(gmem.device_block(l, s), src, lin);
-                             },
-                             {},
-                             {}};
+        auto fx = r.fixture(g, B, cpu);
         std::vector<std::uint64_t> ids;
         for (std::uint64_t id = 1; id <= max_seqs; ++id) {
             const std::size_t n = rng() % (3 * B);
             REQUIRE(fx.add_sequence(id, n, n + steps, rng));
             ids.push_back(id);
         }
-        StepExecutor exec({max_seqs}, cache, gmem, &pmem, &umem, cpu, &gpu);
+        StepExecutor exec({max_seqs}, cache, r.gmem, &r.pmem, &r.umem, cpu, &gpu);
         const test::DecodeRun run = test::run_decode_steps(
             fx, exec, sealer, ids, steps, rng, 2e-5,
             [](std::size_t step) { return step % 4 == 0 ? "static:0.5" : "writescope"; },
