@@ -61,6 +61,15 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& o) {
                                              const void* src) {
             std::memcpy(pool->block(layer, slot), src, lin);
         };
+        parts.write_pool_rows = [pool, lay = LinearBlockLayout::of(g, B),
+                                 es = dtype_bytes(g.dtype)](std::size_t layer, std::uint32_t slot,
+                                                            const void* image, std::size_t row0,
+                                                            std::size_t count) {
+            auto* dst = static_cast<char*>(pool->block(layer, slot));
+            lay.for_each_row_range(es, row0, count, [&](std::size_t off, std::size_t bytes) {
+                std::memcpy(dst + off, static_cast<const char*>(image) + off, bytes);
+            });
+        };
         parts.gpu_pool = std::move(mem.gpu_pool);
         parts.pinned = std::move(mem.pinned);
         parts.unpinned = std::move(mem.unpinned);
@@ -118,8 +127,21 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& o) {
     auto gpu = std::make_unique<cuda::GpuStepBackend>(so, *pool, *gpu_pool, pinned.get());
     cuda::DeviceRegionMemory* gp = gpu_pool.get();
     cuda::PinnedRegionMemory* pp = pinned.get();
-    parts.write_pool_block = [gp, lin](std::size_t layer, std::uint32_t slot, const void* src) {
-        cuda::copy_sync(gp->device_block(layer, slot), src, lin);
+    // Written on the step backend's stream and waited for: its streams do not wait for the
+    // legacy default stream, and a pageable cudaMemcpy may return before its DMA has landed.
+    const cuda::Stream* ws = &gpu->stream();
+    parts.write_pool_block = [gp, lin, ws](std::size_t layer, std::uint32_t slot, const void* src) {
+        cuda::copy_async(gp->device_block(layer, slot), src, lin, *ws);
+        ws->synchronize();
+    };
+    parts.write_pool_rows = [gp, ws, lay = LinearBlockLayout::of(g, B), es = dtype_bytes(g.dtype)](
+                                std::size_t layer, std::uint32_t slot, const void* image,
+                                std::size_t row0, std::size_t count) {
+        auto* dst = static_cast<char*>(gp->device_block(layer, slot));
+        lay.for_each_row_range(es, row0, count, [&](std::size_t off, std::size_t bytes) {
+            cuda::copy_async(dst + off, static_cast<const char*>(image) + off, bytes, *ws);
+        });
+        ws->synchronize();
     };
     parts.keepalive = pool;
     parts.gpu_pool = std::move(gpu_pool);

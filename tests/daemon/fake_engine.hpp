@@ -146,6 +146,9 @@ class FakeEngine final : public Engine {
         throw std::logic_error("FakeEngine: no decode steps");
     }
     StepReport end_step() override { throw std::logic_error("FakeEngine: no decode steps"); }
+    void prefill(std::uint64_t, std::size_t, const void*, const void*) override {
+        throw std::logic_error("FakeEngine: no prefill");
+    }
     void abort_step() override { throw std::logic_error("FakeEngine: no decode steps"); }
 
   private:

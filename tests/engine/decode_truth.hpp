@@ -35,26 +35,34 @@ inline Fresh random_fresh(const KvGeometry& g, std::size_t nseq, std::mt19937_64
 
 // The new token of every sequence into the fixture's truth (the linear image of each block,
 // the open one last), and its count: the reference then attends it.
-inline void add_to_truth(test::StepFixture& fx, const std::vector<std::uint64_t>& ids,
-                         std::size_t layer, const Fresh& f) {
+// count tokens of sequence id, token-major (count, heads, dk) and (count, heads, dv) of one
+// layer (MLA: the latent only), into the truth after the fx.tokens[id] it holds (not counted).
+inline void add_tokens_to_truth(StepFixture& fx, std::uint64_t id, std::size_t layer, const void* k,
+                                const void* v, std::size_t count) {
     const auto& g = fx.g;
     const std::size_t es = dtype_bytes(g.dtype);
-    const std::size_t heads = g.mla ? 1 : static_cast<std::size_t>(g.num_kv_heads);
     const LinearBlockLayout lay = LinearBlockLayout::of(g, fx.B);
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-        auto& blocks = fx.truth[ids[i]][layer];
-        const std::size_t n = fx.tokens[ids[i]];  // before this token
-        if (blocks.size() <= n / fx.B) blocks.emplace_back(fx.block_bytes());
-        auto* img = blocks[n / fx.B].data();
-        const std::size_t row = n % fx.B;
-        for (std::size_t h = 0; h < heads; ++h) {
-            std::memcpy(img + lay.k_offset(h, row) * es,
-                        f.k.data() + (i * heads + h) * g.head_dim_k * es, g.head_dim_k * es);
-            if (!g.mla)
-                std::memcpy(img + lay.v_offset(h, row) * es,
-                            f.v.data() + (i * heads + h) * g.head_dim_v * es, g.head_dim_v * es);
-        }
+    auto& blocks = fx.truth[id][layer];
+    const std::size_t k_row = lay.row_heads() * lay.dk * es, v_row = lay.row_heads() * lay.dv * es;
+    for (std::size_t t = 0; t < count; ++t) {
+        const std::size_t pos = fx.tokens[id] + t;
+        while (blocks.size() <= pos / fx.B)
+            blocks.emplace_back(fx.block_bytes());
+        lay.put_rows(es, static_cast<const char*>(k) + t * k_row,
+                     g.mla ? nullptr : static_cast<const char*>(v) + t * v_row, pos % fx.B, 1,
+                     blocks[pos / fx.B].data());
     }
+}
+
+// One new token per sequence of the batch (a decode step's) into the truth.
+inline void add_to_truth(StepFixture& fx, const std::vector<std::uint64_t>& ids, std::size_t layer,
+                         const Fresh& f) {
+    const auto& g = fx.g;
+    const std::size_t es = dtype_bytes(g.dtype);
+    const std::size_t rows = g.mla ? 1 : static_cast<std::size_t>(g.num_kv_heads);
+    for (std::size_t i = 0; i < ids.size(); ++i)
+        add_tokens_to_truth(fx, ids[i], layer, f.k.data() + i * rows * g.head_dim_k * es,
+                            g.mla ? nullptr : f.v.data() + i * rows * g.head_dim_v * es, 1);
 }
 
 // One layer of a decode step: the new tokens f join the truth (fx.tokens counts the tokens

@@ -383,6 +383,81 @@ void EngineImpl::begin_step(std::span<const std::uint64_t> seq_ids) {
     stepping_ = true;
 }
 
+void EngineImpl::prefill(std::uint64_t seq_id, std::size_t n, const void* k, const void* v) {
+    if (!parts_.sealer || !parts_.write_pool_rows)
+        throw std::logic_error("this engine cannot store a prompt (no seal mover)");
+    const auto& g = parts_.kv.geometry;
+    if (n == 0) return;
+    if (!k || (!g.mla && !v))
+        throw std::invalid_argument("prefill: the prompt's K and V are needed");
+    parts_.sealer->flush();  // no earlier move may still read a T slot written below
+    std::lock_guard lock(mu_);
+    if (stepping_) throw std::logic_error("prefill: a decode step is open");
+    if (calibrating_)
+        throw std::runtime_error("the engine is calibrating; retry when it has finished");
+    const KvSequenceStats st = cache_->sequence_stats(seq_id);  // throws for an unknown id
+    if (st.tokens + n > st.max_tokens)
+        throw std::length_error("prefill: sequence " + std::to_string(seq_id) + " holds " +
+                                std::to_string(st.tokens) + " tokens; " + std::to_string(n) +
+                                " more pass its admitted maximum of " +
+                                std::to_string(st.max_tokens));
+    // The homes first (the router decides them as the blocks fill), then the bytes.
+    const std::vector<SealMove> moves = cache_->append(seq_id, n);
+    const std::size_t B = parts_.kv.block_tokens, es = dtype_bytes(g.dtype);
+    const std::size_t layers = static_cast<std::size_t>(g.num_layers);
+    const LinearBlockLayout lay = LinearBlockLayout::of(g, B);
+    const std::size_t k_row = lay.row_heads() * lay.dk * es, v_row = lay.row_heads() * lay.dv * es;
+    std::vector<std::byte> image(lay.elems() * es);
+    // Tokens [first, first + count) of this prompt into rows [row0, row0 + count), layer l.
+    const auto put = [&](std::size_t l, std::size_t first, std::size_t row0, std::size_t count) {
+        const auto* kl = static_cast<const char*>(k) + (l * n + first) * k_row;
+        const auto* vl = g.mla ? nullptr : static_cast<const char*>(v) + (l * n + first) * v_row;
+        lay.put_rows(es, kl, vl, row0, count, image.data());
+    };
+    // The open block's rows first: it holds st.open_tokens already, in its T slot.
+    const std::size_t head = std::min(n, B - st.open_tokens);
+    for (std::size_t l = 0; l < layers; ++l) {
+        put(l, 0, st.open_tokens, head);
+        parts_.write_pool_rows(l, st.t_slot, image.data(), st.open_tokens, head);
+    }
+    std::size_t next = 0;  // the next move to carry out
+    if (!moves.empty() && moves[0].block_index == st.tokens / B) {
+        // It filled: moved like a decode step's seal (out of T), and T may then be reused.
+        parts_.sealer->apply(std::span<const SealMove>(moves.data(), 1));
+        parts_.sealer->flush();
+        next = 1;
+    }
+    // Every further sealed block is whole in this prompt: written straight to its home.
+    for (; next < moves.size(); ++next) {
+        const SealMove& m = moves[next];
+        const std::size_t first = m.block_index * B - st.tokens;
+        for (std::size_t l = 0; l < layers; ++l) {
+            put(l, first, 0, B);
+            switch (m.kind) {
+                case MoveKind::remap:
+                    parts_.write_pool_block(l, m.dest.slot, image.data());
+                    break;
+                case MoveKind::copy_to_pinned:
+                    std::memcpy(parts_.pinned->block(l, m.dest.slot), image.data(), image.size());
+                    break;
+                case MoveKind::pack_to_unpinned:
+                    parts_.cpu->pack_block(image.data(), parts_.unpinned->block(l, m.dest.slot));
+                    break;
+            }
+        }
+    }
+    // What is left opens the next block.
+    const std::size_t tail = (st.tokens + n) % B;
+    if (head < n && tail > 0) {
+        const OpenBlock open = cache_->open_block(seq_id);
+        for (std::size_t l = 0; l < layers; ++l) {
+            put(l, n - tail, 0, tail);
+            parts_.write_pool_rows(l, open.t_slot, image.data(), 0, tail);
+        }
+    }
+    retarget_locked();
+}
+
 void EngineImpl::attend_layer(std::size_t layer, const void* q, NewTokens fresh, StateView out) {
     {
         std::lock_guard lock(mu_);

@@ -210,20 +210,11 @@ void StepExecutor::write_fresh_host(std::size_t layer, NewTokens fresh) {
     const auto& g = cache_.config().geometry;
     const LinearBlockLayout lay = LinearBlockLayout::of(g, B_);
     const std::size_t es = dtype_bytes(g.dtype);
-    const std::size_t heads = g.mla ? 1 : static_cast<std::size_t>(g.num_kv_heads);
-    const auto* k = static_cast<const char*>(fresh.k);
-    const auto* v = static_cast<const char*>(fresh.v);
-    for (std::size_t i = 0; i < nseq_; ++i) {
-        auto* block = static_cast<char*>(pool_.block(layer, tables_[i].back().slot));
-        const std::size_t row = open_tokens_[i] - 1;
-        for (std::size_t h = 0; h < heads; ++h) {
-            std::memcpy(block + lay.k_offset(h, row) * es, k + (i * heads + h) * dk_ * es,
-                        dk_ * es);
-            if (!g.mla)
-                std::memcpy(block + lay.v_offset(h, row) * es, v + (i * heads + h) * dv_ * es,
-                            dv_ * es);
-        }
-    }
+    const std::size_t heads = lay.row_heads();
+    for (std::size_t i = 0; i < nseq_; ++i)
+        lay.put_rows(es, static_cast<const char*>(fresh.k) + i * heads * dk_ * es,
+                     fresh.v ? static_cast<const char*>(fresh.v) + i * heads * dv_ * es : nullptr,
+                     open_tokens_[i] - 1, 1, pool_.block(layer, tables_[i].back().slot));
 }
 
 LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateView out,

@@ -145,6 +145,16 @@ class Engine {
     // std::length_error for a sequence at its admitted maximum or a batch over max_batch,
     // std::invalid_argument for a repeated id or bad shapes.
     virtual void begin_step(std::span<const std::uint64_t> seq_ids) = 0;
+    // Stores a prompt's KV (the runtime attends the prompt itself): n tokens of an admitted
+    // sequence, every layer at once, host memory in the KV dtype, layer-major and token-major:
+    // k (num_layers, n, num_kv_heads, head_dim_k), v (num_layers, n, num_kv_heads, head_dim_v);
+    // for MLA, k is the latent (num_layers, n, head_dim_k) and v is unused. The tokens follow
+    // those the sequence holds (a prompt may come in several calls). Each block that fills is
+    // sealed where the router sends it and its bytes are written there directly. Throws,
+    // changing nothing, like begin_step (a step open, calibrating, unknown sequence, past the
+    // admitted maximum, null k); an error of the device copies afterwards leaves the sequence
+    // holding tokens whose bytes may be missing: release it.
+    virtual void prefill(std::uint64_t seq_id, std::size_t n, const void* k, const void* v) = 0;
     virtual void attend_layer(std::size_t layer, const void* q, NewTokens fresh, StateView out) = 0;
     virtual StepReport end_step() = 0;
     virtual void abort_step() = 0;

@@ -34,6 +34,11 @@ struct EngineParts {
     std::unique_ptr<SealMover> sealer;
     // Writes one linear block (host memory) into the T/G pool at (layer, slot).
     std::function<void(std::size_t layer, std::uint32_t slot, const void* linear)> write_pool_block;
+    // Writes rows [row0, row0 + count) of a linear block image (host memory, the whole block's
+    // size) into the pool block at (layer, slot), leaving its other rows as they are.
+    std::function<void(std::size_t layer, std::uint32_t slot, const void* image, std::size_t row0,
+                       std::size_t count)>
+        write_pool_rows;
     std::string gpu_description;  // "NVIDIA H200 (GPU 0)", or empty
 };
 
@@ -53,6 +58,7 @@ class EngineImpl final : public Engine {
     Admission admit(std::uint64_t seq_id, std::size_t max_tokens) override;
     void release(std::uint64_t seq_id) override;
     void begin_step(std::span<const std::uint64_t> seq_ids) override;
+    void prefill(std::uint64_t seq_id, std::size_t n, const void* k, const void* v) override;
     void attend_layer(std::size_t layer, const void* q, NewTokens fresh, StateView out) override;
     StepReport end_step() override;
     void abort_step() override;

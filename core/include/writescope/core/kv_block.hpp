@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string_view>
 
 #include "writescope/core/kv_geometry.hpp"
@@ -74,6 +75,36 @@ struct LinearBlockLayout {
     // Row stride (elements) between consecutive tokens of K and of V.
     std::size_t k_row_stride() const noexcept { return dk; }
     std::size_t v_row_stride() const noexcept { return mla ? dk : dv; }
+
+    // Heads a token row has in the model's token-major K (and V) tensors: 1 for MLA's latent.
+    std::size_t row_heads() const noexcept { return mla ? 1 : kv_heads; }
+    // Writes `count` tokens into rows [row0, row0 + count) of a block image in this layout, from
+    // token-major k (count, row_heads(), dk) and v (count, row_heads(), dv), es bytes per
+    // element; for MLA k is the latent and v is not read.
+    void put_rows(std::size_t es, const void* k, const void* v, std::size_t row0, std::size_t count,
+                  void* image) const noexcept {
+        auto* dst = static_cast<char*>(image);
+        const auto* ks = static_cast<const char*>(k);
+        const auto* vs = static_cast<const char*>(v);
+        const std::size_t heads = row_heads();
+        for (std::size_t t = 0; t < count; ++t)
+            for (std::size_t h = 0; h < heads; ++h) {
+                std::memcpy(dst + k_offset(h, row0 + t) * es, ks + (t * heads + h) * dk * es,
+                            dk * es);
+                if (!mla)
+                    std::memcpy(dst + v_offset(h, row0 + t) * es, vs + (t * heads + h) * dv * es,
+                                dv * es);
+            }
+    }
+    // Calls f(offset_bytes, bytes) for each contiguous range that rows [row0, row0 + count) of a
+    // block take: one per head for K and one per head for V, one for MLA.
+    template <class F>
+    void for_each_row_range(std::size_t es, std::size_t row0, std::size_t count, F&& f) const {
+        for (std::size_t h = 0; h < row_heads(); ++h) {
+            f(k_offset(h, row0) * es, count * dk * es);
+            if (!mla) f(v_offset(h, row0) * es, count * dv * es);
+        }
+    }
 };
 
 }  // namespace writescope
