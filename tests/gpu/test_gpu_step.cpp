@@ -250,16 +250,19 @@ TEST_CASE("the engine on a GPU stores prompts into G, P and U and decodes on the
                 store_from_f32(k.data(), i, g.dtype, nd(rng));
             for (std::size_t i = 0; i < v.size() / es; ++i)
                 store_from_f32(v.data(), i, g.dtype, nd(rng));
-            const std::size_t first = rng() % (n / 2);  // in two calls
-            e->prefill(id, first, k.data(), v.data());
-            std::vector<std::byte> k2, v2;  // the rest, layer-major again
-            for (std::size_t l = 0; l < L; ++l) {
-                k2.insert(k2.end(), k.begin() + (l * n + first) * k_row,
-                          k.begin() + (l * n + n) * k_row);
-                v2.insert(v2.end(), v.begin() + (l * n + first) * v_row,
-                          v.begin() + (l * n + n) * v_row);
-            }
-            e->prefill(id, n - first, k2.data(), v2.data());
+            // In two calls, each with its own layer-major arrays.
+            const auto part = [&](const std::vector<std::byte>& a, std::size_t row,
+                                  std::size_t from, std::size_t count) {
+                std::vector<std::byte> out;
+                for (std::size_t l = 0; l < L; ++l)
+                    out.insert(out.end(), a.begin() + (l * n + from) * row,
+                               a.begin() + (l * n + from + count) * row);
+                return out;
+            };
+            const std::size_t first = rng() % (n / 2);
+            e->prefill(id, first, part(k, k_row, 0, first).data(), part(v, v_row, 0, first).data());
+            e->prefill(id, n - first, part(k, k_row, first, n - first).data(),
+                       part(v, v_row, first, n - first).data());
             for (std::size_t l = 0; l < L; ++l)
                 test::add_tokens_to_truth(fx, id, l, k.data() + l * n * k_row,
                                           v.data() + l * n * v_row, n);
