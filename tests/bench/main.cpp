@@ -6,6 +6,9 @@
 
 namespace writescope::bench {
 int run_cpu_attention(int argc, char** argv);
+#if WRITESCOPE_BENCH_DECODE
+int run_decode(int argc, char** argv);
+#endif
 #if WRITESCOPE_BENCH_CUDA
 int run_attention_step(int argc, char** argv);
 int run_gpu_attention(int argc, char** argv);
@@ -22,6 +25,10 @@ struct Command {
 const Command kCommands[] = {
     {"cpu-attention", &writescope::bench::run_cpu_attention,
      "CPU decode attention over packed KV vs the measured DRAM read bandwidth"},
+#if WRITESCOPE_BENCH_DECODE
+    {"decode", &writescope::bench::run_decode,
+     "whole decode steps through the engine (prefill, then steps): the entry point's overhead"},
+#endif
 #if WRITESCOPE_BENCH_CUDA
     {"attention-step", &writescope::bench::run_attention_step,
      "one hybrid decode step per layer in every mode vs PCIe, HBM and host read ceilings"},
