@@ -6,7 +6,8 @@ namespace writescope::cuda {
 
 GpuSealMover::GpuSealMover(DeviceRegionMemory& gpu_pool, PinnedRegionMemory* pinned,
                            RegionMemory* unpinned, std::function<void(const void*, void*)> pack,
-                           const Stream& stream, std::size_t bounce_buffers)
+                           const Stream& stream, std::size_t bounce_buffers,
+                           std::size_t packer_threads)
     : gpu_pool_(gpu_pool),
       pinned_(pinned),
       unpinned_(unpinned),
@@ -19,17 +20,10 @@ GpuSealMover::GpuSealMover(DeviceRegionMemory& gpu_pool, PinnedRegionMemory* pin
     bounce_ = std::make_unique<PinnedSlabs>(bounce_buffers * one, bounce_buffers * one);
     for (std::size_t i = 0; i < bounce_buffers; ++i)
         free_bounce_.push_back(i);
-    packer_ = std::thread([this] { packer_main(); });
+    packer_ = std::make_unique<LayerPacker>(layers_, packer_threads);
 }
 
-GpuSealMover::~GpuSealMover() {
-    {
-        std::lock_guard lock(mu_);
-        stop_ = true;
-    }
-    cv_.notify_all();
-    packer_.join();
-}
+GpuSealMover::~GpuSealMover() = default;  // the packer finishes its jobs first
 
 void GpuSealMover::apply(std::span<const SealMove> moves) {
     const std::size_t one = layers_ * block_bytes_;
@@ -62,14 +56,22 @@ void GpuSealMover::apply(std::span<const SealMove> moves) {
                 char* dst = static_cast<char*>(bounce_->slab(0)) + b * one;
                 copy_2d_async(dst, block_bytes_, gpu_pool_.device_block(0, m.t_slot),
                               gpu_pool_.layer_pitch(), block_bytes_, layers_, stream_);
-                auto ev = std::make_unique<Event>(false);
+                // The layout, layer by layer on the packer's threads once the copy landed; the
+                // bounce buffer goes back when the last layer is laid out.
+                auto ev = std::make_shared<Event>(false);
                 ev->record(stream_);
-                {
-                    std::lock_guard lock(mu_);
-                    jobs_.push_back({b, m.dest.slot, std::move(ev)});
-                    ++in_flight_;
-                }
-                cv_.notify_all();
+                const std::uint32_t u_slot = m.dest.slot;
+                packer_->submit([ev] { ev->synchronize(); },
+                                [this, dst, u_slot](std::size_t l) {
+                                    pack_(dst + l * block_bytes_, unpinned_->block(l, u_slot));
+                                },
+                                [this, b] {
+                                    {
+                                        std::lock_guard lock(mu_);
+                                        free_bounce_.push_back(b);
+                                    }
+                                    cv_.notify_all();
+                                });
                 break;
             }
         }
@@ -78,32 +80,12 @@ void GpuSealMover::apply(std::span<const SealMove> moves) {
 
 void GpuSealMover::flush() {
     stream_.synchronize();  // P copies landed
-    std::unique_lock lock(mu_);
-    cv_.wait(lock, [&] { return in_flight_ == 0; });
+    packer_->flush();
 }
 
-void GpuSealMover::packer_main() {
-    const std::size_t one = layers_ * block_bytes_;
-    for (;;) {
-        Job job;
-        {
-            std::unique_lock lock(mu_);
-            cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
-            if (jobs_.empty()) return;  // stopping with nothing left
-            job = std::move(jobs_.front());
-            jobs_.pop_front();
-        }
-        job.copied->synchronize();
-        const char* src = static_cast<const char*>(bounce_->slab(0)) + job.bounce * one;
-        for (std::size_t l = 0; l < layers_; ++l)
-            pack_(src + l * block_bytes_, unpinned_->block(l, job.u_slot));
-        {
-            std::lock_guard lock(mu_);
-            free_bounce_.push_back(job.bounce);
-            --in_flight_;
-        }
-        cv_.notify_all();
-    }
+void GpuSealMover::wait_layer(std::size_t layer) {
+    stream_.synchronize();  // P copies landed (every layer in one copy)
+    packer_->wait_layer(layer);
 }
 
 }  // namespace writescope::cuda

@@ -94,10 +94,11 @@ struct DecodeRun {
     std::size_t seals[3] = {0, 0, 0};
 };
 
-// `steps` decode steps of the batch through exec, as the engine runs them: the sealer flushed,
-// the step planned with each sequence's new token (mode_of(step)), every layer checked against
-// fp64 within tol, then the tokens appended to the cache and their seals applied. Before each
-// step, retarget(step) may move the cache's routing target.
+// `steps` decode steps of the batch through exec, as the engine runs them: the step planned with
+// each sequence's new token (mode_of(step)); every layer, once the sealer has landed that layer
+// of the last step's seals, checked against fp64 within tol; then the tokens appended to the
+// cache and their seals applied. Before each step, retarget(step) may move the cache's routing
+// target.
 template <class ModeOf, class Retarget>
 DecodeRun run_decode_steps(StepFixture& fx, StepExecutor& exec, SealMover& sealer,
                            const std::vector<std::uint64_t>& ids, std::size_t steps,
@@ -107,10 +108,10 @@ DecodeRun run_decode_steps(StepFixture& fx, StepExecutor& exec, SealMover& seale
     const auto layers = static_cast<std::size_t>(fx.g.num_layers);
     for (std::size_t step = 0; step < steps; ++step) {
         retarget(step);
-        sealer.flush();  // the last step's U blocks laid out before a plan may attend them
         exec.plan(ids, parse_execution_mode(mode_of(step)), random_plan_costs(rng), true);
         const auto q = fx.random_q(ids.size(), rng);
         for (std::size_t layer = 0; layer < layers; ++layer) {
+            sealer.wait_layer(layer);  // this layer of the last step's seals has landed
             const auto [rel, lerr] =
                 check_decode_layer(fx, ids, layer, q.data(), random_fresh(fx.g, ids.size(), rng),
                                    [&](StateView out, NewTokens fresh) {

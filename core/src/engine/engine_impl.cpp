@@ -343,9 +343,7 @@ void EngineImpl::release(std::uint64_t seq_id) {
 
 void EngineImpl::begin_step(std::span<const std::uint64_t> seq_ids) {
     if (!parts_.sealer) throw std::logic_error("this engine has no seal mover: no decode steps");
-    // Sealed blocks of the last step must have landed (U laid out) before a plan may give them
-    // to the CPU. Outside the lock: the GPU's packer finishes on its own thread.
-    parts_.sealer->flush();
+    // (The last step's seals may still be landing: each layer waits for its own, attend_layer.)
     std::lock_guard lock(mu_);
     if (stepping_) throw std::logic_error("begin_step: a decode step is already open");
     if (calibrating_)
@@ -477,6 +475,9 @@ void EngineImpl::attend_layer(std::size_t layer, const void* q, NewTokens fresh,
             e->in_layer_ = false;
         }
     } clear{this};
+    // This layer of the blocks sealed so far must have landed (U laid out) before either
+    // engine reads it; later layers are still being laid out meanwhile.
+    parts_.sealer->wait_layer(layer);
     const LayerStepResult r = exec_->run_layer(layer, q, out, fresh);
     std::lock_guard lock(mu_);
     step_.seconds += r.step_seconds;

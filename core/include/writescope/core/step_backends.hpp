@@ -124,9 +124,14 @@ class SealMover {
     // Starts the moves, in order. When it returns, the T slots they name may be overwritten
     // (what a move reads from T has been copied out or is ordered before later writes).
     virtual void apply(std::span<const SealMove> moves) = 0;
-    // Waits until every started move has landed (U blocks laid out): call before planning a
-    // step that may attend them.
+    // Waits until every started move has landed (U blocks laid out).
     virtual void flush() = 0;
+    // Waits until layer `layer` of every started move has landed: call before attending that
+    // layer (later layers may still be laid out meanwhile).
+    virtual void wait_layer(std::size_t layer) {
+        (void)layer;
+        flush();
+    }
 };
 
 }  // namespace writescope

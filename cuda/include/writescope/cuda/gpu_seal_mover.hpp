@@ -1,17 +1,17 @@
 // Sealing on a GPU machine: T → G is a remap (nothing moves), T → P one strided DMA of every
 // layer into the pinned slab, T → U a DMA into a pinned bounce buffer and the U layout written
-// by a background thread, off the decode path. Plain C++ header.
+// by background threads, layer by layer, so that a step waits only for the layer it attends.
+// Plain C++ header.
 #pragma once
 
 #include <condition_variable>
 #include <cstddef>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <thread>
 #include <vector>
 
+#include "writescope/core/layer_packer.hpp"
 #include "writescope/core/region_memory.hpp"
 #include "writescope/core/step_backends.hpp"
 #include "writescope/cuda/device.hpp"
@@ -24,23 +24,18 @@ class GpuSealMover final : public SealMover {
     // pack(linear, packed): lays one block of one layer out in the U layout (the CPU backend's).
     // stream: the stream that writes T (append_kv); the moves are ordered on it, so a later
     // append into a reused T slot cannot overtake the copy out of it. bounce_buffers: pinned
-    // buffers of one block × every layer; a T → U move waits for a free one.
+    // buffers of one block × every layer; a T → U move waits for a free one. packer_threads:
+    // threads laying U blocks out, layer-major (LayerPacker).
     GpuSealMover(DeviceRegionMemory& gpu_pool, PinnedRegionMemory* pinned, RegionMemory* unpinned,
                  std::function<void(const void*, void*)> pack, const Stream& stream,
-                 std::size_t bounce_buffers = 4);
+                 std::size_t bounce_buffers = 4, std::size_t packer_threads = 2);
     ~GpuSealMover() override;
 
     void apply(std::span<const SealMove> moves) override;
     void flush() override;
+    void wait_layer(std::size_t layer) override;
 
   private:
-    struct Job {
-        std::size_t bounce;
-        std::uint32_t u_slot;
-        std::unique_ptr<Event> copied;
-    };
-    void packer_main();
-
     DeviceRegionMemory& gpu_pool_;
     PinnedRegionMemory* pinned_;
     RegionMemory* unpinned_;
@@ -51,10 +46,8 @@ class GpuSealMover final : public SealMover {
     std::mutex mu_;
     std::condition_variable cv_;
     std::vector<std::size_t> free_bounce_;
-    std::deque<Job> jobs_;
-    std::size_t in_flight_ = 0;  // jobs queued or being packed
-    bool stop_ = false;
-    std::thread packer_;
+    // Declared last: destroyed first, after finishing its jobs (which return bounce buffers).
+    std::unique_ptr<LayerPacker> packer_;
 };
 
 }  // namespace writescope::cuda
