@@ -107,6 +107,8 @@ Calibration EngineImpl::calibrate(const std::function<void(double, std::string_v
             e->calibrating_ = false;
         }
     } done{this};
+    // The calibration writes into the regions' slots: every earlier seal must have landed.
+    if (parts_.sealer) parts_.sealer->flush();
     const PlanCosts plan_costs = [&] {
         std::lock_guard lock(mu_);
         return trackers_.plan_costs();
