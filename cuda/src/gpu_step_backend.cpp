@@ -567,6 +567,13 @@ std::uint64_t GpuStepBackend::device_bytes(const GpuStepOptions& opts) {
            pooled(z.part_o_bytes) + pooled(z.part_lse_bytes) + pooled(z.merge_scratch_bytes);
 }
 
+std::uint64_t GpuStepBackend::pinned_bytes(const GpuStepOptions& opts) {
+    const Sizes z = sizes_of(opts);
+    // As the constructor allocates them (PinnedBuffer: at least 64 bytes each).
+    const auto buf = [](std::size_t b) { return std::max<std::uint64_t>(b, 64); };
+    return buf(z.meta_bytes) + buf(z.q_bytes) + 2 * buf(z.state_bytes);
+}
+
 bool GpuStepBackend::tensor_cores() const noexcept {
     return impl_->uses_mma;
 }

@@ -94,14 +94,25 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& o) {
     // the workspaces leave: T = one open block per sequence, G the rest.
     kv.pinned_bytes = o.pinned_kv_bytes;
     kv.g_slots = 0;
-    const KvCapacity pre = kv_capacity(kv);
     const std::size_t per_pool_slot = layers * lin;
-    const std::size_t p_slots = pre.slots[static_cast<int>(Region::P)];
     const std::size_t g_upper = o.vram_kv_bytes / per_pool_slot;
     cuda::GpuStepOptions so;
     so.geometry = g;
     so.block_tokens = B;
     so.max_seqs = o.max_batch;
+    // The pinned budget is hard: the step's pinned buffers and the seal bounce buffers come out
+    // of it, and P gets the rest. (Sized for P taking the whole budget: an upper bound.)
+    so.max_blocks = g_upper + kv_capacity(kv).slots[static_cast<int>(Region::P)] + o.max_batch;
+    const std::uint64_t pinned_extra =
+        cuda::GpuStepBackend::pinned_bytes(so) + cuda::GpuSealMover::pinned_bytes(layers, lin);
+    if (o.pinned_kv_bytes < pinned_extra)
+        throw std::runtime_error("hardware.pinned_kv_budget = " + mib(o.pinned_kv_bytes) +
+                                 " is too small: the GPU step's pinned buffers and the seal "
+                                 "bounce buffers take " +
+                                 mib(pinned_extra));
+    kv.pinned_bytes = o.pinned_kv_bytes - pinned_extra;
+    const KvCapacity pre = kv_capacity(kv);
+    const std::size_t p_slots = pre.slots[static_cast<int>(Region::P)];
     so.max_blocks = g_upper + p_slots + o.max_batch;
     // The step backend's workspace, sized for the most blocks G could ever hold.
     // (+256: the T+G region is one more 256-byte aligned piece of the pool)

@@ -356,8 +356,9 @@ const std::vector<KeyDef>& key_table() {
             false, [](Profile & p) -> auto& { return p.hardware.vram_kv_budget; }, 0, 1ull << 50));
         t.push_back(host_budget_key(
             "hardware", "pinned_kv_budget", "\"25%\"",
-            "pinned host memory for the P region, pinned once at start-up (a size, or a share of "
-            "physical memory); unused without a GPU",
+            "pinned host memory for the P region and the GPU step's own pinned buffers (seal "
+            "bounce buffers, queries, metadata: tens of MiB), pinned once at start-up (a size, or "
+            "a share of physical memory); unused without a GPU",
             false, [](Profile & p) -> auto& { return p.hardware.pinned_kv_budget; }));
         t.push_back(host_budget_key(
             "hardware", "host_kv_budget", "\"50%\"",

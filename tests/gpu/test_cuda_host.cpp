@@ -8,6 +8,8 @@
 #include "writescope/core/kv_geometry.hpp"
 #include "writescope/cuda/attention.hpp"
 #include "writescope/cuda/device.hpp"
+#include "writescope/cuda/gpu_seal_mover.hpp"
+#include "writescope/cuda/gpu_step_backend.hpp"
 
 using namespace writescope;
 
@@ -59,4 +61,27 @@ TEST_CASE("the tensor-core kernels are chosen only where they can run", "[unit]"
         CHECK_FALSE(cuda::decode_attention_uses_mma(g, 64));
         CHECK_FALSE(cuda::decode_attention_uses_mma(mla, 32));
     }
+}
+
+TEST_CASE("the pinned memory beside P that a GPU engine needs is counted in its budget", "[unit]") {
+    // Host arithmetic only: what Engine::create takes out of hardware.pinned_kv_budget before it
+    // sizes P (the step's pinned buffers and the seal bounce buffers).
+    cuda::GpuStepOptions so;
+    so.geometry = *kv_geometry_preset("qwen3-30b-a3b", DType::bf16);
+    so.block_tokens = 128;
+    so.max_seqs = 4;
+    so.max_blocks = 1000;
+    const std::uint64_t small = cuda::GpuStepBackend::pinned_bytes(so);
+    // The queries and new tokens, the CPU partials and the result of 4 sequences at least.
+    const std::uint64_t rows = 4 * 32;
+    CHECK(small >= 4 * 32 * 128 * 2 + 4 * 4 * (128 + 128) * 2 + 2 * rows * (128 + 1) * 4);
+    so.max_seqs = 64;
+    CHECK(cuda::GpuStepBackend::pinned_bytes(so) > small);
+    so.max_blocks = 100000;
+    const std::uint64_t big = cuda::GpuStepBackend::pinned_bytes(so);
+    CHECK(big > 100000 * sizeof(void*));  // a block pointer each in the step's metadata
+    // Bounce buffers: one block of every layer each.
+    CHECK(cuda::GpuSealMover::pinned_bytes(48, 256 << 10) ==
+          cuda::GpuSealMover::kBounceBuffers * 48ull * (256 << 10));
+    CHECK(cuda::GpuSealMover::pinned_bytes(2, 100, 0) == 200);  // at least one buffer
 }

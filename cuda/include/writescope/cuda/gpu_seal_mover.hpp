@@ -4,6 +4,7 @@
 // Plain C++ header.
 #pragma once
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstddef>
 #include <functional>
@@ -28,8 +29,16 @@ class GpuSealMover final : public SealMover {
     // threads laying U blocks out, layer-major (LayerPacker).
     GpuSealMover(DeviceRegionMemory& gpu_pool, PinnedRegionMemory* pinned, RegionMemory* unpinned,
                  std::function<void(const void*, void*)> pack, const Stream& stream,
-                 std::size_t bounce_buffers = 4, std::size_t packer_threads = 2);
+                 std::size_t bounce_buffers = kBounceBuffers, std::size_t packer_threads = 2);
     ~GpuSealMover() override;
+    // Pinned host memory its bounce buffers take, for a pool of `layers` layers of
+    // `block_bytes` blocks: what the pinned budget must leave for it.
+    static std::uint64_t pinned_bytes(std::size_t layers, std::size_t block_bytes,
+                                      std::size_t bounce_buffers = kBounceBuffers) noexcept {
+        return static_cast<std::uint64_t>(std::max<std::size_t>(bounce_buffers, 1)) * layers *
+               block_bytes;
+    }
+    static constexpr std::size_t kBounceBuffers = 4;
 
     void apply(std::span<const SealMove> moves) override;
     void flush() override;

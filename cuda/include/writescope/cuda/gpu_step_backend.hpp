@@ -60,6 +60,9 @@ class GpuStepBackend final : public GpuAttentionBackend {
     // queries, the GPU's partial states and the merge's chunk states): what the VRAM budget must
     // leave for it.
     static std::uint64_t device_bytes(const GpuStepOptions& opts);
+    // Pinned host memory it takes (metadata, queries and new tokens, the CPU partials and the
+    // result): what the pinned budget must leave for it.
+    static std::uint64_t pinned_bytes(const GpuStepOptions& opts);
 
   private:
     struct Impl;
