@@ -99,7 +99,7 @@ TEST_CASE("wait_layer returns once that layer of every earlier job is laid out",
     }
 }
 
-TEST_CASE("the packer finishes every job before it is destroyed; waits on nothing return",
+TEST_CASE("the packer finishes every job before it is destroyed, and waits on nothing return",
           "[unit][engine]") {
     Log log;
     {
