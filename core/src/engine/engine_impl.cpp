@@ -93,7 +93,10 @@ Calibration EngineImpl::calibrate(const std::function<void(double, std::string_v
     {
         std::lock_guard lock(mu_);
         if (calibrating_) throw std::runtime_error("a calibration is already running");
-        if (stepping_) throw std::runtime_error("calibration needs an idle engine: a step is open");
+        if (stepping_ || storing_)
+            throw std::runtime_error(
+                "calibration needs an idle engine: a step is open or a "
+                "prompt is being stored");
         if (cache_->sequence_count() != 0)
             throw std::runtime_error(
                 "calibration needs an idle engine: " + std::to_string(cache_->sequence_count()) +
@@ -340,6 +343,9 @@ void EngineImpl::release(std::uint64_t seq_id) {
     if (stepping_ && std::find(step_ids_.begin(), step_ids_.end(), seq_id) != step_ids_.end())
         throw std::logic_error("sequence " + std::to_string(seq_id) +
                                " is in the open decode step: end or abort the step first");
+    if (storing_ && storing_id_ == seq_id)
+        throw std::logic_error("sequence " + std::to_string(seq_id) +
+                               " is having its prompt stored: release it afterwards");
     cache_->free(seq_id);
 }
 
@@ -348,6 +354,7 @@ void EngineImpl::begin_step(std::span<const std::uint64_t> seq_ids) {
     // (The last step's seals may still be landing: each layer waits for its own, attend_layer.)
     std::lock_guard lock(mu_);
     if (stepping_) throw std::logic_error("begin_step: a decode step is already open");
+    if (storing_) throw std::logic_error("begin_step: a prompt is being stored");
     if (calibrating_)
         throw std::runtime_error("the engine is calibrating; retry when it has finished");
     if (seq_ids.empty()) throw std::invalid_argument("begin_step: no sequences");
@@ -391,18 +398,37 @@ void EngineImpl::prefill(std::uint64_t seq_id, std::size_t n, const void* k, con
     if (!k || (!g.mla && !v))
         throw std::invalid_argument("prefill: the prompt's K and V are needed");
     parts_.sealer->flush();  // no earlier move may still read a T slot written below
-    std::lock_guard lock(mu_);
-    if (stepping_) throw std::logic_error("prefill: a decode step is open");
-    if (calibrating_)
-        throw std::runtime_error("the engine is calibrating; retry when it has finished");
-    const KvSequenceStats st = cache_->sequence_stats(seq_id);  // throws for an unknown id
-    if (st.tokens + n > st.max_tokens)
-        throw std::length_error("prefill: sequence " + std::to_string(seq_id) + " holds " +
-                                std::to_string(st.tokens) + " tokens; " + std::to_string(n) +
-                                " more pass its admitted maximum of " +
-                                std::to_string(st.max_tokens));
-    // The homes first (the router decides them as the blocks fill), then the bytes.
-    const std::vector<SealMove> moves = cache_->append(seq_id, n);
+    // Under the lock: the checks and the homes (the router decides them as the blocks fill).
+    // The bytes are written without it (status and policy calls stay answered meanwhile);
+    // storing_ keeps steps, calibration and the sequence's release out until they are.
+    KvSequenceStats st;
+    std::vector<SealMove> moves;
+    std::uint32_t tail_slot = 0;
+    {
+        std::lock_guard lock(mu_);
+        if (stepping_) throw std::logic_error("prefill: a decode step is open");
+        if (storing_) throw std::logic_error("prefill: another prompt is being stored");
+        if (calibrating_)
+            throw std::runtime_error("the engine is calibrating; retry when it has finished");
+        st = cache_->sequence_stats(seq_id);  // throws for an unknown id
+        if (st.tokens + n > st.max_tokens)
+            throw std::length_error("prefill: sequence " + std::to_string(seq_id) + " holds " +
+                                    std::to_string(st.tokens) + " tokens; " + std::to_string(n) +
+                                    " more pass its admitted maximum of " +
+                                    std::to_string(st.max_tokens));
+        moves = cache_->append(seq_id, n);
+        tail_slot = cache_->open_block(seq_id).t_slot;
+        storing_ = true;
+        storing_id_ = seq_id;
+    }
+    struct Stored {
+        EngineImpl* e;
+        ~Stored() {
+            std::lock_guard lock(e->mu_);
+            e->storing_ = false;
+            e->retarget_locked();  // the spilled length changed
+        }
+    } stored{this};
     const std::size_t B = parts_.kv.block_tokens, es = dtype_bytes(g.dtype);
     const std::size_t layers = static_cast<std::size_t>(g.num_layers);
     const LinearBlockLayout lay = LinearBlockLayout::of(g, B);
@@ -449,13 +475,11 @@ void EngineImpl::prefill(std::uint64_t seq_id, std::size_t n, const void* k, con
     // What is left opens the next block.
     const std::size_t tail = (st.tokens + n) % B;
     if (head < n && tail > 0) {
-        const OpenBlock open = cache_->open_block(seq_id);
         for (std::size_t l = 0; l < layers; ++l) {
             put(l, n - tail, 0, tail);
-            parts_.write_pool_rows(l, open.t_slot, image.data(), 0, tail);
+            parts_.write_pool_rows(l, tail_slot, image.data(), 0, tail);
         }
     }
-    retarget_locked();
 }
 
 void EngineImpl::attend_layer(std::size_t layer, const void* q, NewTokens fresh, StateView out) {

@@ -151,9 +151,11 @@ class Engine {
     // for MLA, k is the latent (num_layers, n, head_dim_k) and v is unused. The tokens follow
     // those the sequence holds (a prompt may come in several calls). Each block that fills is
     // sealed where the router sends it and its bytes are written there directly. Throws,
-    // changing nothing, like begin_step (a step open, calibrating, unknown sequence, past the
-    // admitted maximum, null k); an error of the device copies afterwards leaves the sequence
-    // holding tokens whose bytes may be missing: release it.
+    // changing nothing, like begin_step (a step open, another prompt being stored, calibrating,
+    // unknown sequence, past the admitted maximum, null k); an error of the device copies
+    // afterwards leaves the sequence holding tokens whose bytes may be missing: release it.
+    // The bytes are written without the engine's lock: status and policy calls are answered
+    // meanwhile, while steps, a calibration and this sequence's release are refused.
     virtual void prefill(std::uint64_t seq_id, std::size_t n, const void* k, const void* v) = 0;
     virtual void attend_layer(std::size_t layer, const void* q, NewTokens fresh, StateView out) = 0;
     virtual StepReport end_step() = 0;

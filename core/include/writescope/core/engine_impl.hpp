@@ -94,7 +94,10 @@ class EngineImpl final : public Engine {
     std::size_t layers_done_ = 0;
     StepReport step_;  // what the layers measured so far (times summed)
     double step_cpu_u_tokens_ = 0, step_cpu_p_tokens_ = 0;  // per layer, from the plan
-    std::vector<std::vector<std::byte>> random_blocks_;     // linear blocks of random KV values
+    // A prompt being written (prefill, without mu_): steps, calibration and its release wait.
+    bool storing_ = false;
+    std::uint64_t storing_id_ = 0;
+    std::vector<std::vector<std::byte>> random_blocks_;  // linear blocks of random KV values
 };
 
 }  // namespace writescope
