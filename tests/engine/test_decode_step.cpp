@@ -5,7 +5,9 @@
 // fp64 attention over every token the sequence holds.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cstdio>
+#include <thread>
 
 #include "cpu_attention_backend.hpp"
 #include "decode_truth.hpp"
@@ -293,4 +295,42 @@ TEST_CASE("the CPU-only engine stores prompts (prefill) and decodes on them exac
             preset, fx.tokens[1] - steps, fx.tokens[2] - steps, fx.tokens[3] - steps, sealed, steps,
             worst, dv);
     }
+}
+
+TEST_CASE("a prompt is stored while another thread asks for status", "[unit][engine]") {
+    EngineOptions o;
+    o.geometry = test::small_geometry("mixtral-8x7b", 4);
+    o.block_tokens = 16;
+    o.gpu_index = -1;
+    o.host_kv_bytes = 64ull << 20;
+    o.attention_threads = 2;
+    o.pin_threads = false;
+    o.max_batch = 2;
+    auto e = Engine::create(o);
+    const std::size_t n = 2000, es = 2;
+    const LinearBlockLayout lay = LinearBlockLayout::of(o.geometry, 16);
+    std::vector<std::byte> k(4 * n * lay.row_heads() * lay.dk * es, std::byte{0x3c}),
+        v(4 * n * lay.row_heads() * lay.dv * es, std::byte{0x3c});
+    REQUIRE(e->admit(1, n).ok);
+    REQUIRE(e->admit(2, 10).ok);
+    std::atomic<bool> done{false};
+    std::thread storer([&] {
+        e->prefill(1, n, k.data(), v.data());
+        done = true;
+    });
+    std::size_t answered = 0;
+    while (!done.load()) {
+        (void)e->status();  // answered during the prompt (its bytes go in outside the lock)
+        ++answered;
+    }
+    storer.join();
+    std::printf("[engine] prompt of %zu tokens stored while %zu status calls were answered\n", n,
+                answered);
+    const EngineStatus s = e->status();
+    REQUIRE(s.regions[static_cast<int>(Region::U)].used_blocks == n / 16);
+    const std::uint64_t other[] = {2};
+    e->begin_step(other);  // steps run again once the prompt is stored
+    e->abort_step();
+    e->release(1);
+    e->release(2);
 }
