@@ -217,7 +217,7 @@ TEST_CASE("the CPU-only engine stores prompts (prefill) and decodes on them exac
         o.geometry = test::small_geometry(preset, 2);
         o.block_tokens = 16;
         o.gpu_index = -1;
-        o.host_kv_bytes = 32ull << 20;
+        o.host_kv_bytes = 128ull << 20;
         o.attention_threads = 2;
         o.pin_threads = false;
         o.max_batch = 3;
@@ -240,13 +240,14 @@ TEST_CASE("the CPU-only engine stores prompts (prefill) and decodes on them exac
         const std::vector<std::uint64_t> ids{1, 2, 3};
         std::size_t sealed = 0;
         for (auto id : ids) {
-            REQUIRE(e->admit(id, 200).ok);
+            REQUIRE(e->admit(id, 2000).ok);
             fx.truth[id].assign(L, {});
             fx.tokens[id] = 0;
             // The prompt in pieces: mid-block starts and ends, whole blocks, empty pieces.
             for (int piece = 0; piece < 3; ++piece) {
-                const std::size_t sizes[] = {0, 1, B - 3, B, 2 * B + 5, 37};
-                const std::size_t n = sizes[rng() % 6];
+                // (40 B + 3: enough whole blocks that their layers are laid out on threads.)
+                const std::size_t sizes[] = {0, 1, B - 3, B, 2 * B + 5, 37, 40 * B + 3};
+                const std::size_t n = piece == 0 ? 40 * B + 3 : sizes[rng() % 7];
                 std::vector<std::byte> k(L * n * k_row), v(L * n * v_row);
                 std::normal_distribution<float> nd(0.0f, 1.0f);
                 for (std::size_t i = 0; i < k.size() / es; ++i)
@@ -263,8 +264,8 @@ TEST_CASE("the CPU-only engine stores prompts (prefill) and decodes on them exac
         }
         REQUIRE(e->status().regions[static_cast<int>(Region::U)].used_blocks == sealed);
         REQUIRE_THROWS_AS(e->prefill(99, 1, ids.data(), ids.data()), std::out_of_range);
-        std::vector<std::byte> big(L * 300 * k_row);
-        REQUIRE_THROWS_WITH(e->prefill(1, 300, big.data(), big.data()),
+        std::vector<std::byte> big(L * 3000 * std::max(k_row, v_row));
+        REQUIRE_THROWS_WITH(e->prefill(1, 3000, big.data(), big.data()),
                             Catch::Contains("admitted maximum"));
         REQUIRE_THROWS_AS(e->prefill(1, 1, nullptr, nullptr), std::invalid_argument);
 

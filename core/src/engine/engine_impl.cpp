@@ -1,11 +1,13 @@
 #include "writescope/core/engine_impl.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
 #include <stdexcept>
+#include <thread>
 
 namespace writescope {
 
@@ -453,24 +455,47 @@ void EngineImpl::prefill(std::uint64_t seq_id, std::size_t n, const void* k, con
         parts_.sealer->flush();
         next = 1;
     }
-    // Every further sealed block is whole in this prompt: written straight to its home.
+    // Every further sealed block is whole in this prompt: written straight to its home. G goes
+    // through the device, on this thread; P and U are host memory, laid out on several threads
+    // at once (block and layer pairs; no step can run meanwhile, so the cores are free).
+    std::vector<std::pair<std::size_t, std::size_t>> host_work;  // (move, layer)
     for (; next < moves.size(); ++next) {
         const SealMove& m = moves[next];
         const std::size_t first = m.block_index * B - st.tokens;
         for (std::size_t l = 0; l < layers; ++l) {
-            put(l, first, 0, B);
-            switch (m.kind) {
-                case MoveKind::remap:
-                    parts_.write_pool_block(l, m.dest.slot, image.data());
-                    break;
-                case MoveKind::copy_to_pinned:
-                    std::memcpy(parts_.pinned->block(l, m.dest.slot), image.data(), image.size());
-                    break;
-                case MoveKind::pack_to_unpinned:
-                    parts_.cpu->pack_block(image.data(), parts_.unpinned->block(l, m.dest.slot));
-                    break;
+            if (m.kind != MoveKind::remap) {
+                host_work.emplace_back(next, l);
+                continue;
             }
+            put(l, first, 0, B);
+            parts_.write_pool_block(l, m.dest.slot, image.data());
         }
+    }
+    const auto host_move = [&](std::size_t i, std::vector<std::byte>& img) {
+        const auto [mi, l] = host_work[i];
+        const SealMove& m = moves[mi];
+        const std::size_t first = m.block_index * B - st.tokens;
+        const auto* kl = static_cast<const char*>(k) + (l * n + first) * k_row;
+        const auto* vl = g.mla ? nullptr : static_cast<const char*>(v) + (l * n + first) * v_row;
+        lay.put_rows(es, kl, vl, 0, B, img.data());
+        if (m.kind == MoveKind::copy_to_pinned)
+            std::memcpy(parts_.pinned->block(l, m.dest.slot), img.data(), img.size());
+        else
+            parts_.cpu->pack_block(img.data(), parts_.unpinned->block(l, m.dest.slot));
+    };
+    const std::size_t helpers = std::min<std::size_t>(
+        host_work.size() / 8, std::max(1u, std::thread::hardware_concurrency()));
+    std::atomic<std::size_t> cursor{0};
+    const auto drain = [&] {
+        std::vector<std::byte> img(image.size());
+        for (std::size_t i; (i = cursor.fetch_add(1)) < host_work.size();)
+            host_move(i, img);
+    };
+    {
+        std::vector<std::jthread> pool;
+        for (std::size_t t = 1; t < helpers; ++t)
+            pool.emplace_back(drain);
+        drain();
     }
     // What is left opens the next block.
     const std::size_t tail = (st.tokens + n) % B;
