@@ -246,6 +246,13 @@ struct StepTime {
     std::uint64_t cpu_tokens = 0, gpu_tokens = 0;
 };
 
+// The step of median total time (its parts belong to that one step).
+StepTime median_step(std::vector<StepTime> v) {
+    std::sort(v.begin(), v.end(),
+              [](const StepTime& a, const StepTime& b) { return a.total < b.total; });
+    return v[v.size() / 2];
+}
+
 // What a step tells the trackers: the CPU attended U blocks only, the GPU streamed P blocks.
 StepMeasurement measurement_of(const StepTime& s) {
     StepMeasurement m;
@@ -464,12 +471,7 @@ struct Config {
             c.push_back(tc);
             g.push_back(tg);
         }
-        const auto by_total = [](const StepTime& a, const StepTime& b) {
-            return a.total < b.total;
-        };
-        std::sort(c.begin(), c.end(), by_total);
-        std::sort(g.begin(), g.end(), by_total);
-        return {c[c.size() / 2], g[g.size() / 2]};
+        return {median_step(std::move(c)), median_step(std::move(g))};
     }
 
     // One decode step as the trackers see it: `layers` layer steps at the prepared split, their
@@ -503,11 +505,8 @@ struct Config {
                 v[i].push_back(run_once());
             }
         std::vector<StepTime> out;
-        for (auto& x : v) {
-            std::sort(x.begin(), x.end(),
-                      [](const StepTime& a, const StepTime& b) { return a.total < b.total; });
-            out.push_back(x[x.size() / 2]);
-        }
+        for (auto& x : v)
+            out.push_back(median_step(std::move(x)));
         return out;
     }
 

@@ -62,23 +62,16 @@ class HostGpuBackend final : public GpuAttentionBackend {
         if (fresh.k) {
             ++appends;
             const LinearBlockLayout lay = LinearBlockLayout::of(g_, B_);
-            const std::size_t es = dtype_bytes(g_.dtype), dk = g_.head_dim_k, dv = g_.head_dim_v;
-            const std::size_t heads = g_.mla ? 1 : static_cast<std::size_t>(g_.num_kv_heads);
+            const std::size_t es = dtype_bytes(g_.dtype);
             for (std::size_t i = 0; i < work_.size(); ++i) {
                 const Work& w = work_[i];
                 if (!w.has_open || w.open_tokens == 0)
                     throw std::logic_error("a new token for a sequence without its open block");
-                auto* block = static_cast<char*>(pool_.block(layer, w.pool_slots.back()));
-                const std::size_t row = w.open_tokens - 1;
-                for (std::size_t h = 0; h < heads; ++h) {
-                    std::memcpy(block + lay.k_offset(h, row) * es,
-                                static_cast<const char*>(fresh.k) + (i * heads + h) * dk * es,
-                                dk * es);
-                    if (!g_.mla)
-                        std::memcpy(block + lay.v_offset(h, row) * es,
-                                    static_cast<const char*>(fresh.v) + (i * heads + h) * dv * es,
-                                    dv * es);
-                }
+                lay.put_rows(
+                    es, static_cast<const char*>(fresh.k) + i * lay.row_heads() * lay.dk * es,
+                    fresh.v ? static_cast<const char*>(fresh.v) + i * lay.row_heads() * lay.dv * es
+                            : nullptr,
+                    w.open_tokens - 1, 1, pool_.block(layer, w.pool_slots.back()));
             }
         }
         // What a GPU would copy asynchronously from the pageable caches from now on: finish()

@@ -364,10 +364,12 @@ void EngineImpl::begin_step(std::span<const std::uint64_t> seq_ids) {
         throw std::length_error("begin_step: " + std::to_string(seq_ids.size()) +
                                 " sequences, more than max_batch (" +
                                 std::to_string(opts_.max_batch) + ")");
-    std::vector<std::uint64_t> sorted(seq_ids.begin(), seq_ids.end());
-    std::sort(sorted.begin(), sorted.end());
-    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
-        throw std::invalid_argument("begin_step: a sequence appears twice in the batch");
+    // (step_ids_ is free between steps: sorted there for the check, then set in batch order.)
+    step_ids_.assign(seq_ids.begin(), seq_ids.end());
+    std::sort(step_ids_.begin(), step_ids_.end());
+    const bool repeated = std::adjacent_find(step_ids_.begin(), step_ids_.end()) != step_ids_.end();
+    step_ids_.clear();
+    if (repeated) throw std::invalid_argument("begin_step: a sequence appears twice in the batch");
     // The split: the mode's plan, except that the trackers may ask for a probe share after a
     // run of steps at one end (PolicyTrackers::deploy); then that share, as static:R.
     const PlanCosts costs = trackers_.plan_costs();
@@ -436,16 +438,17 @@ void EngineImpl::prefill(std::uint64_t seq_id, std::size_t n, const void* k, con
     const LinearBlockLayout lay = LinearBlockLayout::of(g, B);
     const std::size_t k_row = lay.row_heads() * lay.dk * es, v_row = lay.row_heads() * lay.dv * es;
     std::vector<std::byte> image(lay.elems() * es);
-    // Tokens [first, first + count) of this prompt into rows [row0, row0 + count), layer l.
-    const auto put = [&](std::size_t l, std::size_t first, std::size_t row0, std::size_t count) {
+    // Tokens [first, first + count) of this prompt into rows [row0, row0 + count) of img, layer l.
+    const auto put = [&](std::size_t l, std::size_t first, std::size_t row0, std::size_t count,
+                         std::vector<std::byte>& img) {
         const auto* kl = static_cast<const char*>(k) + (l * n + first) * k_row;
         const auto* vl = g.mla ? nullptr : static_cast<const char*>(v) + (l * n + first) * v_row;
-        lay.put_rows(es, kl, vl, row0, count, image.data());
+        lay.put_rows(es, kl, vl, row0, count, img.data());
     };
     // The open block's rows first: it holds st.open_tokens already, in its T slot.
     const std::size_t head = std::min(n, B - st.open_tokens);
     for (std::size_t l = 0; l < layers; ++l) {
-        put(l, 0, st.open_tokens, head);
+        put(l, 0, st.open_tokens, head, image);
         parts_.write_pool_rows(l, st.t_slot, image.data(), st.open_tokens, head);
     }
     std::size_t next = 0;  // the next move to carry out
@@ -467,29 +470,24 @@ void EngineImpl::prefill(std::uint64_t seq_id, std::size_t n, const void* k, con
                 host_work.emplace_back(next, l);
                 continue;
             }
-            put(l, first, 0, B);
+            put(l, first, 0, B, image);
             parts_.write_pool_block(l, m.dest.slot, image.data());
         }
     }
-    const auto host_move = [&](std::size_t i, std::vector<std::byte>& img) {
-        const auto [mi, l] = host_work[i];
-        const SealMove& m = moves[mi];
-        const std::size_t first = m.block_index * B - st.tokens;
-        const auto* kl = static_cast<const char*>(k) + (l * n + first) * k_row;
-        const auto* vl = g.mla ? nullptr : static_cast<const char*>(v) + (l * n + first) * v_row;
-        lay.put_rows(es, kl, vl, 0, B, img.data());
-        if (m.kind == MoveKind::copy_to_pinned)
-            std::memcpy(parts_.pinned->block(l, m.dest.slot), img.data(), img.size());
-        else
-            parts_.cpu->pack_block(img.data(), parts_.unpinned->block(l, m.dest.slot));
-    };
     const std::size_t helpers = std::min<std::size_t>(
         host_work.size() / 8, std::max(1u, std::thread::hardware_concurrency()));
     std::atomic<std::size_t> cursor{0};
     const auto drain = [&] {
         std::vector<std::byte> img(image.size());
-        for (std::size_t i; (i = cursor.fetch_add(1)) < host_work.size();)
-            host_move(i, img);
+        for (std::size_t i; (i = cursor.fetch_add(1)) < host_work.size();) {
+            const auto [mi, l] = host_work[i];
+            const SealMove& m = moves[mi];
+            put(l, m.block_index * B - st.tokens, 0, B, img);
+            if (m.kind == MoveKind::copy_to_pinned)
+                std::memcpy(parts_.pinned->block(l, m.dest.slot), img.data(), img.size());
+            else
+                parts_.cpu->pack_block(img.data(), parts_.unpinned->block(l, m.dest.slot));
+        }
     };
     {
         std::vector<std::jthread> pool;
@@ -501,7 +499,7 @@ void EngineImpl::prefill(std::uint64_t seq_id, std::size_t n, const void* k, con
     const std::size_t tail = (st.tokens + n) % B;
     if (head < n && tail > 0) {
         for (std::size_t l = 0; l < layers; ++l) {
-            put(l, n - tail, 0, tail);
+            put(l, n - tail, 0, tail, image);
             parts_.write_pool_rows(l, tail_slot, image.data(), 0, tail);
         }
     }
@@ -549,7 +547,8 @@ StepReport EngineImpl::end_step() {
                                std::to_string(layers) + " layers attended");
     // The tokens join the cache; blocks that filled are sealed where the router sends them.
     // (begin_step checked the room, and release() refuses the step's sequences meanwhile.)
-    std::vector<SealMove> moves;
+    std::vector<SealMove>& moves = step_moves_;  // reused: no allocation in steady state
+    moves.clear();
     for (std::uint64_t id : step_ids_)
         for (const SealMove& m : cache_->append(id, 1))
             moves.push_back(m);

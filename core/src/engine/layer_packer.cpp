@@ -55,11 +55,9 @@ void LayerPacker::worker() {
         Job* j = pick();
         if (!j) return;  // stopping with nothing left
         j->busy = true;
-        const bool first = !j->started;
-        j->started = true;
         const std::size_t layer = j->next;
         lock.unlock();
-        if (first && j->ready) j->ready();
+        if (layer == 0 && j->ready) j->ready();  // before its first layer, once
         j->pack(layer);  // the deque only grows at the back and loses finished jobs: j stays
         lock.lock();
         ++j->next;

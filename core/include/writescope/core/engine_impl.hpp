@@ -91,6 +91,7 @@ class EngineImpl final : public Engine {
     bool stepping_ = false;
     bool in_layer_ = false;  // attend_layer running (without mu_)
     std::vector<std::uint64_t> step_ids_;
+    std::vector<SealMove> step_moves_;  // end_step's seals (kept for its capacity)
     std::size_t layers_done_ = 0;
     StepReport step_;  // what the layers measured so far (times summed)
     double step_cpu_u_tokens_ = 0, step_cpu_p_tokens_ = 0;  // per layer, from the plan

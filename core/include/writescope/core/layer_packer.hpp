@@ -49,7 +49,6 @@ class LayerPacker {
         std::function<void()> done;
         std::size_t next = 0;   // the next layer to lay out (layers_: all laid out)
         bool busy = false;      // a thread is on it
-        bool started = false;   // ready() ran
         bool finished = false;  // done() ran
     };
     void worker();
