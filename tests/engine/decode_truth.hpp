@@ -10,7 +10,9 @@
 
 #include <catch2/catch.hpp>
 
+#include "cpu_attention_backend.hpp"
 #include "step_fixture.hpp"
+#include "writescope/core/engine.hpp"
 
 namespace writescope::test {
 
@@ -139,6 +141,108 @@ DecodeRun run_decode_steps(StepFixture& fx, StepExecutor& exec, SealMover& seale
         REQUIRE(fx.cache.block_table(id).size() * fx.B + st.open_tokens == st.tokens);
     }
     return run;
+}
+
+// A small CPU-only engine's options: the preset's geometry with `layers` layers, blocks of 16
+// tokens, 2 unpinned attention threads.
+inline EngineOptions cpu_engine_options(const char* preset, int layers, std::uint64_t host_kv_bytes,
+                                        std::size_t max_batch) {
+    EngineOptions o;
+    o.geometry = small_geometry(preset, layers);
+    o.block_tokens = 16;
+    o.gpu_index = -1;
+    o.host_kv_bytes = host_kv_bytes;
+    o.attention_threads = 2;
+    o.pin_threads = false;
+    o.max_batch = max_batch;
+    return o;
+}
+
+// The truth of an engine's sequences, kept apart from the engine: a fixture over a cache of its
+// own (the reference reads only the fixture's truth images and token counts), each of `ids`
+// starting empty.
+struct EngineTruth {
+    KvCache shadow;
+    runtime::CpuAttentionBackendImpl cpu;
+    StepFixture fx;
+    EngineTruth(const KvGeometry& g, std::size_t B, const std::vector<std::uint64_t>& ids)
+        : shadow(config(g, B), 0), cpu(g, B, 1, false, 1), fx{g,   B,  shadow, nullptr, nullptr,
+                                                              cpu, {}, {},     {}} {
+        for (auto id : ids) {
+            fx.truth[id].assign(static_cast<std::size_t>(g.num_layers), {});
+            fx.tokens[id] = 0;
+        }
+    }
+
+  private:
+    static KvCacheConfig config(const KvGeometry& g, std::size_t B) {
+        KvCacheConfig c;
+        c.geometry = g;
+        c.block_tokens = B;
+        c.t_slots = 1;
+        c.host_bytes = 1ull << 20;
+        c.u_block_bytes = 1;
+        return c;
+    }
+};
+
+// A prompt of n tokens in Engine::prefill's layout (every layer, layer- and token-major): the
+// shape of n × num_layers new tokens.
+inline Fresh random_prompt(const KvGeometry& g, std::size_t n, std::mt19937_64& rng) {
+    return random_fresh(g, n * static_cast<std::size_t>(g.num_layers), rng);
+}
+
+// Tokens [from, from + count) of prompt p (of n tokens) as a prompt of their own, for prefill in
+// pieces.
+inline Fresh prompt_part(const KvGeometry& g, const Fresh& p, std::size_t n, std::size_t from,
+                         std::size_t count) {
+    const LinearBlockLayout lay = LinearBlockLayout::of(g, 1);
+    const std::size_t es = dtype_bytes(g.dtype);
+    const std::size_t k_row = lay.row_heads() * lay.dk * es, v_row = lay.row_heads() * lay.dv * es;
+    Fresh part;
+    for (std::size_t l = 0; l < static_cast<std::size_t>(g.num_layers); ++l) {
+        part.k.insert(part.k.end(), p.k.begin() + (l * n + from) * k_row,
+                      p.k.begin() + (l * n + from + count) * k_row);
+        if (!g.mla)
+            part.v.insert(part.v.end(), p.v.begin() + (l * n + from) * v_row,
+                          p.v.begin() + (l * n + from + count) * v_row);
+    }
+    return part;
+}
+
+// Prompt p (of n tokens) into the truth after the tokens sequence id holds, and counted.
+inline void add_prompt_to_truth(StepFixture& fx, std::uint64_t id, const Fresh& p, std::size_t n) {
+    const auto& g = fx.g;
+    const LinearBlockLayout lay = LinearBlockLayout::of(g, fx.B);
+    const std::size_t es = dtype_bytes(g.dtype);
+    const std::size_t k_row = lay.row_heads() * lay.dk * es, v_row = lay.row_heads() * lay.dv * es;
+    for (std::size_t l = 0; l < static_cast<std::size_t>(g.num_layers); ++l)
+        add_tokens_to_truth(fx, id, l, p.k.data() + l * n * k_row,
+                            g.mla ? nullptr : p.v.data() + l * n * v_row, n);
+    fx.tokens[id] += n;
+}
+
+// One decode step of the engine for the batch: begin_step, then on_open() (checks while the
+// step is open), every layer attended and checked against fp64 within tol (the largest error
+// kept in worst), end_step. The new tokens are counted in the truth.
+template <class OnOpen>
+StepReport engine_decode_step(Engine& e, StepFixture& fx, const std::vector<std::uint64_t>& ids,
+                              std::mt19937_64& rng, double tol, double& worst, OnOpen&& on_open) {
+    e.begin_step(ids);
+    on_open();
+    for (std::size_t layer = 0; layer < static_cast<std::size_t>(fx.g.num_layers); ++layer) {
+        const auto q = fx.random_q(ids.size(), rng);
+        const auto [rel, lerr] = check_decode_layer(
+            fx, ids, layer, q.data(), random_fresh(fx.g, ids.size(), rng),
+            [&](StateView out, NewTokens fresh) { e.attend_layer(layer, q.data(), fresh, out); });
+        worst = std::max(worst, rel);
+        REQUIRE(rel < tol);
+        REQUIRE(lerr < tol);
+    }
+    const StepReport r = e.end_step();
+    for (auto id : ids)
+        ++fx.tokens[id];
+    return r;
 }
 
 }  // namespace writescope::test

@@ -107,14 +107,7 @@ TEST_CASE("a decode step's new tokens are refused where the plan has no room for
 TEST_CASE("the CPU-only engine runs decode steps: exact outputs, seals into U, trackers fed",
           "[unit][engine]") {
     auto rng = test::seeded_rng("engine decode steps");
-    EngineOptions o;
-    o.geometry = test::small_geometry("mixtral-8x7b", 3);
-    o.block_tokens = 16;
-    o.gpu_index = -1;
-    o.host_kv_bytes = 32ull << 20;
-    o.attention_threads = 2;
-    o.pin_threads = false;
-    o.max_batch = 4;
+    const EngineOptions o = test::cpu_engine_options("mixtral-8x7b", 3, 32ull << 20, 4);
     auto e = Engine::create(o);
     const auto& g = o.geometry;
     const std::size_t L = 3, B = 16, steps = 50;
@@ -123,42 +116,18 @@ TEST_CASE("the CPU-only engine runs decode steps: exact outputs, seals into U, t
         REQUIRE(e->admit(id, steps).ok);
 
     // The truth, kept apart from the engine: every token's rows, in the linear image per block.
-    KvCacheConfig shadow_cfg;
-    shadow_cfg.geometry = g;
-    shadow_cfg.block_tokens = B;
-    shadow_cfg.t_slots = 1;
-    shadow_cfg.host_bytes = 1ull << 20;
-    shadow_cfg.u_block_bytes = 1;
-    KvCache shadow(shadow_cfg, 0);  // unused by the reference; the fixture wants a cache
-    runtime::CpuAttentionBackendImpl ref_cpu(g, B, 1, false, 1);
-    test::StepFixture fx{g, B, shadow, nullptr, nullptr, ref_cpu, {}, {}, {}};
-    for (auto id : ids) {
-        fx.truth[id].assign(L, {});
-        fx.tokens[id] = 0;
-    }
+    test::EngineTruth truth(g, B, ids);
+    test::StepFixture& fx = truth.fx;
 
     const std::size_t dv = g.head_dim_v;
     double worst = 0;
     std::size_t sealed_u = 0;
     for (std::size_t step = 0; step < steps; ++step) {
-        e->begin_step(ids);
-        REQUIRE_THROWS_AS(e->begin_step(ids), std::logic_error);
-        REQUIRE_THROWS_AS(e->release(ids[0]), std::logic_error);
-        REQUIRE_THROWS_AS(e->end_step(), std::logic_error);  // no layer attended yet
-        for (std::size_t layer = 0; layer < L; ++layer) {
-            const auto q = fx.random_q(ids.size(), rng);
-            const auto [rel, lerr] = test::check_decode_layer(
-                fx, ids, layer, q.data(), test::random_fresh(g, ids.size(), rng),
-                [&](StateView out, NewTokens fresh) {
-                    e->attend_layer(layer, q.data(), fresh, out);
-                });
-            worst = std::max(worst, rel);
-            REQUIRE(rel < 1e-5);
-            REQUIRE(lerr < 1e-5);
-        }
-        const StepReport r = e->end_step();
-        for (auto id : ids)
-            ++fx.tokens[id];
+        const StepReport r = test::engine_decode_step(*e, fx, ids, rng, 1e-5, worst, [&] {
+            REQUIRE_THROWS_AS(e->begin_step(ids), std::logic_error);
+            REQUIRE_THROWS_AS(e->release(ids[0]), std::logic_error);
+            REQUIRE_THROWS_AS(e->end_step(), std::logic_error);  // no layer attended yet
+        });
         REQUIRE(r.sequences == 2);
         REQUIRE(r.layers == L);
         REQUIRE(r.seconds > 0);
@@ -213,83 +182,41 @@ TEST_CASE("the CPU-only engine stores prompts (prefill) and decodes on them exac
           "[unit][engine]") {
     auto rng = test::seeded_rng("engine prefill");
     for (const char* preset : {"qwen3-30b-a3b", "deepseek-v2-lite"}) {
-        EngineOptions o;
-        o.geometry = test::small_geometry(preset, 2);
-        o.block_tokens = 16;
-        o.gpu_index = -1;
-        o.host_kv_bytes = 128ull << 20;
-        o.attention_threads = 2;
-        o.pin_threads = false;
-        o.max_batch = 3;
+        const EngineOptions o = test::cpu_engine_options(preset, 2, 128ull << 20, 3);
         auto e = Engine::create(o);
         const auto& g = o.geometry;
-        const std::size_t L = 2, B = 16, steps = 12, es = 2;
-        const LinearBlockLayout lay = LinearBlockLayout::of(g, B);
-        const std::size_t k_row = lay.row_heads() * lay.dk * es,
-                          v_row = lay.row_heads() * lay.dv * es;
-        KvCacheConfig shadow_cfg;
-        shadow_cfg.geometry = g;
-        shadow_cfg.block_tokens = B;
-        shadow_cfg.t_slots = 1;
-        shadow_cfg.host_bytes = 1ull << 20;
-        shadow_cfg.u_block_bytes = 1;
-        KvCache shadow(shadow_cfg, 0);
-        runtime::CpuAttentionBackendImpl ref_cpu(g, B, 1, false, 1);
-        test::StepFixture fx{g, B, shadow, nullptr, nullptr, ref_cpu, {}, {}, {}};
-
+        const std::size_t B = 16, steps = 12;
         const std::vector<std::uint64_t> ids{1, 2, 3};
+        test::EngineTruth truth(g, B, ids);
+        test::StepFixture& fx = truth.fx;
         std::size_t sealed = 0;
         for (auto id : ids) {
             REQUIRE(e->admit(id, 2000).ok);
-            fx.truth[id].assign(L, {});
-            fx.tokens[id] = 0;
             // The prompt in pieces: mid-block starts and ends, whole blocks, empty pieces.
             for (int piece = 0; piece < 3; ++piece) {
                 // (40 B + 3: enough whole blocks that their layers are laid out on threads.)
                 const std::size_t sizes[] = {0, 1, B - 3, B, 2 * B + 5, 37, 40 * B + 3};
                 const std::size_t n = piece == 0 ? 40 * B + 3 : sizes[rng() % 7];
-                std::vector<std::byte> k(L * n * k_row), v(L * n * v_row);
-                std::normal_distribution<float> nd(0.0f, 1.0f);
-                for (std::size_t i = 0; i < k.size() / es; ++i)
-                    store_from_f32(k.data(), i, g.dtype, nd(rng));
-                for (std::size_t i = 0; i < v.size() / es; ++i)
-                    store_from_f32(v.data(), i, g.dtype, nd(rng));
-                e->prefill(id, n, k.data(), v.data());
-                for (std::size_t l = 0; l < L; ++l)
-                    test::add_tokens_to_truth(fx, id, l, k.data() + l * n * k_row,
-                                              v.data() + l * n * v_row, n);
+                const test::Fresh p = test::random_prompt(g, n, rng);
+                e->prefill(id, n, p.k.data(), p.v.data());
                 sealed += (fx.tokens[id] + n) / B - fx.tokens[id] / B;
-                fx.tokens[id] += n;
+                test::add_prompt_to_truth(fx, id, p, n);
             }
         }
         REQUIRE(e->status().regions[static_cast<int>(Region::U)].used_blocks == sealed);
         REQUIRE_THROWS_AS(e->prefill(99, 1, ids.data(), ids.data()), std::out_of_range);
-        std::vector<std::byte> big(L * 3000 * std::max(k_row, v_row));
-        REQUIRE_THROWS_WITH(e->prefill(1, 3000, big.data(), big.data()),
+        const test::Fresh big = test::random_prompt(g, 3000, rng);
+        REQUIRE_THROWS_WITH(e->prefill(1, 3000, big.k.data(), big.v.data()),
                             Catch::Contains("admitted maximum"));
         REQUIRE_THROWS_AS(e->prefill(1, 1, nullptr, nullptr), std::invalid_argument);
 
         // Decode steps over the prompts: every output against fp64 over prompt + new tokens.
         const std::size_t dv = g.head_dim_v;
         double worst = 0;
-        for (std::size_t step = 0; step < steps; ++step) {
-            e->begin_step(ids);
-            REQUIRE_THROWS_AS(e->prefill(1, 1, big.data(), big.data()), std::logic_error);
-            for (std::size_t layer = 0; layer < L; ++layer) {
-                const auto q = fx.random_q(ids.size(), rng);
-                const auto [rel, lerr] = test::check_decode_layer(
-                    fx, ids, layer, q.data(), test::random_fresh(g, ids.size(), rng),
-                    [&](StateView out, NewTokens fresh) {
-                        e->attend_layer(layer, q.data(), fresh, out);
-                    });
-                worst = std::max(worst, rel);
-                REQUIRE(rel < 1e-5);
-                REQUIRE(lerr < 1e-5);
-            }
-            e->end_step();
-            for (auto id : ids)
-                ++fx.tokens[id];
-        }
+        for (std::size_t step = 0; step < steps; ++step)
+            test::engine_decode_step(*e, fx, ids, rng, 1e-5, worst, [&] {
+                REQUIRE_THROWS_AS(e->prefill(1, 1, big.k.data(), big.v.data()), std::logic_error);
+            });
         std::printf(
             "[engine] prefill %-16s: prompts of %zu, %zu, %zu tokens (%zu blocks sealed "
             "by prefill), then %zu decode steps: worst rel err vs fp64 %.3e (dv %zu)\n",
@@ -299,14 +226,7 @@ TEST_CASE("the CPU-only engine stores prompts (prefill) and decodes on them exac
 }
 
 TEST_CASE("a prompt is stored while another thread asks for status", "[unit][engine]") {
-    EngineOptions o;
-    o.geometry = test::small_geometry("mixtral-8x7b", 4);
-    o.block_tokens = 16;
-    o.gpu_index = -1;
-    o.host_kv_bytes = 64ull << 20;
-    o.attention_threads = 2;
-    o.pin_threads = false;
-    o.max_batch = 2;
+    const EngineOptions o = test::cpu_engine_options("mixtral-8x7b", 4, 64ull << 20, 2);
     auto e = Engine::create(o);
     const std::size_t n = 2000, es = 2;
     const LinearBlockLayout lay = LinearBlockLayout::of(o.geometry, 16);

@@ -222,51 +222,24 @@ TEST_CASE("the engine on a GPU stores prompts into G, P and U and decodes on the
         o.max_batch = 3;
         auto e = Engine::create(o);
         const auto& g = o.geometry;
-        const std::size_t L = 2, B = 64, steps = 8, es = 2;
+        const std::size_t L = 2, B = 64, steps = 8;
         const std::size_t g_cap = e->status().regions[static_cast<int>(Region::G)].capacity_blocks;
         REQUIRE(g_cap > 0);
-        const LinearBlockLayout lay = LinearBlockLayout::of(g, B);
-        const std::size_t k_row = lay.row_heads() * lay.dk * es,
-                          v_row = lay.row_heads() * lay.dv * es;
-        KvCacheConfig shadow_cfg;
-        shadow_cfg.geometry = g;
-        shadow_cfg.block_tokens = B;
-        shadow_cfg.t_slots = 1;
-        shadow_cfg.host_bytes = 1ull << 20;
-        shadow_cfg.u_block_bytes = 1;
-        KvCache shadow(shadow_cfg, 0);
-        runtime::CpuAttentionBackendImpl ref_cpu(g, B, 1, false, 1);
-        test::StepFixture fx{g, B, shadow, nullptr, nullptr, ref_cpu, {}, {}, {}};
         const std::vector<std::uint64_t> ids{1, 2, 3};
+        test::EngineTruth truth(g, B, ids);
+        test::StepFixture& fx = truth.fx;
         for (auto id : ids) {
             // Together about twice what G holds: G fills, then P and U take the rest.
             const std::size_t n = (2 * g_cap / 3) * B + rng() % B;
             REQUIRE(e->admit(id, n + steps).ok);
-            fx.truth[id].assign(L, {});
-            fx.tokens[id] = 0;
-            std::vector<std::byte> k(L * n * k_row), v(L * n * v_row);
-            std::normal_distribution<float> nd(0.0f, 1.0f);
-            for (std::size_t i = 0; i < k.size() / es; ++i)
-                store_from_f32(k.data(), i, g.dtype, nd(rng));
-            for (std::size_t i = 0; i < v.size() / es; ++i)
-                store_from_f32(v.data(), i, g.dtype, nd(rng));
+            const test::Fresh p = test::random_prompt(g, n, rng);
             // In two calls, each with its own layer-major arrays.
-            const auto part = [&](const std::vector<std::byte>& a, std::size_t row,
-                                  std::size_t from, std::size_t count) {
-                std::vector<std::byte> out;
-                for (std::size_t l = 0; l < L; ++l)
-                    out.insert(out.end(), a.begin() + (l * n + from) * row,
-                               a.begin() + (l * n + from + count) * row);
-                return out;
-            };
             const std::size_t first = rng() % (n / 2);
-            e->prefill(id, first, part(k, k_row, 0, first).data(), part(v, v_row, 0, first).data());
-            e->prefill(id, n - first, part(k, k_row, first, n - first).data(),
-                       part(v, v_row, first, n - first).data());
-            for (std::size_t l = 0; l < L; ++l)
-                test::add_tokens_to_truth(fx, id, l, k.data() + l * n * k_row,
-                                          v.data() + l * n * v_row, n);
-            fx.tokens[id] = n;
+            const test::Fresh a = test::prompt_part(g, p, n, 0, first),
+                              b = test::prompt_part(g, p, n, first, n - first);
+            e->prefill(id, first, a.k.data(), a.v.data());
+            e->prefill(id, n - first, b.k.data(), b.v.data());
+            test::add_prompt_to_truth(fx, id, p, n);
         }
         const auto s = e->status();
         const std::size_t in_g = s.regions[static_cast<int>(Region::G)].used_blocks,
@@ -275,24 +248,8 @@ TEST_CASE("the engine on a GPU stores prompts into G, P and U and decodes on the
         REQUIRE(in_g > 0);
         REQUIRE(in_p + in_u > 0);
         double worst = 0;
-        for (std::size_t step = 0; step < steps; ++step) {
-            e->begin_step(ids);
-            for (std::size_t layer = 0; layer < L; ++layer) {
-                const auto q = fx.random_q(ids.size(), rng);
-                const auto [rel, lerr] = test::check_decode_layer(
-                    fx, ids, layer, q.data(), test::random_fresh(g, ids.size(), rng),
-                    [&](StateView out, NewTokens fresh) {
-                        e->attend_layer(layer, q.data(), fresh, out);
-                    });
-                worst = std::max(worst, rel);
-                REQUIRE(rel < 2e-5);
-                REQUIRE(lerr < 2e-5);
-            }
-            const StepReport r = e->end_step();
-            REQUIRE(r.layers == L);
-            for (auto id : ids)
-                ++fx.tokens[id];
-        }
+        for (std::size_t step = 0; step < steps; ++step)
+            REQUIRE(test::engine_decode_step(*e, fx, ids, rng, 2e-5, worst, [] {}).layers == L);
         std::printf(
             "[gpu] engine prefill %-16s: %zu blocks in G, %zu in P, %zu in U, then %zu "
             "decode steps: worst rel err vs fp64 %.3e, %llu steps in status\n",
