@@ -1,0 +1,66 @@
+// The model runtime: a loaded model's forward pass over the engine's KV cache, one sequence's
+// prompt at a time and decode steps over a batch. Driven by one thread (the scheduler's); not
+// thread-safe.
+//
+// A sequence's life: admit (reserves KV for prompt + new tokens within the budgets) → prefill
+// the prompt in one or several chunks (the last chunk yields the logits of the prompt's last
+// position) → decode steps (each takes the token sampled last and yields the next logits) →
+// release (its KV is freed at once).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "writescope/core/engine.hpp"
+#include "writescope/core/model/model_config.hpp"
+
+namespace writescope::model {
+
+class Model;
+class ModelOps;
+
+struct RuntimeOptions {
+    std::size_t prefill_chunk_tokens = 512;  // most prompt tokens computed in one forward pass
+    std::size_t max_batch = 64;              // most sequences in one decode step
+};
+
+class Runtime {
+  public:
+    virtual ~Runtime() = default;
+    virtual const ModelConfig& config() const noexcept = 0;
+    std::size_t vocab_size() const noexcept { return static_cast<std::size_t>(config().vocab_size); }
+    // Most tokens (prompt + generated) one sequence may hold: the model's context length.
+    virtual std::size_t max_context() const noexcept = 0;
+    virtual std::size_t prefill_chunk_tokens() const noexcept = 0;
+    virtual std::size_t max_batch() const noexcept = 0;
+
+    // Reserves KV for total_tokens (prompt + max new tokens). A refusal names the budget and
+    // the sizes; nothing changes then. Token ids are checked when they are computed.
+    virtual Admission admit(std::uint64_t seq_id, std::size_t total_tokens) = 0;
+    // Computes the next tokens of an admitted sequence's prompt (at most prefill_chunk_tokens()
+    // per call; they follow what it holds) and stores their KV. logits: null, or (tokens.size(),
+    // vocab) fp32 when all_positions, else (vocab) for the chunk's last token. Throws
+    // std::invalid_argument for a token id outside the vocabulary (nothing stored then).
+    virtual void prefill(std::uint64_t seq_id, std::span<const std::int32_t> tokens, float* logits,
+                         bool all_positions = false) = 0;
+    // One decode step: tokens[i] is the next input of seq_ids[i] (its last sampled token);
+    // logits (seq_ids.size(), vocab) fp32 receives the next-token logits. Throws like
+    // Engine::begin_step (unknown sequence, one at its admitted maximum, ...).
+    virtual void decode(std::span<const std::uint64_t> seq_ids,
+                        std::span<const std::int32_t> tokens, float* logits) = 0;
+    // Frees the sequence's KV. False when it was not admitted.
+    virtual bool release(std::uint64_t seq_id) = 0;
+    // Tokens the sequence holds (prompt so far + generated).
+    virtual std::size_t sequence_tokens(std::uint64_t seq_id) const = 0;
+
+    virtual Engine& engine() noexcept = 0;
+};
+
+// The runtime over a loaded model, its ops and an engine built for model.config().kv_geometry().
+std::unique_ptr<Runtime> make_runtime(const Model& model, ModelOps& ops, Engine& engine,
+                                      const RuntimeOptions& opts);
+
+}  // namespace writescope::model

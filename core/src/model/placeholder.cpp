@@ -1,0 +1,1 @@
+// The model runtime sources; see core/model.cmake.
