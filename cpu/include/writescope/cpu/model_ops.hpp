@@ -1,0 +1,44 @@
+// The CPU implementation of the model's compute operations (core's ModelOps): dense GEMM/GEMV
+// and the expert FFNs for bf16, fp16 and fp32 weights, on a worker pool of its own (the expert
+// threads, separate from the attention pool). Nothing is allocated per call for n up to
+// max_tokens.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+
+#include "writescope/core/model/model_ops.hpp"
+#include "writescope/cpu/cpu_isa.hpp"
+
+namespace writescope::cpu {
+
+struct CpuModelOpsOptions {
+    std::size_t threads = 0;        // 0: one per CPU in the affinity mask
+    bool pin = false;               // pin the pool threads to CPUs
+    std::size_t max_tokens = 512;   // most rows (tokens) of one call
+    std::size_t max_hidden = 8192;  // widest activation row (hidden size, ffn width)
+    std::size_t max_ffn = 16384;    // widest expert / MLP intermediate
+    std::size_t max_experts = 256;  // most experts of one moe call
+    std::size_t max_k = 8;          // most experts per token
+    std::optional<Isa> isa;         // force a level (tests); default: select_isa()
+};
+
+class CpuModelOps final : public model::ModelOps {
+  public:
+    explicit CpuModelOps(const CpuModelOpsOptions& opts = {});
+    ~CpuModelOps() override;
+
+    void linear(const model::Matrix& w, const float* x, std::size_t n, float* y) override;
+    void moe(std::span<const model::FfnWeights> experts, const float* x, std::size_t n,
+             const model::MoeRouting& routing, float* y) override;
+    std::size_t max_tokens() const noexcept override;
+    const char* kernel_name() const noexcept override;
+    int threads() const noexcept override;
+
+  private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace writescope::cpu
