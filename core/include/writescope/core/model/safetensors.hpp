@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -40,7 +41,10 @@ struct TensorEntry {
     std::uint64_t offset = 0;         // byte offset in the file (header included)
     std::uint64_t bytes = 0;
     std::size_t file = 0;          // index into WeightFiles::files()
-    const void* data = nullptr;    // the mapped bytes; null when opened without data
+    // The mapped bytes (little-endian elements, row-major); null when opened without data. Not
+    // necessarily aligned to the element size (a file may place a tensor at any offset): read
+    // through memcpy, not by casting to uint16_t* / float*.
+    const void* data = nullptr;
     std::uint64_t elements() const noexcept;
 };
 
@@ -83,6 +87,8 @@ class WeightFiles {
   private:
     WeightFiles();
     struct Mapping;
+    // Reads and validates one file's header, maps it (opts.map_data) and appends its tensors.
+    void add_file(const std::filesystem::path& file, const WeightFilesOptions& opts);
     std::vector<std::filesystem::path> files_;
     std::vector<std::unique_ptr<Mapping>> maps_;
     std::vector<TensorEntry> tensors_;          // in file order, then offset order
@@ -93,6 +99,7 @@ class WeightFiles {
 
 // The safetensors dtype name ("BF16", "F16", "F32") of a dtype, and back (nullopt otherwise).
 std::string_view safetensors_dtype_name(DType t) noexcept;
+std::optional<DType> safetensors_dtype_from_name(std::string_view name) noexcept;
 
 // A tensor to write: data is shape's product × dtype size bytes, dense, row-major.
 struct TensorToWrite {
