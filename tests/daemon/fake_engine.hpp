@@ -142,6 +142,10 @@ class FakeEngine final : public Engine {
     void begin_step(std::span<const std::uint64_t>) override {
         throw std::logic_error("FakeEngine: no decode steps");
     }
+    void attend_prompt(std::uint64_t, std::size_t, std::size_t, const void*, const void*,
+                       const void*, StateView) override {
+        throw std::logic_error("the fake engine attends nothing");
+    }
     void attend_layer(std::size_t, const void*, NewTokens, StateView) override {
         throw std::logic_error("FakeEngine: no decode steps");
     }

@@ -588,3 +588,121 @@ void EngineImpl::abort_step() {
 }
 
 }  // namespace writescope
+
+namespace writescope {
+
+void EngineImpl::attend_prompt(std::uint64_t seq_id, std::size_t layer, std::size_t m,
+                               const void* q, const void* k, const void* v, StateView out) {
+    const auto& g = parts_.kv.geometry;
+    const std::size_t qh = static_cast<std::size_t>(g.num_q_heads);
+    const std::size_t dv = static_cast<std::size_t>(g.head_dim_v);
+    if (m == 0) return;
+    if (!q || !k || (!g.mla && !v))
+        throw std::invalid_argument("attend_prompt: the chunk's q, K and V are needed");
+    if (layer >= static_cast<std::size_t>(g.num_layers))
+        throw std::invalid_argument("attend_prompt: layer " + std::to_string(layer) +
+                                    " of a model of " + std::to_string(g.num_layers));
+    if (out.rows != m * qh || out.dim != dv || !out.o || !out.lse)
+        throw std::invalid_argument("attend_prompt: the output must be (m × num_q_heads, "
+                                    "head_dim_v)");
+    if (!parts_.gpu_pool->host_accessible())
+        throw std::logic_error(
+            "attend_prompt: T and G are device memory here; prompts are attended on the GPU "
+            "by the GPU model runtime");
+    std::vector<BlockRef> table;
+    OpenBlock open;
+    {
+        std::lock_guard lock(mu_);
+        if (stepping_) throw std::logic_error("attend_prompt: a decode step is open");
+        if (storing_) throw std::logic_error("attend_prompt: a prompt is being stored");
+        if (calibrating_)
+            throw std::runtime_error("the engine is calibrating; retry when it has finished");
+        const KvSequenceStats st = cache_->sequence_stats(seq_id);  // throws for an unknown id
+        if (st.tokens + m > st.max_tokens)
+            throw std::length_error("attend_prompt: sequence " + std::to_string(seq_id) +
+                                    " holds " + std::to_string(st.tokens) + " tokens; " +
+                                    std::to_string(m) + " more pass its admitted maximum of " +
+                                    std::to_string(st.max_tokens));
+        const auto sealed = cache_->block_table(seq_id);
+        table.assign(sealed.begin(), sealed.end());
+        open = cache_->open_block(seq_id);
+        // Keeps steps, prompts, calibration and this sequence's release out while the blocks
+        // are read without the lock.
+        storing_ = true;
+        storing_id_ = seq_id;
+    }
+    struct Done {
+        EngineImpl* e;
+        ~Done() {
+            std::lock_guard lock(e->mu_);
+            e->storing_ = false;
+        }
+    } done{this};
+    if (parts_.sealer) parts_.sealer->wait_layer(layer);  // sealed blocks of this layer landed
+
+    const std::size_t B = parts_.kv.block_tokens, es = dtype_bytes(g.dtype);
+    const LinearBlockLayout lay = LinearBlockLayout::of(g, B);
+    const std::size_t block_bytes = lay.elems() * es;
+    const std::size_t chunk_blocks = (m + B - 1) / B;
+    prompt_blocks_.resize(chunk_blocks * block_bytes);
+    const std::size_t k_row = lay.row_heads() * lay.dk * es, v_row = lay.row_heads() * lay.dv * es;
+    for (std::size_t b = 0; b < chunk_blocks; ++b) {
+        const std::size_t first = b * B, count = std::min(B, m - first);
+        lay.put_rows(es, static_cast<const char*>(k) + first * k_row,
+                     g.mla ? nullptr : static_cast<const char*>(v) + first * v_row, 0, count,
+                     prompt_blocks_.data() + b * block_bytes);
+    }
+    // The stored blocks every query attends: the sealed ones in their regions, then the rows of
+    // the open block.
+    std::vector<CpuBlock> stored;
+    stored.reserve(table.size() + 1);
+    for (const BlockRef& ref : table) {
+        switch (ref.region) {
+            case Region::U:
+                stored.push_back({parts_.unpinned->block(layer, ref.slot),
+                                  static_cast<std::uint32_t>(B), true});
+                break;
+            case Region::P:
+                stored.push_back({parts_.pinned->block(layer, ref.slot),
+                                  static_cast<std::uint32_t>(B), false});
+                break;
+            case Region::G:
+            case Region::T:
+                stored.push_back({parts_.gpu_pool->block(layer, ref.slot),
+                                  static_cast<std::uint32_t>(B), false});
+                break;
+        }
+    }
+    if (open.tokens > 0)
+        stored.push_back({parts_.gpu_pool->block(layer, open.t_slot),
+                          static_cast<std::uint32_t>(open.tokens), false});
+
+    // Queries in batches the CPU backend is sized for; query i sees the chunk's blocks before
+    // its own in full and its own up to itself.
+    const std::size_t batch = std::max<std::size_t>(1, opts_.max_batch);
+    const std::size_t q_row = qh * static_cast<std::size_t>(g.head_dim_k) * es;
+    for (std::size_t i0 = 0; i0 < m; i0 += batch) {
+        const std::size_t n = std::min(batch, m - i0);
+        prompt_refs_.clear();
+        std::vector<std::size_t> begin(n + 1);
+        for (std::size_t j = 0; j < n; ++j) {
+            const std::size_t i = i0 + j, own = i / B;
+            begin[j] = prompt_refs_.size();
+            prompt_refs_.insert(prompt_refs_.end(), stored.begin(), stored.end());
+            for (std::size_t b = 0; b <= own; ++b)
+                prompt_refs_.push_back(
+                    {prompt_blocks_.data() + b * block_bytes,
+                     static_cast<std::uint32_t>(b < own ? B : i - own * B + 1), false});
+        }
+        begin[n] = prompt_refs_.size();
+        prompt_work_.resize(n);
+        for (std::size_t j = 0; j < n; ++j)
+            prompt_work_[j] = {static_cast<const char*>(q) + (i0 + j) * q_row,
+                               std::span<const CpuBlock>(prompt_refs_.data() + begin[j],
+                                                         begin[j + 1] - begin[j])};
+        StateView part{out.o + i0 * qh * dv, out.lse + i0 * qh, n * qh, dv};
+        parts_.cpu->attend(std::span<const CpuSeqWork>(prompt_work_.data(), n), part);
+    }
+}
+
+}  // namespace writescope

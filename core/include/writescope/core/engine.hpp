@@ -157,6 +157,18 @@ class Engine {
     // The bytes are written without the engine's lock: status and policy calls are answered
     // meanwhile, while steps, a calibration and this sequence's release are refused.
     virtual void prefill(std::uint64_t seq_id, std::size_t n, const void* k, const void* v) = 0;
+    // The attention of a prompt chunk that is not stored yet, at one layer: m new tokens of an
+    // admitted sequence, following those it holds; token i attends every token the sequence
+    // holds and the chunk's tokens 0..i (causal), exactly as a decode step would. q (m,
+    // num_q_heads, head_dim_k), k (m, num_kv_heads, head_dim_k), v (m, num_kv_heads,
+    // head_dim_v), host memory in the KV dtype (MLA: k is the latent (m, head_dim_k), v unused);
+    // out rows m × num_q_heads (token-major), dim head_dim_v. Stores nothing: the runtime calls
+    // prefill() with the chunk's KV of every layer afterwards. Memory is bounded by the chunk.
+    // Throws like prefill (a step open, a prompt being stored, calibrating, unknown sequence),
+    // std::length_error past the admitted maximum, and std::logic_error when the engine's T and
+    // G are device memory (the GPU model runtime attends prompts on the device).
+    virtual void attend_prompt(std::uint64_t seq_id, std::size_t layer, std::size_t m,
+                               const void* q, const void* k, const void* v, StateView out) = 0;
     virtual void attend_layer(std::size_t layer, const void* q, NewTokens fresh, StateView out) = 0;
     virtual StepReport end_step() = 0;
     virtual void abort_step() = 0;

@@ -60,6 +60,8 @@ class EngineImpl final : public Engine {
     void begin_step(std::span<const std::uint64_t> seq_ids) override;
     void prefill(std::uint64_t seq_id, std::size_t n, const void* k, const void* v) override;
     void attend_layer(std::size_t layer, const void* q, NewTokens fresh, StateView out) override;
+    void attend_prompt(std::uint64_t seq_id, std::size_t layer, std::size_t m, const void* q,
+                       const void* k, const void* v, StateView out) override;
     StepReport end_step() override;
     void abort_step() override;
 
@@ -98,7 +100,12 @@ class EngineImpl final : public Engine {
     // A prompt being written (prefill, without mu_): steps, calibration and its release wait.
     bool storing_ = false;
     std::uint64_t storing_id_ = 0;
-    std::vector<std::vector<std::byte>> random_blocks_;  // linear blocks of random KV values
+    std::vector<std::vector<std::byte>> random_blocks_;
+    // attend_prompt's scratch (kept for its capacity): the chunk as linear blocks, the blocks of
+    // each query and the work items.
+    std::vector<std::byte> prompt_blocks_;
+    std::vector<CpuBlock> prompt_refs_;
+    std::vector<CpuSeqWork> prompt_work_;  // linear blocks of random KV values
 };
 
 }  // namespace writescope

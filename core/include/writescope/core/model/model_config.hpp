@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -38,9 +39,13 @@ struct RopeConfig {
     double factor = 1.0;
     double original_max_position = 0;
     double beta_fast = 32.0, beta_slow = 1.0;
-    double mscale = 1.0, mscale_all_dim = 0.0;
-    // The cos/sin multiplier YaRN applies: yarn_mscale(factor, mscale) / yarn_mscale(factor,
-    // mscale_all_dim) with DeepSeek's keys; 1 without YaRN.
+    double mscale = 0.0, mscale_all_dim = 0.0;
+    bool truncate = true;  // floor/ceil the correction range (transformers' default)
+    bool has_attention_factor = false;  // rope_parameters.attention_factor given explicitly
+    double attention_factor_override = 1.0;
+    // The cos/sin multiplier YaRN applies (transformers' _compute_yarn_parameters): the explicit
+    // attention_factor, else mscale(factor, mscale) / mscale(factor, mscale_all_dim) when both
+    // are given, else mscale(factor, 1); 1 without YaRN.
     double attention_factor() const noexcept;
 };
 
