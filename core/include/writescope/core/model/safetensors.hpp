@@ -40,7 +40,7 @@ struct TensorEntry {
     std::vector<std::int64_t> shape;  // empty: a scalar
     std::uint64_t offset = 0;         // byte offset in the file (header included)
     std::uint64_t bytes = 0;
-    std::size_t file = 0;          // index into WeightFiles::files()
+    std::size_t file = 0;  // index into WeightFiles::files()
     // The mapped bytes (little-endian elements, row-major); null when opened without data. Not
     // necessarily aligned to the element size (a file may place a tensor at any offset): read
     // through memcpy, not by casting to uint16_t* / float*.
@@ -91,7 +91,7 @@ class WeightFiles {
     void add_file(const std::filesystem::path& file, const WeightFilesOptions& opts);
     std::vector<std::filesystem::path> files_;
     std::vector<std::unique_ptr<Mapping>> maps_;
-    std::vector<TensorEntry> tensors_;          // in file order, then offset order
+    std::vector<TensorEntry> tensors_;  // in file order, then offset order
     std::map<std::string, std::size_t, std::less<>> by_name_;
     std::map<std::string, std::string> metadata_;
     bool mapped_ = false;
