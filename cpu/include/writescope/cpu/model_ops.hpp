@@ -1,7 +1,16 @@
 // The CPU implementation of the model's compute operations (core's ModelOps): dense GEMM/GEMV
 // and the expert FFNs for bf16, fp16 and fp32 weights, on a worker pool of its own (the expert
 // threads, separate from the attention pool). Nothing is allocated per call for n up to
-// max_tokens.
+// max_tokens: the scratch is sized from the options at construction (about
+// 4 · max_tokens · (max_width + max_k · (max_ffn + max_hidden)) bytes, max_width =
+// max(max_hidden, max_ffn), allocated untouched: pages are committed only as calls use them), and
+// a call beyond a limit throws std::length_error naming it. One caller at a time: the scratch
+// is shared by the calls (the pool's own dispatches are serialised anyway).
+//
+// Kernels (cpu/src/model): AVX-512 (vdpbf16ps on bf16 weights with the activation rounded to
+// bf16; FMA on fp16 and fp32 weights), AVX2 + FMA + F16C, and portable C++, chosen by
+// select_isa(). Every output is one fp32 dot product whose summation order does not depend on
+// the tiling, so results are the same bits whatever the thread count.
 #pragma once
 
 #include <cstddef>
@@ -17,7 +26,8 @@ struct CpuModelOpsOptions {
     std::size_t threads = 0;        // 0: one per CPU in the affinity mask
     bool pin = false;               // pin the pool threads to CPUs
     std::size_t max_tokens = 512;   // most rows (tokens) of one call
-    std::size_t max_hidden = 8192;  // widest activation row (hidden size, ffn width)
+    std::size_t max_hidden = 8192;  // widest hidden size (moe); linear takes rows up to
+                                    // max(max_hidden, max_ffn) wide
     std::size_t max_ffn = 16384;    // widest expert / MLP intermediate
     std::size_t max_experts = 256;  // most experts of one moe call
     std::size_t max_k = 8;          // most experts per token

@@ -1,0 +1,416 @@
+// CpuModelOps: plans the GEMMs of linear() and moe() into work items for the expert pool and
+// runs them on the kernel of the selected ISA (gemm_api.hpp).
+//
+// linear: the activations are rounded once into the kernel's form (gemm_xrep), then items of
+// (output-row tile × token block) run the kernel. Decode (n ≤ kDecodeTokens) has one token block,
+// so every weight byte is read once per call, spread over the threads by row tiles; prefill tiles
+// over tokens too (blocks of kTokenBlock), so a weight tile is reused from cache by a block of
+// tokens and the block's activations stay in L2.
+//
+// moe: a counting sort groups the (token, slot) pairs by expert into scratch (in token order
+// within an expert); phase 1 runs items of (expert, token block, ffn row tile) computing gate and
+// up into the worker's tiles and h = silu(g)·u, rounded to the kernel's form; phase 2 runs items
+// of (expert, token block, hidden row tile) of down, writing one fp32 partial per pair; phase 3
+// adds the partials to y in slot order (deterministic: no float atomics, the same sums whatever
+// thread ran what).
+#include "writescope/cpu/model_ops.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "gemm_api.hpp"
+#include "writescope/cpu/worker_pool.hpp"
+
+namespace writescope::cpu {
+
+using detail::GemmBlock;
+using detail::XRep;
+
+namespace {
+
+constexpr std::size_t kDecodeTokens = 16;  // up to this many tokens: one token block
+constexpr std::size_t kTokenBlock = 64;    // tokens per item beyond that
+constexpr std::size_t kMinTile = 16;       // output rows per item, at least
+constexpr std::size_t kMaxTile = 128;      // and at most
+constexpr std::size_t kItemsPerWorker = 4;
+constexpr std::size_t kSerialElements = std::size_t{1} << 16;  // smaller conversions: caller
+
+constexpr std::size_t round_up(std::size_t v, std::size_t m) noexcept {
+    return (v + m - 1) / m * m;
+}
+constexpr std::size_t ceil_div(std::size_t a, std::size_t b) noexcept {
+    return (a + b - 1) / b;
+}
+
+using KernelFn = void (*)(const GemmBlock&) noexcept;
+
+KernelFn kernel_for(Isa isa) noexcept {
+#if defined(WRITESCOPE_CPU_X86)
+    if (isa == Isa::avx512) return &detail::gemm_block_avx512;
+    if (isa == Isa::avx2) return &detail::gemm_block_avx2;
+#endif
+    (void)isa;
+    return &detail::gemm_block_portable;
+}
+
+// Rows of a tile: enough items for every worker to take several, within [kMinTile, kMaxTile].
+std::size_t pick_tile(std::size_t rows_times_blocks, std::size_t workers) noexcept {
+    const std::size_t want = ceil_div(rows_times_blocks, kItemsPerWorker * workers);
+    return std::clamp(round_up(want, 4), kMinTile, kMaxTile);
+}
+
+std::size_t token_block(std::size_t n) noexcept {
+    return n <= kDecodeTokens ? n : kTokenBlock;
+}
+
+[[noreturn]] void too_large(const char* what, const char* quantity, std::size_t value,
+                            const char* limit, std::size_t max) {
+    throw std::length_error(std::string("CpuModelOps::") + what + ": " + quantity + " " +
+                            std::to_string(value) + " exceeds the limit " + limit + " = " +
+                            std::to_string(max) + " it was constructed with");
+}
+
+}  // namespace
+
+struct CpuModelOps::Impl {
+    CpuModelOpsOptions opts;
+    Isa isa;
+    KernelFn kernel;
+    WorkerPool pool;
+    std::size_t max_width;  // widest activation row of linear(): max(max_hidden, max_ffn)
+
+    // Scratch, sized at construction; allocated untouched (pages are committed as calls use
+    // them). Activation rows in the kernel's form (fp32 or bf16), row stride rounded to 32.
+    std::unique_ptr<std::byte[]> xq;    // (max_tokens, round_up(max_width, 32)) × 4 bytes
+    std::unique_ptr<std::byte[]> h;     // (max_tokens·max_k, round_up(max_ffn, 32)) × 4 bytes
+    std::unique_ptr<float[]> partial;   // (max_tokens·max_k, max_hidden): down per pair
+    std::unique_ptr<float[]> tile_buf;  // per worker: gate and up tiles (2, kTokenBlock, kMaxTile)
+    std::unique_ptr<std::uint32_t[]> pair_token;  // (max_tokens·max_k): token of each pair
+    std::unique_ptr<std::int32_t[]> pair_of;      // (max_tokens·max_k): pair of (t, j), −1 none
+    std::unique_ptr<std::uint32_t[]> count;       // (max_experts + 1): pairs per expert, offsets
+    struct Used {
+        std::uint32_t expert, first_pair, pairs, items_begin;
+    };
+    std::unique_ptr<Used[]> used;  // (max_experts + 1) experts with tokens, and a sentinel
+
+    explicit Impl(const CpuModelOpsOptions& o)
+        : opts(o),
+          isa(select_isa(o.isa)),
+          kernel(kernel_for(isa)),
+          pool(WorkerPoolOptions{.threads = o.threads, .pin = o.pin}),
+          max_width(std::max(o.max_hidden, o.max_ffn)) {
+        const std::size_t pairs = o.max_tokens * o.max_k;
+        xq =
+            std::make_unique_for_overwrite<std::byte[]>(o.max_tokens * round_up(max_width, 32) * 4);
+        h = std::make_unique_for_overwrite<std::byte[]>(pairs * round_up(o.max_ffn, 32) * 4);
+        partial = std::make_unique_for_overwrite<float[]>(pairs * o.max_hidden);
+        tile_buf = std::make_unique_for_overwrite<float[]>(pool.concurrency() * 2 * kTokenBlock *
+                                                           kMaxTile);
+        pair_token = std::make_unique_for_overwrite<std::uint32_t[]>(pairs);
+        pair_of = std::make_unique_for_overwrite<std::int32_t[]>(pairs);
+        count = std::make_unique_for_overwrite<std::uint32_t[]>(o.max_experts + 1);
+        used = std::make_unique_for_overwrite<Used[]>(o.max_experts + 1);
+    }
+
+    float* tiles_of(std::size_t worker) noexcept {
+        return tile_buf.get() + worker * 2 * kTokenBlock * kMaxTile;
+    }
+
+    XRep xrep(DType d) const noexcept {
+        return isa == Isa::avx512 && d == DType::bf16 ? XRep::bf16 : XRep::f32;
+    }
+
+    // Rounds src (n rows of cols fp32, stride ld_src) into the kernel's form at dst (stride
+    // ld_dst elements), as the numerics contract says: to the weight dtype for bf16 and fp16.
+    static void round_rows(const float* src, std::size_t ld_src, std::size_t n, std::size_t cols,
+                           DType d, XRep rep, std::byte* dst, std::size_t ld_dst) noexcept {
+        for (std::size_t t = 0; t < n; ++t) {
+            const float* s = src + t * ld_src;
+            if (rep == XRep::bf16) {
+                auto* o = reinterpret_cast<std::uint16_t*>(dst) + t * ld_dst;
+                for (std::size_t c = 0; c < cols; ++c)
+                    o[c] = f32_to_bf16(s[c]);
+                continue;
+            }
+            auto* o = reinterpret_cast<float*>(dst) + t * ld_dst;
+            switch (d) {
+                case DType::f32:
+                    std::memcpy(o, s, cols * sizeof(float));
+                    break;
+                case DType::bf16:
+                    for (std::size_t c = 0; c < cols; ++c)
+                        o[c] = bf16_to_f32(f32_to_bf16(s[c]));
+                    break;
+                case DType::f16:
+                    for (std::size_t c = 0; c < cols; ++c)
+                        o[c] = f16_to_f32(f32_to_f16(s[c]));
+                    break;
+            }
+        }
+    }
+
+    // round_rows over n rows, on the pool when they are many.
+    void round_input(const float* x, std::size_t n, std::size_t cols, DType d, std::size_t ldq) {
+        const XRep rep = xrep(d);
+        const std::size_t esize = rep == XRep::bf16 ? 2 : 4;
+        std::byte* dst = xq.get();
+        if (n * cols <= kSerialElements || pool.concurrency() == 1) {
+            round_rows(x, cols, n, cols, d, rep, dst, ldq);
+            return;
+        }
+        pool.parallel_for(n, [&](std::size_t t, std::size_t) {
+            round_rows(x + t * cols, cols, 1, cols, d, rep, dst + t * ldq * esize, ldq);
+        });
+    }
+
+    void linear(const model::Matrix& w, const float* x, std::size_t n, float* y) {
+        if (n == 0 || w.rows == 0) return;
+        if (n > opts.max_tokens) too_large("linear", "n", n, "max_tokens", opts.max_tokens);
+        if (w.cols > max_width)
+            too_large("linear", "cols", w.cols, "max(max_hidden, max_ffn)", max_width);
+        if (!w.data && w.cols) throw std::invalid_argument("CpuModelOps::linear: no weight data");
+        const std::size_t ldq = round_up(w.cols, 32);
+        round_input(x, n, w.cols, w.dtype, ldq);
+        const std::size_t esize = xrep(w.dtype) == XRep::bf16 ? 2 : 4;
+        const std::size_t tb = token_block(n), blocks = ceil_div(n, tb);
+        const std::size_t tile = pick_tile(w.rows * blocks, pool.concurrency());
+        const std::size_t row_tiles = ceil_div(w.rows, tile);
+        const std::byte* xbase = xq.get();
+        pool.parallel_for(row_tiles * blocks, [&](std::size_t item, std::size_t) {
+            const std::size_t rt = item / blocks, b = item % blocks;
+            const std::size_t r0 = rt * tile, t0 = b * tb;
+            GemmBlock g{};
+            g.w = w.data;
+            g.dtype = w.dtype;
+            g.cols = w.cols;
+            g.r0 = r0;
+            g.r1 = std::min(w.rows, r0 + tile);
+            g.x = xbase + t0 * ldq * esize;
+            g.ldx = ldq;
+            g.rows = nullptr;
+            g.n = std::min(tb, n - t0);
+            g.y = y + t0 * w.rows + r0;
+            g.ldy = w.rows;
+            kernel(g);
+        });
+    }
+
+    void moe(std::span<const model::FfnWeights> experts, const float* x, std::size_t n,
+             const model::MoeRouting& routing, float* y);
+};
+
+void CpuModelOps::Impl::moe(std::span<const model::FfnWeights> experts, const float* x,
+                            std::size_t n, const model::MoeRouting& routing, float* y) {
+    if (n == 0 || routing.k == 0) return;
+    const std::size_t k = routing.k;
+    if (n > opts.max_tokens) too_large("moe", "n", n, "max_tokens", opts.max_tokens);
+    if (k > opts.max_k) too_large("moe", "k", k, "max_k", opts.max_k);
+    if (experts.size() > opts.max_experts)
+        too_large("moe", "the number of experts", experts.size(), "max_experts", opts.max_experts);
+
+    // Count the pairs per expert and check every expert that gets tokens (before anything is
+    // written: a refused call leaves y as it was).
+    const std::size_t ne = experts.size();
+    std::uint32_t* cnt = count.get();
+    std::fill(cnt, cnt + ne + 1, 0u);
+    const model::FfnWeights* shape = nullptr;
+    for (std::size_t p = 0; p < n * k; ++p) {
+        const std::int32_t e = routing.expert[p];
+        if (e < 0) continue;
+        if (static_cast<std::size_t>(e) >= ne)
+            throw std::out_of_range("CpuModelOps::moe: expert index " + std::to_string(e) +
+                                    " out of " + std::to_string(ne) + " experts");
+        const model::FfnWeights& f = experts[static_cast<std::size_t>(e)];
+        if (cnt[e]++ != 0) continue;
+        if (!shape) shape = &f;
+        const std::size_t hid = shape->gate.cols, ffn = shape->gate.rows;
+        const DType d = shape->gate.dtype;
+        const auto is = [&](const model::Matrix& m, std::size_t rows, std::size_t cols) {
+            return m.data && m.rows == rows && m.cols == cols && m.dtype == d;
+        };
+        if (!is(f.gate, ffn, hid) || !is(f.up, ffn, hid) || !is(f.down, hid, ffn))
+            throw std::invalid_argument(
+                "CpuModelOps::moe: expert " + std::to_string(e) +
+                " does not have the shape and dtype of the first routed expert: gate and up (" +
+                std::to_string(ffn) + ", " + std::to_string(hid) + "), down (" +
+                std::to_string(hid) + ", " + std::to_string(ffn) + "), " +
+                std::string(dtype_name(d)) + ", all with data");
+    }
+    if (!shape) return;  // every slot skipped
+    const std::size_t hidden = shape->gate.cols, ffn = shape->gate.rows;
+    const DType dtype = shape->gate.dtype;
+    if (hidden > opts.max_hidden) too_large("moe", "hidden", hidden, "max_hidden", opts.max_hidden);
+    if (ffn > opts.max_ffn) too_large("moe", "ffn", ffn, "max_ffn", opts.max_ffn);
+
+    // Offsets, the used experts and the pairs in expert order (token order within one).
+    const std::size_t workers = pool.concurrency();
+    std::size_t nused = 0, blocks = 0, offset = 0;
+    for (std::size_t e = 0; e < ne; ++e) {
+        const std::uint32_t c = cnt[e];
+        cnt[e] = static_cast<std::uint32_t>(offset);
+        if (c == 0) continue;
+        used[nused++] = {static_cast<std::uint32_t>(e), static_cast<std::uint32_t>(offset), c, 0};
+        blocks += ceil_div(c, token_block(c));
+        offset += c;
+    }
+    const std::size_t npairs = offset;
+    for (std::size_t p = 0; p < n * k; ++p) {
+        const std::int32_t e = routing.expert[p];
+        if (e < 0) {
+            pair_of[p] = -1;
+            continue;
+        }
+        const std::uint32_t at = cnt[e]++;
+        pair_token[at] = static_cast<std::uint32_t>(p / k);
+        pair_of[p] = static_cast<std::int32_t>(at);
+    }
+
+    const XRep rep = xrep(dtype);
+    const std::size_t esize = rep == XRep::bf16 ? 2 : 4;
+    const std::size_t ldq = round_up(hidden, 32), ldh = round_up(ffn, 32);
+    round_input(x, n, hidden, dtype, ldq);
+
+    // Items of one phase: per used expert, token blocks × row tiles, numbered expert by expert.
+    const auto plan = [&](std::size_t rows) {
+        const std::size_t tile = pick_tile(rows * blocks, workers);
+        const std::size_t tiles = ceil_div(rows, tile);
+        std::uint32_t items = 0;
+        for (std::size_t u = 0; u < nused; ++u) {
+            used[u].items_begin = items;
+            items += static_cast<std::uint32_t>(
+                ceil_div(used[u].pairs, token_block(used[u].pairs)) * tiles);
+        }
+        used[nused].items_begin = items;
+        return std::pair{tile, tiles};
+    };
+    struct Item {
+        const Used* u;
+        std::size_t t0, nt, r0;
+    };
+    const auto find = [&](std::size_t item, std::size_t tile, std::size_t tiles) {
+        const Used* first = used.get();
+        const Used* u =
+            std::upper_bound(first, first + nused, item,
+                             [](std::size_t i, const Used& v) { return i < v.items_begin; }) -
+            1;
+        const std::size_t local = item - u->items_begin, tb = token_block(u->pairs);
+        const std::size_t t0 = local / tiles * tb;
+        return Item{u, t0, std::min(tb, u->pairs - t0), local % tiles * tile};
+    };
+
+    // Phase 1: gate and up, h = silu(g)·u rounded to the kernel's form.
+    {
+        const auto [tile, tiles] = plan(ffn);
+        const std::byte* xbase = xq.get();
+        std::byte* hbase = h.get();
+        pool.parallel_for(used[nused].items_begin, [&](std::size_t item, std::size_t worker) {
+            const Item it = find(item, tile, tiles);
+            const model::FfnWeights& f = experts[it.u->expert];
+            const std::size_t r1 = std::min(ffn, it.r0 + tile), nr = r1 - it.r0;
+            float* g = tiles_of(worker);
+            float* up = g + kTokenBlock * kMaxTile;
+            GemmBlock b{};
+            b.dtype = dtype;
+            b.cols = hidden;
+            b.r0 = it.r0;
+            b.r1 = r1;
+            b.x = xbase;
+            b.ldx = ldq;
+            b.rows = pair_token.get() + it.u->first_pair + it.t0;
+            b.n = it.nt;
+            b.ldy = nr;
+            b.w = f.gate.data;
+            b.y = g;
+            kernel(b);
+            b.w = f.up.data;
+            b.y = up;
+            kernel(b);
+            for (std::size_t t = 0; t < it.nt; ++t) {
+                const std::size_t pair = it.u->first_pair + it.t0 + t;
+                float* hv = g + t * nr;  // h in place of g
+                const float* uv = up + t * nr;
+                for (std::size_t r = 0; r < nr; ++r)
+                    hv[r] = hv[r] / (1.0f + std::exp(-hv[r])) * uv[r];
+                round_rows(hv, nr, 1, nr, dtype, rep, hbase + (pair * ldh + it.r0) * esize, ldh);
+            }
+        });
+    }
+    // Phase 2: down, one fp32 partial row per pair.
+    {
+        const auto [tile, tiles] = plan(hidden);
+        const std::byte* hbase = h.get();
+        float* part = partial.get();
+        pool.parallel_for(used[nused].items_begin, [&](std::size_t item, std::size_t) {
+            const Item it = find(item, tile, tiles);
+            const std::size_t pair = it.u->first_pair + it.t0;
+            GemmBlock b{};
+            b.w = experts[it.u->expert].down.data;
+            b.dtype = dtype;
+            b.cols = ffn;
+            b.r0 = it.r0;
+            b.r1 = std::min(hidden, it.r0 + tile);
+            b.x = hbase + pair * ldh * esize;
+            b.ldx = ldh;
+            b.rows = nullptr;
+            b.n = it.nt;
+            b.y = part + pair * hidden + it.r0;
+            b.ldy = hidden;
+            kernel(b);
+        });
+    }
+    // Phase 3: y[t] += Σ_j weight[t, j] · partial[pair (t, j)], in slot order.
+    constexpr std::size_t kChunk = 512;  // columns per item
+    const std::size_t chunks = ceil_div(hidden, kChunk);
+    const auto combine = [&](std::size_t item, std::size_t) {
+        const std::size_t t = item / chunks, c0 = item % chunks * kChunk;
+        const std::size_t c1 = std::min(hidden, c0 + kChunk);
+        float* yt = y + t * hidden;
+        for (std::size_t j = 0; j < k; ++j) {
+            const std::int32_t pair = pair_of[t * k + j];
+            if (pair < 0) continue;
+            const float wgt = routing.weight[t * k + j];
+            const float* pv = partial.get() + static_cast<std::size_t>(pair) * hidden;
+            for (std::size_t c = c0; c < c1; ++c)
+                yt[c] += wgt * pv[c];
+        }
+    };
+    if (npairs * hidden <= kSerialElements || workers == 1) {
+        for (std::size_t i = 0; i < n * chunks; ++i)
+            combine(i, 0);
+    } else {
+        pool.parallel_for(n * chunks, combine);
+    }
+}
+
+CpuModelOps::CpuModelOps(const CpuModelOpsOptions& opts) : impl_(std::make_unique<Impl>(opts)) {}
+CpuModelOps::~CpuModelOps() = default;
+
+void CpuModelOps::linear(const model::Matrix& w, const float* x, std::size_t n, float* y) {
+    impl_->linear(w, x, n, y);
+}
+void CpuModelOps::moe(std::span<const model::FfnWeights> experts, const float* x, std::size_t n,
+                      const model::MoeRouting& routing, float* y) {
+    impl_->moe(experts, x, n, routing, y);
+}
+std::size_t CpuModelOps::max_tokens() const noexcept {
+    return impl_->opts.max_tokens;
+}
+const char* CpuModelOps::kernel_name() const noexcept {
+    switch (impl_->isa) {
+        case Isa::avx512:
+            return "avx512-bf16";
+        case Isa::avx2:
+            return "avx2";
+        case Isa::portable:
+            return "portable";
+    }
+    return "?";
+}
+int CpuModelOps::threads() const noexcept {
+    return static_cast<int>(impl_->pool.concurrency());
+}
+
+}  // namespace writescope::cpu

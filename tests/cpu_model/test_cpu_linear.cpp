@@ -1,0 +1,115 @@
+// CpuModelOps::linear of every ISA this CPU runs, every weight dtype, decode and prefill token
+// counts and odd shapes, against the fp64 reference of the numerics contract.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <vector>
+
+#include "allocation_counter.hpp"
+#include "model_fixtures.hpp"
+#include "test_seed.hpp"
+#include "writescope/cpu/model_ops.hpp"
+
+using namespace writescope;
+using cpu::CpuModelOps;
+using cpu::Isa;
+
+namespace {
+
+struct Shape {
+    std::size_t rows, cols;
+};
+// cols: below one vector, not a multiple of 8, 16 or 32, and long rows; rows: below the 4-row
+// register block, not a multiple of it or of a tile.
+const Shape kShapes[] = {{1, 1}, {5, 7}, {67, 45}, {131, 333}, {37, 1000}, {19, 2051}};
+const std::size_t kTokens[] = {1, 3, 16, 67, 300};
+const DType kDtypes[] = {DType::bf16, DType::f16, DType::f32};
+
+cpu::CpuModelOpsOptions options(Isa isa, std::size_t threads) {
+    return {.threads = threads,
+            .max_tokens = 300,
+            .max_hidden = 2051,
+            .max_ffn = 1024,
+            .max_experts = 64,
+            .max_k = 8,
+            .isa = isa};
+}
+
+}  // namespace
+
+TEST_CASE("linear matches the fp64 reference for every ISA, dtype, token count and shape",
+          "[unit][model]") {
+    auto rng = test::seeded_rng("cpu linear");
+    std::vector<std::unique_ptr<CpuModelOps>> ops;
+    for (Isa isa : cpu::supported_isas())
+        ops.push_back(std::make_unique<CpuModelOps>(options(isa, 3)));
+    std::size_t misalign = 0;
+    for (DType dt : kDtypes) {
+        std::vector<double> worst(ops.size(), 0.0);
+        for (const Shape& s : kShapes) {
+            misalign = (misalign + 1) % 4;  // 1, 2, 3, 0, ...: odd and even offsets
+            const test::RandomMatrix w(s.rows, s.cols, dt, misalign, rng);
+            for (std::size_t n : kTokens) {
+                const auto x = test::random_floats(n * s.cols, -2.0f, 2.0f, rng);
+                const test::LinearRef ref = test::reference_linear(w, x, n);
+                const double bound = test::dot_bound(s.cols);
+                for (std::size_t o = 0; o < ops.size(); ++o) {
+                    std::vector<float> y(n * s.rows, std::numeric_limits<float>::quiet_NaN());
+                    ops[o]->linear(w.view(), x.data(), n, y.data());
+                    double max_rel = 0;
+                    for (std::size_t i = 0; i < y.size(); ++i) {
+                        const double err = std::fabs(y[i] - ref.y[i]);
+                        const double rel = err / std::max(ref.scale[i], 1e-30);
+                        max_rel = std::max(max_rel, std::isnan(rel) ? 1e30 : rel);
+                    }
+                    worst[o] = std::max(worst[o], max_rel);
+                    INFO(ops[o]->kernel_name()
+                         << " " << dtype_name(dt) << " rows " << s.rows << " cols " << s.cols
+                         << " n " << n << " misalign " << misalign);
+                    REQUIRE(max_rel <= bound);
+                }
+            }
+        }
+        for (std::size_t o = 0; o < ops.size(); ++o)
+            std::printf("linear %-11s %-4s: max |y - ref| / sum|w||x| = %.3g\n",
+                        ops[o]->kernel_name(), std::string(dtype_name(dt)).c_str(), worst[o]);
+    }
+}
+
+TEST_CASE("linear on one thread and on many give the same bits", "[unit][model]") {
+    auto rng = test::seeded_rng("cpu linear threads");
+    for (Isa isa : cpu::supported_isas()) {
+        CpuModelOps one(options(isa, 1)), many(options(isa, 4));
+        const test::RandomMatrix w(333, 517, DType::bf16, 1, rng);
+        for (std::size_t n : {1, 16, 130}) {
+            const auto x = test::random_floats(n * 517, -1.0f, 1.0f, rng);
+            std::vector<float> a(n * 333), b(n * 333);
+            one.linear(w.view(), x.data(), n, a.data());
+            many.linear(w.view(), x.data(), n, b.data());
+            INFO(one.kernel_name() << " n " << n);
+            REQUIRE(a == b);
+        }
+    }
+}
+
+#if !defined(__SANITIZE_ADDRESS__)
+TEST_CASE("linear allocates nothing", "[unit][model]") {
+    auto rng = test::seeded_rng("cpu linear allocation");
+    for (Isa isa : cpu::supported_isas()) {
+        CpuModelOps ops(options(isa, 3));
+        for (DType dt : kDtypes) {
+            const test::RandomMatrix w(200, 300, dt, 3, rng);
+            const auto x = test::random_floats(300 * 300, -1.0f, 1.0f, rng);
+            std::vector<float> y(300 * 200);
+            ops.linear(w.view(), x.data(), 300, y.data());  // warm: nothing lazy left
+            const auto before = test::allocations();
+            for (std::size_t n : {1, 16, 300})
+                ops.linear(w.view(), x.data(), n, y.data());
+            const auto after = test::allocations();  // before INFO, which allocates
+            INFO(ops.kernel_name() << " " << dtype_name(dt));
+            REQUIRE(after == before);
+        }
+    }
+}
+#endif

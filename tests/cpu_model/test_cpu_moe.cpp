@@ -1,0 +1,262 @@
+// CpuModelOps::moe against a per-token fp64 reference: skipped slots (−1), tokens sharing
+// experts, experts without tokens (whose weights are absent), k up to 8, a dense MLP as one
+// expert; and that it allocates nothing.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "allocation_counter.hpp"
+#include "model_fixtures.hpp"
+#include "test_seed.hpp"
+#include "writescope/cpu/model_ops.hpp"
+
+using namespace writescope;
+using cpu::CpuModelOps;
+using cpu::Isa;
+
+namespace {
+
+struct MoeCase {
+    const char* name;
+    std::size_t hidden, ffn, experts, k;
+};
+const MoeCase kCases[] = {
+    {"dense 64/32 (one expert, k 1)", 64, 32, 1, 1},
+    {"100/67, 10 experts, k 3", 100, 67, 10, 3},
+    {"333/130, 64 experts, k 8", 333, 130, 64, 8},
+    {"45/7, 8 experts, k 2", 45, 7, 8, 2},
+};
+const std::size_t kTokens[] = {1, 3, 16, 67, 300};
+const DType kDtypes[] = {DType::bf16, DType::f16, DType::f32};
+
+cpu::CpuModelOpsOptions options(Isa isa, std::size_t threads) {
+    return {.threads = threads,
+            .max_tokens = 300,
+            .max_hidden = 512,
+            .max_ffn = 256,
+            .max_experts = 64,
+            .max_k = 8,
+            .isa = isa};
+}
+
+// Per token k distinct experts, drawn with a popularity skew (tokens share the popular ones,
+// some experts get none), a slot skipped (−1) with probability 1/6, weights in (0, 1].
+struct Routing {
+    std::vector<std::int32_t> expert;
+    std::vector<float> weight;
+    model::MoeRouting view(std::size_t k) const { return {expert.data(), weight.data(), k}; }
+};
+Routing random_routing(std::size_t n, std::size_t k, std::size_t experts, std::mt19937_64& rng) {
+    Routing r{std::vector<std::int32_t>(n * k), std::vector<float>(n * k)};
+    std::vector<double> pop(experts);
+    for (std::size_t e = 0; e < experts; ++e)
+        pop[e] = 1.0 / static_cast<double>(1 + e % 7);  // a few popular experts
+    std::uniform_real_distribution<float> u(0.01f, 1.0f);
+    for (std::size_t t = 0; t < n; ++t) {
+        std::vector<double> p = pop;
+        for (std::size_t j = 0; j < k; ++j) {
+            std::discrete_distribution<std::int32_t> pick(p.begin(), p.end());
+            const std::int32_t e = pick(rng);
+            p[static_cast<std::size_t>(e)] = 0;  // distinct within the token
+            const bool skip = experts > 1 && rng() % 6 == 0;
+            r.expert[t * k + j] = skip ? -1 : e;
+            r.weight[t * k + j] = u(rng);
+        }
+    }
+    return r;
+}
+
+struct Experts {
+    std::vector<std::unique_ptr<test::RandomMatrix>> gate, up, down;
+    std::vector<model::FfnWeights> views;  // unused experts: no data
+};
+Experts random_experts(const MoeCase& c, DType dt, const Routing& r, std::mt19937_64& rng) {
+    Experts ex;
+    ex.views.resize(c.experts);
+    ex.gate.resize(c.experts);
+    ex.up.resize(c.experts);
+    ex.down.resize(c.experts);
+    for (std::size_t e = 0; e < c.experts; ++e) {
+        if (std::find(r.expert.begin(), r.expert.end(), static_cast<std::int32_t>(e)) ==
+            r.expert.end())
+            continue;
+        ex.gate[e] = std::make_unique<test::RandomMatrix>(c.ffn, c.hidden, dt, e % 3, rng);
+        ex.up[e] = std::make_unique<test::RandomMatrix>(c.ffn, c.hidden, dt, (e + 1) % 3, rng);
+        ex.down[e] = std::make_unique<test::RandomMatrix>(c.hidden, c.ffn, dt, (e + 2) % 3, rng);
+        ex.views[e] = {ex.gate[e]->view(), ex.up[e]->view(), ex.down[e]->view()};
+    }
+    return ex;
+}
+
+// The reference of y += Σ_j w_j FFN_j(x) and a rigorous bound per element. The kernels' h
+// differs from the fp64 h by the fp32 error of gate and up (dot_bound) and of the SwiGLU; for
+// bf16 and fp16 it is then rounded, and where the fp64 h lies that close to a rounding boundary
+// either neighbour is right: the bound takes the farther one, |w_down|·Δh per element.
+struct MoeRef {
+    std::vector<double> y, bound, scale;
+};
+MoeRef reference_moe(const MoeCase& c, DType dt, const Experts& ex, const std::vector<float>& x,
+                     const std::vector<float>& y0, std::size_t n, const Routing& r) {
+    MoeRef ref{std::vector<double>(n * c.hidden), std::vector<double>(n * c.hidden),
+               std::vector<double>(n * c.hidden)};
+    const double eps32 = std::ldexp(1.0, -24);
+    const double tol_in = test::dot_bound(c.hidden), tol_down = test::dot_bound(c.ffn);
+    std::vector<double> xr(c.hidden), hr(c.ffn), dh(c.ffn);
+    for (std::size_t t = 0; t < n; ++t) {
+        for (std::size_t i = 0; i < c.hidden; ++i) {
+            xr[i] = test::round_to(x[t * c.hidden + i], dt);
+            ref.y[t * c.hidden + i] = y0[t * c.hidden + i];
+            ref.scale[t * c.hidden + i] = std::fabs(y0[t * c.hidden + i]);
+        }
+        std::vector<double> comb_scale(c.hidden, 0.0);
+        for (std::size_t j = 0; j < c.k; ++j) {
+            const std::int32_t e = r.expert[t * c.k + j];
+            if (e < 0) continue;
+            const double wgt = r.weight[t * c.k + j];
+            const test::RandomMatrix& g = *ex.gate[e];
+            const test::RandomMatrix& u = *ex.up[e];
+            const test::RandomMatrix& d = *ex.down[e];
+            for (std::size_t f = 0; f < c.ffn; ++f) {
+                double gs = 0, ga = 0, us = 0, ua = 0;
+                for (std::size_t i = 0; i < c.hidden; ++i) {
+                    gs += g.at(f, i) * xr[i];
+                    ga += std::fabs(g.at(f, i) * xr[i]);
+                    us += u.at(f, i) * xr[i];
+                    ua += std::fabs(u.at(f, i) * xr[i]);
+                }
+                const double sig = 1.0 / (1.0 + std::exp(-gs));
+                const double h = gs * sig * us;
+                // |d silu/dg| < 1.1; the SwiGLU's own fp32 operations: a few ulps of h.
+                const double eh = 1.1 * tol_in * ga * std::fabs(us) +
+                                  std::fabs(gs * sig) * tol_in * ua + 8 * eps32 * std::fabs(h);
+                hr[f] = test::round_to(h, dt);
+                if (dt == DType::f32) {
+                    hr[f] = h;
+                    dh[f] = eh;
+                } else {
+                    dh[f] = std::max(std::fabs(test::round_to(h + eh, dt) - hr[f]),
+                                     std::fabs(test::round_to(h - eh, dt) - hr[f]));
+                }
+            }
+            for (std::size_t o = 0; o < c.hidden; ++o) {
+                double s = 0, a = 0, b = 0;
+                for (std::size_t f = 0; f < c.ffn; ++f) {
+                    s += d.at(o, f) * hr[f];
+                    a += std::fabs(d.at(o, f) * hr[f]);
+                    b += std::fabs(d.at(o, f)) * dh[f];
+                }
+                ref.y[t * c.hidden + o] += wgt * s;
+                ref.bound[t * c.hidden + o] += wgt * (tol_down * a + b);
+                comb_scale[o] += wgt * (a + b);
+            }
+        }
+        for (std::size_t o = 0; o < c.hidden; ++o) {
+            // The fp32 combine: one rounding of each product and each sum.
+            ref.scale[t * c.hidden + o] += comb_scale[o];
+            ref.bound[t * c.hidden + o] +=
+                2 * static_cast<double>(c.k + 1) * eps32 * ref.scale[t * c.hidden + o];
+        }
+    }
+    return ref;
+}
+
+}  // namespace
+
+TEST_CASE("moe matches the per-token fp64 reference for every ISA and dtype", "[unit][model]") {
+    auto rng = test::seeded_rng("cpu moe");
+    std::vector<std::unique_ptr<CpuModelOps>> ops;
+    for (Isa isa : cpu::supported_isas()) {
+        ops.push_back(std::make_unique<CpuModelOps>(options(isa, 3)));
+        ops.push_back(std::make_unique<CpuModelOps>(options(isa, 1)));
+    }
+    for (DType dt : kDtypes) {
+        std::vector<double> worst_rel(ops.size(), 0.0), worst_of_bound(ops.size(), 0.0);
+        for (const MoeCase& c : kCases) {
+            for (std::size_t n : kTokens) {
+                if (n == 300 && c.k == 8 && dt != DType::bf16) continue;  // the slowest, once
+                const Routing r = random_routing(n, c.k, c.experts, rng);
+                const Experts ex = random_experts(c, dt, r, rng);
+                const auto x = test::random_floats(n * c.hidden, -2.0f, 2.0f, rng);
+                const auto y0 = test::random_floats(n * c.hidden, -1.0f, 1.0f, rng);
+                const MoeRef ref = reference_moe(c, dt, ex, x, y0, n, r);
+                for (std::size_t o = 0; o < ops.size(); ++o) {
+                    std::vector<float> y = y0;
+                    ops[o]->moe(ex.views, x.data(), n, r.view(c.k), y.data());
+                    double rel = 0, of_bound = 0;
+                    for (std::size_t i = 0; i < y.size(); ++i) {
+                        const double err = std::fabs(y[i] - ref.y[i]);
+                        rel = std::max(rel, std::isnan(err) ? 1e30 : err / ref.scale[i]);
+                        of_bound = std::max(of_bound, std::isnan(err) ? 1e30 : err / ref.bound[i]);
+                    }
+                    worst_rel[o] = std::max(worst_rel[o], rel);
+                    worst_of_bound[o] = std::max(worst_of_bound[o], of_bound);
+                    INFO(ops[o]->kernel_name() << " threads " << ops[o]->threads() << " "
+                                               << dtype_name(dt) << " " << c.name << " n " << n);
+                    REQUIRE(of_bound <= 1.0);
+                }
+            }
+        }
+        for (std::size_t o = 0; o < ops.size(); ++o)
+            std::printf(
+                "moe %-11s %d thr %-4s: max |y - ref| / scale = %.3g, max |y - ref| / bound = "
+                "%.3g\n",
+                ops[o]->kernel_name(), ops[o]->threads(), std::string(dtype_name(dt)).c_str(),
+                worst_rel[o], worst_of_bound[o]);
+    }
+}
+
+TEST_CASE("moe gives the same bits on one thread and on many", "[unit][model]") {
+    auto rng = test::seeded_rng("cpu moe threads");
+    const MoeCase c{"", 200, 96, 16, 4};
+    for (Isa isa : cpu::supported_isas()) {
+        CpuModelOps one(options(isa, 1)), many(options(isa, 4));
+        for (std::size_t n : {1, 16, 200}) {
+            const Routing r = random_routing(n, c.k, c.experts, rng);
+            const Experts ex = random_experts(c, DType::bf16, r, rng);
+            const auto x = test::random_floats(n * c.hidden, -1.0f, 1.0f, rng);
+            std::vector<float> a(n * c.hidden, 0.5f), b = a;
+            one.moe(ex.views, x.data(), n, r.view(c.k), a.data());
+            many.moe(ex.views, x.data(), n, r.view(c.k), b.data());
+            INFO(one.kernel_name() << " n " << n);
+            REQUIRE(a == b);
+        }
+    }
+}
+
+TEST_CASE("moe with every slot skipped leaves y alone", "[unit][model]") {
+    CpuModelOps ops(options(cpu::detected_isa(), 2));
+    const std::vector<std::int32_t> expert(3 * 2, -1);
+    const std::vector<float> weight(3 * 2, 1.0f);
+    const std::vector<float> x(3 * 64, 1.0f);
+    std::vector<float> y(3 * 64, 0.25f);
+    std::vector<model::FfnWeights> none(4);
+    ops.moe(none, x.data(), 3, {expert.data(), weight.data(), 2}, y.data());
+    REQUIRE(std::all_of(y.begin(), y.end(), [](float v) { return v == 0.25f; }));
+}
+
+#if !defined(__SANITIZE_ADDRESS__)
+TEST_CASE("moe allocates nothing", "[unit][model]") {
+    auto rng = test::seeded_rng("cpu moe allocation");
+    const MoeCase c{"", 128, 64, 32, 8};
+    for (Isa isa : cpu::supported_isas()) {
+        CpuModelOps ops(options(isa, 3));
+        const Routing r = random_routing(300, c.k, c.experts, rng);
+        const Experts ex = random_experts(c, DType::bf16, r, rng);
+        const auto x = test::random_floats(300 * c.hidden, -1.0f, 1.0f, rng);
+        std::vector<float> y(300 * c.hidden);
+        ops.moe(ex.views, x.data(), 300, r.view(c.k), y.data());  // warm
+        const auto before = test::allocations();
+        for (std::size_t n : {1, 16, 300}) {
+            // The first n tokens' routing: it only names experts that have weights.
+            ops.moe(ex.views, x.data(), n, r.view(c.k), y.data());
+        }
+        const auto after = test::allocations();  // before INFO, which allocates
+        INFO(ops.kernel_name());
+        REQUIRE(after == before);
+    }
+}
+#endif
