@@ -25,6 +25,7 @@ class ModelOps;
 struct RuntimeOptions {
     std::size_t prefill_chunk_tokens = 512;  // most prompt tokens computed in one forward pass
     std::size_t max_batch = 64;              // most sequences in one decode step
+    DType kv_dtype = DType::bf16;            // the dtype the engine was built with
 };
 
 class Runtime {

@@ -1,0 +1,41 @@
+// One architecture's decoder layer, in three parts around the engine's attention: the runtime
+// (runtime.cpp) runs embedding → for each layer [norm → attention_in → engine → attention_out →
+// residual → norm → feed_forward (adds into the residual)] → final norm → head, and the
+// per-architecture files (qwen3_moe.cpp, mixtral.cpp, deepseek_v2.cpp) supply the parts over the
+// shared blocks (layers.hpp, blocks.hpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "writescope/core/model/model.hpp"
+#include "writescope/core/model/model_ops.hpp"
+
+namespace writescope::model::detail {
+
+class Architecture {
+  public:
+    virtual ~Architecture() = default;
+    // From the normed hidden states xn (n, hidden) of tokens at positions pos (n): the query in
+    // the engine's form q (n, num_q_heads, head_dim_k) and the new K, V (n, num_kv_heads,
+    // head_dim_k / head_dim_v; MLA: the latent (n, head_dim_k) in k, v unused), all in the KV
+    // dtype.
+    virtual void attention_in(std::size_t layer, const float* xn, std::size_t n,
+                              const std::int64_t* pos, void* q, void* k, void* v) = 0;
+    // From the engine's merged states (n × num_q_heads, head_dim_v) fp32 to out (n, hidden).
+    virtual void attention_out(std::size_t layer, const float* states, std::size_t n,
+                               float* out) = 0;
+    // h (n, hidden) += the layer's MLP or MoE block of xn (n, hidden).
+    virtual void feed_forward(std::size_t layer, const float* xn, std::size_t n, float* h) = 0;
+};
+
+// max_tokens: the most tokens of one call (the scratch is sized for it).
+std::unique_ptr<Architecture> make_qwen3_moe(const Model& m, ModelOps& ops, DType kv_dtype,
+                                             std::size_t max_tokens);
+std::unique_ptr<Architecture> make_mixtral(const Model& m, ModelOps& ops, DType kv_dtype,
+                                           std::size_t max_tokens);
+std::unique_ptr<Architecture> make_deepseek_v2(const Model& m, ModelOps& ops, DType kv_dtype,
+                                               std::size_t max_tokens);
+
+}  // namespace writescope::model::detail

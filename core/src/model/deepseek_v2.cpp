@@ -1,0 +1,147 @@
+// DeepSeek-V2 (and V2-Lite): multi-head latent attention in the absorbed form over the latent the
+// engine stores, routed experts with shared ones, dense first layers.
+//
+// Per token: q = q_proj(x), or q_b_proj(q_a_layernorm(q_a_proj(x))), heads of [q_nope | q_pe];
+// kv_a_proj_with_mqa(x) = [c_kv (kv_lora_rank) | k_pe (qk_rope_head_dim)], kv_a_layernorm on
+// c_kv only; the rotary on q_pe and k_pe rotates interleaved pairs (2i, 2i+1) (transformers'
+// complex multiplication; a NeoX rotation of this layout is silently wrong), with YaRN's
+// frequencies and its cos/sin factor. The engine stores [c_kv | k_pe] once per token.
+// kv_b_proj's rows per head are [k_nope (qk_nope_head_dim) | v (v_head_dim)]: W_UK and W_UV.
+// Absorbed: the engine's query per head is [W_UKᵀ·q_nope | q_pe], so score = q_nope·(W_UK c) +
+// q_pe·k_pe, the softmax scale carries YaRN's mscale(factor, mscale_all_dim)² (ModelConfig::
+// softmax_scale), and the engine's output Σ p·c_kv becomes the head's value through W_UV.
+#include <algorithm>
+#include <cstring>
+
+#include "architecture.hpp"
+#include "layers.hpp"
+
+namespace writescope::model::detail {
+namespace {
+
+float load_any(const void* base, std::size_t i, DType t) noexcept {
+    const auto* p = static_cast<const unsigned char*>(base) + i * dtype_bytes(t);
+    if (t == DType::f32) {
+        float f;
+        std::memcpy(&f, p, 4);
+        return f;
+    }
+    std::uint16_t h;
+    std::memcpy(&h, p, 2);
+    return t == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
+class DeepseekV2 final : public Architecture {
+  public:
+    DeepseekV2(const Model& m, ModelOps& ops, DType kv, std::size_t max_tokens)
+        : m_(m), ops_(ops), kv_(kv), rope_(m.config().rope), ffn_(m, ops, max_tokens) {
+        const auto& c = m.config();
+        H_ = static_cast<std::size_t>(c.num_heads);
+        nope_ = static_cast<std::size_t>(c.qk_nope_head_dim);
+        rot_ = static_cast<std::size_t>(c.qk_rope_head_dim);
+        vd_ = static_cast<std::size_t>(c.v_head_dim);
+        rank_ = static_cast<std::size_t>(c.kv_lora_rank);
+        qk_ = nope_ + rot_;
+        lat_ = rank_ + rot_;
+        // W_UKᵀ per head, fp32 (rank, nope): the absorbed query is a linear over q_nope.
+        const auto& layers = m.weights().layers;
+        uk_t_.resize(layers.size());
+        for (std::size_t l = 0; l < layers.size(); ++l) {
+            const Matrix& kvb = layers[l].kv_b_proj;
+            auto& t = uk_t_[l];
+            t.resize(H_ * rank_ * nope_);
+            for (std::size_t h = 0; h < H_; ++h)
+                for (std::size_t j = 0; j < nope_; ++j)
+                    for (std::size_t r = 0; r < rank_; ++r)
+                        t[(h * rank_ + r) * nope_ + j] =
+                            load_any(kvb.data, (h * (nope_ + vd_) + j) * rank_ + r, kvb.dtype);
+        }
+        q_.resize(max_tokens * H_ * qk_);
+        qa_.resize(max_tokens * static_cast<std::size_t>(std::max(1, c.q_lora_rank)));
+        lat_buf_.resize(max_tokens * lat_);
+        q_eng_.resize(max_tokens * H_ * lat_);
+        head_in_.resize(max_tokens * std::max(rank_, nope_));
+        head_out_.resize(max_tokens * std::max(rank_, vd_));
+        attn_.resize(max_tokens * H_ * vd_);
+    }
+
+    void attention_in(std::size_t layer, const float* xn, std::size_t n, const std::int64_t* pos,
+                      void* q, void* k, void*) override {
+        const auto& c = m_.config();
+        const LayerWeights& L = m_.weights().layers[layer];
+        if (c.q_lora_rank > 0) {
+            ops_.linear(L.q_a_proj, xn, n, qa_.data());
+            rms_norm(L.q_a_norm, qa_.data(), n, static_cast<std::size_t>(c.q_lora_rank),
+                     c.rms_norm_eps, qa_.data());
+            ops_.linear(L.q_b_proj, qa_.data(), n, q_.data());
+        } else {
+            ops_.linear(L.q_proj, xn, n, q_.data());
+        }
+        ops_.linear(L.kv_a_proj, xn, n, lat_buf_.data());
+        for (std::size_t t = 0; t < n; ++t) {
+            float* row = lat_buf_.data() + t * lat_;
+            rms_norm(L.kv_a_norm, row, 1, rank_, c.rms_norm_eps, row);
+            rope_.apply(row, 1, lat_, rank_, pos[t]);
+            rope_.apply(q_.data() + t * H_ * qk_, H_, qk_, nope_, pos[t]);
+        }
+        // The absorbed query: per head [W_UKᵀ q_nope | q_pe].
+        for (std::size_t h = 0; h < H_; ++h) {
+            for (std::size_t t = 0; t < n; ++t)
+                std::memcpy(head_in_.data() + t * nope_, q_.data() + (t * H_ + h) * qk_,
+                            nope_ * sizeof(float));
+            const Matrix uk{uk_t_[layer].data() + h * rank_ * nope_, DType::f32, rank_, nope_};
+            ops_.linear(uk, head_in_.data(), n, head_out_.data());
+            for (std::size_t t = 0; t < n; ++t) {
+                float* dst = q_eng_.data() + (t * H_ + h) * lat_;
+                std::memcpy(dst, head_out_.data() + t * rank_, rank_ * sizeof(float));
+                std::memcpy(dst + rank_, q_.data() + (t * H_ + h) * qk_ + nope_,
+                            rot_ * sizeof(float));
+            }
+        }
+        store_as(kv_, q_eng_.data(), n * H_ * lat_, q);
+        store_as(kv_, lat_buf_.data(), n * lat_, k);
+    }
+
+    void attention_out(std::size_t layer, const float* states, std::size_t n,
+                       float* out) override {
+        const LayerWeights& L = m_.weights().layers[layer];
+        const Matrix& kvb = L.kv_b_proj;
+        const std::size_t es = dtype_bytes(kvb.dtype);
+        for (std::size_t h = 0; h < H_; ++h) {
+            for (std::size_t t = 0; t < n; ++t)
+                std::memcpy(head_in_.data() + t * rank_, states + (t * H_ + h) * rank_,
+                            rank_ * sizeof(float));
+            // W_UV of head h: rows [h·(nope + v) + nope, + v) of kv_b_proj.
+            const Matrix uv{static_cast<const char*>(kvb.data) + (h * (nope_ + vd_) + nope_) * rank_ * es,
+                            kvb.dtype, vd_, rank_};
+            ops_.linear(uv, head_in_.data(), n, head_out_.data());
+            for (std::size_t t = 0; t < n; ++t)
+                std::memcpy(attn_.data() + (t * H_ + h) * vd_, head_out_.data() + t * vd_,
+                            vd_ * sizeof(float));
+        }
+        ops_.linear(L.o_proj, attn_.data(), n, out);
+    }
+
+    void feed_forward(std::size_t layer, const float* xn, std::size_t n, float* h) override {
+        ffn_.run(layer, xn, n, h);
+    }
+
+  private:
+    const Model& m_;
+    ModelOps& ops_;
+    DType kv_;
+    Rotary rope_;
+    FeedForward ffn_;
+    std::size_t H_ = 0, nope_ = 0, rot_ = 0, vd_ = 0, rank_ = 0, qk_ = 0, lat_ = 0;
+    std::vector<std::vector<float>> uk_t_;  // per layer: (heads, rank, nope) fp32
+    std::vector<float> q_, qa_, lat_buf_, q_eng_, head_in_, head_out_, attn_;
+};
+
+}  // namespace
+
+std::unique_ptr<Architecture> make_deepseek_v2(const Model& m, ModelOps& ops, DType kv_dtype,
+                                               std::size_t max_tokens) {
+    return std::make_unique<DeepseekV2>(m, ops, kv_dtype, max_tokens);
+}
+
+}  // namespace writescope::model::detail

@@ -1,0 +1,49 @@
+// The layer parts the architectures share: standard (GQA) attention around the engine, and the
+// feed-forward block (dense MLP, or routed experts plus shared ones).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "blocks.hpp"
+
+namespace writescope::model::detail {
+
+// q/k/v projections (+ biases) → per-head q/k RMSNorm (Qwen3) → rotary (NeoX halves) → KV dtype;
+// and the output projection.
+class StandardAttention {
+  public:
+    StandardAttention(const Model& m, ModelOps& ops, DType kv_dtype, std::size_t max_tokens,
+                      bool qk_norm);
+    void in(std::size_t layer, const float* xn, std::size_t n, const std::int64_t* pos, void* q,
+            void* k, void* v);
+    void out(std::size_t layer, const float* states, std::size_t n, float* y);
+
+  private:
+    const Model& m_;
+    ModelOps& ops_;
+    DType kv_;
+    bool qk_norm_;
+    Rotary rope_;
+    std::vector<float> q_, k_, v_;
+};
+
+// Dense layers: the MLP. MoE layers: router (fp32) → route_tokens → the routed experts, then the
+// shared experts (DeepSeek), each added into h.
+class FeedForward {
+  public:
+    FeedForward(const Model& m, ModelOps& ops, std::size_t max_tokens);
+    void run(std::size_t layer, const float* xn, std::size_t n, float* h);
+
+  private:
+    const Model& m_;
+    ModelOps& ops_;
+    // The routers in fp32 (DESIGN.md section 5: routers in fp32), one per layer (empty for dense
+    // layers).
+    std::vector<std::vector<float>> routers_;
+    std::vector<float> logits_, weights_, ones_;
+    std::vector<std::int32_t> experts_, zeros_;
+};
+
+}  // namespace writescope::model::detail
