@@ -1,1 +1,0 @@
-// The model runtime sources; see core/model.cmake.
