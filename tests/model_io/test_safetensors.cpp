@@ -17,6 +17,7 @@
 using namespace writescope;
 using namespace writescope::model;
 namespace fs = std::filesystem;
+using namespace std::string_literals;
 
 namespace {
 
@@ -69,7 +70,7 @@ void write_raw(const fs::path& p, const std::string& header, std::size_t data_by
 // One tensor's header entry.
 std::string entry(const std::string& name, const std::string& dtype, const std::string& shape,
                   std::uint64_t begin, std::uint64_t end) {
-    return "\"" + name + "\":{\"dtype\":\"" + dtype + "\",\"shape\":" + shape +
+    return "\""s + name + "\":{\"dtype\":\"" + dtype + "\",\"shape\":" + shape +
            ",\"data_offsets\":[" + std::to_string(begin) + "," + std::to_string(end) + "]}";
 }
 
@@ -84,7 +85,7 @@ class ContainsAll : public Catch::MatcherBase<std::string> {
     std::string describe() const override {
         std::string d = "contains all of:";
         for (const auto& p : parts_)
-            d += " \"" + p + "\"";
+            d += " \""s + p + "\"";
         return d;
     }
 
@@ -325,9 +326,9 @@ TEST_CASE("safetensors: a sharded directory with an index", "[unit][safetensors]
     write_safetensors(dir / s1, to_write(first), {{"format", "pt"}});
     std::string index = "{\"metadata\": {\"total_size\": 1234}, \"weight_map\": {";
     for (const auto& s : first)
-        index += "\"" + s.name + "\": \"" + s1 + "\", ";
+        index += "\""s + s.name + "\": \"" + s1 + "\", ";
     for (const auto& s : second)
-        index += "\"" + s.name + "\": \"" + s2 + "\", ";
+        index += "\""s + s.name + "\": \"" + s2 + "\", ";
     index.resize(index.size() - 2);
     index += "}}";
     write_all(dir / "model.safetensors.index.json", index);
@@ -381,11 +382,11 @@ TEST_CASE("safetensors validation errors name the file, the tensor and the probl
         require_rejected(f, {"header length is 0"});
     }
     SECTION("a header length bigger than the file") {
-        write_raw(f, "{" + w8 + "}", 8, 1000);
+        write_raw(f, "{"s + w8 + "}", 8, 1000);
         require_rejected(f, {"header length 1000 goes beyond the end of the file"});
     }
     SECTION("a header above max_header_bytes") {
-        write_raw(f, "{" + w8 + "}", 8);
+        write_raw(f, "{"s + w8 + "}", 8);
         WeightFilesOptions opts;
         opts.max_header_bytes = 16;
         require_rejected(f, {"is above the limit of 16 bytes"}, opts);
@@ -399,7 +400,7 @@ TEST_CASE("safetensors validation errors name the file, the tensor and the probl
         require_rejected(f, {"header is not a JSON object"});
     }
     SECTION("a tensor defined twice in one header") {
-        write_raw(f, "{" + w8 + "," + w8 + "}", 8);
+        write_raw(f, "{"s + w8 + "," + w8 + "}", 8);
         require_rejected(f, {"has the key w twice"});
     }
     SECTION("a tensor entry that is not an object") {
@@ -415,7 +416,7 @@ TEST_CASE("safetensors validation errors name the file, the tensor and the probl
         require_rejected(f, {"tensor w: ", "dtype 4 is not a string"});
     }
     SECTION("dtype not supported") {
-        write_raw(f, "{" + entry("model.layers.0.q_proj.qweight", "I8", "[8]", 0, 8) + "}", 8);
+        write_raw(f, "{"s + entry("model.layers.0.q_proj.qweight", "I8", "[8]", 0, 8) + "}", 8);
         require_rejected(f, {"tensor model.layers.0.q_proj.qweight: ",
                              "dtype I8 is not supported (BF16, F16, F32)"});
     }
@@ -424,15 +425,15 @@ TEST_CASE("safetensors validation errors name the file, the tensor and the probl
         require_rejected(f, {"tensor w: ", "shape is missing"});
     }
     SECTION("shape with a negative dimension") {
-        write_raw(f, "{" + entry("w", "F32", "[-2]", 0, 8) + "}", 8);
+        write_raw(f, "{"s + entry("w", "F32", "[-2]", 0, 8) + "}", 8);
         require_rejected(f, {"tensor w: ", "shape [-2] is not a list of non-negative integers"});
     }
     SECTION("shape with a fractional dimension") {
-        write_raw(f, "{" + entry("w", "F32", "[2.5]", 0, 8) + "}", 8);
+        write_raw(f, "{"s + entry("w", "F32", "[2.5]", 0, 8) + "}", 8);
         require_rejected(f, {"tensor w: ", "is not a list of non-negative integers"});
     }
     SECTION("shape not a list") {
-        write_raw(f, "{" + entry("w", "F32", "2", 0, 8) + "}", 8);
+        write_raw(f, "{"s + entry("w", "F32", "2", 0, 8) + "}", 8);
         require_rejected(f, {"tensor w: ", "shape 2 is not a list of non-negative integers"});
     }
     SECTION("data_offsets missing") {
@@ -448,42 +449,42 @@ TEST_CASE("safetensors validation errors name the file, the tensor and the probl
         require_rejected(f, {"tensor w: ", "data_offsets [-1,7] is not two non-negative integers"});
     }
     SECTION("data_offsets begin after end") {
-        write_raw(f, "{" + entry("w", "F32", "[0]", 8, 4) + "}", 8);
+        write_raw(f, "{"s + entry("w", "F32", "[0]", 8, 4) + "}", 8);
         require_rejected(f, {"tensor w: ", "data_offsets [8, 4]: begin is after end"});
     }
     SECTION("shape × dtype size not the offsets' span") {
         write_raw(f,
-                  "{" + entry("model.layers.3.mlp.gate.weight", "BF16", "[8, 16]", 100, 228) + "}",
+                  "{"s + entry("model.layers.3.mlp.gate.weight", "BF16", "[8, 16]", 100, 228) + "}",
                   300);
         require_rejected(f, {"tensor model.layers.3.mlp.gate.weight: ",
                              "data_offsets [100, 228] span 128 bytes but dtype BF16 × shape [8, "
                              "16] is 256 bytes"});
     }
     SECTION("shape × dtype size overflowing") {
-        write_raw(f, "{" + entry("huge", "F32", "[4294967296, 4294967296, 2]", 0, 8) + "}", 8);
+        write_raw(f, "{"s + entry("huge", "F32", "[4294967296, 4294967296, 2]", 0, 8) + "}", 8);
         require_rejected(f, {"tensor huge: ", "overflows 64 bits"});
     }
     SECTION("data past the end of the data section") {
-        write_raw(f, "{" + entry("w", "F32", "[4]", 0, 16) + "}", 12);
+        write_raw(f, "{"s + entry("w", "F32", "[4]", 0, 16) + "}", 12);
         require_rejected(
             f, {"tensor w: ", "data_offsets [0, 16] end beyond the data section (12 bytes"});
     }
     SECTION("overlapping tensors") {
         write_raw(
-            f, "{" + entry("a", "F32", "[4]", 0, 16) + "," + entry("b", "F32", "[4]", 8, 24) + "}",
+            f, "{"s + entry("a", "F32", "[4]", 0, 16) + "," + entry("b", "F32", "[4]", 8, 24) + "}",
             24);
         require_rejected(f, {"tensor b: ", "data_offsets [8, 24] overlap tensor a at [0, 16]"});
     }
     SECTION("a tensor inside a longer one overlaps it") {
         write_raw(f,
-                  "{" + entry("a", "F32", "[8]", 0, 32) + "," + entry("b", "F32", "[1]", 16, 20) +
+                  "{"s + entry("a", "F32", "[8]", 0, 32) + "," + entry("b", "F32", "[1]", 16, 20) +
                       "," + entry("c", "F32", "[1]", 24, 28) + "}",
                   32);
         require_rejected(f, {"tensor b: ", "overlap tensor a"});
     }
     SECTION("zero-size tensors overlap nothing") {
         write_raw(f,
-                  "{" + entry("a", "F32", "[4]", 0, 16) + "," + entry("z", "F32", "[0, 3]", 8, 8) +
+                  "{"s + entry("a", "F32", "[4]", 0, 16) + "," + entry("z", "F32", "[0, 3]", 8, 8) +
                       "," + entry("y", "BF16", "[0]", 16, 16) + "}",
                   16);
         const auto w = WeightFiles::open_file(f);
@@ -491,11 +492,11 @@ TEST_CASE("safetensors validation errors name the file, the tensor and the probl
         REQUIRE(w.find("z")->bytes == 0);
     }
     SECTION("__metadata__ not an object") {
-        write_raw(f, "{\"__metadata__\": [\"pt\"], " + w8 + "}", 8);
+        write_raw(f, "{\"__metadata__\": [\"pt\"], "s + w8 + "}", 8);
         require_rejected(f, {"__metadata__ is not an object"});
     }
     SECTION("__metadata__ with a value that is not a string") {
-        write_raw(f, "{\"__metadata__\": {\"format\": \"pt\", \"step\": 3}, " + w8 + "}", 8);
+        write_raw(f, "{\"__metadata__\": {\"format\": \"pt\", \"step\": 3}, "s + w8 + "}", 8);
         require_rejected(f, {"__metadata__ value of step is not a string"});
     }
     SECTION("a truncated file") {
@@ -527,9 +528,9 @@ TEST_CASE("safetensors model directory errors", "[unit][safetensors]") {
                                                            {"b", DType::f32, {2}, x.data()}});
     write_safetensors(dir / s2, std::vector<TensorToWrite>{{"c", DType::f32, {1}, x.data()}});
     const auto weight_map = [&](const std::string& body) {
-        write_all(index, "{\"weight_map\": {" + body + "}}");
+        write_all(index, "{\"weight_map\": {"s + body + "}}");
     };
-    const std::string good = "\"a\": \"" + s1 + "\", \"b\": \"" + s1 + "\", \"c\": \"" + s2 + "\"";
+    const std::string good = "\"a\": \""s + s1 + "\", \"b\": \"" + s1 + "\", \"c\": \"" + s2 + "\"";
 
     SECTION("the good index opens") {
         weight_map(good);
@@ -579,30 +580,30 @@ TEST_CASE("safetensors model directory errors", "[unit][safetensors]") {
                                           "shard model-00003-of-00003.safetensors does not exist"});
     }
     SECTION("a tensor in another shard than the index says") {
-        weight_map("\"a\": \"" + s1 + "\", \"b\": \"" + s2 + "\", \"c\": \"" + s2 + "\"");
+        weight_map("\"a\": \""s + s1 + "\", \"b\": \"" + s2 + "\", \"c\": \"" + s2 + "\"");
         require_dir_rejected(dir.path(), {index.string() + ": ", "tensor b: ",
-                                          "listed in shard " + s2 + " but found in shard " + s1});
+                                          "listed in shard "s + s2 + " but found in shard " + s1});
     }
     SECTION("a tensor the index lists but no shard has") {
         weight_map(good + ", \"zz\": \"" + s2 + "\"");
         require_dir_rejected(dir.path(), {index.string() + ": ", "tensor zz: ",
-                                          "listed in shard " + s2 + " but not found in it"});
+                                          "listed in shard "s + s2 + " but not found in it"});
     }
     SECTION("a shard's tensor the index does not list") {
-        weight_map("\"a\": \"" + s1 + "\", \"c\": \"" + s2 + "\"");
+        weight_map("\"a\": \""s + s1 + "\", \"c\": \"" + s2 + "\"");
         require_dir_rejected(dir.path(), {(dir / s1).string() + ": ",
-                                          "tensor b: ", "not listed in " + index.string()});
+                                          "tensor b: ", "not listed in "s + index.string()});
     }
     SECTION("a tensor defined in two shards") {
         write_safetensors(dir / s2, std::vector<TensorToWrite>{{"b", DType::f32, {2}, x.data()},
                                                                {"c", DType::f32, {1}, x.data()}});
         weight_map(good);
         require_dir_rejected(dir.path(), {(dir / s2).string() + ": ", "tensor b: ",
-                                          "is defined in both " + (dir / s1).string() + " and " +
+                                          "is defined in both "s + (dir / s1).string() + " and " +
                                               (dir / s2).string()});
     }
     SECTION("a bad shard is reported with its own path") {
-        write_raw(dir / s2, "{" + entry("c", "I8", "[4]", 0, 4) + "}", 4);
+        write_raw(dir / s2, "{"s + entry("c", "I8", "[4]", 0, 4) + "}", 4);
         weight_map(good);
         require_dir_rejected(
             dir.path(), {(dir / s2).string() + ": ", "tensor c: ", "dtype I8 is not supported"});
@@ -634,6 +635,11 @@ TEST_CASE("write_safetensors errors name the file and leave nothing behind",
         REQUIRE_THROWS_WITH(
             write_safetensors(file, t),
             ContainsAll({file.string() + ": ", "tensor a: ", "negative dimension"}));
+    }
+    SECTION("a name that is not UTF-8") {
+        const std::vector<TensorToWrite> t{{"bad\xff", DType::f32, {4}, x.data()}};
+        REQUIRE_THROWS_WITH(write_safetensors(file, t),
+                            ContainsAll({file.string() + ": ", "cannot be encoded"}));
     }
     SECTION("a directory that does not exist") {
         const fs::path missing = dir / "nope" / "out.safetensors";

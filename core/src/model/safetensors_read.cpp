@@ -113,7 +113,9 @@ void read_exact(const fs::path& path, int fd, void* out, std::size_t n, std::uin
     }
 }
 
-// A read-only private mapping of a whole file, unmapped on destruction.
+// A read-only private mapping of a whole file, unmapped on destruction. A checkpoint must not be
+// truncated while it is open: reading a page past the new end raises SIGBUS (the sizes were
+// validated against the file as it was when opened).
 class MappedRegion {
   public:
     MappedRegion() = default;
@@ -413,6 +415,7 @@ WeightFiles WeightFiles::open_dir(const fs::path& dir, const WeightFilesOptions&
              " exists");
     }
 
+    // An index is JSON of about a header's size, so the header limit bounds it too.
     const std::string text = read_small_file(index_path, opts.max_header_bytes);
     const json index = parse_json_object(index_path, text.data(), text.size(), "the index");
     const auto weight_map = index.find("weight_map");

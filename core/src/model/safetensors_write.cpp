@@ -56,16 +56,18 @@ std::string json_string(const fs::path& file, const std::string& s) {
 
 // The header text: tensors in the given order, built entry by entry (a JSON object built
 // whole would sort its keys, or cost a linear search per insertion in nlohmann's ordered_json).
-void build_header(const fs::path& file, std::span<const TensorToWrite> tensors,
-                  const std::map<std::string, std::string>& metadata, std::string& out) {
-    out = "{";
+std::string build_header(const fs::path& file, std::span<const TensorToWrite> tensors,
+                         const std::map<std::string, std::string>& metadata) {
+    std::string out(1, '{');
     if (!metadata.empty()) {
         out += "\"__metadata__\":{";
         bool first = true;
         for (const auto& [k, v] : metadata) {
             if (!first) out += ',';
             first = false;
-            out += json_string(file, k) + ':' + json_string(file, v);
+            out += json_string(file, k);
+            out += ':';
+            out += json_string(file, v);
         }
         out += '}';
     }
@@ -108,6 +110,7 @@ void build_header(const fs::path& file, std::span<const TensorToWrite> tensors,
     // The data section starts at 8 + header length; spaces (valid JSON whitespace) make that a
     // multiple of 8, as the reference writer does, so 8-byte-sized tensors stay aligned.
     out.append((8 - out.size() % 8) % 8, ' ');
+    return out;
 }
 
 // The temporary file beside the destination; removed unless committed.
@@ -121,7 +124,9 @@ class TempFile {
         base += std::to_string(::getpid());
         base += '.';
         for (int attempt = 0; attempt < 100; ++attempt) {
-            path_ = dest.parent_path() / (base + std::to_string(counter++));
+            std::string name = base;
+            name += std::to_string(counter++);
+            path_ = dest.parent_path() / name;
             // 0666 less the umask: the file gets the permissions a plain create would give.
             fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
             if (fd_ >= 0) return;
@@ -176,8 +181,7 @@ class TempFile {
 void write_safetensors(const fs::path& file, std::span<const TensorToWrite> tensors,
                        const std::map<std::string, std::string>& metadata) {
     if (file.filename().empty()) fail(file, "is not a file name");
-    std::string header;
-    build_header(file, tensors, metadata, header);
+    const std::string header = build_header(file, tensors, metadata);
 
     TempFile out(file);
     unsigned char length[8];
