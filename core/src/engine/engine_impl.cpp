@@ -603,8 +603,9 @@ void EngineImpl::attend_prompt(std::uint64_t seq_id, std::size_t layer, std::siz
         throw std::invalid_argument("attend_prompt: layer " + std::to_string(layer) +
                                     " of a model of " + std::to_string(g.num_layers));
     if (out.rows != m * qh || out.dim != dv || !out.o || !out.lse)
-        throw std::invalid_argument("attend_prompt: the output must be (m × num_q_heads, "
-                                    "head_dim_v)");
+        throw std::invalid_argument(
+            "attend_prompt: the output must be (m × num_q_heads, "
+            "head_dim_v)");
     if (!parts_.gpu_pool->host_accessible())
         throw std::logic_error(
             "attend_prompt: T and G are device memory here; prompts are attended on the GPU "
@@ -659,12 +660,12 @@ void EngineImpl::attend_prompt(std::uint64_t seq_id, std::size_t layer, std::siz
     for (const BlockRef& ref : table) {
         switch (ref.region) {
             case Region::U:
-                stored.push_back({parts_.unpinned->block(layer, ref.slot),
-                                  static_cast<std::uint32_t>(B), true});
+                stored.push_back(
+                    {parts_.unpinned->block(layer, ref.slot), static_cast<std::uint32_t>(B), true});
                 break;
             case Region::P:
-                stored.push_back({parts_.pinned->block(layer, ref.slot),
-                                  static_cast<std::uint32_t>(B), false});
+                stored.push_back(
+                    {parts_.pinned->block(layer, ref.slot), static_cast<std::uint32_t>(B), false});
                 break;
             case Region::G:
             case Region::T:
@@ -690,16 +691,16 @@ void EngineImpl::attend_prompt(std::uint64_t seq_id, std::size_t layer, std::siz
             begin[j] = prompt_refs_.size();
             prompt_refs_.insert(prompt_refs_.end(), stored.begin(), stored.end());
             for (std::size_t b = 0; b <= own; ++b)
-                prompt_refs_.push_back(
-                    {prompt_blocks_.data() + b * block_bytes,
-                     static_cast<std::uint32_t>(b < own ? B : i - own * B + 1), false});
+                prompt_refs_.push_back({prompt_blocks_.data() + b * block_bytes,
+                                        static_cast<std::uint32_t>(b < own ? B : i - own * B + 1),
+                                        false});
         }
         begin[n] = prompt_refs_.size();
         prompt_work_.resize(n);
         for (std::size_t j = 0; j < n; ++j)
-            prompt_work_[j] = {static_cast<const char*>(q) + (i0 + j) * q_row,
-                               std::span<const CpuBlock>(prompt_refs_.data() + begin[j],
-                                                         begin[j + 1] - begin[j])};
+            prompt_work_[j] = {
+                static_cast<const char*>(q) + (i0 + j) * q_row,
+                std::span<const CpuBlock>(prompt_refs_.data() + begin[j], begin[j + 1] - begin[j])};
         StateView part{out.o + i0 * qh * dv, out.lse + i0 * qh, n * qh, dv};
         parts_.cpu->attend(std::span<const CpuSeqWork>(prompt_work_.data(), n), part);
     }

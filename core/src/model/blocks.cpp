@@ -159,21 +159,19 @@ void route_tokens(const ModelConfig& c, const float* logits, std::size_t n, std:
                 if (!keep[e / per]) score[e] = 0.0f;
         }
         std::iota(idx.begin(), idx.end(), 0);
-        std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), idx.end(),
-                          [&](std::int32_t a, std::int32_t b) {
-                              return score[static_cast<std::size_t>(a)] !=
-                                             score[static_cast<std::size_t>(b)]
-                                         ? score[static_cast<std::size_t>(a)] >
-                                               score[static_cast<std::size_t>(b)]
-                                         : a < b;
-                          });
+        std::partial_sort(
+            idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), idx.end(),
+            [&](std::int32_t a, std::int32_t b) {
+                return score[static_cast<std::size_t>(a)] != score[static_cast<std::size_t>(b)]
+                           ? score[static_cast<std::size_t>(a)] > score[static_cast<std::size_t>(b)]
+                           : a < b;
+            });
         float total = 0;
         for (std::size_t j = 0; j < k; ++j)
             total += score[static_cast<std::size_t>(idx[j])];
         const bool renorm = c.norm_topk_prob && c.family != Family::deepseek_v2;
-        const float scale = c.family == Family::deepseek_v2
-                                ? static_cast<float>(c.routed_scaling_factor)
-                                : 1.0f;
+        const float scale =
+            c.family == Family::deepseek_v2 ? static_cast<float>(c.routed_scaling_factor) : 1.0f;
         for (std::size_t j = 0; j < k; ++j) {
             experts[t * k + j] = idx[j];
             const float w = score[static_cast<std::size_t>(idx[j])];

@@ -102,8 +102,7 @@ class DeepseekV2 final : public Architecture {
         store_as(kv_, lat_buf_.data(), n * lat_, k);
     }
 
-    void attention_out(std::size_t layer, const float* states, std::size_t n,
-                       float* out) override {
+    void attention_out(std::size_t layer, const float* states, std::size_t n, float* out) override {
         const LayerWeights& L = m_.weights().layers[layer];
         const Matrix& kvb = L.kv_b_proj;
         const std::size_t es = dtype_bytes(kvb.dtype);
@@ -112,8 +111,9 @@ class DeepseekV2 final : public Architecture {
                 std::memcpy(head_in_.data() + t * rank_, states + (t * H_ + h) * rank_,
                             rank_ * sizeof(float));
             // W_UV of head h: rows [h·(nope + v) + nope, + v) of kv_b_proj.
-            const Matrix uv{static_cast<const char*>(kvb.data) + (h * (nope_ + vd_) + nope_) * rank_ * es,
-                            kvb.dtype, vd_, rank_};
+            const Matrix uv{
+                static_cast<const char*>(kvb.data) + (h * (nope_ + vd_) + nope_) * rank_ * es,
+                kvb.dtype, vd_, rank_};
             ops_.linear(uv, head_in_.data(), n, head_out_.data());
             for (std::size_t t = 0; t < n; ++t)
                 std::memcpy(attn_.data() + (t * H_ + h) * vd_, head_out_.data() + t * vd_,

@@ -57,8 +57,7 @@ void StandardAttention::out(std::size_t layer, const float* states, std::size_t 
     ops_.linear(m_.weights().layers[layer].o_proj, states, n, y);
 }
 
-FeedForward::FeedForward(const Model& m, ModelOps& ops, std::size_t max_tokens)
-    : m_(m), ops_(ops) {
+FeedForward::FeedForward(const Model& m, ModelOps& ops, std::size_t max_tokens) : m_(m), ops_(ops) {
     const auto& c = m.config();
     const auto& layers = m.weights().layers;
     routers_.resize(layers.size());

@@ -15,8 +15,7 @@ class Mixtral final : public Architecture {
                       void* q, void* k, void* v) override {
         attention_.in(layer, xn, n, pos, q, k, v);
     }
-    void attention_out(std::size_t layer, const float* states, std::size_t n,
-                       float* out) override {
+    void attention_out(std::size_t layer, const float* states, std::size_t n, float* out) override {
         attention_.out(layer, states, n, out);
     }
     void feed_forward(std::size_t layer, const float* xn, std::size_t n, float* h) override {
@@ -31,7 +30,7 @@ class Mixtral final : public Architecture {
 }  // namespace
 
 std::unique_ptr<Architecture> make_mixtral(const Model& m, ModelOps& ops, DType kv_dtype,
-                                             std::size_t max_tokens) {
+                                           std::size_t max_tokens) {
     return std::make_unique<Mixtral>(m, ops, kv_dtype, max_tokens);
 }
 

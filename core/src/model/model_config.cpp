@@ -108,8 +108,8 @@ void parse_rope(const Reader& r, ModelConfig& c) {
     };
     c.rope.theta = num("rope_theta", c.rope.theta);
     if (!(c.rope.theta > 0)) r.fail(key("rope_theta"), "must be positive");
-    std::string type = p.has("rope_type") ? p.string_or("rope_type", "default")
-                                          : p.string_or("type", "default");
+    std::string type =
+        p.has("rope_type") ? p.string_or("rope_type", "default") : p.string_or("type", "default");
     if (type == "default") return;
     if (type != "yarn")
         r.fail(key("rope_type"), "\"" + type + "\" is not supported (default, yarn)");
@@ -199,7 +199,8 @@ KvGeometry ModelConfig::kv_geometry(DType kv_dtype) const {
 
 std::uint64_t ModelConfig::parameter_count() const noexcept {
     const std::uint64_t h = static_cast<std::uint64_t>(hidden_size);
-    std::uint64_t n = static_cast<std::uint64_t>(vocab_size) * h * (tie_word_embeddings ? 1 : 2) + h;
+    std::uint64_t n =
+        static_cast<std::uint64_t>(vocab_size) * h * (tie_word_embeddings ? 1 : 2) + h;
     for (int l = 0; l < num_layers; ++l) {
         n += 2 * h;  // norms
         if (mla()) {
@@ -350,7 +351,8 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& fi
             if (c.hidden_size % c.num_heads != 0)
                 r.fail("hidden_size", std::to_string(c.hidden_size) +
                                           " is not a multiple of num_attention_heads (" +
-                                          std::to_string(c.num_heads) + ") and there is no head_dim");
+                                          std::to_string(c.num_heads) +
+                                          ") and there is no head_dim");
             c.head_dim = c.hidden_size / c.num_heads;
         }
         c.rope.dim = c.head_dim;
@@ -381,7 +383,7 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& fi
                 c.num_experts = r.natural_or("num_local_experts", 0);
                 c.experts_per_token = r.natural_or("num_experts_per_tok", 0);
                 c.moe_intermediate_size = c.intermediate_size;  // Mixtral's experts: w1/w2/w3
-                c.norm_topk_prob = true;  // softmax → top-k → renormalise
+                c.norm_topk_prob = true;                        // softmax → top-k → renormalise
             }
             // A sliding window only bounds the context: within it, attention is exact.
             if (r.has("sliding_window")) {

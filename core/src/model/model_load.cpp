@@ -127,8 +127,9 @@ int cut_layers(const ModelConfig& c, int max_layers) {
 std::unique_ptr<Model> load_model_dir(const fs::path& dir, const ModelLoadOptions& opts) {
     std::error_code ec;
     if (!fs::is_directory(dir, ec))
-        throw ModelFileError(dir.string() + ": not a directory (a model directory holds "
-                                            "config.json and *.safetensors)");
+        throw ModelFileError(dir.string() +
+                             ": not a directory (a model directory holds "
+                             "config.json and *.safetensors)");
     ModelConfig cfg = read_model_config(dir.string());
     WeightFilesOptions wo;
     wo.map_data = !opts.headers_only;
@@ -163,8 +164,7 @@ std::unique_ptr<Model> load_model_dir(const fs::path& dir, const ModelLoadOption
     if (!unexpected.empty()) {
         const TensorEntry* t = files->find(unexpected.front());
         std::string msg = files->file_of(*t).string() + ": tensor " + unexpected.front() +
-                          " is not part of the " + cfg.model_type +
-                          " model config.json describes";
+                          " is not part of the " + cfg.model_type + " model config.json describes";
         if (unexpected.size() > 1)
             msg += " (and " + std::to_string(unexpected.size() - 1) + " more unexpected tensors)";
         throw ModelFileError(msg);
@@ -186,8 +186,8 @@ std::unique_ptr<Model> load_model_dir(const fs::path& dir, const ModelLoadOption
         }
     }
     m->finish(slots);
-    std::string desc = dir.string() + " (" + cfg.model_type + ", " +
-                       std::string(dtype_name(cfg.dtype)) + ")";
+    std::string desc =
+        dir.string() + " (" + cfg.model_type + ", " + std::string(dtype_name(cfg.dtype)) + ")";
     if (layers < full)
         desc += ", " + std::to_string(layers) + " of " + std::to_string(full) + " layers";
     m->set_identity(desc, false, full);
@@ -257,8 +257,8 @@ std::unique_ptr<Model> make_builtin_model(std::string_view preset, const ModelLo
         m = make_random_model(*cfg, opts.seed);
     }
     auto* lm = static_cast<LoadedModel*>(m.get());
-    std::string desc = std::string(preset) + " (built-in, random weights seed " +
-                       std::to_string(opts.seed);
+    std::string desc =
+        std::string(preset) + " (built-in, random weights seed " + std::to_string(opts.seed);
     if (cfg->num_layers < full)
         desc += ", " + std::to_string(cfg->num_layers) + " of " + std::to_string(full) + " layers";
     lm->set_identity(desc + ")", true, full);

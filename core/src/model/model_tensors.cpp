@@ -66,8 +66,8 @@ std::vector<TensorSlot> tensor_slots(const ModelConfig& c, ModelWeights& w, int 
         if (c.mla()) {
             const std::int64_t qk = c.qk_head_dim();
             l.vector(a + "kv_a_layernorm.weight", L.kv_a_norm, c.kv_lora_rank);
-            l.matrix(a + "kv_a_proj_with_mqa.weight", L.kv_a_proj, c.kv_lora_rank + c.qk_rope_head_dim,
-                     h);
+            l.matrix(a + "kv_a_proj_with_mqa.weight", L.kv_a_proj,
+                     c.kv_lora_rank + c.qk_rope_head_dim, h);
             l.matrix(a + "kv_b_proj.weight", L.kv_b_proj,
                      heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank);
             l.matrix(a + "o_proj.weight", L.o_proj, h, heads * c.v_head_dim);

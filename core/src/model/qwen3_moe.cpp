@@ -17,8 +17,7 @@ class Qwen3Moe final : public Architecture {
                       void* q, void* k, void* v) override {
         attention_.in(layer, xn, n, pos, q, k, v);
     }
-    void attention_out(std::size_t layer, const float* states, std::size_t n,
-                       float* out) override {
+    void attention_out(std::size_t layer, const float* states, std::size_t n, float* out) override {
         attention_.out(layer, states, n, out);
     }
     void feed_forward(std::size_t layer, const float* xn, std::size_t n, float* h) override {

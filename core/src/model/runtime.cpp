@@ -55,7 +55,8 @@ class RuntimeImpl final : public Runtime {
         const std::size_t qh = static_cast<std::size_t>(geometry_.num_q_heads);
         const std::size_t dk = static_cast<std::size_t>(geometry_.head_dim_k);
         const std::size_t dv = static_cast<std::size_t>(geometry_.head_dim_v);
-        const std::size_t heads = geometry_.mla ? 1 : static_cast<std::size_t>(geometry_.num_kv_heads);
+        const std::size_t heads =
+            geometry_.mla ? 1 : static_cast<std::size_t>(geometry_.num_kv_heads);
         k_row_ = heads * dk * es;
         v_row_ = geometry_.mla ? 0 : heads * dv * es;
         const std::size_t layers = static_cast<std::size_t>(c.num_layers);
@@ -148,8 +149,7 @@ class RuntimeImpl final : public Runtime {
             for (std::size_t l = 0; l < static_cast<std::size_t>(c.num_layers); ++l) {
                 const LayerWeights& L = model_.weights().layers[l];
                 detail::rms_norm(L.input_norm, h_.data(), n, hidden, c.rms_norm_eps, xn_.data());
-                arch_->attention_in(l, xn_.data(), n, pos_.data(), q_.data(), k_.data(),
-                                    v_.data());
+                arch_->attention_in(l, xn_.data(), n, pos_.data(), q_.data(), k_.data(), v_.data());
                 const StateView states{o_.data(), lse_.data(),
                                        n * static_cast<std::size_t>(geometry_.num_q_heads),
                                        static_cast<std::size_t>(geometry_.head_dim_v)};

@@ -28,10 +28,10 @@ struct LayerWeights {
     Matrix q_a_proj, q_b_proj, kv_a_proj, kv_b_proj;
     Vector q_a_norm, kv_a_norm;
     bool moe = false;
-    FfnWeights mlp;                  // dense layers
-    Matrix router;                   // (num_experts, hidden)
+    FfnWeights mlp;                   // dense layers
+    Matrix router;                    // (num_experts, hidden)
     std::vector<FfnWeights> experts;  // routed experts
-    FfnWeights shared;               // DeepSeek: n_shared_experts fused (width n·moe_intermediate)
+    FfnWeights shared;  // DeepSeek: n_shared_experts fused (width n·moe_intermediate)
 };
 
 struct ModelWeights {
@@ -76,7 +76,8 @@ class Model {
 std::unique_ptr<Model> load_model_dir(const std::filesystem::path& dir,
                                       const ModelLoadOptions& opts = {});
 // A built-in preset (model_preset()) with seeded random weights at the real shapes.
-std::unique_ptr<Model> make_builtin_model(std::string_view preset, const ModelLoadOptions& opts = {});
+std::unique_ptr<Model> make_builtin_model(std::string_view preset,
+                                          const ModelLoadOptions& opts = {});
 // A model of any config with seeded random weights (N(0, std²) per matrix, norms near 1).
 std::unique_ptr<Model> make_random_model(const ModelConfig& config, std::uint64_t seed,
                                          double std = 0.02);

@@ -40,7 +40,7 @@ struct RopeConfig {
     double original_max_position = 0;
     double beta_fast = 32.0, beta_slow = 1.0;
     double mscale = 0.0, mscale_all_dim = 0.0;
-    bool truncate = true;  // floor/ceil the correction range (transformers' default)
+    bool truncate = true;               // floor/ceil the correction range (transformers' default)
     bool has_attention_factor = false;  // rope_parameters.attention_factor given explicitly
     double attention_factor_override = 1.0;
     // The cos/sin multiplier YaRN applies (transformers' _compute_yarn_parameters): the explicit
@@ -97,7 +97,9 @@ struct ModelConfig {
     bool mla() const noexcept { return family == Family::deepseek_v2; }
     bool is_moe_layer(int layer) const noexcept;
     // The width of q·k per head (standard: head_dim; MLA: nope + rope).
-    int qk_head_dim() const noexcept { return mla() ? qk_nope_head_dim + qk_rope_head_dim : head_dim; }
+    int qk_head_dim() const noexcept {
+        return mla() ? qk_nope_head_dim + qk_rope_head_dim : head_dim;
+    }
     // The softmax scale: 1/sqrt(qk_head_dim), times YaRN's mscale(factor, mscale_all_dim)² for MLA.
     double softmax_scale() const noexcept;
     // The KV the engine stores for this model, in `kv_dtype`.

@@ -32,7 +32,9 @@ class Runtime {
   public:
     virtual ~Runtime() = default;
     virtual const ModelConfig& config() const noexcept = 0;
-    std::size_t vocab_size() const noexcept { return static_cast<std::size_t>(config().vocab_size); }
+    std::size_t vocab_size() const noexcept {
+        return static_cast<std::size_t>(config().vocab_size);
+    }
     // Most tokens (prompt + generated) one sequence may hold: the model's context length.
     virtual std::size_t max_context() const noexcept = 0;
     virtual std::size_t prefill_chunk_tokens() const noexcept = 0;

