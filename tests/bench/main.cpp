@@ -6,6 +6,7 @@
 
 namespace writescope::bench {
 int run_cpu_attention(int argc, char** argv);
+int run_experts(int argc, char** argv);
 #if WRITESCOPE_BENCH_DECODE
 int run_decode(int argc, char** argv);
 #endif
@@ -25,6 +26,8 @@ struct Command {
 const Command kCommands[] = {
     {"cpu-attention", &writescope::bench::run_cpu_attention,
      "CPU decode attention over packed KV vs the measured DRAM read bandwidth"},
+    {"experts", &writescope::bench::run_experts,
+     "the CPU's MoE expert FFNs (bf16, real shapes) at decode batches vs the read bandwidth"},
 #if WRITESCOPE_BENCH_DECODE
     {"decode", &writescope::bench::run_decode,
      "whole decode steps through the engine (prefill, then steps): the entry point's overhead"},

@@ -14,11 +14,13 @@ namespace {
 
 constexpr int kRows = 4;
 constexpr int kMaxTokens = 3;  // 12 accumulators + 3 activations + 1 weight of 16 registers
-constexpr std::size_t kPrefetch = 512;
 
 struct Rows {
     const char* w[kRows];
     float* y[kRows];
+    // Where to prefetch while reading w[i]: the same column of the next row group (one group
+    // ahead, into L2); null on the last group of the block and on all but the first tokens.
+    const char* pf[kRows];
 };
 
 inline float hsum(__m256 v) noexcept {
@@ -54,7 +56,7 @@ void block(const Rows& rw, const float* const* xt, std::size_t cols, std::size_t
             xv[j] = _mm256_loadu_ps(xt[j] + c);
         for (int i = 0; i < R; ++i) {
             const char* p = rw.w[i] + kEsize * c;
-            _mm_prefetch(p + kPrefetch, _MM_HINT_T0);
+            if (rw.pf[0]) _mm_prefetch(rw.pf[i] + (p - rw.w[i]), _MM_HINT_T1);
             const __m256 wv = load_w<D>(p);
             for (int j = 0; j < T; ++j)
                 acc[i][j] = _mm256_fmadd_ps(wv, xv[j], acc[i][j]);
@@ -116,8 +118,13 @@ void gemm_block_avx2(const GemmBlock& b) noexcept {
     for (std::size_t r = b.r0; r < b.r1;) {
         const std::size_t nr = b.r1 - r >= kRows ? kRows : 1;
         Rows rw;
-        for (std::size_t i = 0; i < nr; ++i)
+        const std::size_t next = r + nr;
+        const std::size_t next_nr = next >= b.r1 ? 0 : b.r1 - next >= kRows ? kRows : 1;
+        for (std::size_t i = 0; i < nr; ++i) {
             rw.w[i] = wbase + (r + i) * wrow;
+            // Row i of the next group, or its last row where that group is shorter.
+            rw.pf[i] = next_nr ? wbase + (next + (i < next_nr ? i : next_nr - 1)) * wrow : nullptr;
+        }
         for (std::size_t t = 0; t < b.n; t += kMaxTokens) {
             const std::size_t nt = b.n - t < kMaxTokens ? b.n - t : kMaxTokens;
             const float* xt[kMaxTokens];
@@ -125,6 +132,7 @@ void gemm_block_avx2(const GemmBlock& b) noexcept {
                 xt[j] = x + (b.rows ? b.rows[t + j] : t + j) * b.ldx;
             for (std::size_t i = 0; i < nr; ++i)
                 rw.y[i] = b.y + t * b.ldy + (r + i - b.r0);
+            if (t != 0) rw.pf[0] = nullptr;
             if (nr == kRows)
                 block_tokens<kRows>(b.dtype, rw, xt, nt, b.cols, b.ldy);
             else

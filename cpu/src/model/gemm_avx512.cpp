@@ -20,7 +20,6 @@ namespace {
 
 constexpr int kRows = 4;       // R of the register block
 constexpr int kMaxTokens = 6;  // largest T: 24 accumulators + 4 weights + 1 activation of 32
-constexpr std::size_t kPrefetch = 512;  // bytes ahead of the weight stream to prefetch
 
 inline float hsum(__m512 v) noexcept {
     v = _mm512_add_ps(v, _mm512_shuffle_f32x4(v, v, 0x4e));
@@ -37,6 +36,9 @@ inline __m512 widen_f16(__m256i h) noexcept {
 struct Rows {
     const char* w[kRows];
     float* y[kRows];  // the row's output for token 0 (token t at + t·ldy)
+    // Where to prefetch while reading w[i]: the same column of the next row group (one group
+    // ahead, into L2); null on the last group of the block and on all but the first tokens.
+    const char* pf[kRows];
 };
 
 template <int R, int T>
@@ -51,7 +53,7 @@ void block_bf16(const Rows& rw, const std::uint16_t* const* xt, std::size_t cols
         __m512i wv[R];
         for (int i = 0; i < R; ++i) {
             const char* p = rw.w[i] + 2 * c;
-            _mm_prefetch(p + kPrefetch, _MM_HINT_T0);
+            if (rw.pf[0]) _mm_prefetch(rw.pf[i] + (p - rw.w[i]), _MM_HINT_T1);
             wv[i] = _mm512_loadu_si512(p);
         }
         for (int j = 0; j < T; ++j) {
@@ -89,7 +91,7 @@ void block_fma(const Rows& rw, const float* const* xt, std::size_t cols, std::si
         __m512 wv[R];
         for (int i = 0; i < R; ++i) {
             const char* p = rw.w[i] + kEsize * c;
-            _mm_prefetch(p + kPrefetch, _MM_HINT_T0);
+            if (rw.pf[0]) _mm_prefetch(rw.pf[i] + (p - rw.w[i]), _MM_HINT_T1);
             if constexpr (Half)
                 wv[i] = widen_f16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
             else
@@ -166,8 +168,13 @@ void gemm_block_avx512(const GemmBlock& b) noexcept {
     for (std::size_t r = b.r0; r < b.r1;) {
         const std::size_t nr = b.r1 - r >= kRows ? kRows : 1;
         Rows rw;
-        for (std::size_t i = 0; i < nr; ++i)
+        const std::size_t next = r + nr;
+        const std::size_t next_nr = next >= b.r1 ? 0 : b.r1 - next >= kRows ? kRows : 1;
+        for (std::size_t i = 0; i < nr; ++i) {
             rw.w[i] = wbase + (r + i) * wrow;
+            // Row i of the next group, or its last row where that group is shorter.
+            rw.pf[i] = next_nr ? wbase + (next + (i < next_nr ? i : next_nr - 1)) * wrow : nullptr;
+        }
         for (std::size_t t = 0; t < b.n; t += kMaxTokens) {
             const std::size_t nt = b.n - t < kMaxTokens ? b.n - t : kMaxTokens;
             const void* xt[kMaxTokens];
@@ -175,6 +182,7 @@ void gemm_block_avx512(const GemmBlock& b) noexcept {
                 xt[j] = xbase + (b.rows ? b.rows[t + j] : t + j) * b.ldx * xsize;
             for (std::size_t i = 0; i < nr; ++i)
                 rw.y[i] = b.y + t * b.ldy + (r + i - b.r0);
+            if (t != 0) rw.pf[0] = nullptr;
             if (nr == kRows)
                 block_tokens<kRows>(b, rw, xt, nt);
             else
