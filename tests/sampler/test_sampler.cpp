@@ -136,7 +136,7 @@ std::size_t support(const std::vector<double>& p) {
 
 }  // namespace
 
-TEST_CASE("greedy is the argmax, ties to the lowest id", "[unit][sampler]") {
+TEST_CASE("greedy is the argmax with ties to the lowest id", "[unit][sampler]") {
     auto rng = writescope::test::seeded_rng("sampler greedy");
     for (int round = 0; round < 50; ++round) {
         std::vector<float> l = random_logits(rng, 1 + rng() % 500);
@@ -180,7 +180,7 @@ TEST_CASE("small temperatures approach greedy", "[unit][sampler]") {
         CHECK(s.sample(tied).token == 1);
 }
 
-TEST_CASE("top_k 1, a tiny top_p and min_p 1 are greedy", "[unit][sampler]") {
+TEST_CASE("top_k 1 and a tiny top_p and min_p 1 are greedy", "[unit][sampler]") {
     auto rng = writescope::test::seeded_rng("sampler cuts to one");
     for (int round = 0; round < 20; ++round) {
         const std::vector<float> l = random_logits(rng, 2 + rng() % 3000, 2.0f);
@@ -239,7 +239,7 @@ TEST_CASE("draws follow the exact renormalised distribution", "[unit][sampler]")
     }
 }
 
-TEST_CASE("top_p over a vocabulary whose nucleus spans several chunks", "[unit][sampler]") {
+TEST_CASE("top_p over a vocabulary whose nucleus needs bisection", "[unit][sampler]") {
     // A flat distribution over 3000 tokens: the nucleus is well past the first 256 ranked, so
     // the selection bisects.
     std::mt19937_64 gen(99);
@@ -255,7 +255,8 @@ TEST_CASE("top_p over a vocabulary whose nucleus spans several chunks", "[unit][
     }
 }
 
-TEST_CASE("a seed fixes the tokens; other seeds and other samplers do not", "[unit][sampler]") {
+TEST_CASE("a seed fixes the tokens and neither other seeds nor other samplers do",
+          "[unit][sampler]") {
     std::mt19937_64 gen(5);
     const std::vector<float> l = random_logits(gen, 1000, 1.0f);
     auto run = [&](std::uint64_t seed, Sampler* interleaved) {
@@ -462,7 +463,7 @@ TEST_CASE("a vocabulary of one", "[unit][sampler]") {
     }
 }
 
-TEST_CASE("a 152K vocabulary: every path, no allocation", "[unit][sampler]") {
+TEST_CASE("a 152K vocabulary on every path without allocation", "[unit][sampler]") {
     // Timings are printed, never asserted. Each result is checked to be in the kept set.
     auto rng = writescope::test::seeded_rng("sampler large vocab");
     constexpr std::size_t kVocab = 152064;
