@@ -83,10 +83,9 @@ YARN = {"type": "yarn", "rope_type": "yarn", "factor": 4.0, "original_max_positi
 MODELS = {
     # fp32, untied, one dense layer (mlp_only_layers = [2]), norm_topk_prob.
     "qwen3-moe-tiny": lambda: qwen3_moe(torch.float32),
-    # bf16, tied head, decoder_sparse_step 2 (layers 1 and 3 MoE), no renormalisation.
+    # bf16, decoder_sparse_step 2 (layers 1 and 3 MoE), no renormalisation.
     "qwen3-moe-tiny-bf16": lambda: qwen3_moe(torch.bfloat16, norm_topk_prob=False,
-                                             decoder_sparse_step=2, mlp_only_layers=[],
-                                             tie_word_embeddings=True),
+                                             decoder_sparse_step=2, mlp_only_layers=[]),
     "mixtral-tiny": lambda: mixtral(torch.float32),
     # YaRN (factor 4 over 32 original positions, mscale 0.707 both), greedy top-3, 2 shared
     # experts, routed_scaling_factor 2.5, dense layer 0.
@@ -99,6 +98,10 @@ MODELS = {
                                                   topk_group=2, num_experts_per_tok=2,
                                                   norm_topk_prob=True, n_shared_experts=1,
                                                   routed_scaling_factor=1.0),
+    # fp32 with the head tied to the embedding (its embedding drawn smaller: a tied head over
+    # N(0, 1) rows repeats the input token).
+    "qwen3-moe-tiny-tied": lambda: qwen3_moe(torch.float32, tie_word_embeddings=True,
+                                             num_hidden_layers=3, mlp_only_layers=[0]),
 }
 
 PROMPT_LENGTHS = (100, 37)
@@ -115,7 +118,9 @@ def redraw(model, gen):
                 fan_in = p.shape[-1]
                 gain = 1.0
                 if "embed_tokens" in name:
-                    gain = 1.0 * math.sqrt(fan_in)  # embeddings ~ N(0, 1)
+                    # embeddings ~ N(0, 1); a tied head reuses them, so smaller there
+                    tied = getattr(model.config, "tie_word_embeddings", False)
+                    gain = (0.3 if tied else 1.0) * math.sqrt(fan_in)
                 elif name.endswith("gate.weight") and "proj" not in name:
                     gain = 3.0  # routers: distinct expert choices
                 elif "lm_head" in name:
@@ -199,9 +204,10 @@ def main():
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, {device}")
     os.makedirs(a.out, exist_ok=True)
     failed = 0
-    for k, name in enumerate(a.only or MODELS):
+    for name in a.only or MODELS:
         try:
-            build(name, a.out, device, a.seed + k)
+            # The seed follows the model's place in MODELS, so --only rebuilds it identically.
+            build(name, a.out, device, a.seed + list(MODELS).index(name))
         except Exception:
             failed += 1
             print(f"{name}: FAILED", flush=True)

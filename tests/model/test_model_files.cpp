@@ -1,0 +1,263 @@
+// Model directories: config.json in both spellings transformers has written, the validation of
+// every tensor against the config, the random-model writer and the built-in presets.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "reference_model.hpp"
+#include "writescope/core/model/safetensors.hpp"
+
+using namespace writescope;
+using namespace writescope::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+    fs::path path;
+    TempDir() {
+        std::random_device rd;
+        path = fs::temp_directory_path() /
+               ("writescope-model-" + std::to_string(rd()) + "-" + std::to_string(rd()));
+        fs::create_directories(path);
+    }
+    ~TempDir() {
+        std::error_code ec;
+        fs::remove_all(path, ec);
+    }
+};
+
+void write_text(const fs::path& p, const std::string& s) {
+    std::ofstream(p, std::ios::binary | std::ios::trunc) << s;
+}
+
+std::string read_text(const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A small config of each family, with everything its family can have.
+model::ModelConfig small_config(const std::string& preset) {
+    model::ModelConfig c = *model::model_preset(preset);
+    c.name = preset + "-small";
+    c.dtype = DType::f32;
+    c.vocab_size = 96;
+    c.hidden_size = 64;
+    c.num_layers = 3;
+    c.max_position_embeddings = 256;
+    if (c.mla()) {
+        c.num_heads = 2;
+        c.num_kv_heads = 2;
+        c.kv_lora_rank = 32;
+        c.qk_nope_head_dim = 32;
+        c.qk_rope_head_dim = 32;
+        c.head_dim = 32;
+        c.v_head_dim = 32;
+        c.q_lora_rank = 24;
+        c.num_experts = 4;
+        c.experts_per_token = 2;
+        c.n_shared_experts = 1;
+        c.moe_intermediate_size = 32;
+        c.intermediate_size = 48;
+        c.rope.dim = 32;
+        c.rope.original_max_position = 64;
+        c.rope.factor = 4;
+        c.topk_method = model::TopkMethod::group_limited_greedy;
+        c.n_group = 2;
+        c.topk_group = 1;
+    } else {
+        c.num_heads = 4;
+        c.num_kv_heads = 2;
+        c.head_dim = 32;
+        c.rope.dim = 32;
+        c.num_experts = 4;
+        c.experts_per_token = 2;
+        c.moe_intermediate_size = 32;
+        c.intermediate_size = 48;
+        if (c.family == model::Family::qwen3) c.mlp_only_layers = {1};
+    }
+    REQUIRE(c.validate().empty());
+    return c;
+}
+
+std::vector<float> greedy_logits(const model::Model& m, const std::vector<std::int32_t>& prompt) {
+    CpuRuntime rt(m, 16);
+    const std::size_t V = static_cast<std::size_t>(m.config().vocab_size);
+    REQUIRE(rt.runtime->admit(1, prompt.size()).ok);
+    std::vector<float> logits(prompt.size() * V);
+    rt.runtime->prefill(1, prompt, logits.data(), true);
+    return logits;
+}
+
+}  // namespace
+
+TEST_CASE("a random model saved as a Hugging Face directory loads back with the same logits",
+          "[model]") {
+    for (const std::string preset : {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"}) {
+        INFO(preset);
+        const auto cfg = small_config(preset);
+        const auto m = model::make_random_model(cfg, 42, 0.1);
+        TempDir d;
+        model::save_model_dir(*m, d.path);
+        const auto back = model::load_model_dir(d.path);
+        CHECK(back->config().model_type == cfg.model_type);
+        CHECK(back->config().num_layers == cfg.num_layers);
+        CHECK(back->config().kv_geometry(DType::f32).scale() ==
+              Approx(cfg.kv_geometry(DType::f32).scale()));
+        CHECK(back->weight_bytes() == m->weight_bytes());
+        std::vector<std::int32_t> prompt(40);
+        for (std::size_t i = 0; i < prompt.size(); ++i)
+            prompt[i] = static_cast<std::int32_t>((i * 37 + 5) % 96);
+        CHECK(greedy_logits(*m, prompt) == greedy_logits(*back, prompt));
+        // A cut keeps the first layers.
+        model::ModelLoadOptions o;
+        o.max_layers = 2;
+        const auto cut = model::load_model_dir(d.path, o);
+        CHECK(cut->config().num_layers == 2);
+        CHECK(cut->full_layers() == 3);
+        CHECK_THAT(cut->description(), Catch::Contains("2 of 3 layers"));
+    }
+}
+
+TEST_CASE("a model directory is validated tensor by tensor", "[model]") {
+    const auto cfg = small_config("qwen3-30b-a3b");
+    const auto m = model::make_random_model(cfg, 1);
+    TempDir d;
+    model::save_model_dir(*m, d.path);
+    const fs::path st = d.path / "model.safetensors";
+    const std::string config = read_text(d.path / "config.json");
+
+    SECTION("headers only: no data mapped, and a directory without weights is refused") {
+        model::ModelLoadOptions o;
+        o.headers_only = true;
+        const auto h = model::load_model_dir(d.path, o);
+        CHECK(h->weights().embed.data == nullptr);
+        fs::remove(st);
+        CHECK_THROWS_WITH(model::load_model_dir(d.path, o), Catch::Contains("model.safetensors"));
+    }
+    SECTION("a missing tensor is named") {
+        auto cfg2 = cfg;
+        cfg2.mlp_only_layers = {};  // layer 1 becomes MoE: its experts are missing
+        write_text(d.path / "config.json", model::model_config_json(cfg2));
+        CHECK_THROWS_WITH(
+            model::load_model_dir(d.path),
+            Catch::Contains("model.layers.1.mlp.experts.0") && Catch::Contains("missing"));
+    }
+    SECTION("a wrong shape names the tensor, the file and both shapes") {
+        auto cfg2 = cfg;
+        cfg2.head_dim = 16;
+        cfg2.rope.dim = 16;
+        write_text(d.path / "config.json", model::model_config_json(cfg2));
+        CHECK_THROWS_WITH(model::load_model_dir(d.path),
+                          Catch::Contains("model.safetensors") && Catch::Contains("shape") &&
+                              Catch::Contains("config.json implies"));
+    }
+    SECTION("an unexpected tensor is reported") {
+        std::vector<model::TensorToWrite> all;
+        {
+            const auto files = model::WeightFiles::open_dir(d.path);
+            std::vector<std::vector<std::byte>> copies;
+            for (const auto& t : files.tensors()) {
+                const auto* b = static_cast<const std::byte*>(t.data);
+                copies.emplace_back(b, b + t.bytes);
+            }
+            for (std::size_t i = 0; i < files.tensors().size(); ++i) {
+                const auto& t = files.tensors()[i];
+                all.push_back({t.name, t.dtype, t.shape, copies[i].data()});
+            }
+            const float extra[4] = {1, 2, 3, 4};
+            all.push_back({"model.layers.0.mlp.shared_expert_gate.weight", DType::f32, {4}, extra});
+            model::write_safetensors(st, all);
+        }
+        CHECK_THROWS_WITH(model::load_model_dir(d.path),
+                          Catch::Contains("model.layers.0.mlp.shared_expert_gate.weight") &&
+                              Catch::Contains("not part of"));
+    }
+    SECTION("a bad config names the key") {
+        write_text(d.path / "config.json", "{\"model_type\": \"gpt2\"}");
+        CHECK_THROWS_WITH(model::load_model_dir(d.path), Catch::Contains("config.json") &&
+                                                             Catch::Contains("model_type") &&
+                                                             Catch::Contains("gpt2"));
+        write_text(d.path / "config.json", config.substr(0, config.size() / 2));
+        CHECK_THROWS_WITH(model::load_model_dir(d.path), Catch::Contains("not valid JSON"));
+    }
+    SECTION("not a directory") {
+        CHECK_THROWS_WITH(model::load_model_dir(d.path / "nope"),
+                          Catch::Contains("not a directory"));
+    }
+}
+
+TEST_CASE("config.json in the hub's spelling and in transformers 5's", "[model]") {
+    const std::string hub = R"({
+      "model_type": "deepseek_v2", "torch_dtype": "bfloat16", "vocab_size": 102400,
+      "hidden_size": 2048, "num_hidden_layers": 27, "num_attention_heads": 16,
+      "num_key_value_heads": 16, "intermediate_size": 10944, "moe_intermediate_size": 1408,
+      "n_routed_experts": 64, "num_experts_per_tok": 6, "n_shared_experts": 2,
+      "first_k_dense_replace": 1, "moe_layer_freq": 1, "q_lora_rank": null,
+      "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+      "rope_theta": 10000, "max_position_embeddings": 163840, "topk_method": "greedy",
+      "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                       "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
+                       "mscale_all_dim": 0.707}})";
+    const auto c = model::parse_model_config(hub, "config.json", "v2-lite");
+    const auto p = *model::model_preset("deepseek-v2-lite");
+    CHECK(c.dtype == DType::bf16);
+    CHECK(c.rope.yarn);
+    CHECK(c.rope.factor == 40);
+    CHECK(c.rope.interleaved);
+    CHECK(c.softmax_scale() == Approx(p.softmax_scale()));
+    // YaRN's mscale² is in the scale: (0.1·0.707·ln 40 + 1)² / sqrt(192).
+    const double m = 0.1 * 0.707 * std::log(40.0) + 1.0;
+    CHECK(c.softmax_scale() == Approx(m * m / std::sqrt(192.0)));
+    CHECK(c.rope.attention_factor() == Approx(1.0));  // mscale == mscale_all_dim
+    CHECK(!c.is_moe_layer(0));
+    CHECK(c.is_moe_layer(1));
+    CHECK(c.kv_geometry(DType::bf16).head_dim_k == 576);
+    CHECK(c.kv_geometry(DType::bf16).bytes_per_token_layer() == 1152);
+
+    const std::string v5 = R"({"model_type": "qwen3_moe", "dtype": "float32", "vocab_size": 10,
+      "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 96,
+      "moe_intermediate_size": 32, "num_local_experts": 8, "num_experts_per_tok": 2,
+      "mlp_only_layers": [2], "decoder_sparse_step": 1,
+      "rope_parameters": {"rope_theta": 5000.0, "rope_type": "default"}})";
+    const auto q = model::parse_model_config(v5, "config.json", "q");
+    CHECK(q.num_experts == 8);
+    CHECK(q.rope.theta == 5000.0);
+    CHECK(q.head_dim == 32);
+    CHECK(q.is_moe_layer(0));
+    CHECK(!q.is_moe_layer(2));
+
+    CHECK_THROWS_WITH(
+        model::parse_model_config(R"({"model_type": "qwen3_moe", "vocab_size": 10,
+      "hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+      "rope_parameters": {"rope_type": "dynamic", "factor": 2}})",
+                                  "c.json", "x"),
+        Catch::Contains("c.json") && Catch::Contains("rope_type") && Catch::Contains("dynamic"));
+    CHECK_THROWS_WITH(
+        model::parse_model_config(R"({"model_type": "mixtral", "vocab_size": -1})", "c.json", "x"),
+        Catch::Contains("vocab_size"));
+}
+
+TEST_CASE("the built-in presets are the published shapes, generated at load", "[model]") {
+    const auto q = *model::model_preset("qwen3-30b-a3b");
+    // 30.5 B parameters (the model card); bf16 is 61 GB.
+    CHECK(q.parameter_count() > 30'000'000'000ull);
+    CHECK(q.parameter_count() < 31'000'000'000ull);
+    const auto x = *model::model_preset("mixtral-8x7b");
+    CHECK(x.parameter_count() > 46'000'000'000ull);
+    CHECK(x.parameter_count() < 47'000'000'000ull);
+    const auto d = *model::model_preset("deepseek-v2-lite");
+    CHECK(d.parameter_count() > 15'000'000'000ull);
+    CHECK(d.parameter_count() < 16'500'000'000ull);
+    model::ModelLoadOptions o;
+    o.max_layers = 1;
+    o.headers_only = true;
+    const auto m = model::make_builtin_model("mixtral-8x7b", o);
+    CHECK(m->config().num_layers == 1);
+    CHECK_THAT(m->description(), Catch::Contains("1 of 32 layers"));
+    CHECK_THROWS_WITH(model::make_builtin_model("gpt-5"), Catch::Contains("qwen3-30b-a3b"));
+}
