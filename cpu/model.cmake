@@ -17,6 +17,6 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|amd64")
   set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/src/model/gemm_avx2.cpp PROPERTIES
     COMPILE_OPTIONS "-mavx2;-mfma;-mf16c")
   set_source_files_properties(${CMAKE_CURRENT_LIST_DIR}/src/model/gemm_avx512.cpp PROPERTIES
-    COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mavx512bf16;-mavx2;-mfma;-mf16c")
+    COMPILE_OPTIONS "-mavx512f;-mavx512bw;-mavx512vl;-mavx512bf16;-mavx2;-mfma;-mf16c;-mamx-tile;-mamx-bf16")
   target_compile_definitions(writescope_cpu_model PRIVATE WRITESCOPE_CPU_X86=1)
 endif()

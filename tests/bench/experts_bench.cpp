@@ -55,6 +55,7 @@ struct Options {
     double llc_multiple = 8;  // bytes read between two visits of a layer, in LLCs
     bool pin = true;
     bool huge_pages = false;
+    std::size_t amx_min_tokens = 4;
 };
 
 void help() {
@@ -72,7 +73,8 @@ void help() {
         "  --batches N,M     tokens per step (default 1,4,16)\n"
         "  --max-gib G       resident expert weights per model, at most (default 8)\n"
         "  --no-pin          do not pin the threads\n"
-        "  --huge-pages      ask for transparent huge pages for the weights\n",
+        "  --huge-pages      ask for transparent huge pages for the weights\n"
+        "  --amx-min-tokens N  AMX tiles for experts with at least N tokens (0: never; 4)\n",
         stdout);
 }
 
@@ -98,6 +100,8 @@ Options parse(int argc, char** argv) {
             o.pin = false;
         else if (a == "--huge-pages")
             o.huge_pages = true;
+        else if (a == "--amx-min-tokens")
+            o.amx_min_tokens = std::stoull(value());
         else
             return false;
         return true;
@@ -283,7 +287,9 @@ int run_experts(int argc, char** argv) {
                               .max_ffn = s.ffn,
                               .max_experts = s.experts,
                               .max_k = s.k,
-                              .isa = isa});
+                              .isa = isa,
+                              .amx_min_tokens = o.amx_min_tokens});
+        if (&s == &shapes.front()) std::printf("kernels: %s\n", ops.kernel_name());
         std::normal_distribution<float> normal(0.0f, 1.0f);
         std::vector<float> x(max_batch * s.hidden), y(max_batch * s.hidden, 0.0f);
         for (auto& v : x)

@@ -58,8 +58,8 @@ double round_to(double v, DType d) noexcept {
     return f;
 }
 
-double dot_bound(std::size_t cols) noexcept {
-    return (static_cast<double>(cols) / 8 + 8) * std::ldexp(1.0, -24);
+double dot_bound(std::size_t cols, bool amx) noexcept {
+    return (static_cast<double>(cols) / (amx ? 2 : 8) + 8) * std::ldexp(1.0, -24);
 }
 
 LinearRef reference_linear(const RandomMatrix& w, const std::vector<float>& x, std::size_t n) {

@@ -32,8 +32,10 @@ std::vector<float> random_floats(std::size_t n, float lo, float hi, std::mt19937
 double round_to(double v, DType d) noexcept;
 
 // A bound on the error of an fp32 dot product over `cols` products, relative to Σ|w||x|: the
-// kernels keep at least 8 partial sums, each of at most cols/8 + 1 terms, combined in a tree.
-double dot_bound(std::size_t cols) noexcept;
+// vector kernels keep at least 8 partial sums, each of at most cols/8 + 1 terms, combined in a
+// tree; an AMX tile product adds the column pairs one after the other into one fp32 element
+// (amx: cols/2 additions).
+double dot_bound(std::size_t cols, bool amx = false) noexcept;
 
 // The reference of one linear: y(n, rows) = round(x) · wᵀ in fp64 and, per element, the scale
 // Σ|w||round(x)| the error is measured against.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "allocation_counter.hpp"
@@ -22,18 +23,21 @@ struct Shape {
 };
 // cols: below one vector, not a multiple of 8, 16 or 32, and long rows; rows: below the 4-row
 // register block, not a multiple of it or of a tile.
-const Shape kShapes[] = {{1, 1}, {5, 7}, {67, 45}, {131, 333}, {37, 1000}, {19, 2051}};
+// cols multiples of 32 with 16-row groups and a remainder: the AMX path where the CPU has it.
+const Shape kShapes[] = {{1, 1},     {5, 7},     {67, 45},  {131, 333},
+                         {37, 1000}, {19, 2051}, {53, 256}, {16, 32}};
 const std::size_t kTokens[] = {1, 3, 16, 67, 300};
 const DType kDtypes[] = {DType::bf16, DType::f16, DType::f32};
 
-cpu::CpuModelOpsOptions options(Isa isa, std::size_t threads) {
+cpu::CpuModelOpsOptions options(Isa isa, std::size_t threads, std::size_t amx_min_tokens = 4) {
     return {.threads = threads,
             .max_tokens = 300,
             .max_hidden = 2051,
             .max_ffn = 1024,
             .max_experts = 64,
             .max_k = 8,
-            .isa = isa};
+            .isa = isa,
+            .amx_min_tokens = amx_min_tokens};
 }
 
 }  // namespace
@@ -44,6 +48,8 @@ TEST_CASE("linear matches the fp64 reference for every ISA, dtype, token count a
     std::vector<std::unique_ptr<CpuModelOps>> ops;
     for (Isa isa : cpu::supported_isas())
         ops.push_back(std::make_unique<CpuModelOps>(options(isa, 3)));
+    if (cpu::amx_bf16_available())  // AVX-512 without the tiles too
+        ops.push_back(std::make_unique<CpuModelOps>(options(Isa::avx512, 3, 0)));
     std::size_t misalign = 0;
     for (DType dt : kDtypes) {
         std::vector<double> worst(ops.size(), 0.0);
@@ -53,8 +59,10 @@ TEST_CASE("linear matches the fp64 reference for every ISA, dtype, token count a
             for (std::size_t n : kTokens) {
                 const auto x = test::random_floats(n * s.cols, -2.0f, 2.0f, rng);
                 const test::LinearRef ref = test::reference_linear(w, x, n);
-                const double bound = test::dot_bound(s.cols);
                 for (std::size_t o = 0; o < ops.size(); ++o) {
+                    const bool amx =
+                        std::string(ops[o]->kernel_name()).find("amx") != std::string::npos;
+                    const double bound = test::dot_bound(s.cols, amx);
                     std::vector<float> y(n * s.rows, std::numeric_limits<float>::quiet_NaN());
                     ops[o]->linear(w.view(), x.data(), n, y.data());
                     double max_rel = 0;
@@ -81,9 +89,9 @@ TEST_CASE("linear on one thread and on many give the same bits", "[unit][model]"
     auto rng = test::seeded_rng("cpu linear threads");
     for (Isa isa : cpu::supported_isas()) {
         CpuModelOps one(options(isa, 1)), many(options(isa, 4));
-        const test::RandomMatrix w(333, 517, DType::bf16, 1, rng);
+        const test::RandomMatrix w(333, 512, DType::bf16, 1, rng);
         for (std::size_t n : {1, 16, 130}) {
-            const auto x = test::random_floats(n * 517, -1.0f, 1.0f, rng);
+            const auto x = test::random_floats(n * 512, -1.0f, 1.0f, rng);
             std::vector<float> a(n * 333), b(n * 333);
             one.linear(w.view(), x.data(), n, a.data());
             many.linear(w.view(), x.data(), n, b.data());

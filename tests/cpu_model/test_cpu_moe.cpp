@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <memory>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "allocation_counter.hpp"
@@ -25,22 +26,22 @@ struct MoeCase {
     std::size_t hidden, ffn, experts, k;
 };
 const MoeCase kCases[] = {
-    {"dense 64/32 (one expert, k 1)", 64, 32, 1, 1},
-    {"100/67, 10 experts, k 3", 100, 67, 10, 3},
-    {"333/130, 64 experts, k 8", 333, 130, 64, 8},
-    {"45/7, 8 experts, k 2", 45, 7, 8, 2},
+    {"dense 64/32 (one expert, k 1)", 64, 32, 1, 1}, {"100/67, 10 experts, k 3", 100, 67, 10, 3},
+    {"333/130, 64 experts, k 8", 333, 130, 64, 8},   {"45/7, 8 experts, k 2", 45, 7, 8, 2},
+    {"128/96, 16 experts, k 4", 128, 96, 16, 4},
 };
 const std::size_t kTokens[] = {1, 3, 16, 67, 300};
 const DType kDtypes[] = {DType::bf16, DType::f16, DType::f32};
 
-cpu::CpuModelOpsOptions options(Isa isa, std::size_t threads) {
+cpu::CpuModelOpsOptions options(Isa isa, std::size_t threads, std::size_t amx_min_tokens = 4) {
     return {.threads = threads,
             .max_tokens = 300,
             .max_hidden = 512,
             .max_ffn = 256,
             .max_experts = 64,
             .max_k = 8,
-            .isa = isa};
+            .isa = isa,
+            .amx_min_tokens = amx_min_tokens};
 }
 
 // Per token k distinct experts, drawn with a popularity skew (tokens share the popular ones,
@@ -100,11 +101,11 @@ struct MoeRef {
     std::vector<double> y, bound, scale;
 };
 MoeRef reference_moe(const MoeCase& c, DType dt, const Experts& ex, const std::vector<float>& x,
-                     const std::vector<float>& y0, std::size_t n, const Routing& r) {
+                     const std::vector<float>& y0, std::size_t n, const Routing& r, bool amx) {
     MoeRef ref{std::vector<double>(n * c.hidden), std::vector<double>(n * c.hidden),
                std::vector<double>(n * c.hidden)};
     const double eps32 = std::ldexp(1.0, -24);
-    const double tol_in = test::dot_bound(c.hidden), tol_down = test::dot_bound(c.ffn);
+    const double tol_in = test::dot_bound(c.hidden, amx), tol_down = test::dot_bound(c.ffn, amx);
     std::vector<double> xr(c.hidden), hr(c.ffn), dh(c.ffn);
     for (std::size_t t = 0; t < n; ++t) {
         for (std::size_t i = 0; i < c.hidden; ++i) {
@@ -173,6 +174,8 @@ TEST_CASE("moe matches the per-token fp64 reference for every ISA and dtype", "[
         ops.push_back(std::make_unique<CpuModelOps>(options(isa, 3)));
         ops.push_back(std::make_unique<CpuModelOps>(options(isa, 1)));
     }
+    if (cpu::amx_bf16_available())  // AVX-512 without the tiles too
+        ops.push_back(std::make_unique<CpuModelOps>(options(Isa::avx512, 3, 0)));
     for (DType dt : kDtypes) {
         std::vector<double> worst_rel(ops.size(), 0.0), worst_of_bound(ops.size(), 0.0);
         for (const MoeCase& c : kCases) {
@@ -182,8 +185,14 @@ TEST_CASE("moe matches the per-token fp64 reference for every ISA and dtype", "[
                 const Experts ex = random_experts(c, dt, r, rng);
                 const auto x = test::random_floats(n * c.hidden, -2.0f, 2.0f, rng);
                 const auto y0 = test::random_floats(n * c.hidden, -1.0f, 1.0f, rng);
-                const MoeRef ref = reference_moe(c, dt, ex, x, y0, n, r);
+                const MoeRef vec_ref = reference_moe(c, dt, ex, x, y0, n, r, false);
+                MoeRef amx_ref;  // the same values, the bounds of an AMX tile product
                 for (std::size_t o = 0; o < ops.size(); ++o) {
+                    const bool amx =
+                        std::string(ops[o]->kernel_name()).find("amx") != std::string::npos;
+                    if (amx && amx_ref.y.empty())
+                        amx_ref = reference_moe(c, dt, ex, x, y0, n, r, true);
+                    const MoeRef& ref = amx ? amx_ref : vec_ref;
                     std::vector<float> y = y0;
                     ops[o]->moe(ex.views, x.data(), n, r.view(c.k), y.data());
                     double rel = 0, of_bound = 0;
@@ -211,7 +220,7 @@ TEST_CASE("moe matches the per-token fp64 reference for every ISA and dtype", "[
 
 TEST_CASE("moe gives the same bits on one thread and on many", "[unit][model]") {
     auto rng = test::seeded_rng("cpu moe threads");
-    const MoeCase c{"", 200, 96, 16, 4};
+    const MoeCase c{"", 192, 96, 16, 4};
     for (Isa isa : cpu::supported_isas()) {
         CpuModelOps one(options(isa, 1)), many(options(isa, 4));
         for (std::size_t n : {1, 16, 200}) {

@@ -32,6 +32,11 @@ struct GemmBlock {
     std::size_t n;
     float* y;  // (n, r1 − r0) with row stride ldy, fp32
     std::size_t ldy;
+    // AMX-BF16 (AVX-512 kernel, bf16 weights, cols a multiple of 32): used for whole groups of
+    // 16 rows when n >= amx_min_tokens (0: never); the caller has checked amx_bf16_available().
+    // amx_scratch: the worker's, 64-byte aligned, cols · 32 bytes (the tokens' packed B tiles).
+    std::size_t amx_min_tokens;
+    void* amx_scratch;
 };
 
 void gemm_block_portable(const GemmBlock& b) noexcept;

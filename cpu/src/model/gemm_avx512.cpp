@@ -158,9 +158,69 @@ void block_tokens(const GemmBlock& b, const Rows& rw, const void* const* xt,
     }
 }
 
+// ---- AMX-BF16 --------------------------------------------------------------------------------
+// yᵀ = W · xᵀ on tiles: tile 0 C (16 rows × 16 tokens, fp32) += tile 1 A (16 weight rows × 32
+// columns, loaded straight from the weights with the row stride: no repacking of W) · tile 2 B
+// (16 column pairs × 16 tokens: the tokens' activations packed pair by pair, once per block of
+// 16 tokens, into the worker's scratch).
+struct TileConfig {
+    std::uint8_t palette = 1, start_row = 0, reserved[14] = {};
+    std::uint16_t colsb[16] = {};
+    std::uint8_t rows[16] = {};
+};
+
+// Rows [r0, r0 + 16·groups) of b over its tokens, on tiles.
+void amx_rows(const GemmBlock& b, std::size_t groups) noexcept {
+    TileConfig cfg;
+    for (int t = 0; t < 3; ++t)
+        cfg.rows[t] = 16, cfg.colsb[t] = 64;
+    _tile_loadconfig(&cfg);
+    auto* packed = static_cast<std::uint32_t*>(b.amx_scratch);  // (cols / 2, 16)
+    const std::size_t pairs = b.cols / 2, wstride = b.cols * 2;
+    const auto* xbase = static_cast<const char*>(b.x);
+    alignas(64) float c[16 * 16];
+    for (std::size_t t0 = 0; t0 < b.n; t0 += 16) {
+        const std::size_t nt = b.n - t0 < 16 ? b.n - t0 : 16;
+        for (std::size_t j = 0; j < 16; ++j) {
+            if (j >= nt) {
+                for (std::size_t p = 0; p < pairs; ++p)
+                    packed[p * 16 + j] = 0;
+                continue;
+            }
+            const std::size_t row = b.rows ? b.rows[t0 + j] : t0 + j;
+            const char* xr = xbase + row * b.ldx * 2;
+            for (std::size_t p = 0; p < pairs; ++p)
+                __builtin_memcpy(&packed[p * 16 + j], xr + 4 * p, 4);
+        }
+        for (std::size_t g = 0; g < groups; ++g) {
+            const std::size_t r = b.r0 + 16 * g;
+            const char* w = static_cast<const char*>(b.w) + r * wstride;
+            _tile_zero(0);
+            for (std::size_t k = 0; k < b.cols; k += 32) {
+                _tile_loadd(1, w + 2 * k, wstride);
+                _tile_loadd(2, packed + k / 2 * 16, 64);
+                _tile_dpbf16ps(0, 1, 2);
+            }
+            _tile_stored(0, c, 64);
+            for (std::size_t i = 0; i < 16; ++i)
+                for (std::size_t j = 0; j < nt; ++j)
+                    b.y[(t0 + j) * b.ldy + (r + i - b.r0)] = c[i * 16 + j];
+        }
+    }
+    _tile_release();
+}
+
 }  // namespace
 
-void gemm_block_avx512(const GemmBlock& b) noexcept {
+void gemm_block_avx512(const GemmBlock& b0) noexcept {
+    GemmBlock b = b0;
+    if (b.amx_min_tokens && b.n >= b.amx_min_tokens && b.dtype == DType::bf16 && b.cols % 32 == 0 &&
+        b.cols && b.r1 - b.r0 >= 16) {
+        const std::size_t groups = (b.r1 - b.r0) / 16;
+        amx_rows(b, groups);
+        b.r0 += 16 * groups;  // the rest on vectors (y stays relative to the first row)
+        b.y += 16 * groups;
+    }
     const std::size_t xsize = b.dtype == DType::bf16 ? 2 : 4;  // XRep::bf16 or f32
     const std::size_t wrow = b.cols * (b.dtype == DType::f32 ? 4 : 2);
     const auto* xbase = static_cast<const char*>(b.x);

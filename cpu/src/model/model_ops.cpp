@@ -59,7 +59,9 @@ KernelFn kernel_for(Isa isa) noexcept {
 // Rows of a tile: enough items for every worker to take several, within [kMinTile, kMaxTile].
 std::size_t pick_tile(std::size_t rows_times_blocks, std::size_t workers) noexcept {
     const std::size_t want = ceil_div(rows_times_blocks, kItemsPerWorker * workers);
-    return std::clamp(round_up(want, 4), kMinTile, kMaxTile);
+    // Multiples of 16: the AMX kernel takes whole 16-row groups of a block, so with 16-aligned
+    // blocks every row gets the same kernel (and the same bits) whatever the thread count.
+    return std::clamp(round_up(want, 16), kMinTile, kMaxTile);
 }
 
 std::size_t token_block(std::size_t n) noexcept {
@@ -80,7 +82,8 @@ struct CpuModelOps::Impl {
     Isa isa;
     KernelFn kernel;
     WorkerPool pool;
-    std::size_t max_width;  // widest activation row of linear(): max(max_hidden, max_ffn)
+    std::size_t max_width;       // widest activation row of linear(): max(max_hidden, max_ffn)
+    std::size_t amx_min_tokens;  // 0: no AMX
 
     // Scratch, sized at construction; allocated untouched (pages are committed as calls use
     // them). Activation rows in the kernel's form (fp32 or bf16), row stride rounded to 32.
@@ -94,14 +97,19 @@ struct CpuModelOps::Impl {
     struct Used {
         std::uint32_t expert, first_pair, pairs, items_begin;
     };
-    std::unique_ptr<Used[]> used;  // (max_experts + 1) experts with tokens, and a sentinel
+    std::unique_ptr<Used[]> used;          // (max_experts + 1) experts with tokens, and a sentinel
+    std::unique_ptr<std::byte[]> amx_buf;  // per worker: round_up(max_width, 32) · 32 bytes
+    std::size_t amx_stride = 0;
 
     explicit Impl(const CpuModelOpsOptions& o)
         : opts(o),
           isa(select_isa(o.isa)),
           kernel(kernel_for(isa)),
           pool(WorkerPoolOptions{.threads = o.threads, .pin = o.pin}),
-          max_width(std::max(o.max_hidden, o.max_ffn)) {
+          max_width(std::max(o.max_hidden, o.max_ffn)),
+          amx_min_tokens(isa == Isa::avx512 && o.amx_min_tokens && amx_bf16_available()
+                             ? o.amx_min_tokens
+                             : 0) {
         const std::size_t pairs = o.max_tokens * o.max_k;
         xq =
             std::make_unique_for_overwrite<std::byte[]>(o.max_tokens * round_up(max_width, 32) * 4);
@@ -113,6 +121,23 @@ struct CpuModelOps::Impl {
         pair_of = std::make_unique_for_overwrite<std::int32_t[]>(pairs);
         count = std::make_unique_for_overwrite<std::uint32_t[]>(o.max_experts + 1);
         used = std::make_unique_for_overwrite<Used[]>(o.max_experts + 1);
+        if (amx_min_tokens) {
+            amx_stride = round_up(max_width, 32) * 32;
+            amx_buf =
+                std::make_unique_for_overwrite<std::byte[]>(pool.concurrency() * amx_stride + 64);
+        }
+    }
+
+    // The worker's packed-activation scratch of the AMX kernel (64-byte aligned), or null.
+    void* amx_scratch(std::size_t worker) noexcept {
+        if (!amx_buf) return nullptr;
+        const auto a = (reinterpret_cast<std::uintptr_t>(amx_buf.get()) + 63) & ~std::uintptr_t{63};
+        return reinterpret_cast<std::byte*>(a) + worker * amx_stride;
+    }
+    // Sets a block's AMX fields for the worker.
+    void amx_fields(GemmBlock& b, std::size_t worker) noexcept {
+        b.amx_min_tokens = amx_min_tokens;
+        b.amx_scratch = amx_scratch(worker);
     }
 
     float* tiles_of(std::size_t worker) noexcept {
@@ -179,7 +204,7 @@ struct CpuModelOps::Impl {
         const std::size_t tile = pick_tile(w.rows * blocks, pool.concurrency());
         const std::size_t row_tiles = ceil_div(w.rows, tile);
         const std::byte* xbase = xq.get();
-        pool.parallel_for(row_tiles * blocks, [&](std::size_t item, std::size_t) {
+        pool.parallel_for(row_tiles * blocks, [&](std::size_t item, std::size_t worker) {
             const std::size_t rt = item / blocks, b = item % blocks;
             const std::size_t r0 = rt * tile, t0 = b * tb;
             GemmBlock g{};
@@ -194,6 +219,7 @@ struct CpuModelOps::Impl {
             g.n = std::min(tb, n - t0);
             g.y = y + t0 * w.rows + r0;
             g.ldy = w.rows;
+            amx_fields(g, worker);
             kernel(g);
         });
     }
@@ -322,6 +348,7 @@ void CpuModelOps::Impl::moe(std::span<const model::FfnWeights> experts, const fl
             b.rows = pair_token.get() + it.u->first_pair + it.t0;
             b.n = it.nt;
             b.ldy = nr;
+            amx_fields(b, worker);
             b.w = f.gate.data;
             b.y = g;
             kernel(b);
@@ -343,7 +370,7 @@ void CpuModelOps::Impl::moe(std::span<const model::FfnWeights> experts, const fl
         const auto [tile, tiles] = plan(hidden);
         const std::byte* hbase = h.get();
         float* part = partial.get();
-        pool.parallel_for(used[nused].items_begin, [&](std::size_t item, std::size_t) {
+        pool.parallel_for(used[nused].items_begin, [&](std::size_t item, std::size_t worker) {
             const Item it = find(item, tile, tiles);
             const std::size_t pair = it.u->first_pair + it.t0;
             GemmBlock b{};
@@ -358,6 +385,7 @@ void CpuModelOps::Impl::moe(std::span<const model::FfnWeights> experts, const fl
             b.n = it.nt;
             b.y = part + pair * hidden + it.r0;
             b.ldy = hidden;
+            amx_fields(b, worker);
             kernel(b);
         });
     }
@@ -401,7 +429,7 @@ std::size_t CpuModelOps::max_tokens() const noexcept {
 const char* CpuModelOps::kernel_name() const noexcept {
     switch (impl_->isa) {
         case Isa::avx512:
-            return "avx512-bf16";
+            return impl_->amx_min_tokens ? "avx512-bf16+amx" : "avx512-bf16";
         case Isa::avx2:
             return "avx2";
         case Isa::portable:

@@ -32,6 +32,10 @@ struct CpuModelOpsOptions {
     std::size_t max_experts = 256;  // most experts of one moe call
     std::size_t max_k = 8;          // most experts per token
     std::optional<Isa> isa;         // force a level (tests); default: select_isa()
+    // AMX-BF16 tiles for bf16 weights (AVX-512 level, where the CPU has them and the kernel
+    // grants the tile state; columns a multiple of 32) when a GEMM has at least this many
+    // tokens; 0: never.
+    std::size_t amx_min_tokens = 4;
 };
 
 class CpuModelOps final : public model::ModelOps {
