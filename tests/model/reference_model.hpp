@@ -126,6 +126,11 @@ struct CpuRuntime {
         cpu::CpuModelOpsOptions co;
         co.threads = 2;
         co.max_tokens = std::max<std::size_t>(chunk, max_batch);
+        const model::OpLimits lim = model::op_limits(m.config());
+        co.max_hidden = lim.max_cols;
+        co.max_ffn = lim.max_ffn;
+        co.max_experts = lim.max_experts;
+        co.max_k = lim.max_k;
         ops = std::make_unique<cpu::CpuModelOps>(co);
         model::RuntimeOptions ro;
         ro.prefill_chunk_tokens = chunk;

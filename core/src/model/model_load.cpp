@@ -265,6 +265,20 @@ std::unique_ptr<Model> make_builtin_model(std::string_view preset, const ModelLo
     return m;
 }
 
+OpLimits op_limits(const ModelConfig& c) noexcept {
+    const auto z = [](int v) { return static_cast<std::size_t>(std::max(v, 0)); };
+    OpLimits l;
+    l.max_ffn = std::max({z(c.intermediate_size), z(c.moe_intermediate_size),
+                          z(c.moe_intermediate_size) * z(c.n_shared_experts)});
+    l.max_cols = std::max({z(c.hidden_size), z(c.num_heads) * z(c.head_dim), l.max_ffn});
+    if (c.mla())
+        l.max_cols = std::max({l.max_cols, z(c.num_heads) * z(c.v_head_dim), z(c.q_lora_rank),
+                               z(c.kv_lora_rank), z(c.qk_nope_head_dim)});
+    l.max_experts = std::max<std::size_t>(1, z(c.num_experts));
+    l.max_k = std::max<std::size_t>(1, z(c.experts_per_token));
+    return l;
+}
+
 void save_model_dir(const Model& model, const fs::path& dir) {
     std::error_code ec;
     fs::create_directories(dir, ec);

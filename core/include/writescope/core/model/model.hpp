@@ -70,6 +70,13 @@ class Model {
     std::uint64_t weight_bytes_ = 0;
 };
 
+// The largest shapes a model's forward pass hands its ops, to size a ModelOps implementation:
+// the widest input row of any linear, the widest FFN, the experts of one call and per token.
+struct OpLimits {
+    std::size_t max_cols = 0, max_ffn = 0, max_experts = 1, max_k = 1;
+};
+OpLimits op_limits(const ModelConfig& c) noexcept;
+
 // Opens a Hugging Face model directory: config.json, then every safetensors header validated
 // against the config (every expected tensor present with its shape, unexpected ones reported).
 // Throws ModelConfigError or ModelFileError naming the file, the tensor and the problem.
