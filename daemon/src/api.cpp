@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "completions.hpp"
 #include "service.hpp"
 #include "units.hpp"
 
@@ -16,12 +17,6 @@ namespace writescope::daemon {
 namespace {
 
 using json = nlohmann::json;
-
-// A failure inside a route, turned into the error shape by the wrapper.
-struct ApiError {
-    int status;
-    std::string message;
-};
 
 HttpResponse json_response(int status, const json& body) {
     HttpResponse r;
@@ -85,6 +80,8 @@ json job_json(const CalibrationJobInfo& j) {
         {"error", j.error.empty() ? json(nullptr) : json(j.error)}};
 }
 
+json engine_status_json(const ServiceView& v);
+
 json policy_json(const ServiceView& v) {
     return {
         {"mode", v.profile.policy.mode},
@@ -99,6 +96,15 @@ json policy_json(const ServiceView& v) {
 }
 
 json status_json(const ServiceView& v) {
+    json j = engine_status_json(v);
+    // The model section: the KV geometry above, and what was loaded (null fields before).
+    if (const json served = served_model_json(v); !served.is_null()) j["model"].update(served);
+    j["model"]["loaded"] = v.model.loaded;
+    j["scheduler"] = scheduler_json(v);
+    return j;
+}
+
+json engine_status_json(const ServiceView& v) {
     const auto& g = v.engine_options.geometry;
     auto regions = json::array();
     for (const auto& r : v.engine.regions)
@@ -285,7 +291,7 @@ std::string metrics_text(const ServiceView& v) {
     for (const auto& r : v.requests)
         m.sample("writescope_http_requests_total", static_cast<double>(r.count),
                  fmt::format("route=\"{}\",code=\"{}\"", label_escape(r.route), r.status));
-    return m.take();
+    return m.take() + scheduler_metrics_text(v);
 }
 
 // --- request helpers
@@ -440,6 +446,14 @@ HttpResponse get_metrics(Service& s, const HttpRequest&, const Target&) {
     return r;
 }
 
+HttpResponse post_completions_route(Service& s, const HttpRequest& req, const Target&) {
+    return post_completions(s, req);
+}
+
+HttpResponse get_models_route(Service& s, const HttpRequest&, const Target&) {
+    return json_response(200, models_json(s.view()));
+}
+
 struct Route {
     std::string_view path;
     std::vector<std::pair<std::string_view, Handler>> methods;
@@ -453,6 +467,8 @@ const std::vector<Route>& routes() {
         {"/v1/policy", {{"GET", get_policy}, {"PUT", put_policy}}},
         {"/v1/history", {{"GET", get_history}}},
         {"/metrics", {{"GET", get_metrics}}},
+        {"/v1/completions", {{"POST", post_completions_route}}},
+        {"/v1/models", {{"GET", get_models_route}}},
     };
     return table;
 }
@@ -471,6 +487,8 @@ std::string_view error_type(int status) noexcept {
             return "not_found_error";
         case 409:
             return "conflict_error";
+        case 429:
+            return "rate_limit_error";
         case 503:
             return "unavailable_error";
         default:
@@ -552,8 +570,130 @@ HttpResponse Api::handle(const HttpRequest& req) {
             res = error_response(500, fmt::format("internal error: {}", e.what()));
         }
     }
-    service_.count_request(r.label, res.status);
+    if (res.stream) {
+        // Counted when its status is known (the scheduler's thread sets it).
+        res.stream->on_status([svc = &service_, label = std::string(r.label)](int st) {
+            svc->count_request(label, st);
+        });
+    } else {
+        service_.count_request(r.label, res.status);
+    }
     return res;
+}
+
+// --- ResponseStream
+
+void ResponseStream::produced(std::optional<int> status) {
+    std::function<void()> wake;
+    std::function<void(int)> counted;
+    {
+        std::lock_guard lock(mu_);
+        wake = wake_;
+        if (status) counted = std::move(on_status_);
+    }
+    if (counted) counted(*status);
+    if (wake) wake();
+}
+
+void ResponseStream::complete(HttpResponse whole) {
+    int st = 0;
+    {
+        std::lock_guard lock(mu_);
+        if (head_ || head_taken_ || done_) return;
+        st = status_ = whole.status;
+        head_ = std::move(whole);
+        done_ = true;
+    }
+    produced(st);
+}
+
+void ResponseStream::begin(HttpResponse head) {
+    int st = 0;
+    {
+        std::lock_guard lock(mu_);
+        if (head_ || head_taken_ || done_) return;
+        st = status_ = head.status;
+        head.body.clear();
+        head_ = std::move(head);
+        streamed_ = true;
+    }
+    produced(st);
+}
+
+void ResponseStream::write(std::string piece) {
+    {
+        std::lock_guard lock(mu_);
+        if (!streamed_ || done_) return;
+        body_ += piece;
+    }
+    produced(std::nullopt);
+}
+
+void ResponseStream::end() {
+    {
+        std::lock_guard lock(mu_);
+        if (!streamed_ || done_) return;
+        done_ = true;
+    }
+    produced(std::nullopt);
+}
+
+bool ResponseStream::started() const {
+    std::lock_guard lock(mu_);
+    return head_.has_value() || head_taken_;
+}
+
+ResponseStream::Taken ResponseStream::take() {
+    std::lock_guard lock(mu_);
+    Taken t;
+    if (head_ && !head_taken_) {
+        t.head = std::move(head_);
+        head_.reset();
+        head_taken_ = true;
+    }
+    t.streamed = streamed_;
+    t.body.swap(body_);
+    t.done = done_;
+    return t;
+}
+
+void ResponseStream::set_waker(std::function<void()> wake) {
+    std::lock_guard lock(mu_);
+    wake_ = std::move(wake);
+}
+
+void ResponseStream::close() {
+    std::function<void()> f;
+    {
+        std::lock_guard lock(mu_);
+        if (closed_) return;
+        closed_ = true;
+        f = std::move(on_close_);
+        wake_ = nullptr;
+    }
+    if (f) f();
+}
+
+bool ResponseStream::closed() const {
+    std::lock_guard lock(mu_);
+    return closed_;
+}
+
+void ResponseStream::on_close(std::function<void()> f) {
+    std::lock_guard lock(mu_);
+    on_close_ = std::move(f);
+}
+
+void ResponseStream::on_status(std::function<void(int)> f) {
+    std::unique_lock lock(mu_);
+    if (head_ || head_taken_) {
+        // Already known: count it now.
+        const int st = status_;
+        lock.unlock();
+        f(st);
+        return;
+    }
+    on_status_ = std::move(f);
 }
 
 }  // namespace writescope::daemon

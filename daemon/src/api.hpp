@@ -3,12 +3,15 @@
 // starting or stopping. The Beast server (http_server.cpp) only moves bytes.
 //
 // Routes: GET /v1/health, GET /v1/status, GET|POST /v1/calibration, GET|PUT /v1/policy,
-// GET /v1/history, GET /metrics. Adding a route is one entry in the table in api.cpp; a streaming
-// route (POST /v1/completions, server-sent events) will return a response whose body is produced
-// incrementally, written by the server with chunked encoding — the routing, the error shape and
-// the 503 rule stay as they are.
+// GET /v1/history, GET /metrics, POST /v1/completions, GET /v1/models. Adding a route is one
+// entry in the table in api.cpp. A completion is answered later, by the scheduler's thread: its
+// route returns a response holding a ResponseStream, which the server writes as it fills (the
+// whole response at once, or a chunked body of server-sent events) without blocking its thread.
 #pragma once
 
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -18,6 +21,7 @@
 namespace writescope::daemon {
 
 class Service;
+class ResponseStream;
 
 struct HttpRequest {
     std::string method;  // "GET"
@@ -30,10 +34,63 @@ struct HttpResponse {
     std::string content_type = "application/json";
     std::string body;
     std::vector<std::pair<std::string, std::string>> headers;  // extra headers (Allow, ...)
+    // Set: the response comes later through the stream (status, content type, headers and body
+    // above are unused).
+    std::shared_ptr<ResponseStream> stream;
+};
+
+// A response produced by another thread. The producer either completes it with one whole
+// response, or begins a streamed one (its head), writes pieces of its body and ends it. The
+// consumer (the server) takes what has come and is woken after each producer call; when the
+// client goes away it closes the stream, which runs the on_close callback once (a completion's:
+// cancel its request). Thread-safe.
+class ResponseStream {
+  public:
+    // --- the producer
+    void complete(HttpResponse whole);
+    void begin(HttpResponse head);  // head.body is not sent
+    void write(std::string piece);
+    void end();
+    // Whether the head has gone out (begin or complete was called).
+    bool started() const;
+
+    // --- the consumer
+    struct Taken {
+        std::optional<HttpResponse> head;  // once: the whole response, or the streamed head
+        bool streamed = false;             // head is a streamed body's
+        std::string body;                  // streamed body pieces, concatenated
+        bool done = false;                 // nothing more will come
+    };
+    Taken take();
+    // Called from the producer's thread after each producer call; empty: none.
+    void set_waker(std::function<void()> wake);
+    void close();
+    bool closed() const;
+
+    // --- set by the route and the API before the stream is handed out
+    void on_close(std::function<void()> f);
+    void on_status(std::function<void(int)> f);  // the status, once, when the head is known
+
+  private:
+    void produced(std::optional<int> status);
+    mutable std::mutex mu_;
+    std::optional<HttpResponse> head_;
+    bool head_taken_ = false, streamed_ = false, done_ = false, closed_ = false;
+    int status_ = 0;
+    std::string body_;
+    std::function<void()> wake_, on_close_;
+    std::function<void(int)> on_status_;
+};
+
+// A failure inside a route, turned into the error shape by the wrapper around every route.
+struct ApiError {
+    int status;
+    std::string message;
 };
 
 // The one error shape. type follows the status: invalid_request_error (400, 405, 413),
-// not_found_error (404), conflict_error (409), unavailable_error (503), server_error (others).
+// not_found_error (404), conflict_error (409), rate_limit_error (429), unavailable_error (503),
+// server_error (others).
 HttpResponse error_response(int status, std::string_view message);
 std::string_view error_type(int status) noexcept;
 

@@ -80,7 +80,7 @@ class Daemon {
           machine_(machine),
           listen_(listen),
           service_(loaded.profile, loaded.source, std::move(opts), std::move(machine),
-                   args.engine_factory, args.allocator),
+                   args.engine_factory, args.allocator, args.model_factory),
           api_(service_),
           server_(io_, listen.fd, api_,
                   [this] {
@@ -261,6 +261,16 @@ class Daemon {
     }
 
     void drain() {
+        // Generations still running at the deadline are cancelled (their streams end), and
+        // their connections get one more second to close.
+        if (server_.connections() != 0 && !generation_cancelled_ &&
+            std::chrono::steady_clock::now() > drain_deadline_) {
+            generation_cancelled_ = true;
+            log_warning("daemon.drain-cancel",
+                        "cancelling the completions still running after 10 s");
+            service_.cancel_generation();
+            drain_deadline_ = std::chrono::steady_clock::now() + 1s;
+        }
         if (server_.connections() == 0 || std::chrono::steady_clock::now() > drain_deadline_) {
             if (server_.connections() != 0)
                 log_warning("daemon.drain-timeout",
@@ -291,6 +301,7 @@ class Daemon {
     std::thread boot_thread_;
     bool stopping_ = false;
     bool stopped_ = false;
+    bool generation_cancelled_ = false;
     int exit_code_ = 0;
 };
 

@@ -9,6 +9,7 @@
 
 #include "engine_host.hpp"
 #include "machine.hpp"
+#include "model_host.hpp"
 #include "profile.hpp"
 #include "service.hpp"
 
@@ -23,6 +24,7 @@ struct DaemonArgs {
     std::optional<std::string> state_dir;  // --state-dir
     AllocatorInfo allocator;
     EngineFactory engine_factory;
+    ModelFactory model_factory;  // none: no model is served (/v1/completions answers 503)
 };
 
 struct LoadedProfile {

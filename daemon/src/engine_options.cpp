@@ -1,11 +1,11 @@
 #include "engine_options.hpp"
 
-#include "hf_config.hpp"
-
+#include <algorithm>
 #include <filesystem>
 
 #include <fmt/format.h>
 
+#include "units.hpp"
 #include "writescope/core/execution_mode.hpp"
 
 namespace writescope::daemon {
@@ -20,31 +20,46 @@ bool looks_like_path(const std::string& s) {
     return s.find('/') != std::string::npos || s.starts_with('.') || s.starts_with('~');
 }
 
-KvGeometry resolve_model(const Profile& p, std::string_view source) {
+}  // namespace
+
+std::unique_ptr<model::Model> load_profile_model(const Profile& p, std::string_view source,
+                                                 bool headers_only) {
     const auto& src = p.model.source;
-    if (auto g = kv_geometry_preset(src, p.kv.dtype)) return *g;
+    const auto presets = model::model_preset_names();
+    const bool builtin = std::find(presets.begin(), presets.end(), src) != presets.end();
     namespace fs = std::filesystem;
     std::error_code ec;
-    if (!looks_like_path(src) && !fs::is_directory(src, ec)) {
+    if (!builtin && !looks_like_path(src) && !fs::is_directory(src, ec))
         fail(source, "model.source",
              fmt::format("\"{}\" is neither a built-in preset ({}) nor a model directory", src,
-                         fmt::join(kv_geometry_preset_names(), ", ")));
-    }
-    if (!fs::is_directory(src, ec))
+                         fmt::join(presets, ", ")));
+    if (!builtin && !fs::is_directory(src, ec))
         fail(source, "model.source", fmt::format("model directory {} does not exist", src));
-    if (!fs::is_regular_file(fs::path(src) / "config.json", ec))
-        fail(source, "model.source",
-             fmt::format("{} holds no config.json: a model directory is a Hugging Face "
-                         "checkpoint (config.json and *.safetensors)",
-                         src));
+    model::ModelLoadOptions o;
+    o.max_layers =
+        p.model.layers < 0 ? (builtin ? Profile::Model::kAutoBuiltinLayers : 0) : p.model.layers;
+    o.seed = p.model.seed;
+    o.headers_only = headers_only;
+    std::unique_ptr<model::Model> m;
     try {
-        return kv_geometry_from_model_dir(fs::path(src), p.kv.dtype);
-    } catch (const HfConfigError& e) {
+        m = builtin ? model::make_builtin_model(src, o) : model::load_model_dir(src, o);
+    } catch (const std::exception& e) {
         fail(source, "model.source", e.what());
     }
+    if (p.model.layers > m->full_layers())
+        fail(source, "model.layers",
+             fmt::format("{} layers asked, and {} has {}", p.model.layers, src, m->full_layers()));
+    return m;
 }
 
-}  // namespace
+std::uint64_t model_weight_bytes(const model::Model& m) noexcept {
+    // Every parameter in the model's dtype (the norms are kept in fp32, a rounding error here).
+    return m.config().parameter_count() * dtype_bytes(m.config().dtype);
+}
+
+DType kv_dtype_of(const Profile& p, const model::ModelConfig& c) noexcept {
+    return p.kv.dtype.value_or(c.dtype);
+}
 
 bool build_has_cuda() noexcept {
 #if defined(WRITESCOPE_HAVE_CUDA) && WRITESCOPE_HAVE_CUDA
@@ -97,7 +112,8 @@ EngineOptions engine_options_from_profile(const Profile& p, const MachineInfo& m
                                           std::string_view source,
                                           std::vector<ProfileIssue>* unchecked) {
     EngineOptions o;
-    o.geometry = resolve_model(p, source);
+    const auto loaded = load_profile_model(p, source, true);
+    o.geometry = loaded->config().kv_geometry(kv_dtype_of(p, loaded->config()));
     if (auto e = o.geometry.validate(); !e.empty())
         fail(source, "model.source", fmt::format("geometry of {}: {}", o.geometry.name, e));
     o.block_tokens = p.kv.block_tokens;
@@ -128,6 +144,17 @@ EngineOptions engine_options_from_profile(const Profile& p, const MachineInfo& m
              fmt::format("pinned ({}) and host ({}) KV budgets together exceed the physical "
                          "memory ({} bytes)",
                          o.pinned_kv_bytes, o.host_kv_bytes, m.memory_bytes));
+    // A built-in model's random weights live in host memory beside the KV (a directory's are
+    // mapped from its files and may be paged).
+    const std::uint64_t weights = loaded->builtin() ? model_weight_bytes(*loaded) : 0;
+    if (m.memory_bytes && weights && o.pinned_kv_bytes + o.host_kv_bytes + weights > m.memory_bytes)
+        fail(source, "model.layers",
+             fmt::format("{} needs {} of host memory for its generated weights, which with the "
+                         "pinned ({}) and host ({}) KV budgets exceeds the physical memory ({}); "
+                         "cut it to fewer layers or lower hardware.host_kv_budget",
+                         loaded->description(), format_size_human(weights),
+                         format_size_human(o.pinned_kv_bytes), format_size_human(o.host_kv_bytes),
+                         format_size_human(m.memory_bytes)));
     o.attention_threads = p.hardware.attention_threads;
     o.pin_threads = p.hardware.pin_threads;
     o.max_batch = p.kv.max_batch;

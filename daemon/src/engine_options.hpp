@@ -1,12 +1,14 @@
 // The profile → EngineOptions mapping: model resolution, GPU choice, budgets.
 #pragma once
 
+#include <memory>
 #include <string_view>
 #include <vector>
 
 #include "machine.hpp"
 #include "profile.hpp"
 #include "writescope/core/engine.hpp"
+#include "writescope/core/model/model.hpp"
 
 namespace writescope::daemon {
 
@@ -14,7 +16,20 @@ namespace writescope::daemon {
 // and an explicit GPU index is an error).
 bool build_has_cuda() noexcept;
 
-// Builds the engine's options from a profile on a machine. Throws ProfileError naming the key
+// The model of a profile: model.source as a built-in preset or a directory, cut to model.layers
+// (model.seed for a built-in one). headers_only: the config and every safetensors header,
+// validated, no weights (what --check-config and every profile check read). Throws ProfileError
+// naming model.source (or model.layers) with the loader's message.
+std::unique_ptr<model::Model> load_profile_model(const Profile& p, std::string_view source,
+                                                 bool headers_only);
+// The bytes of a model's weights: its parameters in the config's dtype (what a built-in model
+// generates in host memory; known from the headers alone).
+std::uint64_t model_weight_bytes(const model::Model& m) noexcept;
+// kv.dtype as it runs: the checkpoint's dtype for "auto".
+DType kv_dtype_of(const Profile& p, const model::ModelConfig& c) noexcept;
+
+// Builds the engine's options from a profile on a machine: the KV geometry is the model's
+// (load_profile_model, headers only), in kv_dtype_of. Throws ProfileError naming the key
 // when a value cannot be honoured (unknown preset, model directory without config.json, a GPU
 // index on a build without CUDA or past the GPUs this machine has, a geometry the core rejects).
 // `source` names the profile file. What could not be verified on this machine is appended to

@@ -3,15 +3,22 @@
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <sys/socket.h>
+
+#include <cerrno>
 #include <list>
+#include <memory>
 #include <optional>
 
 #include <fmt/format.h>
@@ -50,6 +57,7 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
     asio::awaitable<void> accept_loop();
     asio::awaitable<void> serve(local::socket socket);
     asio::awaitable<bool> write(Stream& stream, const HttpResponse& r, bool keep_alive);
+    asio::awaitable<bool> write_stream(Stream& stream, ResponseStream& rs, bool keep_alive);
     asio::awaitable<void> linger(Stream& stream);
 };
 
@@ -94,6 +102,80 @@ asio::awaitable<bool> HttpServer::Impl::write(Stream& stream, const HttpResponse
     stream.expires_after(limits().request_timeout);
     auto [ec, n] = co_await http::async_write(stream, res, use_tuple);
     co_return !ec;
+}
+
+// A response that another thread produces (ResponseStream): its head, then its body as it
+// comes (chunked), never blocking this thread. While it waits, the socket is watched: a client
+// that closes its end closes the stream (a completion is cancelled). A timer stands in for a
+// condition variable: the producer's waker posts its cancellation to this thread, and the
+// stream is always looked at before waiting, so no wake-up is lost.
+asio::awaitable<bool> HttpServer::Impl::write_stream(Stream& stream, ResponseStream& rs,
+                                                     bool keep_alive) {
+    using namespace asio::experimental::awaitable_operators;
+    const auto ex = co_await asio::this_coro::executor;
+    auto timer = std::make_shared<asio::steady_timer>(ex);
+    rs.set_waker([timer, ex] { asio::post(ex, [timer] { timer->cancel(); }); });
+    struct Unhook {
+        ResponseStream& rs;
+        ~Unhook() { rs.set_waker({}); }
+    } unhook{rs};
+    bool watch_peer = true;
+    bool chunked = false;
+    auto fail = [&] {
+        rs.close();
+        return false;
+    };
+    for (;;) {
+        auto taken = rs.take();
+        if (taken.head && !taken.streamed)
+            co_return co_await write(stream, *taken.head, keep_alive) || fail();
+        if (taken.head) {
+            http::response<http::empty_body> head{static_cast<http::status>(taken.head->status),
+                                                  11};
+            head.set(http::field::server, "writescoped/" WRITESCOPE_VERSION);
+            head.set(http::field::content_type, taken.head->content_type);
+            head.set(http::field::cache_control, "no-store");
+            for (const auto& [name, value] : taken.head->headers)
+                head.set(name, value);
+            head.keep_alive(keep_alive);
+            head.chunked(true);
+            http::response_serializer<http::empty_body> sr{head};
+            stream.expires_after(limits().request_timeout);
+            auto [ec, n] = co_await http::async_write_header(stream, sr, use_tuple);
+            if (ec) co_return fail();
+            chunked = true;
+        }
+        if (chunked && (!taken.body.empty() || taken.done)) {
+            std::string bytes;
+            if (!taken.body.empty())
+                bytes = fmt::format("{:x}\r\n{}\r\n", taken.body.size(), taken.body);
+            if (taken.done) bytes += "0\r\n\r\n";
+            stream.expires_after(limits().request_timeout);
+            auto [ec, n] = co_await asio::async_write(stream, asio::buffer(bytes), use_tuple);
+            if (ec) co_return fail();
+            if (taken.done) co_return true;
+        }
+        if (taken.head || !taken.body.empty()) continue;  // look again before waiting
+        if (rs.closed()) co_return false;
+        timer->expires_at(asio::steady_timer::time_point::max());
+        if (!watch_peer) {
+            co_await timer->async_wait(use_tuple);
+            continue;
+        }
+        auto woke = co_await (timer->async_wait(use_tuple) ||
+                              stream.socket().async_wait(local::socket::wait_read, use_tuple));
+        if (woke.index() == 1) {
+            char byte = 0;
+            const auto n =
+                ::recv(stream.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+            if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+                // The client closed its end: nobody reads the rest.
+                co_return fail();
+            }
+            // A pipelined request waits in the socket: stop watching (it would stay readable).
+            if (n > 0) watch_peer = false;
+        }
+    }
 }
 
 // After an early error response, reads and drops what the client still sends (up to a bound)
@@ -206,7 +288,9 @@ asio::awaitable<void> HttpServer::Impl::serve(local::socket socket) {
             const HttpResponse res = api.handle({std::string(req.method_string()),
                                                  std::string(req.target()), std::move(req.body())});
             const bool keep = req.keep_alive() && !stopping;
-            if (!co_await write(stream, res, keep) || !keep) break;
+            const bool written = res.stream ? co_await write_stream(stream, *res.stream, keep)
+                                            : co_await write(stream, res, keep);
+            if (!written || !keep || stopping) break;
         }
         // Out of the loop, so a lingering connection no longer counts as a request in flight.
         if (linger_after) co_await linger(stream);

@@ -384,19 +384,63 @@ const std::vector<KeyDef>& key_table() {
             "Hugging Face model directory",
             false, [](Profile & p) -> auto& { return p.model.source; },
             [](const std::string& v) { return check_path(v, 4096); }));
+        t.push_back(
+            {"model", "layers", "\"auto\"",
+             "keep only the first N decoder layers (0: all); \"auto\": 2 of a built-in model (its "
+             "random weights are generated in host memory at start: qwen3-30b-a3b cut to 2 layers "
+             "is 3.5 GiB), every layer of a model directory",
+             false,
+             [](const toml::node& n, Profile& p) -> std::string {
+                 if (n.is_string()) {
+                     const auto s = *n.value<std::string>();
+                     if (s != "auto")
+                         return fmt::format(
+                             "\"{}\" is not a layer count: expected \"auto\" or an "
+                             "integer (0: all)",
+                             s);
+                     p.model.layers = -1;
+                     return {};
+                 }
+                 if (!n.is_integer())
+                     return fmt::format("expected \"auto\" or an integer, got {}", type_name(n));
+                 const auto v = *n.value<std::int64_t>();
+                 if (v < 0 || v > 1024)
+                     return fmt::format("{} is out of range: expected 0..1024 or \"auto\"", v);
+                 p.model.layers = static_cast<int>(v);
+                 return {};
+             },
+             [](const Profile& p) {
+                 return p.model.layers < 0 ? std::string("\"auto\"")
+                                           : fmt::format("{}", p.model.layers);
+             }});
+        t.push_back(int_key<std::uint64_t>(
+            "model", "seed", "0",
+            "seed of a built-in model's random weights (the same seed gives the same model)", false,
+            [](Profile & p) -> auto& { return p.model.seed; }, 0,
+            std::numeric_limits<std::int64_t>::max()));
         // --- kv
-        t.push_back({"kv", "dtype", "\"bf16\"", "element type of the KV cache: bf16 or fp16", false,
-                     [](const toml::node& n, Profile& p) -> std::string {
-                         if (!n.is_string())
-                             return fmt::format("expected a string, got {}", type_name(n));
-                         const auto s = *n.value<std::string>();
-                         const auto d = parse_dtype(s);
-                         if (!d)
-                             return fmt::format("\"{}\" is not a dtype: expected bf16 or fp16", s);
-                         p.kv.dtype = *d;
-                         return {};
-                     },
-                     [](const Profile& p) { return quote(dtype_name(p.kv.dtype)); }});
+        t.push_back(
+            {"kv", "dtype", "\"auto\"",
+             "element type of the KV cache: auto (the checkpoint's dtype, fp32 included; bf16 for "
+             "the built-in models), bf16, fp16 or fp32",
+             false,
+             [](const toml::node& n, Profile& p) -> std::string {
+                 if (!n.is_string()) return fmt::format("expected a string, got {}", type_name(n));
+                 const auto s = *n.value<std::string>();
+                 if (s == "auto") {
+                     p.kv.dtype.reset();
+                     return {};
+                 }
+                 const auto d = parse_dtype(s);
+                 if (!d || (*d != DType::bf16 && *d != DType::f16 && *d != DType::f32))
+                     return fmt::format(
+                         "\"{}\" is not a KV dtype: expected auto, bf16, fp16 or fp32", s);
+                 p.kv.dtype = *d;
+                 return {};
+             },
+             [](const Profile& p) {
+                 return quote(p.kv.dtype ? dtype_name(*p.kv.dtype) : std::string_view("auto"));
+             }});
         t.push_back(int_key<std::size_t>(
             "kv", "block_tokens", "128",
             "tokens per KV block (a multiple of 16 in 16..1024; 64 to 256 suits most machines; the "
@@ -499,10 +543,14 @@ const std::vector<KeyDef>& key_table() {
             true, [](Profile & p) -> auto& { return p.server.max_concurrent_requests; }, 1, 65536));
         t.push_back(int_key<std::size_t>(
             "server", "max_prompt_tokens", "131072",
-            "longest prompt accepted by /v1/completions (the route arrives with the model "
-            "runtime)",
+            "longest prompt accepted by /v1/completions, in tokens (longer ones get 400; the "
+            "model's context is a limit too)",
             true, [](Profile & p) -> auto& { return p.server.max_prompt_tokens; }, 1,
             std::int64_t{1} << 32));
+        t.push_back(int_key<std::size_t>(
+            "server", "max_queued_requests", "256",
+            "completions waiting for a sequence slot (kv.max_batch run at once); more get 429",
+            false, [](Profile & p) -> auto& { return p.server.max_queued_requests; }, 1, 1 << 20));
         t.push_back(duration_key(
             "server", "request_timeout", "\"30s\"",
             "time allowed to receive one request; idle keep-alive connections close after it", true,

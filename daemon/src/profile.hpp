@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -46,10 +47,14 @@ struct Profile {
         bool pin_threads = true;
     } hardware;
     struct Model {
-        std::string source;  // a preset name or a model directory
+        std::string source;      // a preset name or a model directory
+        int layers = -1;         // the first n layers; 0: all; -1 ("auto"): kAutoBuiltinLayers of a
+                                 // built-in model, all of a directory's
+        std::uint64_t seed = 0;  // built-in models: the random weights' seed
+        static constexpr int kAutoBuiltinLayers = 2;
     } model;
     struct Kv {
-        DType dtype = DType::bf16;
+        std::optional<DType> dtype;  // none ("auto"): the checkpoint's dtype
         std::size_t block_tokens = 0;
         std::size_t max_batch = 0;
     } kv;
@@ -67,6 +72,7 @@ struct Profile {
         std::uint64_t max_body_bytes = 0;
         std::size_t max_concurrent_requests = 0;
         std::size_t max_prompt_tokens = 0;
+        std::size_t max_queued_requests = 0;  // completions waiting for a sequence slot
         std::chrono::milliseconds request_timeout{0};
     } server;
     struct Storage {

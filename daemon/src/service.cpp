@@ -9,6 +9,7 @@
 
 #include "engine_options.hpp"
 #include "log.hpp"
+#include "units.hpp"
 #include "writescope/core/policy_state.hpp"
 
 namespace writescope::daemon {
@@ -72,12 +73,14 @@ WorkloadRecord workload_record_of(std::string_view policy_state, const EngineSta
 }
 
 Service::Service(Profile profile, std::string profile_source, EngineOptions options,
-                 MachineInfo machine, EngineFactory factory, AllocatorInfo allocator)
+                 MachineInfo machine, EngineFactory factory, AllocatorInfo allocator,
+                 ModelFactory model_factory)
     : profile_source_(std::move(profile_source)),
       options_(std::move(options)),
       machine_(std::move(machine)),
       factory_(std::move(factory)),
       allocator_(std::move(allocator)),
+      model_factory_(std::move(model_factory)),
       started_at_ms_(unix_ms_now()),
       profile_(std::move(profile)) {}
 
@@ -227,11 +230,67 @@ void Service::boot(const StatusFn& status) {
     {
         std::lock_guard lock(state_mu_);
         warm_ = std::move(warm);
+    }
+    if (cancel_) throw std::runtime_error("stopped during boot");
+    if (model_factory_) load_model(profile, status);
+    {
+        std::lock_guard lock(state_mu_);
         stage_ = "ready";
     }
     Phase expected = Phase::starting;
     if (!phase_.compare_exchange_strong(expected, Phase::ready))
         throw std::runtime_error("stopped during boot");
+}
+
+void Service::load_model(const Profile& profile, const StatusFn& status) {
+    set_stage(status, fmt::format("loading the model {}", profile.model.source));
+    std::unique_ptr<ModelHost> host;
+    try {
+        host = model_factory_(profile, profile_source_, *engine_, [&](std::string_view stage) {
+            set_stage(status, std::string(stage));
+        });
+    } catch (const std::exception& e) {
+        throw std::runtime_error(e.what());
+    }
+    if (!host || !host->model || !host->runtime || !host->scheduler)
+        throw std::runtime_error("the model runtime did not start");
+    ModelInfo info;
+    const auto& m = *host->model;
+    const auto& c = m.config();
+    info.loaded = true;
+    info.name = c.name;
+    info.description = m.description();
+    info.model_type = c.model_type;
+    info.dtype = std::string(dtype_name(c.dtype));
+    info.builtin = m.builtin();
+    info.layers = c.num_layers;
+    info.full_layers = m.full_layers();
+    info.vocab_size = c.vocab_size;
+    info.weight_bytes = m.weight_bytes();
+    info.parameters = c.parameter_count();
+    info.max_model_len = host->runtime->max_context();
+    info.prefill_chunk_tokens = host->runtime->prefill_chunk_tokens();
+    info.kernel = host->kernel;
+    info.expert_threads = host->expert_threads;
+    info.load_seconds = host->load_seconds;
+    log_info("model.loaded",
+             "model {} loaded in {:.2f} s: {} of weights, context {} tokens, experts on the CPU "
+             "({} kernels, {} threads), up to {} sequences",
+             info.description, info.load_seconds, format_size_human(info.weight_bytes),
+             info.max_model_len, info.kernel, info.expert_threads,
+             host->scheduler->max_sequences());
+    std::lock_guard lock(model_mu_);
+    model_ = std::move(host);
+    model_info_ = std::move(info);
+}
+
+model::Scheduler* Service::scheduler() const {
+    std::lock_guard lock(model_mu_);
+    return model_ ? model_->scheduler.get() : nullptr;
+}
+
+void Service::cancel_generation() {
+    if (auto* s = scheduler()) s->shutdown();
 }
 
 void Service::run_calibration_locked(const std::string& trigger, const StatusFn* status) {
@@ -309,6 +368,16 @@ Service::Result Service::start_calibration() {
     job_ = {"running", "api", 0, "waiting for the engine", unix_ms_now(), 0, {}};
     job_thread_ = std::thread([this] {
         std::unique_lock engine_lock(engine_mu_);
+        // The engine calibrates alone: the scheduler holds between steps meanwhile (its
+        // requests wait, none fails).
+        model::Scheduler* sched = scheduler();
+        if (sched) sched->pause();
+        struct Resume {
+            model::Scheduler* s;
+            ~Resume() {
+                if (s) s->resume();
+            }
+        } resume{sched};
         try {
             run_calibration_locked("api", nullptr);
         } catch (const std::exception& e) {
@@ -327,6 +396,7 @@ void Service::request_stop() {
     while (p != Phase::stopping && !phase_.compare_exchange_weak(p, Phase::stopping)) {
     }
     cancel_ = true;
+    if (auto* s = scheduler()) s->stop_accepting();
 }
 
 void Service::finish() {
@@ -339,6 +409,7 @@ void Service::finish() {
             lock.unlock();
             if (t.joinable()) t.join();
         }
+        cancel_generation();
         persist_history(true);
     });
 }
@@ -392,6 +463,11 @@ ServiceView Service::view() const {
         std::lock_guard lock(requests_mu_);
         for (const auto& [k, n] : requests_)
             v.requests.push_back({k.first, k.second, n});
+    }
+    {
+        std::lock_guard lock(model_mu_);
+        v.model = model_info_;
+        if (model_) v.scheduler = model_->scheduler->stats();
     }
     return v;
 }

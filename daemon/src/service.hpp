@@ -23,6 +23,7 @@
 
 #include "engine_host.hpp"
 #include "machine.hpp"
+#include "model_host.hpp"
 #include "profile.hpp"
 #include "store.hpp"
 #include "writescope/core/engine.hpp"
@@ -70,6 +71,23 @@ struct RequestCount {
     std::uint64_t count = 0;
 };
 
+// The model being served (ServiceView::model).
+struct ModelInfo {
+    bool loaded = false;
+    std::string name;         // the preset's or the directory's name: the API's model id
+    std::string description;  // Model::description(): what was loaded and how it was cut
+    std::string model_type, dtype;
+    bool builtin = false;
+    int layers = 0, full_layers = 0;
+    int vocab_size = 0;
+    std::uint64_t weight_bytes = 0, parameters = 0;
+    std::size_t max_model_len = 0;  // the context: prompt + completion tokens
+    std::size_t prefill_chunk_tokens = 0;
+    std::string kernel;  // the expert/GEMM kernels
+    int expert_threads = 0;
+    double load_seconds = 0;
+};
+
 // Everything the API reports, taken at one moment.
 struct ServiceView {
     Phase phase = Phase::starting;
@@ -90,29 +108,41 @@ struct ServiceView {
     StoreOpenReport store;
     AllocatorInfo allocator;
     std::vector<RequestCount> requests;
+    ModelInfo model;
+    std::optional<model::SchedulerStats> scheduler;  // once the model serves
 };
 
 class Service {
   public:
     using StatusFn = std::function<void(std::string_view status)>;
 
+    // model_factory: builds the model, its runtime and the scheduler at the end of boot; none
+    // (the daemon's unit tests): no model, and /v1/completions answers 503.
     Service(Profile profile, std::string profile_source, EngineOptions options, MachineInfo machine,
-            EngineFactory factory, AllocatorInfo allocator);
+            EngineFactory factory, AllocatorInfo allocator, ModelFactory model_factory = {});
     ~Service();
     Service(const Service&) = delete;
     Service& operator=(const Service&) = delete;
 
     // Opens the store, builds the engine, calibrates or reuses a stored calibration, warm-starts
-    // the policy, then enters Phase::ready. status() is told each stage (for STATUS=). Throws
-    // std::runtime_error on a failure that leaves the daemon unable to serve (and when
-    // request_stop() cancels it).
+    // the policy, loads the model and starts its scheduler, then enters Phase::ready. status() is
+    // told each stage (for STATUS=). Throws std::runtime_error on a failure that leaves the daemon
+    // unable to serve (and when request_stop() cancels it).
     void boot(const StatusFn& status);
 
     Phase phase() const noexcept { return phase_.load(); }
-    // Stops new work: the phase becomes stopping and a running calibration is cancelled.
+    // Stops new work: the phase becomes stopping, a running calibration is cancelled, and the
+    // scheduler takes no new requests (those admitted or queued go on: the drain).
     void request_stop();
-    // After request_stop(): waits for the calibration job, then persists the history (once).
+    // Ends the drain: the requests still queued or running are cancelled.
+    void cancel_generation();
+    // After request_stop(): stops the scheduler (cancelling what is left), waits for the
+    // calibration job, then persists the history (once).
     void finish();
+
+    // The scheduler of the loaded model; null until boot has loaded it (and in the unit tests'
+    // services built without a model factory). Valid until the Service is destroyed.
+    model::Scheduler* scheduler() const;
 
     ServiceView view() const;
     Profile profile() const;
@@ -165,6 +195,7 @@ class Service {
     };
 
     void set_stage(const StatusFn& status, std::string stage);
+    void load_model(const Profile& profile, const StatusFn& status);
     // With engine_mu_ held.
     void refresh_snapshot_locked() const;
     void run_calibration_locked(const std::string& trigger, const StatusFn* status);
@@ -176,6 +207,7 @@ class Service {
     const MachineInfo machine_;
     const EngineFactory factory_;
     const AllocatorInfo allocator_;
+    const ModelFactory model_factory_;
     const std::int64_t started_at_ms_;
 
     std::atomic<Phase> phase_{Phase::starting};
@@ -194,6 +226,12 @@ class Service {
     mutable std::timed_mutex engine_mu_;  // every call into engine_
     std::unique_ptr<Engine> engine_;
     std::atomic<bool> engine_up_{false};
+
+    // After engine_, so it is destroyed first (the runtime holds the engine). Set once by boot()
+    // under model_mu_, never replaced.
+    mutable std::mutex model_mu_;
+    std::unique_ptr<ModelHost> model_;
+    ModelInfo model_info_;
 
     mutable std::mutex snapshot_mu_;
     mutable EngineStatus snapshot_;

@@ -14,6 +14,7 @@
 #include "engine_host.hpp"
 #include "engine_options.hpp"
 #include "machine.hpp"
+#include "model_host.hpp"
 #include "units.hpp"
 
 using namespace writescope;
@@ -44,11 +45,13 @@ int check_config(const DaemonArgs& args) {
             std::cerr << fmt::format("{}: {}: {}\n", source, i.key, i.message);
             unchecked_keys.push_back(i.key);
         }
+        const auto model = load_profile_model(checked.loaded.profile, source, true);
         std::cout << fmt::format(
-            "{}: ok: model {} ({} KV, {} per token), GPU {}, budgets VRAM {} / pinned {} / host "
-            "{}, mode {}{}\n",
+            "{}: ok: model {} ({} KV, {} per token; {}, {} of weights), GPU {}, budgets VRAM {} / "
+            "pinned {} / host {}, mode {}{}\n",
             source, o.geometry.name, dtype_name(o.geometry.dtype),
-            format_size_human(o.geometry.bytes_per_token()),
+            format_size_human(o.geometry.bytes_per_token()), model->description(),
+            format_size_human(model_weight_bytes(*model)),
             o.gpu_index >= 0 ? std::to_string(o.gpu_index) : std::string("none"),
             format_size_human(o.vram_kv_bytes), format_size_human(o.pinned_kv_bytes),
             format_size_human(o.host_kv_bytes), o.mode,
@@ -122,5 +125,6 @@ int main(int argc, char** argv) {
 
     args.allocator = allocator_info();
     args.engine_factory = real_engine_factory();
+    args.model_factory = real_model_factory();
     return run_daemon(args);
 }

@@ -144,7 +144,10 @@ TEST_CASE("routes answer after boot and errors keep the shape", "[unit][daemon][
     CHECK_THAT(cal["key"]["fingerprint"].get<std::string>(), Catch::Contains("cpu=test cpu"));
     CHECK_THAT(cal["key"]["geometry"].get<std::string>(), Catch::Contains("block=128"));
 
-    require_error(h.call("GET", "/v1/completions"), 404, "not_found_error");
+    require_error(h.call("GET", "/v1/completions"), 405, "invalid_request_error");
+    // This service was built without a model.
+    require_error(h.call("POST", "/v1/completions", R"({"prompt": [1, 2]})"), 503,
+                  "unavailable_error");
     auto r = h.call("POST", "/v1/health");
     require_error(r, 405, "invalid_request_error");
     CHECK(r.headers.front() == std::pair<std::string, std::string>{"Allow", "GET"});

@@ -60,7 +60,9 @@ TEST_CASE("defaults are the documented values", "[unit][daemon][profile]") {
     CHECK(d.hardware.host_kv_budget.relative);
     CHECK(d.hardware.host_kv_budget.percent == 50);
     CHECK(d.model.source == "qwen3-30b-a3b");
-    CHECK(d.kv.dtype == DType::bf16);
+    CHECK_FALSE(d.kv.dtype);  // "auto": the checkpoint's
+    CHECK(d.model.layers == -1);  // "auto"
+    CHECK(d.model.seed == 0);
     CHECK(d.kv.block_tokens == 128);
     CHECK(d.policy.mode == "writescope");
     CHECK(d.policy.recalibrate == Recalibrate::automatic);
@@ -270,7 +272,7 @@ TEST_CASE("the profile maps onto EngineOptions", "[unit][daemon][profile]") {
         std::filesystem::temp_directory_path() / ("ws-model-" + std::to_string(::getpid()));
     std::filesystem::create_directories(dir);
     p.model.source = dir.string();
-    expect_issue(p, "model.source", "holds no config.json");
+    expect_issue(p, "model.source", "config.json: not found");
     std::ofstream(dir / "config.json") << "{}";
     expect_issue(p, "model.source", "model_type: missing");
     std::filesystem::remove_all(dir);
@@ -285,7 +287,7 @@ TEST_CASE("the profile maps onto EngineOptions", "[unit][daemon][profile]") {
     CHECK_NOTHROW(engine_options_from_profile(p, m, "t"));
 
     p = default_profile();
-    p.hardware.host_kv_budget = HostBudget{15ull << 30, 0, false};
+    p.hardware.host_kv_budget = HostBudget{12ull << 30, 0, false};
     p.hardware.gpu = {GpuChoice::none, 0};
     CHECK_NOTHROW(engine_options_from_profile(p, m, "t"));  // no GPU: pinned is not counted
     if (!build_has_cuda()) {
