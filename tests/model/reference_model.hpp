@@ -100,8 +100,8 @@ inline Reference read_reference(const std::filesystem::path& dir) {
 }
 
 inline std::vector<std::string> reference_model_names() {
-    return {"qwen3-moe-tiny", "qwen3-moe-tiny-bf16", "mixtral-tiny", "deepseek-v2-tiny-yarn",
-            "deepseek-v2-tiny-group"};
+    return {"qwen3-moe-tiny",        "qwen3-moe-tiny-bf16",    "mixtral-tiny",
+            "deepseek-v2-tiny-yarn", "deepseek-v2-tiny-group", "qwen3-moe-tiny-tied"};
 }
 
 // A CPU runtime over a small CPU-only engine (blocks of `block_tokens`, so the reference prompts

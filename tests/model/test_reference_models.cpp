@@ -5,8 +5,9 @@
 // largest logit error relative to the largest logit is bounded by 1e-4 (the issue's bound; seen
 // ≈ 1e-6). bf16 checkpoints: q, K and V are stored in bf16 (kv.dtype auto) and every linear
 // rounds its input to bf16 as transformers' bf16 forward does, each rounding a relative 2^-9
-// (0.2 %), over a few layers: the bound is 3 % of the largest logit; greedy tokens must agree
-// wherever the reference's top-two margin exceeds twice that bound.
+// (0.2 %), over a few layers: the bound is 3 % of the largest logit (seen: 0.8 %); greedy
+// tokens must agree until a position where the reference's top-two margin is within twice that
+// bound (seen: all 20 of both prompts agree).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -108,17 +109,25 @@ TEST_CASE("the CPU runtime's greedy continuations are transformers' token for to
                                        std::span<const std::int32_t>(&tok, 1), logits.data());
             }
             INFO(name << " prompt " << i);
-            if (ref.dtype == "float32" || p.margin_min > 2 * tolerance(ref) * 10) {
-                CHECK(ours == p.greedy);
-            } else {
-                // bf16: agree up to the first position whose reference margin is within the
-                // tolerance (a near tie the rounding may decide either way).
-                std::size_t agree = 0;
-                while (agree < ours.size() && ours[agree] == p.greedy[agree])
-                    ++agree;
-                std::fprintf(stderr, "%s prompt %zu: %zu of %zu greedy tokens agree\n",
-                             name.c_str(), i, agree, ours.size());
-                CHECK(agree >= 1);
+            // Token for token; a bf16 model may part from the reference only where the
+            // reference's top two logits are within twice the logit tolerance (a near tie that
+            // the rounding may decide either way), and the rest is then a different text.
+            double ref_max = 0;
+            for (float v : p.logits.data)
+                ref_max = std::max(ref_max, static_cast<double>(std::abs(v)));
+            const double tie = 2 * tolerance(ref) * ref_max;
+            for (std::size_t g = 0; g < ours.size(); ++g) {
+                if (ours[g] == p.greedy[g]) continue;
+                const std::size_t row = p.ids.size() - 1 + g;
+                std::vector<float> r(V);
+                for (std::size_t v = 0; v < V; ++v)
+                    r[v] = p.logits.at(row, v);
+                std::sort(r.begin(), r.end(), std::greater<>());
+                INFO("token " << g << ": ours " << ours[g] << ", reference " << p.greedy[g]
+                              << ", reference margin " << r[0] - r[1]);
+                CHECK(ref.dtype != "float32");
+                CHECK(r[0] - r[1] <= tie);
+                break;
             }
         }
     }
