@@ -1,0 +1,128 @@
+// The runtime with the KV in all four regions, without a GPU: the engine's hybrid path over host
+// memory, its GPU side the host backend of the engine tests (fp64 attention over T, G and the
+// streamed P blocks), its CPU side the real kernels over U (and planned P). A prompt longer than
+// G's few blocks fills G, then P and U by the policy's split; the logits stay transformers'.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+
+#include "cpu_attention_backend.hpp"
+#include "host_gpu_backend.hpp"
+#include "reference_model.hpp"
+#include "writescope/core/engine_impl.hpp"
+#include "writescope/core/host_kv_memory.hpp"
+#include "writescope/core/host_seal_mover.hpp"
+
+using namespace writescope;
+using namespace writescope::test;
+
+namespace {
+
+// An engine whose T and G are host memory attended by HostGpuBackend: g_slots sealed blocks
+// resident, P and U for the rest, split toward target_r.
+std::unique_ptr<Engine> hybrid_host_engine(const KvGeometry& g, std::size_t B, std::size_t g_slots,
+                                           double target_r, std::size_t max_batch) {
+    EngineOptions o;
+    o.geometry = g;
+    o.block_tokens = B;
+    o.max_batch = max_batch;
+    o.mode = "static:" + std::to_string(target_r);
+    auto cpu = std::make_unique<runtime::CpuAttentionBackendImpl>(g, B, 2, false, max_batch);
+    KvCacheConfig kv;
+    kv.geometry = g;
+    kv.block_tokens = B;
+    kv.t_slots = max_batch;
+    kv.g_slots = g_slots;
+    kv.pinned_bytes = 8ull << 20;
+    kv.host_bytes = 8ull << 20;
+    kv.u_block_bytes = cpu->packed_block_bytes();
+    kv.p_extent_slots = 2;
+    kv.target_r = target_r;
+    HostKvMemory mem = HostKvMemory::create(kv);
+    EngineParts parts;
+    RegionMemory* pool = mem.gpu_pool.get();
+    const LinearBlockLayout lay = LinearBlockLayout::of(g, B);
+    const std::size_t es = dtype_bytes(g.dtype), lin = lay.elems() * es;
+    parts.write_pool_block = [pool, lin](std::size_t layer, std::uint32_t slot, const void* src) {
+        std::memcpy(pool->block(layer, slot), src, lin);
+    };
+    parts.write_pool_rows = [pool, lay, es](std::size_t layer, std::uint32_t slot,
+                                            const void* image, std::size_t row0,
+                                            std::size_t count) {
+        auto* dst = static_cast<char*>(pool->block(layer, slot));
+        lay.for_each_row_range(es, row0, count, [&](std::size_t off, std::size_t bytes) {
+            std::memcpy(dst + off, static_cast<const char*>(image) + off, bytes);
+        });
+    };
+    parts.gpu = std::make_unique<HostGpuBackend>(
+        g, B, *pool, mem.pinned.get(), max_batch * static_cast<std::size_t>(g.num_q_heads));
+    parts.gpu_pool = std::move(mem.gpu_pool);
+    parts.pinned = std::move(mem.pinned);
+    parts.unpinned = std::move(mem.unpinned);
+    parts.kv = kv;
+    const CpuAttentionBackend* packer = cpu.get();
+    parts.cpu = std::move(cpu);
+    parts.sealer = std::make_unique<HostSealMover>(
+        *parts.gpu_pool, parts.pinned.get(), parts.unpinned.get(),
+        [packer](const void* linear, void* packed) { packer->pack_block(linear, packed); });
+    return std::make_unique<EngineImpl>(o, std::move(parts));
+}
+
+}  // namespace
+
+TEST_CASE("the runtime with the KV in T, G, P and U reproduces transformers' logits", "[model]") {
+    for (const std::string name : {"qwen3-moe-tiny", "deepseek-v2-tiny-yarn", "mixtral-tiny"}) {
+        const auto dir = models_dir() / name;
+        const Reference ref = read_reference(dir);
+        const auto m = model::load_model_dir(dir);
+        const std::size_t V = static_cast<std::size_t>(m->config().vocab_size);
+        const DType kv = m->config().dtype;
+        const std::size_t B = 8;
+        auto engine = hybrid_host_engine(m->config().kv_geometry(kv), B, /*g_slots=*/3, 0.5, 2);
+        cpu::CpuModelOpsOptions co;
+        co.threads = 2;
+        co.max_tokens = 32;
+        const model::OpLimits lim = model::op_limits(m->config());
+        co.max_hidden = lim.max_cols;
+        co.max_ffn = lim.max_ffn;
+        co.max_experts = lim.max_experts;
+        co.max_k = lim.max_k;
+        cpu::CpuModelOps ops(co);
+        model::RuntimeOptions ro;
+        ro.prefill_chunk_tokens = 32;
+        ro.max_batch = 2;
+        ro.kv_dtype = kv;
+        // attend_prompt reads T and G with the CPU (host memory here); then decode steps run the
+        // hybrid path: the host GPU side attends T, G and streams P, the CPU attends U.
+        const auto rt = model::make_runtime(*m, ops, *engine, ro);
+        const ReferencePrompt& p = ref.prompts[0];
+        REQUIRE(rt->admit(1, p.ids.size() + p.greedy.size()).ok);
+        std::vector<float> logits(p.ids.size() * V);
+        rt->prefill(1, p.ids, logits.data(), true);
+        double err = 0, scale = 0;
+        const auto add = [&](const float* ours, std::size_t row) {
+            for (std::size_t v = 0; v < V; ++v) {
+                err = std::max(err, std::abs(static_cast<double>(ours[v]) - p.logits.at(row, v)));
+                scale = std::max(scale, std::abs(static_cast<double>(p.logits.at(row, v))));
+            }
+        };
+        for (std::size_t r = 0; r < p.ids.size(); ++r)
+            add(logits.data() + r * V, r);
+        const std::uint64_t id = 1;
+        for (std::size_t g = 0; g + 1 < p.greedy.size(); ++g) {
+            rt->decode(std::span<const std::uint64_t>(&id, 1),
+                       std::span<const std::int32_t>(&p.greedy[g], 1), logits.data());
+            add(logits.data(), p.ids.size() + g);
+        }
+        const EngineStatus st = engine->status();
+        std::fprintf(stderr, "%-22s blocks G %zu, P %zu, U %zu (+ T): relative logit error %.3g\n",
+                     name.c_str(), st.regions[1].used_blocks, st.regions[2].used_blocks,
+                     st.regions[3].used_blocks, err / scale);
+        INFO(name);
+        CHECK(st.regions[1].used_blocks == 3);
+        CHECK(st.regions[2].used_blocks > 0);
+        CHECK(st.regions[3].used_blocks > 0);
+        CHECK(err / scale <= 1e-4);
+        CHECK(rt->release(1));
+    }
+}
