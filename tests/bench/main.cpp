@@ -9,6 +9,7 @@ int run_cpu_attention(int argc, char** argv);
 int run_experts(int argc, char** argv);
 #if WRITESCOPE_BENCH_DECODE
 int run_decode(int argc, char** argv);
+int run_model_decode(int argc, char** argv);
 #endif
 #if WRITESCOPE_BENCH_CUDA
 int run_attention_step(int argc, char** argv);
@@ -31,6 +32,8 @@ const Command kCommands[] = {
 #if WRITESCOPE_BENCH_DECODE
     {"decode", &writescope::bench::run_decode,
      "whole decode steps through the engine (prefill, then steps): the entry point's overhead"},
+    {"model-decode", &writescope::bench::run_model_decode,
+     "whole-model CPU decode of the built-in models (cut layers) vs the read bandwidth"},
 #endif
 #if WRITESCOPE_BENCH_CUDA
     {"attention-step", &writescope::bench::run_attention_step,

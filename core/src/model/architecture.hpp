@@ -28,6 +28,8 @@ class Architecture {
                                float* out) = 0;
     // h (n, hidden) += the layer's MLP or MoE block of xn (n, hidden).
     virtual void feed_forward(std::size_t layer, const float* xn, std::size_t n, float* h) = 0;
+    // Bytes of feed-forward weights read since the last call (FeedForward::take_bytes).
+    virtual std::uint64_t take_ffn_bytes() noexcept = 0;
 };
 
 // max_tokens: the most tokens of one call (the scratch is sized for it).

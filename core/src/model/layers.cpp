@@ -81,6 +81,7 @@ FeedForward::FeedForward(const Model& m, ModelOps& ops, std::size_t max_tokens) 
     logits_.resize(max_tokens * static_cast<std::size_t>(std::max(1, c.num_experts)));
     weights_.resize(max_tokens * k);
     experts_.resize(max_tokens * k);
+    seen_.assign(static_cast<std::size_t>(std::max(1, c.num_experts)), 0);
     ones_.assign(max_tokens, 1.0f);
     zeros_.assign(max_tokens, 0);
 }
@@ -91,6 +92,7 @@ void FeedForward::run(std::size_t layer, const float* xn, std::size_t n, float* 
     const MoeRouting single{zeros_.data(), ones_.data(), 1};
     if (!L.moe) {
         ops_.moe(std::span<const FfnWeights>(&L.mlp, 1), xn, n, single, h);
+        bytes_ += L.mlp.bytes();
         return;
     }
     const Matrix router{routers_[layer].data(), DType::f32, L.router.rows, L.router.cols};
@@ -99,7 +101,19 @@ void FeedForward::run(std::size_t layer, const float* xn, std::size_t n, float* 
     const MoeRouting routing{experts_.data(), weights_.data(),
                              static_cast<std::size_t>(c.experts_per_token)};
     ops_.moe(L.experts, xn, n, routing, h);
-    if (L.shared.gate) ops_.moe(std::span<const FfnWeights>(&L.shared, 1), xn, n, single, h);
+    std::fill(seen_.begin(), seen_.end(), std::uint8_t{0});
+    for (std::size_t i = 0; i < n * routing.k; ++i) {
+        const std::int32_t e = experts_[i];
+        if (e >= 0 && !seen_[static_cast<std::size_t>(e)]) {
+            seen_[static_cast<std::size_t>(e)] = 1;
+            bytes_ += L.experts[static_cast<std::size_t>(e)].bytes();
+        }
+    }
+    bytes_ += router.bytes();
+    if (L.shared.gate) {
+        ops_.moe(std::span<const FfnWeights>(&L.shared, 1), xn, n, single, h);
+        bytes_ += L.shared.bytes();
+    }
 }
 
 }  // namespace writescope::model::detail

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "blocks.hpp"
@@ -35,6 +36,9 @@ class FeedForward {
   public:
     FeedForward(const Model& m, ModelOps& ops, std::size_t max_tokens);
     void run(std::size_t layer, const float* xn, std::size_t n, float* h);
+    // Bytes of routed and shared expert (or dense MLP) weights the calls since the last take
+    // read: each expert a call routes a token to counts once.
+    std::uint64_t take_bytes() noexcept { return std::exchange(bytes_, 0); }
 
   private:
     const Model& m_;
@@ -44,6 +48,8 @@ class FeedForward {
     std::vector<std::vector<float>> routers_;
     std::vector<float> logits_, weights_, ones_;
     std::vector<std::int32_t> experts_, zeros_;
+    std::vector<std::uint8_t> seen_;  // per expert: routed to in this call
+    std::uint64_t bytes_ = 0;
 };
 
 }  // namespace writescope::model::detail

@@ -23,6 +23,7 @@ class Qwen3Moe final : public Architecture {
     void feed_forward(std::size_t layer, const float* xn, std::size_t n, float* h) override {
         ffn_.run(layer, xn, n, h);
     }
+    std::uint64_t take_ffn_bytes() noexcept override { return ffn_.take_bytes(); }
 
   private:
     StandardAttention attention_;

@@ -69,7 +69,15 @@ class RuntimeImpl final : public Runtime {
         o_.resize(rows_ * qh * dv);
         lse_.resize(rows_ * qh);
         pos_.resize(rows_);
+        // What every forward pass reads besides the feed-forward weights.
+        const ModelWeights& w = model.weights();
+        fixed_bytes_ = w.lm_head.bytes();
+        for (const LayerWeights& L : w.layers)
+            for (const Matrix* mtx : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.q_a_proj,
+                                      &L.q_b_proj, &L.kv_a_proj, &L.kv_b_proj})
+                fixed_bytes_ += mtx->data ? mtx->bytes() : 0;
     }
+    std::uint64_t last_weight_bytes() const noexcept override { return last_bytes_; }
 
     const ModelConfig& config() const noexcept override { return model_.config(); }
     std::size_t max_context() const noexcept override {
@@ -166,6 +174,7 @@ class RuntimeImpl final : public Runtime {
         for (std::size_t i = 0; i < n; ++i)
             ++held_[seq_ids[i]];
         head(n, 0, n, logits);
+        last_bytes_ = fixed_bytes_ + arch_->take_ffn_bytes();
     }
 
   private:
@@ -219,6 +228,7 @@ class RuntimeImpl final : public Runtime {
             head(m, 0, m, logits);
         else
             head(m, m - 1, 1, logits);
+        last_bytes_ = fixed_bytes_ + arch_->take_ffn_bytes();
     }
 
     const Model& model_;
@@ -228,6 +238,7 @@ class RuntimeImpl final : public Runtime {
     KvGeometry geometry_;
     std::unique_ptr<Architecture> arch_;
     std::size_t chunk_ = 0, rows_ = 0, k_row_ = 0, v_row_ = 0;
+    std::uint64_t fixed_bytes_ = 0, last_bytes_ = 0;
     std::map<std::uint64_t, std::size_t> held_;  // tokens each admitted sequence holds
     std::vector<float> h_, xn_, tmp_, o_, lse_;
     std::vector<std::byte> q_, k_, v_;

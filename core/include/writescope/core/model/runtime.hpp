@@ -60,6 +60,11 @@ class Runtime {
     virtual std::size_t sequence_tokens(std::uint64_t seq_id) const = 0;
 
     virtual Engine& engine() noexcept = 0;
+
+    // Weight bytes the last prefill chunk or decode step read: the attention, norm and head
+    // matrices, and each expert (or dense MLP) a token was routed to, once (for benchmarks and
+    // the placement statistics).
+    virtual std::uint64_t last_weight_bytes() const noexcept { return 0; }
 };
 
 // The runtime over a loaded model, its ops and an engine built for model.config().kv_geometry().

@@ -1,0 +1,209 @@
+// writescope-bench model-decode: whole-model decode on the CPU (the CPU-only product: every
+// expert and all attention on the CPU, r = 1) for the built-in models with a cut layer count.
+// Per configuration: prompts of --context tokens are stored, then --steps decode steps of
+// --batch sequences run; printed: ms per step, tokens/s, and the bytes one step reads (weights:
+// attention, norms, head, and each expert routed to once; KV: every sequence's whole context in
+// every layer) ÷ the DRAM read bandwidth measured in the same run with the same threads.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "read_bandwidth.hpp"
+#include "writescope/core/engine.hpp"
+#include "writescope/core/model/model.hpp"
+#include "writescope/core/model/runtime.hpp"
+#include "writescope/cpu/cpu_isa.hpp"
+#include "writescope/cpu/model_ops.hpp"
+#include "writescope/cpu/worker_pool.hpp"
+
+namespace writescope::bench {
+namespace {
+
+struct Options {
+    std::vector<std::string> models = {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"};
+    int layers = 2;
+    std::vector<std::size_t> batches = {1, 4, 16};
+    std::size_t context = 1024;
+    std::size_t steps = 16;
+    std::size_t threads = 0;
+    std::string json;
+};
+
+std::vector<std::string> split(const std::string& s) {
+    std::vector<std::string> out;
+    std::size_t p = 0;
+    while (p <= s.size()) {
+        const std::size_t q = s.find(',', p);
+        out.push_back(s.substr(p, q == std::string::npos ? std::string::npos : q - p));
+        if (q == std::string::npos) break;
+        p = q + 1;
+    }
+    return out;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+int run_model_decode(int argc, char** argv) {
+    Options o;
+    for (int i = 0; i < argc; ++i) {
+        const std::string a = argv[i];
+        const auto next = [&]() -> std::string {
+            if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
+            return argv[++i];
+        };
+        if (a == "--models")
+            o.models = split(next());
+        else if (a == "--layers")
+            o.layers = std::stoi(next());
+        else if (a == "--batch") {
+            o.batches.clear();
+            for (const auto& b : split(next()))
+                o.batches.push_back(std::stoul(b));
+        } else if (a == "--context")
+            o.context = std::stoul(next());
+        else if (a == "--steps")
+            o.steps = std::stoul(next());
+        else if (a == "--threads")
+            o.threads = std::stoul(next());
+        else if (a == "--json")
+            o.json = next();
+        else if (a == "--help") {
+            std::printf(
+                "writescope-bench model-decode [--models a,b] [--layers 2] [--batch 1,4,16]\n"
+                "  [--context 1024] [--steps 16] [--threads N] [--json FILE]\n");
+            return 0;
+        } else
+            throw std::invalid_argument("unknown option " + a);
+    }
+    const std::size_t max_batch = *std::max_element(o.batches.begin(), o.batches.end());
+    const cpu::Isa isa = cpu::select_isa();
+    std::vector<std::string> rows;
+    std::printf("model-decode: CPU only, %s, context %zu, %zu steps, %s threads\n",
+                std::string(cpu::isa_name(isa)).c_str(), o.context, o.steps,
+                o.threads ? std::to_string(o.threads).c_str() : "all");
+    for (const std::string& name : o.models) {
+        model::ModelLoadOptions lo;
+        lo.max_layers = o.layers;
+        const auto t_load = std::chrono::steady_clock::now();
+        const auto m = model::make_builtin_model(name, lo);
+        const double load_s = seconds_since(t_load);
+        const model::ModelConfig& c = m->config();
+        const KvGeometry g = c.kv_geometry(c.dtype);
+        EngineOptions eo;
+        eo.geometry = g;
+        eo.block_tokens = 128;
+        eo.gpu_index = -1;
+        eo.attention_threads = static_cast<int>(o.threads);
+        eo.pin_threads = false;
+        eo.max_batch = max_batch;
+        const std::size_t per_seq = o.context + o.steps + 1;
+        eo.host_kv_bytes =
+            max_batch * ((per_seq + 127) / 128 + 1) * 128 * g.bytes_per_token() * 5 / 4 +
+            (64u << 20);
+        const auto engine = Engine::create(eo);
+        cpu::CpuModelOpsOptions co;
+        co.threads = o.threads;
+        co.max_tokens = std::max<std::size_t>(512, max_batch);
+        const model::OpLimits lim = model::op_limits(c);
+        co.max_hidden = lim.max_cols;
+        co.max_ffn = lim.max_ffn;
+        co.max_experts = lim.max_experts;
+        co.max_k = lim.max_k;
+        cpu::CpuModelOps ops(co);
+        model::RuntimeOptions ro;
+        ro.kv_dtype = g.dtype;
+        ro.max_batch = max_batch;
+        ro.prefill_chunk_tokens = 512;
+        const auto rt = model::make_runtime(*m, ops, *engine, ro);
+
+        // The read ceiling with the expert pool's thread count, over 2 GiB.
+        cpu::WorkerPoolOptions po;
+        po.threads = o.threads;
+        cpu::WorkerPool pool(po);
+        const std::size_t bw_bytes = std::size_t{2} << 30;
+        void* buf = std::aligned_alloc(64, bw_bytes);
+        std::fill_n(static_cast<char*>(buf), bw_bytes, 1);
+        const double read_gbs = measure_read_bandwidth(pool, buf, bw_bytes, isa, 5);
+        std::free(buf);
+
+        std::mt19937_64 rng(1);
+        const std::size_t V = static_cast<std::size_t>(c.vocab_size);
+        std::vector<float> logits(max_batch * V);
+        std::uint64_t next_id = 1;
+        for (std::size_t batch : o.batches) {
+            std::vector<std::uint64_t> ids;
+            const auto t_prefill = std::chrono::steady_clock::now();
+            for (std::size_t b = 0; b < batch; ++b) {
+                const std::uint64_t id = next_id++;
+                const Admission a = rt->admit(id, per_seq);
+                if (!a.ok) throw std::runtime_error(a.error);
+                std::vector<std::int32_t> prompt(o.context);
+                for (auto& t : prompt)
+                    t = static_cast<std::int32_t>(rng() % V);
+                rt->prefill(id, prompt, logits.data());
+                ids.push_back(id);
+            }
+            const double prefill_s = seconds_since(t_prefill);
+            std::vector<std::int32_t> toks(batch);
+            std::vector<double> step_s;
+            std::uint64_t weight_bytes = 0;
+            for (std::size_t s = 0; s < o.steps; ++s) {
+                for (std::size_t b = 0; b < batch; ++b)
+                    toks[b] = static_cast<std::int32_t>(
+                        std::max_element(logits.data() + b * V, logits.data() + (b + 1) * V) -
+                        (logits.data() + b * V));
+                const auto t0 = std::chrono::steady_clock::now();
+                rt->decode(ids, toks, logits.data());
+                step_s.push_back(seconds_since(t0));
+                weight_bytes += rt->last_weight_bytes();
+            }
+            std::sort(step_s.begin(), step_s.end());
+            const double med = step_s[step_s.size() / 2];
+            const double wb = static_cast<double>(weight_bytes) / static_cast<double>(o.steps);
+            const double kvb = static_cast<double>(batch) *
+                               static_cast<double>(o.context + o.steps / 2) *
+                               static_cast<double>(g.bytes_per_token());
+            const double gbs = (wb + kvb) / med / 1e9;
+            std::printf(
+                "%-16s %d of %d layers, batch %2zu: %8.2f ms/step, %7.1f tokens/s; reads %7.1f MB "
+                "weights + %6.1f MB KV per step = %6.1f GB/s = %.2f of the read bandwidth "
+                "(%.1f GB/s); prompts stored at %.0f tokens/s; load %.1f s\n",
+                name.c_str(), c.num_layers, m->full_layers(), batch, med * 1e3,
+                static_cast<double>(batch) / med, wb / 1e6, kvb / 1e6, gbs, gbs / read_gbs,
+                read_gbs, static_cast<double>(batch * o.context) / prefill_s, load_s);
+            char row[512];
+            std::snprintf(row, sizeof row,
+                          "{\"model\": \"%s\", \"layers\": %d, \"batch\": %zu, \"context\": %zu, "
+                          "\"step_ms\": %.4f, \"tokens_per_s\": %.3f, \"weight_bytes\": %.0f, "
+                          "\"kv_bytes\": %.0f, \"gbs\": %.3f, \"read_gbs\": %.3f, "
+                          "\"ratio\": %.4f, \"kernel\": \"%s\"}",
+                          name.c_str(), c.num_layers, batch, o.context, med * 1e3,
+                          static_cast<double>(batch) / med, wb, kvb, gbs, read_gbs, gbs / read_gbs,
+                          ops.kernel_name());
+            rows.push_back(row);
+            for (std::uint64_t id : ids)
+                rt->release(id);
+        }
+    }
+    if (!o.json.empty()) {
+        std::FILE* f = std::fopen(o.json.c_str(), "w");
+        if (!f) throw std::runtime_error(o.json + ": cannot be written");
+        std::fputs("[\n", f);
+        for (std::size_t i = 0; i < rows.size(); ++i)
+            std::fprintf(f, "  %s%s\n", rows[i].c_str(), i + 1 < rows.size() ? "," : "");
+        std::fputs("]\n", f);
+        std::fclose(f);
+    }
+    return 0;
+}
+
+}  // namespace writescope::bench
