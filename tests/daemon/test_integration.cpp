@@ -34,6 +34,8 @@ namespace {
 // The small test profile, with some lines replaced ("key = old" → "key = new").
 std::string profile_text(const std::vector<std::pair<std::string, std::string>>& edits = {}) {
     std::string text = read_text(source_dir() / "tests/daemon/profiles/small.toml");
+    const std::string models = "@MODELS@";
+    text.replace(text.find(models), models.size(), (source_dir() / "tests/data/models").string());
     for (const auto& [from, to] : edits) {
         const auto at = text.find(from);
         REQUIRE(at != std::string::npos);
@@ -170,7 +172,7 @@ TEST_CASE("readiness and stopping through NOTIFY_SOCKET, and every route answers
     CHECK(run.get("/v1/health")["status"] == "ok");
     const auto status = run.get("/v1/status");
     CHECK(status["state"] == "ready");
-    CHECK(status["model"]["name"] == "deepseek-v2-lite");
+    CHECK(status["model"]["name"] == "qwen3-moe-tiny");
     CHECK(status["budgets"]["host_kv_bytes"] == 160ull << 20);
     CHECK(status["regions"].size() == 4);
     CHECK(status["hardware"]["gpu"].is_null());
@@ -208,6 +210,9 @@ TEST_CASE("readiness and stopping through NOTIFY_SOCKET, and every route answers
         {"PUT", "/v1/policy", R"({"mode":"writescope"})", "200"},
         {"GET", "/v1/history", "", "200"},
         {"GET", "/metrics", "", "200"},
+        {"GET", "/v1/models", "", "200"},
+        {"POST", "/v1/completions", R"({"prompt":[1,2,3],"max_tokens":2})", "200"},
+        {"POST", "/v1/completions", R"({"prompt":[1,2,3],"max_tokens":2,"stream":true})", "200"},
         {"GET", "/v1/nothing", "", "404"},
         {"DELETE", "/v1/policy", "", "405"},
     };
@@ -234,7 +239,7 @@ TEST_CASE("failures get the error shape and the right status", "[integration][da
     TempDir dir;
     Run run(dir, profile_text({{"max_concurrent_requests = 8", "max_concurrent_requests = 1"}}));
     run.start_ready();
-    require_error(run.call("GET", "/v1/completions"), 404, "not_found_error");
+    require_error(run.call("GET", "/v1/completions"), 405, "invalid_request_error");
     require_error(run.call("GET", "/"), 404, "not_found_error");
     auto r = run.call("POST", "/v1/status");
     require_error(r, 405, "invalid_request_error");
@@ -484,7 +489,7 @@ TEST_CASE("history survives a restart and SIGKILLs during writes", "[integration
     CHECK_THAT(run.log(), Catch::Contains("[history.warm-start]"));
     auto hist = run.get("/v1/history");
     REQUIRE(hist["workloads"].size() == 1);
-    CHECK(hist["workloads"][0]["model"] == "deepseek-v2-lite");
+    CHECK(hist["workloads"][0]["model"] == "qwen3-moe-tiny");
     CHECK_THAT(hist["workloads"][0]["policy_state"].get<std::string>(),
                Catch::Contains("version=1"));
 
@@ -768,7 +773,7 @@ TEST_CASE("writescopectl: tables, JSON, changes, and clear failures", "[integrat
     INFO(r.out << r.err);
     CHECK(r.status.code == 0);
     CHECK_THAT(r.out, Catch::Contains("writescoped 0.1.0: ready"));
-    CHECK_THAT(r.out, Catch::Contains("deepseek-v2-lite"));
+    CHECK_THAT(r.out, Catch::Contains("qwen3-moe-tiny"));
     CHECK_THAT(r.out, Catch::Contains("REGION"));
     r = cmd({"--json", "status"});
     CHECK(json::parse(r.out)["state"] == "ready");
