@@ -1,5 +1,7 @@
 #include "http_client.hpp"
 
+#include <functional>
+
 #include <errno.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -7,6 +9,8 @@
 #include <unistd.h>
 
 #include <strings.h>
+#include <cctype>
+#include <cstdlib>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -114,16 +118,17 @@ ClientResponse parse_http_response(std::string_view raw) {
     return r;
 }
 
-ClientResponse http_request(const std::string& socket_path, std::string_view method,
-                            std::string_view target, std::string_view body,
-                            std::chrono::milliseconds timeout) {
-    const auto deadline = Clock::now() + timeout;
+namespace {
+
+// Connects and sends one request (with Connection: close).
+void send_request(Fd& fd, const std::string& socket_path, std::string_view method,
+                  std::string_view target, std::string_view body, std::string_view accept,
+                  Clock::time_point deadline) {
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
     if (socket_path.empty() || socket_path.size() >= sizeof addr.sun_path)
         throw ConnectError(socket_path, ENAMETOOLONG);
     std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
-    Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (fd.get() < 0) throw ConnectError(socket_path, errno);
     // A Unix socket connects at once or fails (EAGAIN only when the backlog is full).
     if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0)
@@ -131,8 +136,8 @@ ClientResponse http_request(const std::string& socket_path, std::string_view met
 
     std::string request = fmt::format(
         "{} {} HTTP/1.1\r\nHost: localhost\r\nUser-Agent: writescopectl/" WRITESCOPE_VERSION
-        "\r\nAccept: application/json\r\nConnection: close\r\n",
-        method, target);
+        "\r\nAccept: {}\r\nConnection: close\r\n",
+        method, target, accept);
     if (!body.empty() || method == "POST" || method == "PUT")
         request +=
             fmt::format("Content-Type: application/json\r\nContent-Length: {}\r\n", body.size());
@@ -150,11 +155,17 @@ ClientResponse http_request(const std::string& socket_path, std::string_view met
         }
         out.remove_prefix(static_cast<std::size_t>(n));
     }
+}
+
+// Reads until the server closes. progress(raw so far) after each read, when given; `deadline`
+// is pushed back by `idle` after each read when idle is positive (a stream may last long).
+std::string read_response(int fd, Clock::time_point deadline, std::chrono::milliseconds idle,
+                          const std::function<void(const std::string&)>& progress) {
     std::string raw;
     char buf[16384];
     for (;;) {
-        wait_ready(fd.get(), POLLIN, deadline, "waiting for the response");
-        const ssize_t n = ::recv(fd.get(), buf, sizeof buf, 0);
+        wait_ready(fd, POLLIN, deadline, "waiting for the response");
+        const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
         if (n == 0) break;
         if (n < 0) {
             if (errno == EINTR || errno == EAGAIN) continue;
@@ -162,8 +173,65 @@ ClientResponse http_request(const std::string& socket_path, std::string_view met
             throw std::runtime_error(fmt::format("reading the response: {}", std::strerror(errno)));
         }
         raw.append(buf, static_cast<std::size_t>(n));
+        if (idle.count() > 0) deadline = Clock::now() + idle;
+        if (progress) progress(raw);
     }
-    return parse_http_response(raw);
+    return raw;
+}
+
+}  // namespace
+
+ClientResponse http_request(const std::string& socket_path, std::string_view method,
+                            std::string_view target, std::string_view body,
+                            std::chrono::milliseconds timeout) {
+    const auto deadline = Clock::now() + timeout;
+    Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    send_request(fd, socket_path, method, target, body, "application/json", deadline);
+    return parse_http_response(read_response(fd.get(), deadline, {}, {}));
+}
+
+ClientResponse http_request_streamed(const std::string& socket_path, std::string_view method,
+                                     std::string_view target, std::string_view body,
+                                     const std::function<void(std::string_view)>& on_body,
+                                     std::chrono::milliseconds idle_timeout,
+                                     const std::function<void(int)>& on_status) {
+    const auto deadline = Clock::now() + idle_timeout;
+    Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    send_request(fd, socket_path, method, target, body, "text/event-stream, application/json",
+                 deadline);
+    // Decodes the chunks that have fully arrived, once the head has.
+    std::size_t at = std::string::npos;  // the next chunk's offset in raw; npos: head not yet
+    bool chunked = false, ended = false;
+    auto progress = [&](const std::string& raw) {
+        if (at == std::string::npos) {
+            const auto head_end = raw.find("\r\n\r\n");
+            if (head_end == std::string::npos) return;
+            at = head_end + 4;
+            // The head alone (its body is still to come): the status and the transfer encoding.
+            std::string head = raw.substr(0, at);
+            for (auto& ch : head)
+                ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+            if (!head.starts_with("http/1.") || head.size() < 12)
+                throw std::runtime_error("not an HTTP response");
+            if (on_status) on_status(std::atoi(head.c_str() + 9));
+            chunked = head.find("\r\ntransfer-encoding: chunked\r\n") != std::string::npos;
+        }
+        while (chunked && !ended) {
+            const auto eol = raw.find("\r\n", at);
+            if (eol == std::string::npos) return;
+            const unsigned long size = std::strtoul(raw.c_str() + at, nullptr, 16);
+            if (size == 0) {
+                ended = true;
+                return;
+            }
+            if (raw.size() < eol + 2 + size + 2) return;
+            on_body(std::string_view(raw).substr(eol + 2, size));
+            at = eol + 2 + size + 2;
+        }
+    };
+    auto r = parse_http_response(read_response(fd.get(), deadline, idle_timeout, progress));
+    if (!chunked) on_body(r.body);
+    return r;
 }
 
 }  // namespace writescope::daemon

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -38,6 +39,16 @@ struct ClientResponse {
 ClientResponse http_request(const std::string& socket_path, std::string_view method,
                             std::string_view target, std::string_view body = {},
                             std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+// The same, handing the body to on_body as it arrives (each chunk of a chunked body when it is
+// whole; the whole body otherwise); the timeout counts from the last bytes read, so a stream may
+// run for as long as it keeps sending. on_status(status) comes first, once the head is in. The
+// returned response holds the whole body too.
+ClientResponse http_request_streamed(const std::string& socket_path, std::string_view method,
+                                     std::string_view target, std::string_view body,
+                                     const std::function<void(std::string_view)>& on_body,
+                                     std::chrono::milliseconds idle_timeout,
+                                     const std::function<void(int)>& on_status = {});
 
 // Parses a complete HTTP/1.1 response (Content-Length, chunked, or up to the end). Throws
 // std::runtime_error when it is not one.

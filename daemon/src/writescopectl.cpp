@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <iostream>
 #include <optional>
 #include <thread>
@@ -110,10 +111,110 @@ class Client {
         throw Failure{kExitApiError, fmt::format("HTTP {} {}", r.status, r.reason)};
     }
 
+    // A streamed POST: on_body(bytes) as they come; throws a Failure like call() when the
+    // answer is not 2xx. The timeout counts from the last bytes received.
+    void stream(std::string_view target, std::string_view body,
+                const std::function<void(std::string_view)>& on_body) {
+        ClientResponse r;
+        bool ok = false;
+        try {
+            r = http_request_streamed(
+                socket_, "POST", target, body,
+                [&](std::string_view bytes) {
+                    if (ok) on_body(bytes);
+                },
+                timeout_, [&](int status) { ok = status >= 200 && status < 300; });
+        } catch (const ConnectError& e) {
+            throw unreachable(e);
+        } catch (const Failure&) {
+            throw;
+        } catch (const std::exception& e) {
+            throw Failure{
+                kExitUnreachable,
+                fmt::format("no usable answer from writescoped on {}: {}", socket_, e.what())};
+        }
+        if (ok) return;
+        json j = json::parse(r.body, nullptr, false);
+        if (!j.is_discarded() && j.contains("error") && j["error"].is_object()) {
+            const auto& e = j["error"];
+            throw Failure{kExitApiError,
+                          fmt::format("{} ({} {})", e.value("message", std::string("?")), r.status,
+                                      e.value("type", std::string("?")))};
+        }
+        throw Failure{kExitApiError, fmt::format("HTTP {} {}", r.status, r.reason)};
+    }
+
   private:
     std::string socket_;
     std::chrono::milliseconds timeout_;
 };
+
+std::vector<std::int64_t> id_list(const std::string& text, const char* option) {
+    std::vector<std::int64_t> out;
+    std::size_t at = 0;
+    while (at <= text.size()) {
+        const auto comma = text.find(',', at);
+        const std::string part =
+            text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+        char* end = nullptr;
+        const long long v = std::strtoll(part.c_str(), &end, 10);
+        if (part.empty() || !end || *end != '\0' || v < 0)
+            throw Failure{kExitUsage, fmt::format("{}: \"{}\" is not a token id (give ids as "
+                                                  "1,2,3)",
+                                                  option, part)};
+        out.push_back(v);
+        if (comma == std::string::npos) break;
+        at = comma + 1;
+    }
+    return out;
+}
+
+// `complete`: streams a completion, printing token ids as they come (or each event's JSON).
+int complete(Client& c, const json& request, bool as_json) {
+    std::string pending;
+    std::string finish;
+    json usage;
+    std::string error;
+    std::size_t printed = 0;
+    c.stream("/v1/completions", request.dump(), [&](std::string_view bytes) {
+        pending.append(bytes);
+        for (;;) {
+            const auto end = pending.find("\n\n");
+            if (end == std::string::npos) break;
+            std::string event = pending.substr(0, end);
+            pending.erase(0, end + 2);
+            if (!event.starts_with("data: ")) continue;
+            event.erase(0, 6);
+            if (event == "[DONE]") continue;
+            const json j = json::parse(event, nullptr, false);
+            if (j.is_discarded()) continue;
+            if (as_json) std::cout << j.dump() << "\n" << std::flush;
+            if (j.contains("error")) error = j["error"].value("message", std::string("?"));
+            if (j.contains("usage")) usage = j["usage"];
+            if (!j.contains("choices")) continue;
+            for (const auto& ch : j["choices"]) {
+                for (const auto& t : ch["token_ids"]) {
+                    if (!as_json)
+                        std::cout << (printed ? " " : "") << t.get<std::int64_t>() << std::flush;
+                    ++printed;
+                }
+                if (ch.contains("finish_reason") && ch["finish_reason"].is_string())
+                    finish = ch["finish_reason"].get<std::string>();
+            }
+        }
+    });
+    if (!as_json) {
+        std::cout << "\n";
+        std::cerr << fmt::format("{} tokens, finish_reason {}", printed,
+                                 finish.empty() ? "none" : finish);
+        if (usage.is_object())
+            std::cerr << fmt::format(" (prompt {}, total {})", usage.value("prompt_tokens", 0),
+                                     usage.value("total_tokens", 0));
+        std::cerr << "\n";
+    }
+    if (!error.empty()) throw Failure{kExitApiError, error};
+    return kExitOk;
+}
 
 void print(const json& j, bool as_json, const std::string& human) {
     if (as_json)
@@ -206,6 +307,26 @@ int main(int argc, char** argv) {
     auto* history = app.add_subcommand("history", "the stored workload history and sample log");
     std::size_t samples = 20;
     history->add_option("-n,--samples", samples, "newest samples to show (default 20)");
+    auto* complete_cmd = app.add_subcommand(
+        "complete", "generate from a prompt of token ids, printing the tokens as they come");
+    std::string prompt_ids, stop_ids;
+    std::size_t max_tokens = 16;
+    std::optional<double> temperature, top_p, min_p;
+    std::optional<int> top_k, logprobs;
+    std::optional<std::uint64_t> seed;
+    bool ignore_eos = false;
+    complete_cmd->add_option("--prompt-ids", prompt_ids, "the prompt: token ids, as 1,2,3")
+        ->required();
+    complete_cmd->add_option("--max-tokens", max_tokens, "most tokens to generate (default 16)");
+    complete_cmd->add_option("--temperature", temperature, "0 (greedy) to 2 (default 1)");
+    complete_cmd->add_option("--top-p", top_p, "nucleus sampling share, in (0, 1]");
+    complete_cmd->add_option("--top-k", top_k, "keep the k most likely tokens (0: all)");
+    complete_cmd->add_option("--min-p", min_p, "drop tokens below min_p × the most likely's");
+    complete_cmd->add_option("--seed", seed, "seed of the request's sampling");
+    complete_cmd->add_option("--stop-ids", stop_ids, "token ids that end the completion, as 5,7");
+    complete_cmd->add_flag("--ignore-eos", ignore_eos, "do not stop at the model's eos tokens");
+    complete_cmd->add_option("--logprobs", logprobs,
+                             "with --json: the chosen token's and the top n's logprobs");
     app.footer(
         "Exit status: 0 success, 1 the daemon answered with an error, 2 bad command line, "
         "3 the daemon cannot be reached.");
@@ -272,6 +393,20 @@ int main(int argc, char** argv) {
         } else if (policy->parsed()) {
             const auto j = client.call("GET", "/v1/policy");
             print(j, as_json, render_policy(j));
+        } else if (complete_cmd->parsed()) {
+            json body = {{"prompt", id_list(prompt_ids, "--prompt-ids")},
+                         {"max_tokens", max_tokens},
+                         {"stream", true},
+                         {"stream_options", {{"include_usage", true}}}};
+            if (temperature) body["temperature"] = *temperature;
+            if (top_p) body["top_p"] = *top_p;
+            if (top_k) body["top_k"] = *top_k;
+            if (min_p) body["min_p"] = *min_p;
+            if (seed) body["seed"] = *seed;
+            if (logprobs) body["logprobs"] = *logprobs;
+            if (!stop_ids.empty()) body["stop_token_ids"] = id_list(stop_ids, "--stop-ids");
+            if (ignore_eos) body["ignore_eos"] = true;
+            return complete(client, body, as_json);
         } else if (history->parsed()) {
             const auto j = client.call("GET", fmt::format("/v1/history?samples={}", samples));
             print(j, as_json, render_history(j));

@@ -212,6 +212,29 @@ TEST_CASE("greedy completions are the reference tokens whole and streamed and th
                 CHECK(lp["top_logprobs"][0].contains("token_id:" + std::to_string(greedy[0])));
             }
 
+            // writescopectl complete streams the same tokens.
+            {
+                const auto& p = ref["prompts"][0];
+                const auto greedy = p["greedy"].get<std::vector<std::int32_t>>();
+                std::string ids, expect;
+                for (const auto& t : p["ids"])
+                    ids += (ids.empty() ? "" : ",") + std::to_string(t.get<int>());
+                for (const auto t : greedy)
+                    expect += (expect.empty() ? "" : " ") + std::to_string(t);
+                const auto r =
+                    run_command({writescopectl_path(), "--socket", d.socket(), "complete",
+                                 "--prompt-ids", ids, "--max-tokens", std::to_string(greedy.size()),
+                                 "--temperature", "0", "--ignore-eos"});
+                INFO(r.out << r.err);
+                CHECK(r.status.code == 0);
+                CHECK(r.out == expect + "\n");
+                CHECK_THAT(r.err, Catch::Contains("finish_reason length"));
+                const auto bad = run_command({writescopectl_path(), "--socket", d.socket(),
+                                              "complete", "--prompt-ids", "1,99999"});
+                CHECK(bad.status.code == 1);
+                CHECK_THAT(bad.err, Catch::Contains("outside the vocabulary"));
+            }
+
             // Refusals in the one error shape.
             auto refused = [&](const json& body, int code, const std::string& text) {
                 const auto r = d.post(body);
