@@ -135,6 +135,7 @@ TEST_CASE("a model directory is validated tensor by tensor", "[model]") {
         o.headers_only = true;
         const auto h = model::load_model_dir(d.path, o);
         CHECK(h->weights().embed.data == nullptr);
+        CHECK(h->weight_bytes() == m->weight_bytes());
         fs::remove(st);
         CHECK_THROWS_WITH(model::load_model_dir(d.path, o), Catch::Contains("model.safetensors"));
     }
@@ -258,6 +259,8 @@ TEST_CASE("the built-in presets are the published shapes, generated at load", "[
     o.headers_only = true;
     const auto m = model::make_builtin_model("mixtral-8x7b", o);
     CHECK(m->config().num_layers == 1);
+    // bf16: 2 bytes a parameter, whether or not the weights were generated.
+    CHECK(m->weight_bytes() > 2 * 2 * 32000ull * 4096 + 8ull * 3 * 4096 * 14336 * 2 - 1);
     CHECK_THAT(m->description(), Catch::Contains("1 of 32 layers"));
     CHECK_THROWS_WITH(model::make_builtin_model("gpt-5"), Catch::Contains("qwen3-30b-a3b"));
 }

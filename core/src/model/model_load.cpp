@@ -174,15 +174,13 @@ std::unique_ptr<Model> load_model_dir(const fs::path& dir, const ModelLoadOption
     cfg.num_layers = layers;
     m->mutable_config() = cfg;
     const auto slots = detail::tensor_slots(cfg, m->mutable_weights(), layers);
-    if (!opts.headers_only) {
-        for (const auto& s : slots) {
-            const TensorEntry* t = files->find(s.name);
-            if (s.matrix) {
-                s.matrix->data = t->data;
-                s.matrix->dtype = t->dtype;
-            } else {
-                own_vector_as_f32(*s.vector, t->data, t->dtype, m->vectors[s.vector]);
-            }
+    for (const auto& s : slots) {
+        const TensorEntry* t = files->find(s.name);
+        if (s.matrix) {
+            s.matrix->dtype = t->dtype;  // headers only too: weight_bytes() counts the file's
+            s.matrix->data = t->data;    // null without data
+        } else if (!opts.headers_only) {
+            own_vector_as_f32(*s.vector, t->data, t->dtype, m->vectors[s.vector]);
         }
     }
     m->finish(slots);
@@ -251,7 +249,10 @@ std::unique_ptr<Model> make_builtin_model(std::string_view preset, const ModelLo
     if (opts.headers_only) {
         auto lm = std::make_unique<LoadedModel>();
         lm->mutable_config() = *cfg;
-        lm->finish(detail::tensor_slots(*cfg, lm->mutable_weights(), cfg->num_layers));
+        const auto slots = detail::tensor_slots(*cfg, lm->mutable_weights(), cfg->num_layers);
+        for (const auto& s : slots)
+            if (s.matrix) s.matrix->dtype = cfg->dtype;
+        lm->finish(slots);
         m = std::move(lm);
     } else {
         m = make_random_model(*cfg, opts.seed);
