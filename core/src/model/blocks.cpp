@@ -125,12 +125,24 @@ void Rotary::apply(float* x, std::size_t heads, std::size_t stride, std::size_t 
     }
 }
 
+RouteScratch::RouteScratch(const ModelConfig& c) {
+    const std::size_t E = static_cast<std::size_t>(std::max(1, c.num_experts));
+    const std::size_t G = static_cast<std::size_t>(std::max(1, c.n_group));
+    p.resize(E);
+    score.resize(E);
+    order.resize(E);
+    group_score.resize(G);
+    group_order.resize(G);
+    keep.resize(G);
+}
+
 void route_tokens(const ModelConfig& c, const float* logits, std::size_t n, std::int32_t* experts,
-                  float* weights) noexcept {
+                  float* weights, RouteScratch& sc) noexcept {
     const std::size_t E = static_cast<std::size_t>(c.num_experts);
     const std::size_t k = static_cast<std::size_t>(c.experts_per_token);
-    std::vector<float> p(E);
-    std::vector<std::int32_t> idx(E);
+    auto& p = sc.p;
+    auto& score = sc.score;
+    auto& idx = sc.order;
     for (std::size_t t = 0; t < n; ++t) {
         const float* l = logits + t * E;
         const float m = *std::max_element(l, l + E);
@@ -139,33 +151,33 @@ void route_tokens(const ModelConfig& c, const float* logits, std::size_t n, std:
             sum += std::exp(static_cast<double>(l[e]) - m);
         for (std::size_t e = 0; e < E; ++e)
             p[e] = static_cast<float>(std::exp(static_cast<double>(l[e]) - m) / sum);
-        std::vector<float> score = p;
+        std::copy(p.begin(), p.end(), score.begin());
         if (c.topk_method == TopkMethod::group_limited_greedy && c.n_group > 1) {
             // Groups scored by their best expert; the experts of all but the topk_group best
             // groups are masked to 0 (transformers' masked_fill), then top-k over all.
             const std::size_t G = static_cast<std::size_t>(c.n_group), per = E / G;
-            std::vector<float> gs(G);
+            auto& gs = sc.group_score;
             for (std::size_t g = 0; g < G; ++g)
                 gs[g] = *std::max_element(p.begin() + static_cast<std::ptrdiff_t>(g * per),
                                           p.begin() + static_cast<std::ptrdiff_t>((g + 1) * per));
-            std::vector<std::size_t> order(G);
+            auto& order = sc.group_order;
             std::iota(order.begin(), order.end(), std::size_t{0});
             std::stable_sort(order.begin(), order.end(),
                              [&](std::size_t a, std::size_t b) { return gs[a] > gs[b]; });
-            std::vector<bool> keep(G, false);
+            std::fill(sc.keep.begin(), sc.keep.end(), std::uint8_t{0});
             for (std::size_t g = 0; g < static_cast<std::size_t>(c.topk_group); ++g)
-                keep[order[g]] = true;
+                sc.keep[order[g]] = 1;
             for (std::size_t e = 0; e < E; ++e)
-                if (!keep[e / per]) score[e] = 0.0f;
+                if (!sc.keep[e / per]) score[e] = 0.0f;
         }
         std::iota(idx.begin(), idx.end(), 0);
-        std::partial_sort(
-            idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), idx.end(),
-            [&](std::int32_t a, std::int32_t b) {
-                return score[static_cast<std::size_t>(a)] != score[static_cast<std::size_t>(b)]
-                           ? score[static_cast<std::size_t>(a)] > score[static_cast<std::size_t>(b)]
-                           : a < b;
-            });
+        // Highest score first; equal scores by the lower index.
+        std::partial_sort(idx.begin(), idx.begin() + static_cast<std::ptrdiff_t>(k), idx.end(),
+                          [&](std::int32_t a, std::int32_t b) {
+                              const float sa = score[static_cast<std::size_t>(a)];
+                              const float sb = score[static_cast<std::size_t>(b)];
+                              return sa != sb ? sa > sb : a < b;
+                          });
         float total = 0;
         for (std::size_t j = 0; j < k; ++j)
             total += score[static_cast<std::size_t>(idx[j])];

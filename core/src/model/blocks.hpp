@@ -44,9 +44,17 @@ class Rotary {
 // Expert routing of n tokens from their router logits (n, experts), fp32:
 // softmax over all experts → (group-limited) top-k → renormalised when norm_topk_prob (Qwen3,
 // Mixtral; DeepSeek-V2 in transformers never renormalises) → × routed_scaling_factor
-// (DeepSeek-V2). experts (n, k), weights (n, k).
+// (DeepSeek-V2). experts (n, k), weights (n, k). scratch: what it computes in, sized once
+// (nothing is allocated per call).
+struct RouteScratch {
+    std::vector<float> p, score, group_score;
+    std::vector<std::int32_t> order;
+    std::vector<std::size_t> group_order;
+    std::vector<std::uint8_t> keep;
+    explicit RouteScratch(const ModelConfig& c);
+};
 void route_tokens(const ModelConfig& c, const float* logits, std::size_t n, std::int32_t* experts,
-                  float* weights) noexcept;
+                  float* weights, RouteScratch& scratch) noexcept;
 
 // Rounds n fp32 values into dst in dtype t.
 void store_as(DType t, const float* src, std::size_t n, void* dst) noexcept;

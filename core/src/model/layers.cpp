@@ -57,7 +57,8 @@ void StandardAttention::out(std::size_t layer, const float* states, std::size_t 
     ops_.linear(m_.weights().layers[layer].o_proj, states, n, y);
 }
 
-FeedForward::FeedForward(const Model& m, ModelOps& ops, std::size_t max_tokens) : m_(m), ops_(ops) {
+FeedForward::FeedForward(const Model& m, ModelOps& ops, std::size_t max_tokens)
+    : m_(m), ops_(ops), route_(m.config()) {
     const auto& c = m.config();
     const auto& layers = m.weights().layers;
     routers_.resize(layers.size());
@@ -97,7 +98,7 @@ void FeedForward::run(std::size_t layer, const float* xn, std::size_t n, float* 
     }
     const Matrix router{routers_[layer].data(), DType::f32, L.router.rows, L.router.cols};
     ops_.linear(router, xn, n, logits_.data());
-    route_tokens(c, logits_.data(), n, experts_.data(), weights_.data());
+    route_tokens(c, logits_.data(), n, experts_.data(), weights_.data(), route_);
     const MoeRouting routing{experts_.data(), weights_.data(),
                              static_cast<std::size_t>(c.experts_per_token)};
     ops_.moe(L.experts, xn, n, routing, h);
