@@ -122,7 +122,7 @@ TEST_CASE("greedy tokens up to max_tokens, then length, and the KV is released",
     CHECK(st.running == 0);
 }
 
-TEST_CASE("stop tokens and the model's eos finish with stop; ignore_eos goes past eos",
+TEST_CASE("stop tokens and the model's eos finish with stop, and ignore_eos goes past eos",
           "[unit][serving]") {
     FakeRuntime rt;  // vocab 16, eos 15
     Scheduler s(rt);
@@ -328,7 +328,7 @@ TEST_CASE("seeded sampling is the same whatever runs beside it", "[unit][serving
     CHECK(run(3) == alone);
 }
 
-TEST_CASE("pause holds the loop between steps; shutdown cancels what is left", "[unit][serving]") {
+TEST_CASE("pause holds the loop between steps, and shutdown cancels what is left", "[unit][serving]") {
     FakeRuntime rt;
     auto s = std::make_unique<Scheduler>(rt);
     Events a, b;
