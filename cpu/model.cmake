@@ -2,6 +2,7 @@
 # expert FFNs), on a worker pool of their own. Included from cpu/CMakeLists.txt.
 add_library(writescope_cpu_model STATIC
   ${CMAKE_CURRENT_LIST_DIR}/src/model/model_ops.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/src/model/elementwise.cpp
   ${CMAKE_CURRENT_LIST_DIR}/src/model/gemm_portable.cpp
 )
 target_link_libraries(writescope_cpu_model PUBLIC writescope_cpu writescope_core_base

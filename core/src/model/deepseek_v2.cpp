@@ -69,37 +69,34 @@ class DeepseekV2 final : public Architecture {
                       void* q, void* k, void*) override {
         const auto& c = m_.config();
         const LayerWeights& L = m_.weights().layers[layer];
+        const auto eps = static_cast<float>(c.rms_norm_eps);
         if (c.q_lora_rank > 0) {
             ops_.linear(L.q_a_proj, xn, n, qa_.data());
-            rms_norm(L.q_a_norm, qa_.data(), n, static_cast<std::size_t>(c.q_lora_rank),
-                     c.rms_norm_eps, qa_.data());
+            ops_.rms_norm(L.q_a_norm, qa_.data(), n, static_cast<std::size_t>(c.q_lora_rank), eps,
+                          qa_.data());
             ops_.linear(L.q_b_proj, qa_.data(), n, q_.data());
         } else {
             ops_.linear(L.q_proj, xn, n, q_.data());
         }
         ops_.linear(L.kv_a_proj, xn, n, lat_buf_.data());
-        for (std::size_t t = 0; t < n; ++t) {
-            float* row = lat_buf_.data() + t * lat_;
-            rms_norm(L.kv_a_norm, row, 1, rank_, c.rms_norm_eps, row);
-            rope_.apply(row, 1, lat_, rank_, pos[t]);
-            rope_.apply(q_.data() + t * H_ * qk_, H_, qk_, nope_, pos[t]);
-        }
+        // kv_a_layernorm on c_kv only (each row's first rank elements, in place), then the
+        // interleaved rotary on k_pe and on each head's q_pe.
+        ops_.copy_2d(lat_buf_.data(), lat_, head_in_.data(), rank_, n, rank_);
+        ops_.rms_norm(L.kv_a_norm, head_in_.data(), n, rank_, eps, head_in_.data());
+        ops_.copy_2d(head_in_.data(), rank_, lat_buf_.data(), lat_, n, rank_);
+        ops_.rotary(rope_.table(), lat_buf_.data(), n, 1, lat_, rank_, pos);
+        ops_.rotary(rope_.table(), q_.data(), n, H_, qk_, nope_, pos);
         // The absorbed query: per head [W_UKᵀ q_nope | q_pe].
         for (std::size_t h = 0; h < H_; ++h) {
-            for (std::size_t t = 0; t < n; ++t)
-                std::memcpy(head_in_.data() + t * nope_, q_.data() + (t * H_ + h) * qk_,
-                            nope_ * sizeof(float));
+            ops_.copy_2d(q_.data() + h * qk_, H_ * qk_, head_in_.data(), nope_, n, nope_);
             const Matrix uk{uk_t_[layer].data() + h * rank_ * nope_, DType::f32, rank_, nope_};
             ops_.linear(uk, head_in_.data(), n, head_out_.data());
-            for (std::size_t t = 0; t < n; ++t) {
-                float* dst = q_eng_.data() + (t * H_ + h) * lat_;
-                std::memcpy(dst, head_out_.data() + t * rank_, rank_ * sizeof(float));
-                std::memcpy(dst + rank_, q_.data() + (t * H_ + h) * qk_ + nope_,
-                            rot_ * sizeof(float));
-            }
+            ops_.copy_2d(head_out_.data(), rank_, q_eng_.data() + h * lat_, H_ * lat_, n, rank_);
+            ops_.copy_2d(q_.data() + h * qk_ + nope_, H_ * qk_, q_eng_.data() + h * lat_ + rank_,
+                         H_ * lat_, n, rot_);
         }
-        store_as(kv_, q_eng_.data(), n * H_ * lat_, q);
-        store_as(kv_, lat_buf_.data(), n * lat_, k);
+        ops_.to_dtype(q_eng_.data(), n * H_ * lat_, kv_, q);
+        ops_.to_dtype(lat_buf_.data(), n * lat_, kv_, k);
     }
 
     void attention_out(std::size_t layer, const float* states, std::size_t n, float* out) override {
@@ -107,17 +104,13 @@ class DeepseekV2 final : public Architecture {
         const Matrix& kvb = L.kv_b_proj;
         const std::size_t es = dtype_bytes(kvb.dtype);
         for (std::size_t h = 0; h < H_; ++h) {
-            for (std::size_t t = 0; t < n; ++t)
-                std::memcpy(head_in_.data() + t * rank_, states + (t * H_ + h) * rank_,
-                            rank_ * sizeof(float));
+            ops_.copy_2d(states + h * rank_, H_ * rank_, head_in_.data(), rank_, n, rank_);
             // W_UV of head h: rows [h·(nope + v) + nope, + v) of kv_b_proj.
             const Matrix uv{
                 static_cast<const char*>(kvb.data) + (h * (nope_ + vd_) + nope_) * rank_ * es,
                 kvb.dtype, vd_, rank_};
             ops_.linear(uv, head_in_.data(), n, head_out_.data());
-            for (std::size_t t = 0; t < n; ++t)
-                std::memcpy(attn_.data() + (t * H_ + h) * vd_, head_out_.data() + t * vd_,
-                            vd_ * sizeof(float));
+            ops_.copy_2d(head_out_.data(), vd_, attn_.data() + h * vd_, H_ * vd_, n, vd_);
         }
         ops_.linear(L.o_proj, attn_.data(), n, out);
     }

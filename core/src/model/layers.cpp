@@ -4,18 +4,6 @@
 #include <cstring>
 
 namespace writescope::model::detail {
-namespace {
-
-void add_bias(const Vector& b, float* y, std::size_t n) noexcept {
-    if (!b) return;
-    const auto* bf = static_cast<const float*>(b.data);
-    for (std::size_t t = 0; t < n; ++t)
-        for (std::size_t i = 0; i < b.n; ++i)
-            y[t * b.n + i] += bf[i];
-}
-
-}  // namespace
-
 StandardAttention::StandardAttention(const Model& m, ModelOps& ops, DType kv_dtype,
                                      std::size_t max_tokens, bool qk_norm)
     : m_(m), ops_(ops), kv_(kv_dtype), qk_norm_(qk_norm), rope_(m.config().rope) {
@@ -36,20 +24,19 @@ void StandardAttention::in(std::size_t layer, const float* xn, std::size_t n,
     ops_.linear(L.q_proj, xn, n, q_.data());
     ops_.linear(L.k_proj, xn, n, k_.data());
     ops_.linear(L.v_proj, xn, n, v_.data());
-    add_bias(L.q_bias, q_.data(), n);
-    add_bias(L.k_bias, k_.data(), n);
-    add_bias(L.v_bias, v_.data(), n);
+    if (L.q_bias) ops_.add_bias(q_.data(), L.q_bias, n);
+    if (L.k_bias) ops_.add_bias(k_.data(), L.k_bias, n);
+    if (L.v_bias) ops_.add_bias(v_.data(), L.v_bias, n);
+    const auto eps = static_cast<float>(c.rms_norm_eps);
     if (qk_norm_) {
-        rms_norm(L.q_norm, q_.data(), n * hq, hd, c.rms_norm_eps, q_.data());
-        rms_norm(L.k_norm, k_.data(), n * hk, hd, c.rms_norm_eps, k_.data());
+        ops_.rms_norm(L.q_norm, q_.data(), n * hq, hd, eps, q_.data());
+        ops_.rms_norm(L.k_norm, k_.data(), n * hk, hd, eps, k_.data());
     }
-    for (std::size_t t = 0; t < n; ++t) {
-        rope_.apply(q_.data() + t * hq * hd, hq, hd, 0, pos[t]);
-        rope_.apply(k_.data() + t * hk * hd, hk, hd, 0, pos[t]);
-    }
-    store_as(kv_, q_.data(), n * hq * hd, q);
-    store_as(kv_, k_.data(), n * hk * hd, k);
-    store_as(kv_, v_.data(), n * hk * hd, v);
+    ops_.rotary(rope_.table(), q_.data(), n, hq, hd, 0, pos);
+    ops_.rotary(rope_.table(), k_.data(), n, hk, hd, 0, pos);
+    ops_.to_dtype(q_.data(), n * hq * hd, kv_, q);
+    ops_.to_dtype(k_.data(), n * hk * hd, kv_, k);
+    ops_.to_dtype(v_.data(), n * hk * hd, kv_, v);
 }
 
 void StandardAttention::out(std::size_t layer, const float* states, std::size_t n, float* y) {
@@ -58,7 +45,7 @@ void StandardAttention::out(std::size_t layer, const float* states, std::size_t 
 }
 
 FeedForward::FeedForward(const Model& m, ModelOps& ops, std::size_t max_tokens)
-    : m_(m), ops_(ops), route_(m.config()) {
+    : m_(m), ops_(ops), routing_(routing_params(m.config())) {
     const auto& c = m.config();
     const auto& layers = m.weights().layers;
     routers_.resize(layers.size());
@@ -98,7 +85,7 @@ void FeedForward::run(std::size_t layer, const float* xn, std::size_t n, float* 
     }
     const Matrix router{routers_[layer].data(), DType::f32, L.router.rows, L.router.cols};
     ops_.linear(router, xn, n, logits_.data());
-    route_tokens(c, logits_.data(), n, experts_.data(), weights_.data(), route_);
+    ops_.route(routing_, logits_.data(), n, experts_.data(), weights_.data());
     const MoeRouting routing{experts_.data(), weights_.data(),
                              static_cast<std::size_t>(c.experts_per_token)};
     ops_.moe(L.experts, xn, n, routing, h);

@@ -49,7 +49,7 @@ class FeedForward {
     std::vector<float> logits_, weights_, ones_;
     std::vector<std::int32_t> experts_, zeros_;
     std::vector<std::uint8_t> seen_;  // per expert: routed to in this call
-    RouteScratch route_;
+    RoutingParams routing_;
     std::uint64_t bytes_ = 0;
 };
 

@@ -39,6 +39,7 @@ class RuntimeImpl final : public Runtime {
         : model_(model), ops_(ops), engine_(engine), opts_(opts) {
         const ModelConfig& c = model.config();
         geometry_ = c.kv_geometry(opts.kv_dtype);
+        eps_ = static_cast<float>(c.rms_norm_eps);
         if (const std::string e = geometry_.validate(); !e.empty())
             throw std::invalid_argument("model " + c.name + ": its KV shape is unusable: " + e);
         if (opts.prefill_chunk_tokens == 0 || opts.max_batch == 0)
@@ -151,12 +152,13 @@ class RuntimeImpl final : public Runtime {
         }
         const ModelConfig& c = model_.config();
         const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
-        detail::embed_tokens(model_.weights().embed, tokens, h_.data());
+        detail::check_token_ids(tokens, vocab_size());
+        ops_.embed(model_.weights().embed, tokens.data(), n, h_.data());
         engine_.begin_step(seq_ids);
         try {
             for (std::size_t l = 0; l < static_cast<std::size_t>(c.num_layers); ++l) {
                 const LayerWeights& L = model_.weights().layers[l];
-                detail::rms_norm(L.input_norm, h_.data(), n, hidden, c.rms_norm_eps, xn_.data());
+                ops_.rms_norm(L.input_norm, h_.data(), n, hidden, eps_, xn_.data());
                 arch_->attention_in(l, xn_.data(), n, pos_.data(), q_.data(), k_.data(), v_.data());
                 const StateView states{o_.data(), lse_.data(),
                                        n * static_cast<std::size_t>(geometry_.num_q_heads),
@@ -181,12 +183,10 @@ class RuntimeImpl final : public Runtime {
     // After the engine's attention of layer l over n rows: output projection, residual, norm,
     // feed-forward (into the residual).
     void finish_layer(std::size_t l, std::size_t n, std::size_t hidden) {
-        const ModelConfig& c = model_.config();
         const LayerWeights& L = model_.weights().layers[l];
         arch_->attention_out(l, o_.data(), n, tmp_.data());
-        for (std::size_t i = 0; i < n * hidden; ++i)
-            h_[i] += tmp_[i];
-        detail::rms_norm(L.post_attention_norm, h_.data(), n, hidden, c.rms_norm_eps, xn_.data());
+        ops_.add(h_.data(), tmp_.data(), n * hidden);
+        ops_.rms_norm(L.post_attention_norm, h_.data(), n, hidden, eps_, xn_.data());
         arch_->feed_forward(l, xn_.data(), n, h_.data());
     }
 
@@ -196,8 +196,8 @@ class RuntimeImpl final : public Runtime {
         if (!logits || count == 0) return;
         const ModelConfig& c = model_.config();
         const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
-        detail::rms_norm(model_.weights().final_norm, h_.data() + first * hidden, count, hidden,
-                         c.rms_norm_eps, xn_.data());
+        ops_.rms_norm(model_.weights().final_norm, h_.data() + first * hidden, count, hidden, eps_,
+                      xn_.data());
         ops_.linear(model_.weights().lm_head, xn_.data(), count, logits);
     }
 
@@ -209,10 +209,11 @@ class RuntimeImpl final : public Runtime {
         const std::size_t layers = static_cast<std::size_t>(c.num_layers);
         for (std::size_t i = 0; i < m; ++i)
             pos_[i] = static_cast<std::int64_t>(held + i);
-        detail::embed_tokens(model_.weights().embed, tokens, h_.data());
+        detail::check_token_ids(tokens, vocab_size());
+        ops_.embed(model_.weights().embed, tokens.data(), m, h_.data());
         for (std::size_t l = 0; l < layers; ++l) {
             const LayerWeights& L = model_.weights().layers[l];
-            detail::rms_norm(L.input_norm, h_.data(), m, hidden, c.rms_norm_eps, xn_.data());
+            ops_.rms_norm(L.input_norm, h_.data(), m, hidden, eps_, xn_.data());
             // This layer's K and V go where prefill() reads them: (layers, m, ...) layer-major.
             std::byte* kl = k_.data() + l * m * k_row_;
             std::byte* vl = geometry_.mla ? nullptr : v_.data() + l * m * v_row_;
@@ -239,6 +240,7 @@ class RuntimeImpl final : public Runtime {
     std::unique_ptr<Architecture> arch_;
     std::size_t chunk_ = 0, rows_ = 0, k_row_ = 0, v_row_ = 0;
     std::uint64_t fixed_bytes_ = 0, last_bytes_ = 0;
+    float eps_ = 1e-6f;
     std::map<std::uint64_t, std::size_t> held_;  // tokens each admitted sequence holds
     std::vector<float> h_, xn_, tmp_, o_, lse_;
     std::vector<std::byte> q_, k_, v_;

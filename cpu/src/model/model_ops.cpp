@@ -21,6 +21,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "elementwise.hpp"
 #include "gemm_api.hpp"
 #include "writescope/cpu/worker_pool.hpp"
 
@@ -79,6 +80,9 @@ std::size_t token_block(std::size_t n) noexcept {
 
 struct CpuModelOps::Impl {
     CpuModelOpsOptions opts;
+    // Routing scratch: experts and groups up to max_experts (a group holds at least one).
+    detail::Router router{std::max<std::size_t>(1, opts.max_experts),
+                          std::max<std::size_t>(1, opts.max_experts)};
     Isa isa;
     KernelFn kernel;
     WorkerPool pool;
@@ -422,6 +426,36 @@ void CpuModelOps::linear(const model::Matrix& w, const float* x, std::size_t n, 
 void CpuModelOps::moe(std::span<const model::FfnWeights> experts, const float* x, std::size_t n,
                       const model::MoeRouting& routing, float* y) {
     impl_->moe(experts, x, n, routing, y);
+}
+void CpuModelOps::embed(const model::Matrix& table, const std::int32_t* ids, std::size_t n,
+                        float* out) {
+    detail::embed(table, ids, n, out);
+}
+void CpuModelOps::rms_norm(const model::Vector& w, const float* x, std::size_t rows,
+                           std::size_t dim, float eps, float* y) {
+    detail::rms_norm(w, x, rows, dim, eps, y);
+}
+void CpuModelOps::rotary(const model::RotaryTable& t, float* x, std::size_t tokens,
+                         std::size_t heads, std::size_t stride, std::size_t offset,
+                         const std::int64_t* pos) {
+    detail::rotary(t, x, tokens, heads, stride, offset, pos);
+}
+void CpuModelOps::add(float* y, const float* x, std::size_t n) {
+    detail::add(y, x, n);
+}
+void CpuModelOps::add_bias(float* y, const model::Vector& b, std::size_t rows) {
+    detail::add_bias(y, b, rows);
+}
+void CpuModelOps::route(const model::RoutingParams& p, const float* logits, std::size_t n,
+                        std::int32_t* experts, float* weights) {
+    impl_->router.route(p, logits, n, experts, weights);
+}
+void CpuModelOps::to_dtype(const float* x, std::size_t n, DType t, void* y) {
+    detail::to_dtype(x, n, t, y);
+}
+void CpuModelOps::copy_2d(const float* src, std::size_t src_stride, float* dst,
+                          std::size_t dst_stride, std::size_t rows, std::size_t cols) {
+    detail::copy_2d(src, src_stride, dst, dst_stride, rows, cols);
 }
 std::size_t CpuModelOps::max_tokens() const noexcept {
     return impl_->opts.max_tokens;

@@ -1,11 +1,11 @@
-// The CPU implementation of the model's compute operations (core's ModelOps): dense GEMM/GEMV
-// and the expert FFNs for bf16, fp16 and fp32 weights, on a worker pool of its own (the expert
-// threads, separate from the attention pool). Nothing is allocated per call for n up to
-// max_tokens: the scratch is sized from the options at construction (about
-// 4 · max_tokens · (max_width + max_k · (max_ffn + max_hidden)) bytes, max_width =
-// max(max_hidden, max_ffn), allocated untouched: pages are committed only as calls use them), and
-// a call beyond a limit throws std::length_error naming it. One caller at a time: the scratch
-// is shared by the calls (the pool's own dispatches are serialised anyway).
+// The CPU implementation of the model's compute operations (core's ModelOps): dense GEMM/GEMV,
+// the expert FFNs and the per-element operations (norms, rotary, routing) for bf16, fp16 and fp32
+// weights, on a worker pool of its own (the expert threads, separate from the attention pool).
+// Nothing is allocated per call for n up to max_tokens: the scratch is sized from the options at
+// construction (about 4 · max_tokens · (max_width + max_k · (max_ffn + max_hidden)) bytes,
+// max_width = max(max_hidden, max_ffn), allocated untouched: pages are committed only as calls use
+// them), and a call beyond a limit throws std::length_error naming it. One caller at a time: the
+// scratch is shared by the calls (the pool's own dispatches are serialised anyway).
 //
 // Kernels (cpu/src/model): AVX-512 (vdpbf16ps on bf16 weights with the activation rounded to
 // bf16; FMA on fp16 and fp32 weights), AVX2 + FMA + F16C, and portable C++, chosen by
@@ -46,6 +46,19 @@ class CpuModelOps final : public model::ModelOps {
     void linear(const model::Matrix& w, const float* x, std::size_t n, float* y) override;
     void moe(std::span<const model::FfnWeights> experts, const float* x, std::size_t n,
              const model::MoeRouting& routing, float* y) override;
+    void embed(const model::Matrix& table, const std::int32_t* ids, std::size_t n,
+               float* out) override;
+    void rms_norm(const model::Vector& w, const float* x, std::size_t rows, std::size_t dim,
+                  float eps, float* y) override;
+    void rotary(const model::RotaryTable& t, float* x, std::size_t tokens, std::size_t heads,
+                std::size_t stride, std::size_t offset, const std::int64_t* pos) override;
+    void add(float* y, const float* x, std::size_t n) override;
+    void add_bias(float* y, const model::Vector& b, std::size_t rows) override;
+    void route(const model::RoutingParams& p, const float* logits, std::size_t n,
+               std::int32_t* experts, float* weights) override;
+    void to_dtype(const float* x, std::size_t n, DType t, void* y) override;
+    void copy_2d(const float* src, std::size_t src_stride, float* dst, std::size_t dst_stride,
+                 std::size_t rows, std::size_t cols) override;
     std::size_t max_tokens() const noexcept override;
     const char* kernel_name() const noexcept override;
     int threads() const noexcept override;

@@ -22,6 +22,26 @@
 
 namespace writescope::model {
 
+// The rotary embedding of one model: the inverse frequency of each rotated pair (fp32, as
+// transformers computes them: blocks.cpp's rotary_inv_freq, YaRN included), the layout and the
+// factor applied to cos and sin.
+struct RotaryTable {
+    const float* inv_freq = nullptr;  // (dim / 2)
+    std::size_t dim = 0;              // rotated elements per head
+    bool interleaved = false;         // pairs (2i, 2i+1) (DeepSeek); else NeoX halves (i, i+dim/2)
+    float factor = 1.0f;              // YaRN's attention factor on cos and sin
+};
+
+// Expert routing (DESIGN.md section 5): softmax over `experts` logits in fp32; with groups > 1,
+// only the keep_groups groups with the best expert stay (the others' scores become 0); top-k
+// (ties to the lower index); renormalised over the k when `renormalize`; × scale.
+struct RoutingParams {
+    std::size_t experts = 0, k = 0;
+    bool renormalize = false;
+    float scale = 1.0f;
+    std::size_t groups = 1, keep_groups = 1;
+};
+
 // Routing of n tokens to k experts each: expert[t·k + j] is an index into the experts span (−1:
 // no expert, skipped), weight[t·k + j] its fp32 combine weight.
 struct MoeRouting {
@@ -42,6 +62,29 @@ class ModelOps {
     // once per call). A dense MLP is one expert with weight 1 for every token.
     virtual void moe(std::span<const FfnWeights> experts, const float* x, std::size_t n,
                      const MoeRouting& routing, float* y) = 0;
+
+    // out (n, table.cols) fp32 = the rows ids[0..n) of table (ids already checked in range).
+    virtual void embed(const Matrix& table, const std::int32_t* ids, std::size_t n, float* out) = 0;
+    // y (rows, dim) = w ⊙ x / sqrt(mean(x²) + eps), the mean in fp32 (transformers' RMSNorm); w
+    // fp32. y may alias x.
+    virtual void rms_norm(const Vector& w, const float* x, std::size_t rows, std::size_t dim,
+                          float eps, float* y) = 0;
+    // Rotates, in place, elements [offset, offset + t.dim) of `heads` vectors of `stride`
+    // elements per token, token i at position pos[i]: angle = inv_freq · pos in fp32.
+    virtual void rotary(const RotaryTable& t, float* x, std::size_t tokens, std::size_t heads,
+                        std::size_t stride, std::size_t offset, const std::int64_t* pos) = 0;
+    // y[i] += x[i], n elements (the residual).
+    virtual void add(float* y, const float* x, std::size_t n) = 0;
+    // y (rows, b.n) += b on every row (fp32 bias).
+    virtual void add_bias(float* y, const Vector& b, std::size_t rows) = 0;
+    // experts (n, p.k), weights (n, p.k) from logits (n, p.experts).
+    virtual void route(const RoutingParams& p, const float* logits, std::size_t n,
+                       std::int32_t* experts, float* weights) = 0;
+    // n fp32 values rounded into y in dtype t (the query and the new K/V for the engine).
+    virtual void to_dtype(const float* x, std::size_t n, DType t, void* y) = 0;
+    // dst[r · dst_stride + c] = src[r · src_stride + c] for r < rows, c < cols (per-head slices).
+    virtual void copy_2d(const float* src, std::size_t src_stride, float* dst,
+                         std::size_t dst_stride, std::size_t rows, std::size_t cols) = 0;
 
     // Largest n the implementation was sized for (it allocates nothing for n up to this).
     virtual std::size_t max_tokens() const noexcept = 0;
