@@ -1,0 +1,14 @@
+# writescope_text: Hugging Face tokenizers (tokenizer.json) and chat templates (core/src/text).
+# Every source in core/src/text belongs to it (a glob, so the tokenizer and the chat-template
+# sources are added without editing each other's lists).
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+pkg_check_modules(ICU_UC REQUIRED IMPORTED_TARGET icu-uc)
+find_package(nlohmann_json 3 REQUIRED)
+file(GLOB _ws_text_sources CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/src/text/*.cpp)
+add_library(writescope_text STATIC ${_ws_text_sources})
+target_include_directories(writescope_text PUBLIC ${CMAKE_CURRENT_SOURCE_DIR}/include
+                           PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/src/text)
+target_link_libraries(writescope_text PUBLIC writescope_options nlohmann_json::nlohmann_json
+                      PRIVATE PkgConfig::PCRE2 PkgConfig::ICU_UC)
+set_target_properties(writescope_text PROPERTIES POSITION_INDEPENDENT_CODE ON)
