@@ -182,6 +182,35 @@ struct OpenWait {
     }
 };
 
+// The columns each table of the current schema has, in order: a table altered by hand (a column
+// dropped, renamed or added) is found at open, not by a query failing later.
+void check_tables(sqlite3* db) {
+    static const std::pair<std::string_view, std::string_view> kTables[] = {
+        {"calibrations",
+         "id,fingerprint,geometry,dtype,software_version,a,b,delta,a_r2,b_r2,cpu_intercept,"
+         "has_gpu,points,seconds_taken,created_at"},
+        {"workload_history",
+         "model,dtype,batch_bucket,context_bucket,a,b,delta,r_target,r_deployed,steps,"
+         "step_seconds_mean,step_seconds_stddev,step_seconds_min,step_seconds_max,policy_state,"
+         "updated_at"},
+        {"samples", "id,at_ms,steps,sequences,a,b,delta,r_target,r_deployed,step_seconds_mean"},
+    };
+    for (const auto& [table, expected] : kTables) {
+        Stmt s(db, fmt::format("SELECT name FROM pragma_table_info('{}')", table));
+        std::string columns;
+        while (s.step()) {
+            if (!columns.empty()) columns += ',';
+            columns += s.text(0);
+        }
+        if (columns.empty()) throw OpenFailure{fmt::format("table {} is missing", table)};
+        if (columns != expected)
+            throw OpenFailure{
+                fmt::format("table {} has columns ({}), not those of schema version "
+                            "{} ({})",
+                            table, columns, Store::kSchemaVersion, expected)};
+    }
+}
+
 // Applies the pragmas, checks integrity and migrates; throws OpenFailure when the database is
 // not one this release can use. wait: the busy handler while it runs (null: a plain timeout).
 void prepare(sqlite3* db, StoreOpenReport& report, bool on_disk, OpenWait* wait) {
@@ -208,6 +237,11 @@ void prepare(sqlite3* db, StoreOpenReport& report, bool on_disk, OpenWait* wait)
         if (version > Store::kSchemaVersion)
             throw OpenFailure{fmt::format("schema version {} is newer than this release's ({})",
                                           version, Store::kSchemaVersion)};
+        // No release wrote a negative version: the file was altered, and no migration applies.
+        if (version < 0)
+            throw OpenFailure{
+                fmt::format("schema version {} is unknown (this release knows 0 to {})", version,
+                            Store::kSchemaVersion)};
         if (version == 0) {
             Stmt s(db, "SELECT count(*) FROM sqlite_schema");
             s.step();
@@ -228,12 +262,13 @@ void prepare(sqlite3* db, StoreOpenReport& report, bool on_disk, OpenWait* wait)
             if (report.migrated_from < 0) report.migrated_from = v;
             report.schema_version = v + 1;
         }
+        check_tables(db);
         // From now on `wait` is gone: the store's own reads and writes wait as long.
         sqlite3_busy_timeout(db, kLockWaitMs);
     } catch (const StoreError& e) {
         const int primary = e.sqlite_code() & 0xff;
         throw OpenFailure{e.what(), primary == SQLITE_BUSY || primary == SQLITE_LOCKED};
-    } catch (const std::invalid_argument&) {
+    } catch (const std::logic_error&) {  // std::stoi: invalid_argument, out_of_range
         throw OpenFailure{"unreadable schema version"};
     }
 }
@@ -381,6 +416,14 @@ std::unique_ptr<Store> Store::open(const std::filesystem::path& state_dir,
             sqlite3* db = open_file(path, report, wait);
             log_info("store.opened", "store {} (schema version {}{})", path.string(),
                      report.schema_version, report.created ? ", new" : "");
+            if (sqlite3_db_readonly(db, "main") == 1) {
+                // Reads work; every write would fail. Kept (the file is sound), and said.
+                report.problem = "the database is read-only: nothing new will be saved";
+                log_error("store.read-only",
+                          "store {} is read-only (check the permissions of the file and of {}): "
+                          "calibrations, history and samples will not be saved",
+                          path.string(), state_dir.string());
+            }
             if (report.migrated_from >= 0)
                 log_notice("store.migrated", "store {} migrated from schema version {} to {}",
                            path.string(), report.migrated_from, report.schema_version);
@@ -434,8 +477,33 @@ std::optional<StoredCalibration> Store::latest_calibration(const CalibrationKey&
     return read_calibration(s);
 }
 
+template <class F>
+auto Store::writing(F&& write) -> decltype(write()) {
+    try {
+        return write();
+    } catch (const StoreError& e) {
+        std::lock_guard lock(health_mu_);
+        ++health_.write_failures;
+        health_.last_write_error = e.what();
+        health_.last_write_failed_at_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                              std::chrono::system_clock::now().time_since_epoch())
+                                              .count();
+        throw;
+    }
+}
+
+StoreWriteHealth Store::write_health() const {
+    std::lock_guard lock(health_mu_);
+    return health_;
+}
+
 std::int64_t Store::save_calibration(const CalibrationKey& key, const Calibration& c,
                                      std::int64_t created_at) {
+    return writing([&] { return save_calibration_locked(key, c, created_at); });
+}
+
+std::int64_t Store::save_calibration_locked(const CalibrationKey& key, const Calibration& c,
+                                            std::int64_t created_at) {
     std::lock_guard lock(mutex_);
     Stmt s(db_,
            "INSERT INTO calibrations (fingerprint, geometry, dtype, software_version, a, b, delta, "
@@ -465,6 +533,10 @@ std::vector<StoredCalibration> Store::calibrations(std::size_t limit) const {
 }
 
 void Store::put_workload(const WorkloadRecord& r) {
+    writing([&] { put_workload_locked(r); });
+}
+
+void Store::put_workload_locked(const WorkloadRecord& r) {
     std::lock_guard lock(mutex_);
     Stmt s(db_,
            fmt::format("INSERT OR REPLACE INTO workload_history ({}) VALUES "
@@ -501,6 +573,10 @@ std::optional<WorkloadRecord> Store::latest_workload(std::string_view model,
 }
 
 void Store::append_sample(const Sample& x, std::size_t keep) {
+    writing([&] { append_sample_locked(x, keep); });
+}
+
+void Store::append_sample_locked(const Sample& x, std::size_t keep) {
     std::lock_guard lock(mutex_);
     exec(db_, "BEGIN IMMEDIATE");
     try {

@@ -7,7 +7,8 @@
 //   samples           a bounded log of the engine's state over time (the newest N rows)
 //
 // The schema is versioned (PRAGMA user_version) and migrated forward at open. A database that
-// cannot be opened, fails its integrity check or comes from a newer release is moved aside
+// cannot be opened, fails its integrity check, has a schema version this release does not know
+// (newer, or negative) or tables whose columns are not the schema's is moved aside
 // (writescope.db.bad-<UTC time>, with its -wal and -shm) and a fresh one is created; if even that
 // fails the store lives in memory for this run. Opening never throws.
 #pragma once
@@ -98,6 +99,14 @@ struct StoreOpenReport {
     int migrated_from = -1;  // the version migrated from; -1 when no migration ran
 };
 
+// Writes that failed since the store opened (a read-only file, a full disk): for /v1/status, the
+// metrics and the log (store.write-failed).
+struct StoreWriteHealth {
+    std::uint64_t write_failures = 0;
+    std::string last_write_error;              // empty when none failed
+    std::int64_t last_write_failed_at_ms = 0;  // unix milliseconds; 0 when none failed
+};
+
 class Store {
   public:
     static constexpr int kSchemaVersion = 1;
@@ -121,6 +130,7 @@ class Store {
     Store& operator=(const Store&) = delete;
 
     const StoreOpenReport& report() const noexcept { return report_; }
+    StoreWriteHealth write_health() const;
 
     // The newest calibration with exactly this key.
     std::optional<StoredCalibration> latest_calibration(const CalibrationKey& key) const;
@@ -147,6 +157,15 @@ class Store {
 
   private:
     explicit Store(sqlite3* db, StoreOpenReport report);
+    // Runs a write, counting its StoreError in health_ before it goes on.
+    template <class F>
+    auto writing(F&& write) -> decltype(write());
+    std::int64_t save_calibration_locked(const CalibrationKey& key, const Calibration& c,
+                                         std::int64_t created_at);
+    void put_workload_locked(const WorkloadRecord& r);
+    void append_sample_locked(const Sample& x, std::size_t keep);
+    mutable std::mutex health_mu_;  // not mutex_: status never waits for a busy database
+    StoreWriteHealth health_;
     sqlite3* db_;
     mutable std::mutex mutex_;  // one connection, used from the serving loop and the workers
     StoreOpenReport report_;

@@ -1,9 +1,12 @@
 #include <catch2/catch.hpp>
 
 #include <sqlite3.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <random>
+
+#include <fmt/format.h>
 
 #include "store.hpp"
 #include "store_lock_holder.hpp"
@@ -236,4 +239,99 @@ TEST_CASE("a database locked by another process is waited for, never moved aside
     CHECK_FALSE(store->report().in_memory);
     CHECK(store->report().moved_aside_to.empty());
     CHECK(count_bad_files(dir.path()) == 0);
+}
+
+TEST_CASE("a schema version this release does not know, negative or newer, is set aside",
+          "[unit][daemon][store]") {
+    // Negative versions indexed the migration table out of range (SIGSEGV at -1, SIGABRT at -2).
+    for (const int version : {-1, -2, -5, -2147483647, 2, 99}) {
+        INFO(version);
+        TempDir dir;
+        {
+            auto first = Store::open(dir.path());
+            first->save_calibration(key_a(), some_calibration(1e-8), 100);
+        }
+        sqlite3* db = nullptr;
+        REQUIRE(sqlite3_open((dir / "writescope.db").c_str(), &db) == SQLITE_OK);
+        REQUIRE(sqlite3_exec(db, fmt::format("PRAGMA user_version = {};", version).c_str(), nullptr,
+                             nullptr, nullptr) == SQLITE_OK);
+        sqlite3_close(db);
+        auto store = Store::open(dir.path());
+        CHECK_FALSE(store->report().in_memory);
+        CHECK_FALSE(store->report().moved_aside_to.empty());
+        CHECK_THAT(store->report().problem,
+                   Catch::Contains(fmt::format("schema version {}", version)));
+        CHECK(store->report().schema_version == Store::kSchemaVersion);
+        CHECK(count_bad_files(dir.path()) == 1);
+        CHECK_FALSE(store->latest_calibration(key_a()));
+        // The fresh store opens as it is, the next time.
+        store.reset();
+        store = Store::open(dir.path());
+        CHECK(store->report().moved_aside_to.empty());
+    }
+}
+
+TEST_CASE("a table altered by hand is found at open and the file set aside",
+          "[unit][daemon][store]") {
+    for (const auto* alteration :
+         {"DROP TABLE samples; CREATE TABLE samples (id INTEGER PRIMARY KEY, at TEXT);",
+          "ALTER TABLE samples DROP COLUMN r_deployed;", "ALTER TABLE samples ADD COLUMN x;",
+          "DROP TABLE workload_history;", "ALTER TABLE calibrations RENAME COLUMN a TO aa;"}) {
+        INFO(alteration);
+        TempDir dir;
+        Store::open(dir.path())->append_sample({}, 10);
+        sqlite3* db = nullptr;
+        REQUIRE(sqlite3_open((dir / "writescope.db").c_str(), &db) == SQLITE_OK);
+        REQUIRE(sqlite3_exec(db, alteration, nullptr, nullptr, nullptr) == SQLITE_OK);
+        sqlite3_close(db);
+        auto store = Store::open(dir.path());
+        CHECK_FALSE(store->report().moved_aside_to.empty());
+        CHECK_THAT(store->report().problem, Catch::Contains("table"));
+        // Reads and writes of every table work on the fresh one (history answered 500 before).
+        CHECK_NOTHROW(store->samples(10));
+        CHECK_NOTHROW(store->workloads());
+        CHECK_NOTHROW(store->append_sample({}, 10));
+    }
+}
+
+TEST_CASE("failed writes are counted with the last error", "[unit][daemon][store]") {
+    TempDir dir;
+    auto store = Store::open(dir.path());
+    CHECK(store->write_health().write_failures == 0);
+    // Another process makes every write fail (as a read-only file or a full disk would).
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open((dir / "writescope.db").c_str(), &db) == SQLITE_OK);
+    REQUIRE(sqlite3_exec(db,
+                         "CREATE TRIGGER no_samples BEFORE INSERT ON samples BEGIN SELECT "
+                         "RAISE(FAIL, 'disk says no'); END; CREATE TRIGGER no_history BEFORE "
+                         "INSERT ON workload_history BEGIN SELECT RAISE(FAIL, 'disk says no'); "
+                         "END;",
+                         nullptr, nullptr, nullptr) == SQLITE_OK);
+    sqlite3_close(db);
+    CHECK_THROWS_AS(store->append_sample({}, 10), StoreError);
+    CHECK_THROWS_AS(store->put_workload(some_workload(1, 10)), StoreError);
+    const auto h = store->write_health();
+    CHECK(h.write_failures == 2);
+    CHECK_THAT(h.last_write_error, Catch::Contains("disk says no"));
+    CHECK(h.last_write_failed_at_ms > 0);
+    CHECK_NOTHROW(store->save_calibration(key_a(), some_calibration(1e-8), 100));
+    CHECK(store->write_health().write_failures == 2);
+}
+
+TEST_CASE("a read-only database is said to be one at open", "[unit][daemon][store]") {
+    TempDir dir;
+    Store::open(dir.path())->save_calibration(key_a(), some_calibration(1e-8), 100);
+    // The WAL's shared memory file must exist for a read-only open of a WAL database.
+    std::filesystem::permissions(dir / "writescope.db", std::filesystem::perms::owner_read |
+                                                            std::filesystem::perms::group_read);
+    if (::geteuid() == 0) {
+        // Root writes whatever the mode says: nothing to see here.
+        SUCCEED("running as root: a file's mode does not make it read-only");
+        return;
+    }
+    auto store = Store::open(dir.path());
+    CHECK_THAT(store->report().problem, Catch::Contains("read-only"));
+    CHECK(store->latest_calibration(key_a()));
+    CHECK_THROWS_AS(store->append_sample({}, 10), StoreError);
+    CHECK(store->write_health().write_failures == 1);
 }
