@@ -20,10 +20,22 @@ bool looks_like_path(const std::string& s) {
     return s.find('/') != std::string::npos || s.starts_with('.') || s.starts_with('~');
 }
 
-}  // namespace
+// The problems of `e` that have no place yet, placed where the profile wrote their key; a key
+// at its default keeps none.
+ProfileError placed(const Profile& p, const ProfileError& e) {
+    std::vector<ProfileIssue> issues = e.issues();
+    for (auto& i : issues) {
+        if (i.line != 0) continue;
+        if (const auto it = p.places.find(i.key); it != p.places.end()) {
+            i.line = it->second.line;
+            i.column = it->second.column;
+        }
+    }
+    return ProfileError(e.source(), std::move(issues));
+}
 
-std::unique_ptr<model::Model> load_profile_model(const Profile& p, std::string_view source,
-                                                 bool headers_only) {
+std::unique_ptr<model::Model> load_profile_model_unplaced(const Profile& p, std::string_view source,
+                                                          bool headers_only) {
     const auto& src = p.model.source;
     const auto presets = model::model_preset_names();
     const bool builtin = std::find(presets.begin(), presets.end(), src) != presets.end();
@@ -52,6 +64,35 @@ std::unique_ptr<model::Model> load_profile_model(const Profile& p, std::string_v
     return m;
 }
 
+EngineOptions engine_options_unplaced(const Profile& p, const MachineInfo& m,
+                                      std::string_view source,
+                                      std::vector<ProfileIssue>* unchecked);
+void check_mode_gpu_unplaced(const Profile& p, int gpu_index, std::string_view source);
+
+}  // namespace
+
+std::unique_ptr<model::Model> load_profile_model(const Profile& p, std::string_view source,
+                                                 bool headers_only) {
+    try {
+        return load_profile_model_unplaced(p, source, headers_only);
+    } catch (const ProfileError& e) {
+        throw placed(p, e);
+    }
+}
+
+EngineOptions engine_options_from_profile(const Profile& p, const MachineInfo& m,
+                                          std::string_view source,
+                                          std::vector<ProfileIssue>* unchecked) {
+    try {
+        EngineOptions o = engine_options_unplaced(p, m, source, unchecked);
+        if (unchecked)
+            *unchecked = placed(p, ProfileError(std::string(source), *unchecked)).issues();
+        return o;
+    } catch (const ProfileError& e) {
+        throw placed(p, e);
+    }
+}
+
 std::uint64_t model_weight_bytes(const model::Model& m) noexcept {
     // Every parameter in the model's dtype (the norms are kept in fp32, a rounding error here).
     return m.config().parameter_count() * dtype_bytes(m.config().dtype);
@@ -70,6 +111,16 @@ bool build_has_cuda() noexcept {
 }
 
 void check_mode_gpu(const Profile& p, int gpu_index, std::string_view source) {
+    try {
+        check_mode_gpu_unplaced(p, gpu_index, source);
+    } catch (const ProfileError& e) {
+        throw placed(p, e);
+    }
+}
+
+namespace {
+
+void check_mode_gpu_unplaced(const Profile& p, int gpu_index, std::string_view source) {
     if (gpu_index < 0 && mode_needs_gpu(parse_execution_mode(p.policy.mode)))
         fail(source, "policy.mode",
              fmt::format("mode \"{}\" sends work to a GPU, and this daemon runs without one "
@@ -77,6 +128,8 @@ void check_mode_gpu(const Profile& p, int gpu_index, std::string_view source) {
                          p.policy.mode, profile_value(p, "hardware.gpu"),
                          build_has_cuda() ? "" : "; this build has no CUDA backend"));
 }
+
+}  // namespace
 
 void check_gpu_index(int index, const MachineInfo& m, std::string_view source,
                      std::vector<ProfileIssue>* unchecked) {
@@ -108,9 +161,11 @@ void check_gpu_index(int index, const MachineInfo& m, std::string_view source,
              0, 0});
 }
 
-EngineOptions engine_options_from_profile(const Profile& p, const MachineInfo& m,
-                                          std::string_view source,
-                                          std::vector<ProfileIssue>* unchecked) {
+namespace {
+
+EngineOptions engine_options_unplaced(const Profile& p, const MachineInfo& m,
+                                      std::string_view source,
+                                      std::vector<ProfileIssue>* unchecked) {
     EngineOptions o;
     const auto loaded = load_profile_model(p, source, true);
     o.geometry = loaded->config().kv_geometry(kv_dtype_of(p, loaded->config()));
@@ -164,5 +219,7 @@ EngineOptions engine_options_from_profile(const Profile& p, const MachineInfo& m
     o.tracker_clamp = p.policy.tracker_clamp;
     return o;
 }
+
+}  // namespace
 
 }  // namespace writescope::daemon

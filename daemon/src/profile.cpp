@@ -7,6 +7,13 @@
 #include <limits>
 #include <sstream>
 
+#include <pwd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
@@ -201,8 +208,13 @@ KeyDef size_key(std::string_view sec, std::string_view name, std::string_view de
             [f](const Profile& p) { return quote(format_size(read(f, p))); }};
 }
 
+// A size in [min_bytes, kMaxHostBudget], or a share of physical memory in (0%, kMaxHostShare].
+constexpr std::uint64_t kMaxHostBudget = 1ull << 50;
+constexpr double kMaxHostShare = 90;  // the rest is the system's, the weights' and the daemon's
+
 KeyDef host_budget_key(std::string_view sec, std::string_view name, std::string_view def,
-                       std::string_view doc, bool reloadable, Field<HostBudget> f) {
+                       std::string_view doc, bool reloadable, Field<HostBudget> f,
+                       std::uint64_t min_bytes) {
     return {sec,
             name,
             def,
@@ -219,8 +231,9 @@ KeyDef host_budget_key(std::string_view sec, std::string_view name, std::string_
                             std::count(body.begin(), body.end(), '.') <= 1 && body != ".";
                         if (!numeric) return fmt::format("\"{}\" is not a percentage", s);
                         const double pct = std::strtod(body.c_str(), nullptr);
-                        if (!(pct > 0 && pct <= 100))
-                            return fmt::format("{} is out of range: expected (0%, 100%]", s);
+                        if (!(pct > 0 && pct <= kMaxHostShare))
+                            return fmt::format("{} is out of range: expected (0%, {}%]", s,
+                                               kMaxHostShare);
                         f(p) = HostBudget{0, pct, true};
                         return {};
                     }
@@ -228,6 +241,12 @@ KeyDef host_budget_key(std::string_view sec, std::string_view name, std::string_
                 std::uint64_t v = 0;
                 if (auto e = read_size(n, v); !e.empty())
                     return e + " (or a share of physical memory such as \"50%\")";
+                if (v < min_bytes || v > kMaxHostBudget)
+                    return fmt::format(
+                        "{} is out of range: expected {} to {}, or a share in (0%, "
+                        "{}%]",
+                        format_size(v), format_size(min_bytes), format_size(kMaxHostBudget),
+                        kMaxHostShare);
                 f(p) = HostBudget{v, 0, false};
                 return {};
             },
@@ -240,7 +259,7 @@ KeyDef host_budget_key(std::string_view sec, std::string_view name, std::string_
 
 KeyDef duration_key(std::string_view sec, std::string_view name, std::string_view def,
                     std::string_view doc, bool reloadable, Field<std::chrono::milliseconds> f,
-                    std::chrono::milliseconds lo) {
+                    std::chrono::milliseconds lo, std::chrono::milliseconds hi) {
     return {sec,
             name,
             def,
@@ -253,8 +272,9 @@ KeyDef duration_key(std::string_view sec, std::string_view name, std::string_vie
                     const auto s = *n.value<std::int64_t>();
                     if (s < 0) return fmt::format("{} cannot be negative", s);
                     text = std::to_string(s);
-                    if (s < std::numeric_limits<std::int64_t>::max() / 1000)
-                        v = std::chrono::seconds(s);
+                    v = s < std::numeric_limits<std::int64_t>::max() / 1000
+                            ? std::chrono::milliseconds(std::chrono::seconds(s))
+                            : std::chrono::milliseconds::max();
                 } else if (n.is_string()) {
                     text = quote(*n.value<std::string>());
                     v = parse_duration(*n.value<std::string>());
@@ -267,9 +287,9 @@ KeyDef duration_key(std::string_view sec, std::string_view name, std::string_vie
                         "{} is not a duration: write a number with a unit ms, s, m, h or "
                         "d, such as \"90s\" or \"30d\"",
                         text);
-                if (*v < lo)
-                    return fmt::format("{} is too short: at least {}", format_duration(*v),
-                                       format_duration(lo));
+                if (*v < lo || *v > hi)
+                    return fmt::format("{} is out of range: expected {} to {}", text,
+                                       format_duration(lo), format_duration(hi));
                 f(p) = *v;
                 return {};
             },
@@ -288,6 +308,60 @@ KeyDef string_key(std::string_view sec, std::string_view name, std::string_view 
                 if (!n.is_string()) return fmt::format("expected a string, got {}", type_name(n));
                 auto v = *n.value<std::string>();
                 if (auto e = check(v); !e.empty()) return e;
+                f(p) = std::move(v);
+                return {};
+            },
+            [f](const Profile& p) { return quote(read(f, p)); }};
+}
+
+std::string check_path(const std::string& v, std::size_t max_len);
+
+// "~" and "~/x" are the home of the user running the daemon ($HOME, else the password database),
+// "~name/x" that user's home; anything else is kept. Empty `error` on success.
+std::string expand_home(const std::string& v, std::string& error) {
+    if (!v.starts_with('~')) return v;
+    const auto slash = v.find('/');
+    const std::string user =
+        v.substr(1, slash == std::string::npos ? std::string::npos : slash - 1);
+    const std::string rest = slash == std::string::npos ? std::string() : v.substr(slash);
+    std::string home;
+    if (user.empty()) {
+        if (const char* h = std::getenv("HOME"); h && *h) home = h;
+    }
+    if (home.empty()) {
+        std::vector<char> buf(16384);
+        passwd pw{};
+        passwd* found = nullptr;
+        if (user.empty())
+            getpwuid_r(::geteuid(), &pw, buf.data(), buf.size(), &found);
+        else
+            getpwnam_r(user.c_str(), &pw, buf.data(), buf.size(), &found);
+        if (found && found->pw_dir) home = found->pw_dir;
+    }
+    if (home.empty()) {
+        error = user.empty() ? std::string("cannot expand ~: no HOME and no home directory")
+                             : fmt::format("cannot expand ~{}: no such user", user);
+        return v;
+    }
+    return home + rest;
+}
+
+// A path key: `~` expanded (expand_home), then checked.
+KeyDef path_key(std::string_view sec, std::string_view name, std::string_view def,
+                std::string_view doc, bool reloadable, Field<std::string> f, std::size_t max_len) {
+    return {sec,
+            name,
+            def,
+            doc,
+            reloadable,
+            [=](const toml::node& n, Profile& p) -> std::string {
+                if (!n.is_string()) return fmt::format("expected a string, got {}", type_name(n));
+                std::string error;
+                auto v = *n.value<std::string>();
+                // No preset name starts with '~', so model.source expands like any path.
+                v = expand_home(v, error);
+                if (!error.empty()) return error;
+                if (auto e = check_path(v, max_len); !e.empty()) return e;
                 f(p) = std::move(v);
                 return {};
             },
@@ -352,19 +426,19 @@ const std::vector<KeyDef>& key_table() {
         t.push_back(size_key(
             "hardware", "vram_kv_budget", "\"16GiB\"",
             "GPU memory for the KV cache: open tail blocks (T), resident blocks "
-            "(G) and the staging ring",
+            "(G) and the staging ring (0B to 1PiB)",
             false, [](Profile & p) -> auto& { return p.hardware.vram_kv_budget; }, 0, 1ull << 50));
         t.push_back(host_budget_key(
             "hardware", "pinned_kv_budget", "\"25%\"",
             "pinned host memory for the P region and the GPU step's own pinned buffers (seal "
             "bounce buffers, queries, metadata: tens of MiB), pinned once at start-up (a size, or "
-            "a share of physical memory); unused without a GPU",
-            false, [](Profile & p) -> auto& { return p.hardware.pinned_kv_budget; }));
+            "a share of physical memory: 0B to 1PiB, or (0%, 90%]); unused without a GPU",
+            false, [](Profile & p) -> auto& { return p.hardware.pinned_kv_budget; }, 0));
         t.push_back(host_budget_key(
             "hardware", "host_kv_budget", "\"50%\"",
             "ordinary host memory for the U region that CPU threads attend in place (a size, or a "
-            "share of physical memory)",
-            false, [](Profile & p) -> auto& { return p.hardware.host_kv_budget; }));
+            "share of physical memory: 1MiB to 1PiB, or (0%, 90%])",
+            false, [](Profile & p) -> auto& { return p.hardware.host_kv_budget; }, 1ull << 20));
         t.push_back(int_key<int>(
             "hardware", "attention_threads", "0",
             "CPU threads for attention; 0 = one per online core", false,
@@ -378,12 +452,11 @@ const std::vector<KeyDef>& key_table() {
             "hardware", "pin_threads", "true", "pin CPU attention threads to cores", false,
             [](Profile & p) -> auto& { return p.hardware.pin_threads; }));
         // --- model
-        t.push_back(string_key(
+        t.push_back(path_key(
             "model", "source", "\"qwen3-30b-a3b\"",
             "a built-in preset (qwen3-30b-a3b, mixtral-8x7b, deepseek-v2-lite) or the path of a "
-            "Hugging Face model directory",
-            false, [](Profile & p) -> auto& { return p.model.source; },
-            [](const std::string& v) { return check_path(v, 4096); }));
+            "Hugging Face model directory (a leading ~ is the home directory)",
+            false, [](Profile & p) -> auto& { return p.model.source; }, 4096));
         t.push_back(
             {"model", "layers", "\"auto\"",
              "keep only the first N decoder layers (0: all); \"auto\": 2 of a built-in model (its "
@@ -489,19 +562,19 @@ const std::vector<KeyDef>& key_table() {
              [](const Profile& p) { return quote(recalibrate_name(p.policy.recalibrate)); }});
         t.push_back(duration_key(
             "policy", "recalibrate_max_age", "\"30d\"",
-            "age past which \"auto\" measures again (units ms, s, m, h, d)", true,
-            [](Profile & p) -> auto& { return p.policy.recalibrate_max_age; }, milliseconds(0)));
+            "age past which \"auto\" measures again (units ms, s, m, h, d; 0 to 3650d)", true,
+            [](Profile & p) -> auto& { return p.policy.recalibrate_max_age; }, milliseconds(0),
+            std::chrono::hours(24 * 3650)));
         t.push_back(bool_key(
             "policy", "warm_start", "true",
             "start the policy from the stored workload history instead of the "
             "idle-machine calibration",
             true, [](Profile & p) -> auto& { return p.policy.warm_start; }));
         // --- server
-        t.push_back(string_key(
+        t.push_back(path_key(
             "server", "socket", "\"/run/writescope/writescoped.sock\"",
             "the Unix socket of the API, used when systemd passes no socket", false,
-            [](Profile & p) -> auto& { return p.server.socket; },
-            [](const std::string& v) { return check_path(v, 107); }));
+            [](Profile & p) -> auto& { return p.server.socket; }, 107));
         t.push_back(
             {"server", "socket_mode", "\"0660\"",
              "permission bits of that socket file, in octal (\"0660\" or 0o660)", false,
@@ -536,8 +609,9 @@ const std::vector<KeyDef>& key_table() {
              [](const Profile& p) { return quote(fmt::format("{:04o}", p.server.socket_mode)); }});
         t.push_back(size_key(
             "server", "max_body_bytes", "\"1MiB\"",
-            "largest request body accepted (larger ones get 413)", true,
-            [](Profile & p) -> auto& { return p.server.max_body_bytes; }, 1024, 1ull << 30));
+            "largest request body accepted, chunk extensions included (larger ones get 413; 1KiB "
+            "to 1GiB)",
+            true, [](Profile & p) -> auto& { return p.server.max_body_bytes; }, 1024, 1ull << 30));
         t.push_back(int_key<std::size_t>(
             "server", "max_concurrent_requests", "64", "requests served at once (more get 503)",
             true, [](Profile & p) -> auto& { return p.server.max_concurrent_requests; }, 1, 65536));
@@ -553,27 +627,47 @@ const std::vector<KeyDef>& key_table() {
             false, [](Profile & p) -> auto& { return p.server.max_queued_requests; }, 1, 1 << 20));
         t.push_back(duration_key(
             "server", "request_timeout", "\"30s\"",
-            "time allowed to receive one request; idle keep-alive connections close after it", true,
-            [](Profile & p) -> auto& { return p.server.request_timeout; }, milliseconds(100)));
-        // --- storage
+            "time allowed to receive one request; idle keep-alive connections close after it "
+            "(100ms to 1h)",
+            true, [](Profile & p) -> auto& { return p.server.request_timeout; }, milliseconds(100),
+            std::chrono::hours(1)));
+        t.push_back(duration_key(
+            "server", "body_timeout", "\"10s\"",
+            "time allowed to receive a request's body once its header is in, within "
+            "request_timeout (a slower body gets 408; 100ms to 1h)",
+            true, [](Profile & p) -> auto& { return p.server.body_timeout; }, milliseconds(100),
+            std::chrono::hours(1)));
         t.push_back(string_key(
+            "server", "admin_group", "\"writescope-admin\"",
+            "group whose members may change the daemon's state (PUT /v1/policy, POST "
+            "/v1/calibration) besides root and the daemon's own user; \"\": none",
+            true, [](Profile & p) -> auto& { return p.server.admin_group; },
+            [](const std::string& v) -> std::string {
+                if (v.size() > 256) return "is longer than 256 bytes";
+                if (v.find_first_of(std::string_view(" :\0\n", 4)) != std::string::npos)
+                    return "is not a group name";
+                return {};
+            }));
+        // --- storage
+        t.push_back(path_key(
             "storage", "state_dir", "\"/var/lib/writescope\"",
-            "directory of the SQLite store (writescope.db): calibrations, history, samples", false,
-            [](Profile & p) -> auto& { return p.storage.state_dir; },
-            [](const std::string& v) { return check_path(v, 4000); }));
+            "directory of the SQLite store (writescope.db): calibrations, history, samples (a "
+            "leading ~ is the home directory)",
+            false, [](Profile & p) -> auto& { return p.storage.state_dir; }, 4000));
         t.push_back(int_key<std::size_t>(
             "storage", "sample_log_max", "10000",
             "rows kept in the bounded sample log (the oldest go first)", true,
             [](Profile & p) -> auto& { return p.storage.sample_log_max; }, 1, 100'000'000));
         t.push_back(duration_key(
             "storage", "sample_interval", "\"10s\"",
-            "how often the engine's state is appended to the sample log", true,
-            [](Profile & p) -> auto& { return p.storage.sample_interval; }, milliseconds(1)));
+            "how often the engine's state is appended to the sample log (1ms to 1d)", true,
+            [](Profile & p) -> auto& { return p.storage.sample_interval; }, milliseconds(1),
+            std::chrono::hours(24)));
         t.push_back(duration_key(
             "storage", "history_flush_interval", "\"1m\"",
-            "how often the workload history is written (it is also written at shutdown)", true,
-            [](Profile & p) -> auto& { return p.storage.history_flush_interval; },
-            milliseconds(1)));
+            "how often the workload history is written (it is also written at shutdown; 1ms to 1d)",
+            true, [](Profile & p) -> auto& { return p.storage.history_flush_interval; },
+            milliseconds(1), std::chrono::hours(24)));
         return t;
     }();
     return table;
@@ -668,10 +762,10 @@ void apply_table(const toml::table& root, Profile& p, std::vector<ProfileIssue>&
                                   kw.line, kw.column});
                 continue;
             }
-            if (auto e = def->apply(node, p); !e.empty()) {
-                const auto nw = node.source().begin;
+            const auto nw = node.source().begin;
+            p.places[full] = {nw.line, nw.column};
+            if (auto e = def->apply(node, p); !e.empty())
                 issues.push_back({full, std::move(e), nw.line, nw.column});
-            }
         }
     }
 }
@@ -757,6 +851,7 @@ const Profile& default_profile() {
         if (!issues.empty())
             throw std::logic_error("the built-in defaults do not parse: " +
                                    format_issues("<defaults>", issues));
+        out.places.clear();  // no key of the defaults was written in a file
         return out;
     }();
     return p;
@@ -780,17 +875,32 @@ Profile parse_profile(std::string_view toml_text, std::string_view source_name) 
 }
 
 Profile load_profile(const std::filesystem::path& file) {
+    auto fail = [&](std::string why) -> ProfileError {
+        return ProfileError(file.string(), {{"", std::move(why), 0, 0}});
+    };
+    // Looked at before it is opened: opening a FIFO would block, and reading a device
+    // (/dev/zero) would never end.
+    struct stat st {};
+    if (::stat(file.c_str(), &st) != 0)
+        throw fail(errno == ENOENT ? "does not exist"
+                                   : fmt::format("cannot be read: {}", std::strerror(errno)));
+    if (!S_ISREG(st.st_mode))
+        throw fail(S_ISDIR(st.st_mode) ? "is a directory, not a profile file"
+                                       : "is not a regular file");
+    if (static_cast<std::uint64_t>(st.st_size) > kMaxProfileBytes)
+        throw fail(fmt::format("is {} long; a profile is at most {}",
+                               format_size_human(static_cast<std::uint64_t>(st.st_size)),
+                               format_size(kMaxProfileBytes)));
     std::ifstream in(file, std::ios::binary);
-    if (!in) {
-        std::error_code ec;
-        const bool exists = std::filesystem::exists(file, ec);
-        throw ProfileError(
-            file.string(),
-            {{"", exists ? "cannot be read (permission denied?)" : "does not exist", 0, 0}});
-    }
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    return parse_profile(ss.str(), file.string());
+    if (!in) throw fail("cannot be read (permission denied?)");
+    // Bounded even if the file grows after the stat.
+    std::string text(kMaxProfileBytes + 1, '\0');
+    in.read(text.data(), static_cast<std::streamsize>(text.size()));
+    text.resize(static_cast<std::size_t>(in.gcount()));
+    if (text.size() > kMaxProfileBytes)
+        throw fail(fmt::format("is longer than {}; a profile is at most that",
+                               format_size(kMaxProfileBytes)));
+    return parse_profile(text, file.string());
 }
 
 std::string render_profile_toml(const Profile& p, bool comments) {

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -74,6 +75,9 @@ struct Profile {
         std::size_t max_prompt_tokens = 0;
         std::size_t max_queued_requests = 0;  // completions waiting for a sequence slot
         std::chrono::milliseconds request_timeout{0};
+        // A body must arrive within this (and within request_timeout) once the header is in.
+        std::chrono::milliseconds body_timeout{0};
+        std::string admin_group;  // may change state besides root and the daemon's user; "": none
     } server;
     struct Storage {
         std::string state_dir;
@@ -81,7 +85,18 @@ struct Profile {
         std::chrono::milliseconds sample_interval{0};
         std::chrono::milliseconds history_flush_interval{0};
     } storage;
+
+    // Where each key given in the file was written ("section.name" → its value's line and
+    // column), so a problem found later (a model directory, a budget against this machine)
+    // points at it. Keys at their defaults have no place.
+    struct Place {
+        std::size_t line = 0, column = 0;
+    };
+    std::map<std::string, Place> places;
 };
+
+// The largest profile file read (a profile is a few KiB).
+inline constexpr std::uint64_t kMaxProfileBytes = 1u << 20;
 
 // One problem found in a profile: the key (section.name, empty for a TOML syntax error), where
 // it is, and what is wrong.

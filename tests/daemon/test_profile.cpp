@@ -1,5 +1,8 @@
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -410,5 +413,129 @@ TEST_CASE("every log identifier of the daemon is documented", "[unit][daemon][pr
     for (const auto& id : ids) {
         INFO(id);
         CHECK(doc.find("`" + id + "`") != std::string::npos);
+    }
+}
+
+TEST_CASE("durations and sizes have documented ranges", "[unit][daemon][profile]") {
+    // Far past what a timer can hold (it overflowed and fired at once, every time).
+    auto i = only_issue("[storage]\nsample_interval = \"200000d\"\n");
+    CHECK(i.key == "storage.sample_interval");
+    CHECK_THAT(i.message, Catch::Contains("out of range: expected 1ms to 1d"));
+    i = only_issue("[storage]\nhistory_flush_interval = 9000000000000000\n");
+    CHECK_THAT(i.message, Catch::Contains("out of range"));
+    i = only_issue("[server]\nrequest_timeout = \"2h\"\n");
+    CHECK_THAT(i.message, Catch::Contains("100ms to 1h"));
+    i = only_issue("[server]\nbody_timeout = \"50ms\"\n");
+    CHECK(i.key == "server.body_timeout");
+    i = only_issue("[policy]\nrecalibrate_max_age = \"4000d\"\n");
+    CHECK_THAT(i.message, Catch::Contains("0ms to 3650d"));
+    // The whole machine's memory, or nothing, is not a host KV budget.
+    i = only_issue("[hardware]\nhost_kv_budget = \"100%\"\n");
+    CHECK(i.key == "hardware.host_kv_budget");
+    CHECK_THAT(i.message, Catch::Contains("(0%, 90%]"));
+    i = only_issue("[hardware]\nhost_kv_budget = 0\n");
+    CHECK_THAT(i.message, Catch::Contains("out of range: expected 1MiB to 1024TiB"));
+    i = only_issue("[hardware]\nhost_kv_budget = \"2048TiB\"\n");
+    CHECK_THAT(i.message, Catch::Contains("out of range"));
+    const Profile p = parse_profile(
+        "[hardware]\nhost_kv_budget = \"90%\"\npinned_kv_budget = 0\n[server]\nbody_timeout = "
+        "\"1h\"\nadmin_group = \"\"\n",
+        "t.toml");
+    CHECK(p.hardware.host_kv_budget.percent == 90);
+    CHECK(p.server.body_timeout == std::chrono::hours(1));
+    CHECK(p.server.admin_group.empty());
+    CHECK(default_profile().server.admin_group == "writescope-admin");
+    CHECK(default_profile().server.body_timeout == std::chrono::seconds(10));
+}
+
+TEST_CASE("a profile is a regular file of bounded size", "[unit][daemon][profile]") {
+    const auto dir = std::filesystem::temp_directory_path() /
+                     fmt::format("writescope-profile-test-{}", ::getpid());
+    std::filesystem::create_directories(dir);
+    auto issue_of = [](const std::filesystem::path& f) -> std::string {
+        try {
+            load_profile(f);
+        } catch (const ProfileError& e) {
+            REQUIRE(e.issues().size() == 1);
+            return e.issues().front().message;
+        }
+        FAIL("accepted " << f);
+        return {};
+    };
+    CHECK_THAT(issue_of(dir), Catch::Contains("is a directory"));
+    CHECK_THAT(issue_of("/dev/zero"), Catch::Contains("not a regular file"));
+    CHECK_THAT(issue_of(dir / "missing.toml"), Catch::Contains("does not exist"));
+    {
+        std::ofstream big(dir / "big.toml");
+        big << "# " << std::string(kMaxProfileBytes, 'x') << "\n";
+    }
+    CHECK_THAT(issue_of(dir / "big.toml"), Catch::Contains("at most 1MiB"));
+    std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a leading ~ in a path is the home directory", "[unit][daemon][profile]") {
+    const char* old = std::getenv("HOME");
+    const std::string saved = old ? old : "";
+    ::setenv("HOME", "/home/someone", 1);
+    const Profile p = parse_profile(
+        "[model]\nsource = \"~/models/qwen\"\n[storage]\nstate_dir = \"~\"\n[server]\nsocket = "
+        "\"~/ws.sock\"\n",
+        "t.toml");
+    CHECK(p.model.source == "/home/someone/models/qwen");
+    CHECK(p.storage.state_dir == "/home/someone");
+    CHECK(p.server.socket == "/home/someone/ws.sock");
+    // ~root is root's home, from the password database.
+    CHECK(parse_profile("[storage]\nstate_dir = \"~root/ws\"\n", "t.toml").storage.state_dir ==
+          "/root/ws");
+    auto i = only_issue("[storage]\nstate_dir = \"~no-such-user-here/ws\"\n");
+    CHECK_THAT(i.message, Catch::Contains("no such user"));
+    if (old)
+        ::setenv("HOME", saved.c_str(), 1);
+    else
+        ::unsetenv("HOME");
+}
+
+TEST_CASE("problems found against the machine carry the key's line and column",
+          "[unit][daemon][profile]") {
+    auto issue_of = [](std::string_view text) -> ProfileIssue {
+        const Profile p = parse_profile(text, "t.toml");
+        try {
+            engine_options_from_profile(p, machine_without_gpu(), "t.toml");
+        } catch (const ProfileError& e) {
+            REQUIRE(e.issues().size() == 1);
+            return e.issues().front();
+        }
+        FAIL("accepted: " << text);
+        return {};
+    };
+    auto i = issue_of("[hardware]\ngpu = \"none\"\n\n[model]\nsource = \"/no/such/model/dir\"\n");
+    CHECK(i.key == "model.source");
+    CHECK(i.line == 5);
+    CHECK(i.column == 10);
+    i = issue_of("[model]\n  source = \"no-such-preset\"\n");
+    CHECK(i.key == "model.source");
+    CHECK(i.line == 2);
+    CHECK(i.column == 12);
+    // Budgets above this machine's 16 GiB.
+    i = issue_of("[hardware]\ngpu = \"none\"\nhost_kv_budget = \"20GiB\"\n");
+    CHECK(i.key == "hardware.host_kv_budget");
+    CHECK(i.line == 3);
+    CHECK(i.column == 18);
+    if (!build_has_cuda()) {
+        i = issue_of("# a GPU\n[hardware]\ngpu = 0\n");
+        CHECK(i.key == "hardware.gpu");
+        CHECK(i.line == 3);
+    }
+    i = issue_of("[hardware]\ngpu = \"none\"\n[policy]\nmode = \"gpu-only\"\n");
+    CHECK(i.key == "policy.mode");
+    CHECK(i.line == 4);
+    // A key at its default has no place to point at.
+    Profile p = default_profile();
+    p.model.source = "/no/such/dir";
+    try {
+        engine_options_from_profile(p, machine_without_gpu(), "t.toml");
+        FAIL("accepted");
+    } catch (const ProfileError& e) {
+        CHECK(e.issues().front().line == 0);
     }
 }
