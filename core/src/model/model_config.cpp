@@ -159,8 +159,9 @@ double RopeConfig::attention_factor() const noexcept {
 
 bool ModelConfig::is_moe_layer(int layer) const noexcept {
     if (num_experts <= 0) return false;
-    if (family == Family::deepseek_v2)
-        return layer >= first_k_dense_replace && layer % std::max(1, moe_layer_freq) == 0;
+    // transformers 5.17's DeepseekV2DecoderLayer: MoE from first_k_dense_replace on; it reads
+    // no moe_layer_freq (1 in every published DeepSeek-V2 config).
+    if (family == Family::deepseek_v2) return layer >= first_k_dense_replace;
     if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end())
         return false;
     return (layer + 1) % std::max(1, decoder_sparse_step) == 0;

@@ -81,7 +81,8 @@ struct ModelConfig {
     // Qwen3-MoE: layer i is MoE when i ∉ mlp_only_layers and (i + 1) % decoder_sparse_step == 0.
     std::vector<int> mlp_only_layers;
     int decoder_sparse_step = 1;
-    // DeepSeek-V2: layer i is MoE when i >= first_k_dense_replace and i % moe_layer_freq == 0.
+    // DeepSeek-V2: layer i is MoE when i >= first_k_dense_replace (as transformers has it;
+    // moe_layer_freq is read and kept but, as there, not used).
     int first_k_dense_replace = 0;
     int moe_layer_freq = 1;
     int n_shared_experts = 0;
