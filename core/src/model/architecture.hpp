@@ -11,6 +11,7 @@
 
 #include "writescope/core/model/model.hpp"
 #include "writescope/core/model/model_ops.hpp"
+#include "writescope/core/model/placement.hpp"
 
 namespace writescope::model::detail {
 
@@ -30,6 +31,8 @@ class Architecture {
     virtual void feed_forward(std::size_t layer, const float* xn, std::size_t n, float* h) = 0;
     // Bytes of feed-forward weights read since the last call (FeedForward::take_bytes).
     virtual std::uint64_t take_ffn_bytes() noexcept = 0;
+    // Tokens routed to each expert since the last call (FeedForward::take_heat).
+    virtual ExpertHeat take_heat() = 0;
 };
 
 // max_tokens: the most tokens of one call (the scratch is sized for it).

@@ -119,6 +119,7 @@ class DeepseekV2 final : public Architecture {
         ffn_.run(layer, xn, n, h);
     }
     std::uint64_t take_ffn_bytes() noexcept override { return ffn_.take_bytes(); }
+    ExpertHeat take_heat() override { return ffn_.take_heat(); }
 
   private:
     const Model& m_;

@@ -70,6 +70,7 @@ FeedForward::FeedForward(const Model& m, ModelOps& ops, std::size_t max_tokens)
     weights_.resize(max_tokens * k);
     experts_.resize(max_tokens * k);
     seen_.assign(static_cast<std::size_t>(std::max(1, c.num_experts)), 0);
+    heat_ = ExpertHeat::zeros(m);
     ones_.assign(max_tokens, 1.0f);
     zeros_.assign(max_tokens, 0);
 }
@@ -92,6 +93,7 @@ void FeedForward::run(std::size_t layer, const float* xn, std::size_t n, float* 
     std::fill(seen_.begin(), seen_.end(), std::uint8_t{0});
     for (std::size_t i = 0; i < n * routing.k; ++i) {
         const std::int32_t e = experts_[i];
+        if (e >= 0) ++heat_.counts[layer][static_cast<std::size_t>(e)];
         if (e >= 0 && !seen_[static_cast<std::size_t>(e)]) {
             seen_[static_cast<std::size_t>(e)] = 1;
             bytes_ += L.experts[static_cast<std::size_t>(e)].bytes();
@@ -102,6 +104,12 @@ void FeedForward::run(std::size_t layer, const float* xn, std::size_t n, float* 
         ops_.moe(std::span<const FfnWeights>(&L.shared, 1), xn, n, single, h);
         bytes_ += L.shared.bytes();
     }
+}
+
+ExpertHeat FeedForward::take_heat() {
+    ExpertHeat out = ExpertHeat::zeros(m_);
+    std::swap(out, heat_);
+    return out;
 }
 
 }  // namespace writescope::model::detail

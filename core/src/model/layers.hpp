@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "blocks.hpp"
+#include "writescope/core/model/placement.hpp"
 
 namespace writescope::model::detail {
 
@@ -39,6 +40,8 @@ class FeedForward {
     // Bytes of routed and shared expert (or dense MLP) weights the calls since the last take
     // read: each expert a call routes a token to counts once.
     std::uint64_t take_bytes() noexcept { return std::exchange(bytes_, 0); }
+    // Tokens routed to each expert since the last take (the placement's routing frequencies).
+    ExpertHeat take_heat();
 
   private:
     const Model& m_;
@@ -51,6 +54,7 @@ class FeedForward {
     std::vector<std::uint8_t> seen_;  // per expert: routed to in this call
     RoutingParams routing_;
     std::uint64_t bytes_ = 0;
+    ExpertHeat heat_;
 };
 
 }  // namespace writescope::model::detail

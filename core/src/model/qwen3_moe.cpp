@@ -24,6 +24,7 @@ class Qwen3Moe final : public Architecture {
         ffn_.run(layer, xn, n, h);
     }
     std::uint64_t take_ffn_bytes() noexcept override { return ffn_.take_bytes(); }
+    ExpertHeat take_heat() override { return ffn_.take_heat(); }
 
   private:
     StandardAttention attention_;

@@ -79,6 +79,7 @@ class RuntimeImpl final : public Runtime {
                 fixed_bytes_ += mtx->data ? mtx->bytes() : 0;
     }
     std::uint64_t last_weight_bytes() const noexcept override { return last_bytes_; }
+    ExpertHeat take_expert_heat() override { return arch_->take_heat(); }
 
     const ModelConfig& config() const noexcept override { return model_.config(); }
     std::size_t max_context() const noexcept override {

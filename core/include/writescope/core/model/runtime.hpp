@@ -16,6 +16,7 @@
 
 #include "writescope/core/engine.hpp"
 #include "writescope/core/model/model_config.hpp"
+#include "writescope/core/model/placement.hpp"
 
 namespace writescope::model {
 
@@ -65,6 +66,9 @@ class Runtime {
     // matrices, and each expert (or dense MLP) a token was routed to, once (for benchmarks and
     // the placement statistics).
     virtual std::uint64_t last_weight_bytes() const noexcept { return 0; }
+    // Tokens routed to each expert of each layer since the last call (prompts and steps): the
+    // routing frequencies the placement puts the hottest experts on the GPU by.
+    virtual ExpertHeat take_expert_heat() { return {}; }
 };
 
 // The runtime over a loaded model, its ops and an engine built for model.config().kv_geometry().
