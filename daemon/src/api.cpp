@@ -10,8 +10,10 @@
 #include <nlohmann/json.hpp>
 
 #include "completions.hpp"
+#include "log.hpp"
 #include "service.hpp"
 #include "units.hpp"
+#include "utf8_text.hpp"
 
 namespace writescope::daemon {
 namespace {
@@ -21,8 +23,16 @@ using json = nlohmann::json;
 HttpResponse json_response(int status, const json& body) {
     HttpResponse r;
     r.status = status;
-    r.body = body.dump(2) + "\n";
+    // Strings from outside are escaped where they go in (escape_invalid_utf8); should one slip
+    // through, its bad bytes become U+FFFD rather than an exception.
+    r.body = body.dump(2, ' ', false, json::error_handler_t::replace);
+    r.body += '\n';
     return r;
+}
+
+// A path or other text from outside, as a JSON string.
+json text_json(std::string_view s) {
+    return escape_invalid_utf8(s);
 }
 
 double seconds_of_ms(std::int64_t ms) {
@@ -114,7 +124,7 @@ json engine_status_json(const ServiceView& v) {
         {"version", v.version},
         {"uptime_seconds", v.uptime_seconds},
         {"started_at", seconds_of_ms(v.started_at_ms)},
-        {"profile", v.profile_source},
+        {"profile", text_json(v.profile_source)},
         {"model",
          {{"name", g.name},
           {"layers", g.num_layers},
@@ -148,12 +158,19 @@ json engine_status_json(const ServiceView& v) {
           {"detail", v.warm_start.detail},
           {"updated_at", v.warm_start.updated_at ? json(v.warm_start.updated_at) : json(nullptr)}}},
         {"store",
-         {{"path", v.store.path.string()},
+         {{"path", text_json(v.store.path.string())},
           {"in_memory", v.store.in_memory},
           {"schema_version", v.store.schema_version},
           {"moved_aside_to",
-           v.store.moved_aside_to.empty() ? json(nullptr) : json(v.store.moved_aside_to)},
-          {"problem", v.store.problem.empty() ? json(nullptr) : json(v.store.problem)}}},
+           v.store.moved_aside_to.empty() ? json(nullptr) : text_json(v.store.moved_aside_to)},
+          {"problem", v.store.problem.empty() ? json(nullptr) : text_json(v.store.problem)},
+          {"write_failures", v.store_writes.write_failures},
+          {"last_write_error", v.store_writes.last_write_error.empty()
+                                   ? json(nullptr)
+                                   : text_json(v.store_writes.last_write_error)},
+          {"last_write_failed_at", v.store_writes.last_write_failed_at_ms
+                                       ? json(seconds_of_ms(v.store_writes.last_write_failed_at_ms))
+                                       : json(nullptr)}}},
         {"allocator",
          {{"name", v.allocator.name},
           {"version", v.allocator.version},
@@ -286,6 +303,12 @@ std::string metrics_text(const ServiceView& v) {
         m.gauge("writescope_calibration_b_r2", "R² of the calibration's B line fit.",
                 v.calibration.calibration.b_r2);
     }
+    m.family("writescope_store_write_failures_total", "counter",
+             "Writes to the store that failed (read-only file, full disk, I/O error).");
+    m.sample("writescope_store_write_failures_total",
+             static_cast<double>(v.store_writes.write_failures));
+    m.gauge("writescope_store_in_memory", "1 when the store could not be opened on disk.",
+            v.store.in_memory ? 1 : 0);
     m.family("writescope_http_requests_total", "counter",
              "HTTP requests answered, by route and status code.");
     for (const auto& r : v.requests)
@@ -329,7 +352,8 @@ json parse_body(const HttpRequest& req, bool allow_empty) {
         auto j = json::parse(req.body);
         if (!j.is_object()) throw ApiError{400, "the request body must be a JSON object"};
         return j;
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {
+        // parse_error, and out_of_range for a number past a double (1e400).
         throw ApiError{400, fmt::format("malformed JSON: {}", e.what())};
     }
 }
@@ -483,6 +507,8 @@ std::string_view error_type(int status) noexcept {
         case 413:
         case 431:
             return "invalid_request_error";
+        case 403:
+            return "permission_error";
         case 404:
             return "not_found_error";
         case 409:
@@ -499,7 +525,7 @@ std::string_view error_type(int status) noexcept {
 HttpResponse error_response(int status, std::string_view message) {
     auto r = json_response(status, {{"error",
                                      {{"code", status},
-                                      {"message", std::string(message)},
+                                      {"message", text_json(message)},
                                       {"type", std::string(error_type(status))}}}});
     if (status == 503) r.headers.emplace_back("Retry-After", "1");
     return r;
@@ -519,7 +545,19 @@ struct Routing {
     HttpResponse answer;
 };
 
-Routing route(const Service& service, std::string_view method, const Target& target) {
+// The routes that change the daemon's state: only root, the daemon's user and members of
+// server.admin_group may call them. Generating (POST /v1/completions) changes nothing.
+bool state_changing(std::string_view method, std::string_view path) {
+    static constexpr std::pair<std::string_view, std::string_view> kRoutes[] = {
+        {"PUT", "/v1/policy"},
+        {"POST", "/v1/calibration"},
+    };
+    return std::find(std::begin(kRoutes), std::end(kRoutes), std::pair{method, path}) !=
+           std::end(kRoutes);
+}
+
+Routing route(const Service& service, std::string_view method, const Target& target,
+              const std::optional<PeerCredentials>& peer) {
     Routing r;
     const auto it = std::find_if(routes().begin(), routes().end(),
                                  [&](const Route& x) { return x.path == target.path; });
@@ -537,6 +575,18 @@ Routing route(const Service& service, std::string_view method, const Target& tar
         r.answer = error_response(405, fmt::format("{} does not take {}; it takes {}", it->path,
                                                    method, fmt::join(allowed, ", ")));
         r.answer.headers.emplace_back("Allow", fmt::format("{}", fmt::join(allowed, ", ")));
+    } else if (std::string why;
+               peer && state_changing(method, it->path) &&
+               !may_change_state(*peer, service.profile().server.admin_group, &why)) {
+        log_warning("api.forbidden", "refused {} {} to uid {} (pid {}, gid {}): {}", method,
+                    it->path, static_cast<long long>(peer->uid), static_cast<long long>(peer->pid),
+                    static_cast<long long>(peer->gid), why);
+        r.answer = error_response(
+            403, fmt::format("{} {} changes the daemon's state: only root, "
+                             "the daemon's user and members of "
+                             "server.admin_group may call it, and uid {} "
+                             "may not: {}",
+                             method, it->path, static_cast<long long>(peer->uid), why));
     } else if (service.phase() != Phase::ready) {
         r.answer = error_response(503, service.unavailable_message());
     } else {
@@ -548,8 +598,9 @@ Routing route(const Service& service, std::string_view method, const Target& tar
 }  // namespace
 
 std::optional<HttpResponse> Api::answer_without_body(std::string_view method,
-                                                     std::string_view target) {
-    Routing r = route(service_, method, split_target(target));
+                                                     std::string_view target,
+                                                     const std::optional<PeerCredentials>& peer) {
+    Routing r = route(service_, method, split_target(target), peer);
     if (r.handler) return std::nullopt;
     service_.count_request(r.label, r.answer.status);
     return std::move(r.answer);
@@ -557,7 +608,7 @@ std::optional<HttpResponse> Api::answer_without_body(std::string_view method,
 
 HttpResponse Api::handle(const HttpRequest& req) {
     const Target target = split_target(req.target);
-    Routing r = route(service_, req.method, target);
+    Routing r = route(service_, req.method, target, req.peer);
     HttpResponse res;
     if (!r.handler) {
         res = std::move(r.answer);

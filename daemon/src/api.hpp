@@ -4,9 +4,11 @@
 //
 // Routes: GET /v1/health, GET /v1/status, GET|POST /v1/calibration, GET|PUT /v1/policy,
 // GET /v1/history, GET /metrics, POST /v1/completions, GET /v1/models. Adding a route is one
-// entry in the table in api.cpp. A completion is answered later, by the scheduler's thread: its
-// route returns a response holding a ResponseStream, which the server writes as it fills (the
-// whole response at once, or a chunked body of server-sent events) without blocking its thread.
+// entry in the table in api.cpp; one that changes the daemon's state is also listed in
+// state_changing() there (root, the daemon's user or server.admin_group only). A completion is
+// answered later, by the scheduler's thread: its route returns a response holding a ResponseStream,
+// which the server writes as it fills (the whole response at once, or a chunked body of server-sent
+// events) without blocking its thread.
 #pragma once
 
 #include <functional>
@@ -18,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "peer_access.hpp"
+
 namespace writescope::daemon {
 
 class Service;
@@ -27,6 +31,9 @@ struct HttpRequest {
     std::string method;  // "GET"
     std::string target;  // path and query, "/v1/history?samples=10"
     std::string body;
+    // Who sent it (SO_PEERCRED): the server always sets it. None: a call from inside the process
+    // (the unit tests), which may do anything.
+    std::optional<PeerCredentials> peer = std::nullopt;
 };
 
 struct HttpResponse {
@@ -88,9 +95,9 @@ struct ApiError {
     std::string message;
 };
 
-// The one error shape. type follows the status: invalid_request_error (400, 405, 413),
-// not_found_error (404), conflict_error (409), rate_limit_error (429), unavailable_error (503),
-// server_error (others).
+// The one error shape. type follows the status: invalid_request_error (400, 405, 408, 413,
+// 431), permission_error (403), not_found_error (404), conflict_error (409), rate_limit_error
+// (429), unavailable_error (503), server_error (others).
 HttpResponse error_response(int status, std::string_view message);
 std::string_view error_type(int status) noexcept;
 
@@ -103,8 +110,11 @@ class Api {
     // does not take (405), 503 while starting or stopping; nullopt when the request is to be
     // read whole and handled. Counted in the request metrics when it answers. The server asks
     // as soon as a request's header is in, so such a request is answered without its body.
-    std::optional<HttpResponse> answer_without_body(std::string_view method,
-                                                    std::string_view target);
+    // A route that changes state (listed in api.cpp) refuses a peer that may not change it
+    // (may_change_state against server.admin_group): 403, logged with its uid (api.forbidden).
+    std::optional<HttpResponse> answer_without_body(
+        std::string_view method, std::string_view target,
+        const std::optional<PeerCredentials>& peer = std::nullopt);
     // A failure found before routing (unparsable request, body too large, overload): the error
     // shape, counted in the request metrics under route "-".
     HttpResponse reject(int status, std::string_view message);

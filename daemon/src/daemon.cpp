@@ -86,7 +86,7 @@ class Daemon {
                   [this] {
                       const Profile p = service_.profile();
                       return ServerLimits{p.server.max_body_bytes, p.server.max_concurrent_requests,
-                                          p.server.request_timeout};
+                                          p.server.request_timeout, p.server.body_timeout};
                   }),
           signals_(io_, SIGTERM, SIGINT, SIGHUP),
           watchdog_timer_(io_),
@@ -105,7 +105,7 @@ class Daemon {
         }
         notify("STATUS=starting");
         boot_thread_ = std::thread([this] { boot(); });
-        io_.run();
+        serve();
         boot_thread_.join();
         service_.finish();  // waits for a calibration job, persists the history
         remove_socket_file(listen_);
@@ -114,6 +114,26 @@ class Daemon {
     }
 
   private:
+    // Runs the loop until it is stopped. An exception that escapes a handler (a library that
+    // throws inside an asynchronous operation) ends that handler's work, and its connection, but
+    // never the daemon: it is logged and the loop goes on.
+    void serve() {
+        for (;;) {
+            try {
+                io_.run();
+                return;
+            } catch (const std::exception& e) {
+                log_error("daemon.handler-failed",
+                          "an exception escaped a handler of the serving loop ({}); the loop "
+                          "goes on",
+                          e.what());
+            } catch (...) {
+                log_error("daemon.handler-failed",
+                          "an exception escaped a handler of the serving loop; the loop goes on");
+            }
+        }
+    }
+
     // --- boot, on its own thread
     void boot() {
         std::string last_logged;

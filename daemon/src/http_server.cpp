@@ -25,6 +25,7 @@
 
 #include "api.hpp"
 #include "log.hpp"
+#include "peer_access.hpp"
 #include "units.hpp"
 
 namespace writescope::daemon {
@@ -193,12 +194,29 @@ asio::awaitable<void> HttpServer::Impl::linger(Stream& stream) {
     }
 }
 
+// Requests that are always answered, whatever the load: they do not count against
+// server.max_concurrent_requests (an operator's health check must not see 503 because slow
+// clients hold every slot), and they take no body.
+bool always_answered(http::verb method, std::string_view target) {
+    const auto path = target.substr(0, target.find('?'));
+    return method == http::verb::get && (path == "/v1/health" || path == "/v1/status");
+}
+
 asio::awaitable<void> HttpServer::Impl::serve(local::socket socket) {
     auto self = shared_from_this();
+    // Who is calling, as the kernel saw it at connect(): unknown credentials may change nothing.
+    const std::optional<PeerCredentials> peer =
+        peer_credentials(socket.native_handle()).value_or(PeerCredentials{});
     Stream stream(std::move(socket));
     sessions.push_back({&stream, true});
     const auto me = std::prev(sessions.end());
-    beast::flat_buffer buffer;
+    // Erased however the coroutine ends, even destroyed by an exception that left its handler.
+    struct Forget {
+        std::list<Session>& sessions;
+        std::list<Session>::iterator me;
+        ~Forget() { sessions.erase(me); }
+    } forget{sessions, me};
+    beast::flat_buffer buffer(ServerLimits::kMaxBufferedBytes);
     // An answer sent while the client may still be sending: drain before closing (see linger).
     bool linger_after = false;
     try {
@@ -210,9 +228,24 @@ asio::awaitable<void> HttpServer::Impl::serve(local::socket socket) {
                                                    "server.max_body_bytes ({})",
                                                    format_size(lim.max_body_bytes)));
             };
+            auto too_large = [&] {
+                return api.reject(431, fmt::format("the request header is larger than {} KiB, "
+                                                   "or a chunk's size line or the trailer larger "
+                                                   "than {} KiB",
+                                                   ServerLimits::kMaxHeaderBytes / 1024,
+                                                   ServerLimits::kMaxBufferedBytes / 1024));
+            };
             http::request_parser<http::string_body> parser;
             parser.body_limit(lim.max_body_bytes);
-            parser.header_limit(16 * 1024);
+            parser.header_limit(ServerLimits::kMaxHeaderBytes);
+            // Chunk extensions count against the body's limit with the chunks' data.
+            std::uint64_t body_counted = 0;
+            auto count_chunk = [&](std::uint64_t size, std::string_view extensions,
+                                   beast::error_code& cec) {
+                body_counted += size + extensions.size();
+                if (body_counted > lim.max_body_bytes) cec = http::error::body_limit;
+            };
+            parser.on_chunk_header(count_chunk);
             me->awaiting_request = true;
             stream.expires_after(lim.request_timeout);
             auto [ec, n] = co_await http::async_read_header(stream, buffer, parser, use_tuple);
@@ -222,8 +255,8 @@ asio::awaitable<void> HttpServer::Impl::serve(local::socket socket) {
                 linger_after = true;
                 break;
             }
-            if (ec == http::error::header_limit) {
-                co_await write(stream, api.reject(431, "the request header is too large"), false);
+            if (ec == http::error::header_limit || ec == http::error::buffer_overflow) {
+                co_await write(stream, too_large(), false);
                 linger_after = true;
                 break;
             }
@@ -236,24 +269,28 @@ asio::awaitable<void> HttpServer::Impl::serve(local::socket socket) {
                         false);
                 break;
             }
-            ++in_flight;
+            auto& req = parser.get();
+            const bool counted = !always_answered(req.method(), req.target());
+            if (counted) ++in_flight;
             struct Done {
                 std::size_t& n;
-                ~Done() { --n; }
-            } done{in_flight};
+                bool counted;
+                ~Done() {
+                    if (counted) --n;
+                }
+            } done{in_flight, counted};
 
-            auto& req = parser.get();
             // Answers that the body cannot change (overload, no route, a method the route does
             // not take, not ready) go out now: the body is neither asked for (no 100 Continue)
             // nor read. A body still to come leaves the connection unable to carry another
             // request, so it closes after the answer.
             std::optional<HttpResponse> early;
-            if (in_flight > lim.max_concurrent_requests)
+            if (counted && in_flight > lim.max_concurrent_requests)
                 early = api.reject(503, fmt::format("too many concurrent requests (more than "
                                                     "server.max_concurrent_requests = {})",
                                                     lim.max_concurrent_requests));
             else
-                early = api.answer_without_body(req.method_string(), req.target());
+                early = api.answer_without_body(req.method_string(), req.target(), peer);
             if (early) {
                 const bool body_unread = !parser.is_done();
                 const bool keep = !body_unread && req.keep_alive() && !stopping;
@@ -270,10 +307,26 @@ asio::awaitable<void> HttpServer::Impl::serve(local::socket socket) {
                 if (wec) break;
             }
             if (!parser.is_done()) {
+                // A slow body holds a slot of max_concurrent_requests: it gets less time than
+                // the whole request.
+                stream.expires_after(std::min(lim.body_timeout, lim.request_timeout));
                 auto [bec, bn] = co_await http::async_read(stream, buffer, parser, use_tuple);
                 if (bec == http::error::body_limit) {
                     co_await write(stream, body_too_large(), false);
                     linger_after = true;
+                    break;
+                }
+                if (bec == http::error::buffer_overflow) {
+                    co_await write(stream, too_large(), false);
+                    linger_after = true;
+                    break;
+                }
+                if (bec == beast::error::timeout) {
+                    // The stream closed the socket: counted, not answered.
+                    api.reject(408, "the request body did not arrive in time");
+                    log_info("http.body-timeout",
+                             "closed a connection whose request body did not arrive within {}",
+                             format_duration(std::min(lim.body_timeout, lim.request_timeout)));
                     break;
                 }
                 if (bec) {
@@ -285,8 +338,13 @@ asio::awaitable<void> HttpServer::Impl::serve(local::socket socket) {
                     break;
                 }
             }
-            const HttpResponse res = api.handle({std::string(req.method_string()),
-                                                 std::string(req.target()), std::move(req.body())});
+            HttpResponse res;
+            try {
+                res = api.handle({std::string(req.method_string()), std::string(req.target()),
+                                  std::move(req.body()), peer});
+            } catch (const std::exception& e) {
+                res = api.reject(500, fmt::format("internal error: {}", e.what()));
+            }
             const bool keep = req.keep_alive() && !stopping;
             const bool written = res.stream ? co_await write_stream(stream, *res.stream, keep)
                                             : co_await write(stream, res, keep);
@@ -300,7 +358,6 @@ asio::awaitable<void> HttpServer::Impl::serve(local::socket socket) {
     beast::error_code ignored;
     stream.socket().shutdown(local::socket::shutdown_both, ignored);
     stream.socket().close(ignored);
-    sessions.erase(me);
 }
 
 HttpServer::HttpServer(asio::io_context& io, int listen_fd, Api& api,

@@ -16,10 +16,18 @@ namespace writescope::daemon {
 
 class Api;
 
+// What one request may take. Every part of it counts against one of them: the header and
+// trailer fields (kMaxHeaderBytes, kMaxBufferedBytes), the body with its chunk extensions
+// (max_body_bytes), its time (request_timeout, and body_timeout from the end of the header).
 struct ServerLimits {
     std::uint64_t max_body_bytes = 1 << 20;
-    std::size_t max_concurrent_requests = 64;
+    std::size_t max_concurrent_requests = 64;  // GET /v1/health and /v1/status do not count
     std::chrono::milliseconds request_timeout{30'000};
+    std::chrono::milliseconds body_timeout{10'000};
+    static constexpr std::size_t kMaxHeaderBytes = 16 * 1024;
+    // Bytes of a connection read but not yet parsed: a chunk's size line with its extensions,
+    // or the trailer section, must fit (431 otherwise). It bounds a connection's memory too.
+    static constexpr std::size_t kMaxBufferedBytes = 32 * 1024;
 };
 
 class HttpServer {

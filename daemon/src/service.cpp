@@ -15,9 +15,6 @@
 namespace writescope::daemon {
 namespace {
 
-// How long an API change waits for the engine before answering "busy" (a calibration holds it).
-constexpr auto kEngineWait = std::chrono::milliseconds(250);
-
 std::int64_t unix_s_now() {
     return std::chrono::duration_cast<std::chrono::seconds>(
                std::chrono::system_clock::now().time_since_epoch())
@@ -453,7 +450,10 @@ ServiceView Service::view() const {
         v.calibration_key = key_;
         v.calibration = calibration_;
         v.warm_start = warm_;
-        if (store_) v.store = store_->report();
+        if (store_) {
+            v.store = store_->report();
+            v.store_writes = store_->write_health();
+        }
     }
     {
         std::lock_guard lock(job_mu_);
@@ -502,7 +502,9 @@ Service::Result Service::change_policy(const PolicyChange& change) {
         return {Outcome::invalid, "tracker.clamp must be at least 1"};
     if (phase_ != Phase::ready) return {Outcome::busy, unavailable_message()};
 
-    std::unique_lock engine_lock(engine_mu_, kEngineWait);
+    // Never waited for: this runs on the serving thread, and only a calibration (seconds) holds
+    // the engine for more than a moment.
+    std::unique_lock engine_lock(engine_mu_, std::try_to_lock);
     if (!engine_lock.owns_lock())
         return {Outcome::busy, "a calibration holds the engine; retry when it has finished"};
     Profile p = profile();
@@ -588,7 +590,9 @@ Service::ReloadResult Service::reload(const Profile& next, std::string_view sour
     const bool policy_changed = np.mode != op.mode || np.tracker_alpha != op.tracker_alpha ||
                                 np.tracker_clamp != op.tracker_clamp;
     if (policy_changed && engine_up_) {
-        std::unique_lock engine_lock(engine_mu_, kEngineWait);
+        // Not waited for (the serving thread): a busy engine takes the policy after the
+        // calibration (pending_policy_).
+        std::unique_lock engine_lock(engine_mu_, std::try_to_lock);
         if (engine_lock.owns_lock()) {
             try {
                 engine_->set_mode(np.mode);
@@ -679,7 +683,7 @@ void Service::persist_history(bool wait) {
     std::unique_lock engine_lock(engine_mu_, std::defer_lock);
     if (wait)
         engine_lock.lock();
-    else if (!engine_lock.try_lock_for(kEngineWait))
+    else if (!engine_lock.try_lock())  // the serving thread's timer: the next tick writes it
         return;
     WorkloadRecord r;
     try {

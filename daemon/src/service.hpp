@@ -106,6 +106,7 @@ struct ServiceView {
     CalibrationJobInfo job;
     WarmStartInfo warm_start;
     StoreOpenReport store;
+    StoreWriteHealth store_writes;
     AllocatorInfo allocator;
     std::vector<RequestCount> requests;
     ModelInfo model;
@@ -223,7 +224,9 @@ class Service {
     std::unique_ptr<Store> store_;
     std::optional<PendingPolicy> pending_policy_;
 
-    mutable std::timed_mutex engine_mu_;  // every call into engine_
+    // Every call into engine_. The serving thread only ever tries it (never waits): a
+    // calibration holds it for seconds.
+    mutable std::timed_mutex engine_mu_;
     std::unique_ptr<Engine> engine_;
     std::atomic<bool> engine_up_{false};
 

@@ -24,6 +24,7 @@ struct FakeEngineLog {
     std::atomic<int> calibrate_ms{0};  // how long calibrate() takes
     std::atomic<bool> fail_calibration{false};
     std::atomic<bool> fail_create{false};
+    std::atomic<bool> hold_calibration{false};  // calibrate() waits while set (or until cancelled)
     std::mutex mu;
     std::string last_import;
     std::string last_mode;
@@ -49,6 +50,10 @@ class FakeEngine final : public Engine {
             if (cancel && cancel->load()) throw std::runtime_error("calibration cancelled");
             progress(static_cast<double>(i) / steps, "measuring the CPU");
             std::this_thread::sleep_for(std::chrono::milliseconds(log_->calibrate_ms / steps));
+        }
+        while (log_->hold_calibration) {
+            if (cancel && cancel->load()) throw std::runtime_error("calibration cancelled");
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
         if (log_->fail_calibration) throw std::runtime_error("synthetic failure");
         progress(1.0, "fitting");

@@ -1,6 +1,12 @@
 // The service and the API routes with a stand-in engine, in process (no socket, no event loop).
 #include <catch2/catch.hpp>
 
+#include <grp.h>
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <atomic>
+
 #include <chrono>
 #include <thread>
 
@@ -10,6 +16,7 @@
 #include "ctl_render.hpp"
 #include "engine_options.hpp"
 #include "fake_engine.hpp"
+#include "peer_access.hpp"
 #include "service.hpp"
 #include "temp_dir.hpp"
 #include "wait_until.hpp"
@@ -466,4 +473,152 @@ TEST_CASE("a history row is read from the engine's policy state", "[unit][daemon
     CHECK(r.step_seconds_stddev == Approx(1e-3));
     CHECK(r.step_seconds_max == 3e-3);
     CHECK_THROWS_AS(workload_record_of("version=1\nmodel=x\n", s), std::invalid_argument);
+}
+
+TEST_CASE("out-of-range numbers and invalid UTF-8 in a body are 400 in the error shape",
+          "[unit][daemon][api]") {
+    TempDir dir;
+    Harness h(test_profile(dir.path()));
+    h.service->boot(nullptr);
+    for (const auto* body :
+         {R"({"tracker": {"alpha": 1e400}})", R"({"tracker": {"clamp": 1e400}})",
+          R"({"tracker": {"clamp": -1e400}})", R"({"tracker": {"alpha": 1e999}})"}) {
+        INFO(body);
+        require_error(h.call("PUT", "/v1/policy", body), 400, "invalid_request_error");
+    }
+    // Invalid UTF-8 inside a JSON string, and as raw bytes of a body.
+    for (const std::string& body :
+         {std::string("{\"mode\": \"\xff\xfe\"}"), std::string("{\"mode\": \"cpu\xc0\xafonly\"}"),
+          std::string("\xff{}")}) {
+        require_error(h.call("PUT", "/v1/policy", body), 400, "invalid_request_error");
+        require_error(h.call("POST", "/v1/calibration", body), 400, "invalid_request_error");
+    }
+    // Raw non-UTF-8 bytes in the path or the query: escaped in the message, never a throw.
+    auto r = h.call("GET", "/v1/\xff\xfe");
+    require_error(r, 404, "not_found_error");
+    CHECK_THAT(json::parse(r.body)["error"]["message"].get<std::string>(),
+               Catch::Contains("/v1/\\xff\\xfe"));
+    auto early = h.api->answer_without_body("GET", "/\xc3");
+    REQUIRE(early);
+    require_error(*early, 404, "not_found_error");
+    require_error(h.call("GET", "/v1/history?samples=\xff"), 400, "invalid_request_error");
+    // Every one was counted.
+    const auto metrics = h.call("GET", "/metrics").body;
+    CHECK_THAT(metrics, Catch::Contains(
+                            "writescope_http_requests_total{route=\"/v1/policy\",code=\"400\"} 7"));
+    CHECK_THAT(metrics, Catch::Contains("route=\"/v1/calibration\",code=\"400\"} 3"));
+    CHECK_THAT(metrics, Catch::Contains("route=\"unmatched\",code=\"404\"} 2"));
+}
+
+TEST_CASE("status escapes a state directory or profile path that is not UTF-8",
+          "[unit][daemon][api]") {
+    TempDir dir;
+    Profile p = test_profile(dir.path());
+    p.storage.state_dir = (dir.path() /
+                           "st\xff\xfe"
+                           "ate")
+                              .string();
+    Harness h(p);
+    h.service->boot(nullptr);
+    const auto st = h.get("/v1/status");
+    CHECK_THAT(st["store"]["path"].get<std::string>(), Catch::Contains("st\\xff\\xfeate"));
+    CHECK_FALSE(st["store"]["in_memory"].get<bool>());
+    CHECK(h.call("GET", "/metrics").status == 200);
+}
+
+TEST_CASE("PUT /v1/policy never waits for a calibration that holds the engine",
+          "[unit][daemon][api]") {
+    TempDir dir;
+    Harness h(test_profile(dir.path()));
+    h.service->boot(nullptr);
+    h.log->hold_calibration = true;
+    REQUIRE(h.call("POST", "/v1/calibration").status == 202);
+    REQUIRE(wait_until([&] { return h.get("/v1/status")["engine_busy"] == true; }));
+    // The calibration is let go after the PUT has answered, or at the latest 150 ms after it
+    // was sent: a PUT that waited for the engine (it waited up to 250 ms) would get it then, and
+    // answer 200.
+    std::atomic<bool> answered{false};
+    std::thread releaser([&] {
+        wait_until([&] { return answered.load(); }, std::chrono::milliseconds(150));
+        h.log->hold_calibration = false;
+    });
+    const auto r = h.call("PUT", "/v1/policy", R"({"mode": "cpu-only"})");
+    answered = true;
+    releaser.join();
+    require_error(r, 409, "conflict_error");
+    CHECK_THAT(r.body, Catch::Contains("calibration holds the engine"));
+    wait_for_job(h);
+    CHECK(h.call("PUT", "/v1/policy", R"({"mode": "cpu-only"})").status == 200);
+}
+
+TEST_CASE("failed store writes show in status and the metrics", "[unit][daemon][api]") {
+    TempDir dir;
+    Harness h(test_profile(dir.path()));
+    h.service->boot(nullptr);
+    auto st = h.get("/v1/status");
+    CHECK(st["store"]["write_failures"] == 0);
+    CHECK(st["store"]["last_write_error"].is_null());
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open((dir.path() / "state" / "writescope.db").c_str(), &db) == SQLITE_OK);
+    REQUIRE(sqlite3_exec(db,
+                         "CREATE TRIGGER no_samples BEFORE INSERT ON samples BEGIN SELECT "
+                         "RAISE(FAIL, 'attempt to write a readonly database'); END;",
+                         nullptr, nullptr, nullptr) == SQLITE_OK);
+    sqlite3_close(db);
+    h.service->take_sample();
+    h.service->take_sample();
+    st = h.get("/v1/status");
+    CHECK(st["store"]["write_failures"] == 2);
+    CHECK_THAT(st["store"]["last_write_error"].get<std::string>(), Catch::Contains("readonly"));
+    CHECK(st["store"]["last_write_failed_at"].is_number());
+    CHECK_THAT(h.call("GET", "/metrics").body,
+               Catch::Contains("writescope_store_write_failures_total 2\n"));
+}
+
+TEST_CASE("routes that change state need root, the daemon's user or the admin group",
+          "[unit][daemon][api]") {
+    TempDir dir;
+    Profile p = test_profile(dir.path());
+    Harness h(p);
+    h.service->boot(nullptr);
+    auto call_as = [&](PeerCredentials peer, std::string method, std::string target,
+                       std::string body = {}) {
+        return h.api->handle({std::move(method), std::move(target), std::move(body), peer});
+    };
+    const PeerCredentials me{::getpid(), ::geteuid(), ::getegid()};
+    const PeerCredentials root{1, 0, 0};
+    // A uid and gid no account has.
+    const PeerCredentials stranger{4242, 54321, 54321};
+    const PeerCredentials unknown{};
+    for (const auto& who : {me, root}) {
+        CHECK(call_as(who, "PUT", "/v1/policy", R"({"mode": "cpu-only"})").status == 200);
+    }
+    for (const auto& who : {stranger, unknown}) {
+        auto r = call_as(who, "PUT", "/v1/policy", R"({"mode": "gpu-only"})");
+        require_error(r, 403, "permission_error");
+        require_error(call_as(who, "POST", "/v1/calibration"), 403, "permission_error");
+        // Refused from the header alone: the body is not read.
+        auto early = h.api->answer_without_body("PUT", "/v1/policy", who);
+        REQUIRE(early);
+        require_error(*early, 403, "permission_error");
+        // Reading and generating need only the socket.
+        CHECK(call_as(who, "GET", "/v1/policy").status == 200);
+        CHECK(call_as(who, "GET", "/v1/status").status == 200);
+        CHECK_FALSE(h.api->answer_without_body("POST", "/v1/completions", who));
+    }
+    CHECK_THAT(call_as(stranger, "PUT", "/v1/policy", "{}").body, Catch::Contains("uid 54321"));
+    CHECK(h.get("/v1/policy")["mode"] == "cpu-only");
+
+    // A member of server.admin_group: the peer's own group.
+    const PeerCredentials member{4242, 54321, ::getegid()};
+    CHECK_FALSE(may_change_state(member, ""));
+    std::string why;
+    CHECK_FALSE(may_change_state(member, "no-such-group-here", &why));
+    CHECK_THAT(why, Catch::Contains("does not exist"));
+    if (const group* g = ::getgrgid(::getegid())) {
+        CHECK(may_change_state(member, g->gr_name));
+        CHECK_FALSE(may_change_state(stranger, g->gr_name));
+    }
+    CHECK(may_change_state(root, ""));
+    CHECK_FALSE(may_change_state(unknown, ""));
 }

@@ -2,10 +2,13 @@
 // way systemd runs it (NOTIFY_SOCKET, socket activation, signals), talked to over its socket.
 #include <catch2/catch.hpp>
 
+#include <grp.h>
 #include <signal.h>
+#include <sqlite3.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -27,6 +30,7 @@
 using namespace writescope::test;
 using writescope::daemon::ClientResponse;
 using writescope::daemon::http_request;
+using writescope::daemon::parse_http_response;
 using json = nlohmann::json;
 
 namespace {
@@ -116,7 +120,8 @@ class Run {
     // Sends on `held` the header of a PUT /v1/policy whose 22-byte body is still to come (the
     // caller sends it, e.g. {"mode": "writescope"}), and waits until the server has read that
     // header and counts the request in flight: with max_concurrent_requests = 1, until a GET
-    // /v1/health is no longer answered 200. Returns that refused answer.
+    // /v1/policy is no longer answered 200 (GET /v1/health is not counted: it always answers).
+    // Returns that refused answer.
     ClientResponse hold_policy_put(RawConnection& held) {
         held.send(
             "PUT /v1/policy HTTP/1.1\r\nHost: x\r\nContent-Length: 22\r\nConnection: "
@@ -124,7 +129,7 @@ class Run {
         // Until the server has read the held header, a second request still gets through.
         ClientResponse r;
         REQUIRE(wait_until([&] {
-            r = call("GET", "/v1/health");
+            r = call("GET", "/v1/policy");
             return r.status != 200;
         }));
         return r;
@@ -854,5 +859,187 @@ TEST_CASE("writescopectl says so when the socket's permissions keep the user out
     CHECK(r.status.code == 3);
     CHECK_THAT(r.err, Catch::Contains("permission denied"));
     CHECK_THAT(r.err, Catch::Contains("mode 0660"));
+    run.stop();
+}
+
+TEST_CASE("a request that once killed the daemon is answered, and the daemon serves on",
+          "[integration][daemon]") {
+    TempDir dir;
+    Run run(dir);
+    run.start_ready();
+    // A trailer field of 65,534 bytes made the parser throw out of the serving loop.
+    std::string req =
+        "PUT /v1/policy HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: "
+        "close\r\n\r\n16\r\n{\"mode\": \"writescope\"}\r\n0\r\nX-Trailer: ";
+    req += std::string(65534, 'a');
+    req += "\r\n\r\n";
+    require_error(parse_http_response(raw_exchange(run.socket(), req)), 431,
+                  "invalid_request_error");
+    // A 1 MiB chunk extension, against a 64 KiB body limit.
+    std::string ext =
+        "PUT /v1/policy HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: "
+        "close\r\n\r\n1;x=";
+    ext += std::string(1 << 20, 'e');
+    ext += "\r\n{\r\n0\r\n\r\n";
+    require_error(parse_http_response(raw_exchange(run.socket(), ext)), 431,
+                  "invalid_request_error");
+    CHECK(run.call("GET", "/v1/health").status == 200);
+    CHECK(run.process().running());
+    run.stop();
+}
+
+TEST_CASE("slow bodies close at server.body_timeout and health answers under them",
+          "[integration][daemon]") {
+    TempDir dir;
+    Run run(dir, profile_text({{"max_concurrent_requests = 8", "max_concurrent_requests = 2"},
+                               {"request_timeout = \"5s\"",
+                                "request_timeout = \"60s\"\nbody_timeout = \"500ms\""}}));
+    run.start_ready();
+    std::vector<std::unique_ptr<RawConnection>> slow;
+    for (int i = 0; i < 6; ++i) {
+        slow.push_back(std::make_unique<RawConnection>(run.socket()));
+        slow.back()->send("PUT /v1/policy HTTP/1.1\r\nHost: x\r\nContent-Length: 22\r\n\r\n{");
+    }
+    CHECK(run.call("GET", "/v1/health").status == 200);
+    CHECK(run.call("GET", "/v1/status").status == 200);
+    // Each is closed at its body deadline, long before request_timeout (60 s).
+    for (auto& c : slow) {
+        c->read_all(20s);
+        CHECK(c->closed());
+    }
+    CHECK(run.call("GET", "/v1/policy").status == 200);
+    CHECK_THAT(run.log(), Catch::Contains("[http.body-timeout]"));
+    run.stop();
+}
+
+TEST_CASE("a store with a schema version no release wrote is set aside at boot",
+          "[integration][daemon]") {
+    for (const int version : {-1, -2, -5, 7}) {
+        INFO(version);
+        TempDir dir;
+        Run run(dir);
+        std::filesystem::create_directories(run.state());
+        sqlite3* db = nullptr;
+        REQUIRE(sqlite3_open((run.state() / "writescope.db").c_str(), &db) == SQLITE_OK);
+        REQUIRE(sqlite3_exec(
+                    db,
+                    ("CREATE TABLE t(x); PRAGMA user_version = " + std::to_string(version) + ";")
+                        .c_str(),
+                    nullptr, nullptr, nullptr) == SQLITE_OK);
+        sqlite3_close(db);
+        run.start_ready();
+        const auto st = run.get("/v1/status");
+        CHECK_FALSE(st["store"]["moved_aside_to"].is_null());
+        CHECK_THAT(st["store"]["problem"].get<std::string>(), Catch::Contains("schema version"));
+        CHECK(bad_files(run.state()) == 1);
+        CHECK_THAT(run.log(), Catch::Contains("[store.moved-aside]"));
+        run.stop();
+    }
+}
+
+TEST_CASE("--config must be a regular profile file of bounded size", "[integration][daemon]") {
+    TempDir dir;
+    for (const std::string& config : {dir.path().string(), std::string("/dev/zero")}) {
+        INFO(config);
+        const auto r = run_command({writescoped_path(), "--check-config", "--config", config});
+        CHECK(r.status.exited);
+        CHECK(r.status.code == 1);
+        CHECK_THAT(r.err, Catch::Contains("regular file") || Catch::Contains("directory"));
+    }
+    // host_kv_budget "100%" and 0 fail the check, naming the key and its line.
+    for (const auto* bad : {"host_kv_budget = \"100%\"", "host_kv_budget = 0"}) {
+        write_text(dir / "p.toml", profile_text({{"host_kv_budget = \"160MiB\"", bad}}));
+        const auto r = run_command(
+            {writescoped_path(), "--check-config", "--config", (dir / "p.toml").string()});
+        CHECK(r.status.code == 1);
+        CHECK_THAT(r.err, Catch::Contains(":8:18: hardware.host_kv_budget"));
+    }
+    // A model directory that does not exist: its line and column.
+    write_text(
+        dir / "p.toml",
+        profile_text({{"source = \"@MODELS@/qwen3-moe-tiny\"", "source = \"/no/such/model\""}}));
+    auto r =
+        run_command({writescoped_path(), "--check-config", "--config", (dir / "p.toml").string()});
+    CHECK(r.status.code == 1);
+    CHECK_THAT(r.err, Catch::Contains(":13:10: model.source"));
+}
+
+TEST_CASE("state-changing routes check the caller's credentials", "[integration][daemon]") {
+    TempDir dir;
+    ::chmod(dir.path().c_str(), 0755);
+    Run run(dir, profile_text({{"[server]", "[server]\nsocket_mode = \"0666\""}}));
+    run.start_ready();
+    // The daemon's own user may (this test's).
+    CHECK(run.call("PUT", "/v1/policy", R"({"mode": "cpu-only"})").status == 200);
+    if (::geteuid() != 0) {
+        SUCCEED("not root: a connection as another user cannot be made here");
+        run.stop();
+        return;
+    }
+    // As nobody, from a forked child (only system calls between fork and _exit).
+    const std::string socket = run.socket();
+    auto as_nobody = [&](const std::string& request) {
+        int out[2];
+        REQUIRE(::pipe(out) == 0);
+        const pid_t pid = ::fork();
+        REQUIRE(pid >= 0);
+        if (pid == 0) {
+            ::close(out[0]);
+            if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0)
+                ::_exit(2);
+            const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+            sockaddr_un addr{};
+            addr.sun_family = AF_UNIX;
+            std::memcpy(addr.sun_path, socket.c_str(), socket.size() + 1);
+            if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0)
+                ::_exit(3);
+            if (::write(fd, request.data(), request.size()) < 0) ::_exit(4);
+            static char buf[65536];
+            ssize_t n;
+            while ((n = ::read(fd, buf, sizeof buf)) > 0)
+                if (::write(out[1], buf, static_cast<std::size_t>(n)) < 0) ::_exit(5);
+            ::_exit(0);
+        }
+        ::close(out[1]);
+        std::string response;
+        char buf[4096];
+        ssize_t n;
+        while ((n = ::read(out[0], buf, sizeof buf)) > 0)
+            response.append(buf, static_cast<std::size_t>(n));
+        ::close(out[0]);
+        int st = 0;
+        ::waitpid(pid, &st, 0);
+        REQUIRE(WIFEXITED(st));
+        REQUIRE(WEXITSTATUS(st) == 0);
+        return parse_http_response(response);
+    };
+    const std::string put =
+        "PUT /v1/policy HTTP/1.1\r\nHost: x\r\nContent-Length: 22\r\nConnection: close\r\n\r\n"
+        "{\"mode\": \"writescope\"}";
+    require_error(as_nobody(put), 403, "permission_error");
+    require_error(
+        as_nobody("POST /v1/calibration HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"), 403,
+        "permission_error");
+    CHECK(as_nobody("GET /v1/policy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").status ==
+          200);
+    // Generating is not a change of state: nobody may complete.
+    const std::string completion = R"({"prompt": [1, 2, 3], "max_tokens": 2})";
+    CHECK(as_nobody("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                    std::to_string(completion.size()) + "\r\nConnection: close\r\n\r\n" +
+                    completion)
+              .status == 200);
+    CHECK(run.get("/v1/policy")["mode"] == "cpu-only");
+    CHECK_THAT(run.log(), Catch::Contains("[api.forbidden] refused PUT /v1/policy to uid 65534"));
+    // A member of server.admin_group may: nobody's group, named there.
+    const group* g = ::getgrgid(65534);
+    REQUIRE(g);
+    const std::string group_name = g->gr_name;
+    run.stop();
+    write_text(run.profile(), profile_text({{"[server]",
+                                             "[server]\nsocket_mode = \"0666\"\n"
+                                             "admin_group = \"" +
+                                                 group_name + "\""}}));
+    run.start_ready();
+    CHECK(as_nobody(put).status == 200);
     run.stop();
 }
