@@ -1,0 +1,460 @@
+// CudaModelOps: the host side of the GPU model ops (model_ops.hpp): limits and checks, the
+// workspaces, the cuBLAS GEMMs, and the launches of the kernels of model_kernels.cu and
+// moe_kernels.cu.
+//
+// moe needs the pair count of every expert on the host to size each expert's GEMMs: the
+// grouping kernel writes the offsets (experts + 2 int32, a few hundred bytes) and they are
+// copied down into pinned memory once per call, with one wait on the stream. Grouped GEMMs
+// with device-side sizes (and so CUDA-graph capture of moe) are the next step; the wait is the
+// price of plain cublasGemmEx calls today.
+#include "writescope/cuda/model_ops.hpp"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "model_kernels.hpp"
+
+namespace writescope::cuda {
+namespace {
+
+constexpr std::size_t kCublasWorkspace = std::size_t{32} << 20;  // Hopper's recommended size
+
+void check(cudaError_t e, const char* what) {
+    if (e == cudaSuccess) return;
+    std::string m = "CudaModelOps: ";
+    m += what;
+    m += ": ";
+    m += cudaGetErrorString(e);
+    throw std::runtime_error(m);
+}
+void check(cublasStatus_t s, const char* what) {
+    if (s == CUBLAS_STATUS_SUCCESS) return;
+    std::string m = "CudaModelOps: ";
+    m += what;
+    m += ": ";
+    m += cublasGetStatusString(s);
+    throw std::runtime_error(m);
+}
+// After a launch: a bad configuration shows here, not at the next synchronisation.
+void launched(const char* what) {
+    check(cudaGetLastError(), what);
+}
+
+[[noreturn]] void too_large(const char* what, const char* quantity, std::size_t value,
+                            const char* limit, std::size_t max) {
+    std::string m = "CudaModelOps::";
+    m += what;
+    m += ": ";
+    m += quantity;
+    m += " ";
+    m += std::to_string(value);
+    m += " exceeds the limit ";
+    m += limit;
+    m += " = ";
+    m += std::to_string(max);
+    m += " it was constructed with";
+    throw std::length_error(m);
+}
+
+cudaDataType_t cuda_type(DType d) noexcept {
+    switch (d) {
+        case DType::bf16:
+            return CUDA_R_16BF;
+        case DType::f16:
+            return CUDA_R_16F;
+        case DType::f32:
+            break;
+    }
+    return CUDA_R_32F;
+}
+
+// A device allocation owned by the ops (cudaFree at destruction).
+struct DevMem {
+    void* p = nullptr;
+    DevMem() = default;
+    DevMem(std::size_t bytes, const char* what) {
+        if (bytes) check(cudaMalloc(&p, bytes), what);
+    }
+    ~DevMem() {
+        if (p) cudaFree(p);
+    }
+    DevMem(const DevMem&) = delete;
+    DevMem& operator=(const DevMem&) = delete;
+    DevMem(DevMem&& o) noexcept : p(o.p) { o.p = nullptr; }
+    DevMem& operator=(DevMem&& o) noexcept {
+        std::swap(p, o.p);
+        return *this;
+    }
+    template <class T>
+    T* as() const noexcept {
+        return static_cast<T*>(p);
+    }
+};
+
+}  // namespace
+
+struct CudaModelOps::Impl {
+    CudaModelOpsOptions opts;
+    std::size_t max_width = 0;  // widest activation row of linear()
+    std::size_t max_pairs = 0;  // max_tokens · max_k
+    int sm_count = 0;
+    char name[32] = "cublas";
+    // Owned handles (released in reverse order, also when the constructor throws part way).
+    struct StreamDel {
+        void operator()(cudaStream_t s) const noexcept {
+            cudaStreamSynchronize(s);
+            cudaStreamDestroy(s);
+        }
+    };
+    struct BlasDel {
+        void operator()(cublasHandle_t h) const noexcept { cublasDestroy(h); }
+    };
+    struct PinnedDel {
+        void operator()(std::int32_t* p) const noexcept { cudaFreeHost(p); }
+    };
+    std::unique_ptr<CUstream_st, StreamDel> stream_owner;
+    std::unique_ptr<cublasContext, BlasDel> blas_owner;
+    cudaStream_t stream = nullptr;
+    cublasHandle_t blas = nullptr;
+    std::size_t bytes = 0;
+
+    // Workspaces (device), sized at construction:
+    DevMem blas_ws;  // cuBLAS's workspace, kCublasWorkspace bytes
+    DevMem xq;       // (max_tokens, max_width) 2-byte: linear's activation in the weight dtype
+    DevMem xg;       // (max_pairs, max_hidden) × 4 bytes: moe's gathered inputs in the weight
+                     // dtype; then the fp32 down partial of each pair (the inputs are dead by then)
+    DevMem g, u;     // (max_pairs, max_ffn) fp32: gate and up of each pair
+    DevMem h;        // (max_pairs, max_ffn) × 4 bytes: silu(g)·u in the weight dtype
+    DevMem pair_token, pair_of;  // (max_pairs) int32: token of each sorted pair; pair of (t, j)
+    DevMem meta;                 // (max_experts + 2) int32: offsets, pairs, bad index
+    DevMem inv_freq;             // (max_rotary_dim / 2) fp32: a host rotary table copied up
+    std::unique_ptr<std::int32_t, PinnedDel> meta_owner;
+    std::int32_t* meta_host = nullptr;  // pinned copy of meta (max_experts + 2)
+
+    explicit Impl(const CudaModelOpsOptions& o)
+        : opts(o), max_width(std::max(o.max_hidden, o.max_ffn)), max_pairs(o.max_tokens * o.max_k) {
+        check(cudaSetDevice(o.device), "cudaSetDevice");
+        cudaDeviceProp prop{};
+        check(cudaGetDeviceProperties(&prop, o.device), "cudaGetDeviceProperties");
+        sm_count = prop.multiProcessorCount;
+        std::snprintf(name, sizeof name, "cublas+cuda-sm%d%d", prop.major, prop.minor);
+        check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+        stream_owner.reset(stream);
+        check(cublasCreate(&blas), "cublasCreate");
+        blas_owner.reset(blas);
+        check(cublasSetStream(blas, stream), "cublasSetStream");
+        // The contract is fp32 arithmetic: no TF32 for the fp32 GEMMs.
+        check(cublasSetMathMode(blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+        const auto take = [&](std::size_t b, const char* what) {
+            bytes += b;
+            return DevMem(b, what);
+        };
+        blas_ws = take(kCublasWorkspace, "cuBLAS workspace");
+        check(cublasSetWorkspace(blas, blas_ws.p, kCublasWorkspace), "cublasSetWorkspace");
+        xq = take(o.max_tokens * max_width * 2, "linear workspace");
+        xg = take(max_pairs * o.max_hidden * 4, "moe input/partial workspace");
+        g = take(max_pairs * o.max_ffn * 4, "moe gate workspace");
+        u = take(max_pairs * o.max_ffn * 4, "moe up workspace");
+        h = take(max_pairs * o.max_ffn * 4, "moe SwiGLU workspace");
+        pair_token = take(max_pairs * 4, "moe pair workspace");
+        pair_of = take(max_pairs * 4, "moe pair workspace");
+        meta = take((o.max_experts + 2) * 4, "moe offsets");
+        inv_freq = take(o.max_rotary_dim / 2 * 4, "rotary table");
+        void* pinned = nullptr;
+        check(cudaMallocHost(&pinned, (o.max_experts + 2) * 4), "cudaMallocHost");
+        meta_host = static_cast<std::int32_t*>(pinned);
+        meta_owner.reset(meta_host);
+    }
+    ~Impl() {
+        if (stream) cudaStreamSynchronize(stream);  // before the workspaces are freed
+    }
+    Impl(const Impl&) = delete;
+    Impl& operator=(const Impl&) = delete;
+
+    void use() const { check(cudaSetDevice(opts.device), "cudaSetDevice"); }
+
+    // y (n, rows) = x (n, cols) · wᵀ, x already in w's dtype (column-major: yᵀ = w · xᵀ).
+    void gemm(const model::Matrix& w, const void* x, std::size_t n, float* y, std::size_t ldy) {
+        const float one = 1.0f, zero = 0.0f;
+        const cudaDataType_t t = cuda_type(w.dtype);
+        check(cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows),
+                           static_cast<int>(n), static_cast<int>(w.cols), &one, w.data, t,
+                           static_cast<int>(w.cols), x, t, static_cast<int>(w.cols), &zero, y,
+                           CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
+                           CUBLAS_GEMM_DEFAULT),
+              "cublasGemmEx");
+    }
+
+    void linear(const model::Matrix& w, const float* x, std::size_t n, float* y) {
+        if (n == 0 || w.rows == 0) return;
+        if (n > opts.max_tokens) too_large("linear", "n", n, "max_tokens", opts.max_tokens);
+        if (w.cols > max_width)
+            too_large("linear", "cols", w.cols, "max(max_hidden, max_ffn)", max_width);
+        if (!w.data && w.cols) throw std::invalid_argument("CudaModelOps::linear: no weight data");
+        use();
+        const void* xin = x;
+        if (w.dtype != DType::f32) {
+            detail::launch_to_dtype(x, n * w.cols, w.dtype, xq.p, stream);
+            launched("linear: rounding kernel");
+            xin = xq.p;
+        }
+        gemm(w, xin, n, y, w.rows);
+    }
+
+    void moe(std::span<const model::FfnWeights> experts, const float* x, std::size_t n,
+             const model::MoeRouting& routing, float* y);
+};
+
+void CudaModelOps::Impl::moe(std::span<const model::FfnWeights> experts, const float* x,
+                             std::size_t n, const model::MoeRouting& routing, float* y) {
+    if (n == 0 || routing.k == 0) return;
+    const std::size_t k = routing.k, ne = experts.size();
+    if (n > opts.max_tokens) too_large("moe", "n", n, "max_tokens", opts.max_tokens);
+    if (k > opts.max_k) too_large("moe", "k", k, "max_k", opts.max_k);
+    if (ne > opts.max_experts)
+        too_large("moe", "the number of experts", ne, "max_experts", opts.max_experts);
+    use();
+    auto* off = meta.as<std::int32_t>();
+    detail::launch_group_pairs(routing.expert, n, k, ne, off, pair_token.as<std::int32_t>(),
+                               pair_of.as<std::int32_t>(), stream);
+    launched("moe: grouping kernel");
+    check(cudaMemcpyAsync(meta_host, off, (ne + 2) * 4, cudaMemcpyDeviceToHost, stream),
+          "moe: copying the expert counts");
+    check(cudaStreamSynchronize(stream), "moe: grouping");
+
+    // Check every expert that gets tokens before anything is written: a refused call leaves y.
+    if (meta_host[ne + 1] >= 0) {
+        std::string m = "CudaModelOps::moe: expert index ";
+        m += std::to_string(meta_host[ne + 1]);
+        m += " out of ";
+        m += std::to_string(ne);
+        m += " experts";
+        throw std::out_of_range(m);
+    }
+    const std::size_t npairs = static_cast<std::size_t>(meta_host[ne]);
+    if (npairs == 0) return;  // every slot skipped
+    const model::FfnWeights* shape = nullptr;
+    for (std::size_t e = 0; e < ne; ++e) {
+        if (meta_host[e + 1] == meta_host[e]) continue;
+        const model::FfnWeights& f = experts[e];
+        if (!shape) shape = &f;
+        const std::size_t hid = shape->gate.cols, ffn = shape->gate.rows;
+        const DType d = shape->gate.dtype;
+        const auto is = [&](const model::Matrix& mx, std::size_t rows, std::size_t cols) {
+            return mx.data && mx.rows == rows && mx.cols == cols && mx.dtype == d;
+        };
+        if (!is(f.gate, ffn, hid) || !is(f.up, ffn, hid) || !is(f.down, hid, ffn)) {
+            std::string m = "CudaModelOps::moe: expert ";
+            m += std::to_string(e);
+            m += " does not have the shape and dtype of the first routed expert: gate and up (";
+            m += std::to_string(ffn);
+            m += ", ";
+            m += std::to_string(hid);
+            m += "), down (";
+            m += std::to_string(hid);
+            m += ", ";
+            m += std::to_string(ffn);
+            m += "), ";
+            m += dtype_name(d);
+            m += ", all with data";
+            throw std::invalid_argument(m);
+        }
+    }
+    const std::size_t hidden = shape->gate.cols, ffn = shape->gate.rows;
+    const DType dtype = shape->gate.dtype;
+    if (hidden > opts.max_hidden) too_large("moe", "hidden", hidden, "max_hidden", opts.max_hidden);
+    if (ffn > opts.max_ffn) too_large("moe", "ffn", ffn, "max_ffn", opts.max_ffn);
+
+    const std::size_t es = dtype_bytes(dtype);
+    detail::launch_gather(x, hidden, pair_token.as<std::int32_t>(), npairs, dtype, xg.p, stream);
+    launched("moe: gather kernel");
+    const auto* xgb = xg.as<const unsigned char>();
+    for (std::size_t e = 0; e < ne; ++e) {
+        const std::size_t first = static_cast<std::size_t>(meta_host[e]);
+        const std::size_t rows = static_cast<std::size_t>(meta_host[e + 1]) - first;
+        if (rows == 0) continue;
+        gemm(experts[e].gate, xgb + first * hidden * es, rows, g.as<float>() + first * ffn, ffn);
+        gemm(experts[e].up, xgb + first * hidden * es, rows, u.as<float>() + first * ffn, ffn);
+    }
+    detail::launch_swiglu(g.as<float>(), u.as<float>(), npairs * ffn, dtype, h.p, stream);
+    launched("moe: SwiGLU kernel");
+    float* partial = xg.as<float>();  // the gathered inputs are consumed by now (stream order)
+    const auto* hb = h.as<const unsigned char>();
+    for (std::size_t e = 0; e < ne; ++e) {
+        const std::size_t first = static_cast<std::size_t>(meta_host[e]);
+        const std::size_t rows = static_cast<std::size_t>(meta_host[e + 1]) - first;
+        if (rows == 0) continue;
+        gemm(experts[e].down, hb + first * ffn * es, rows, partial + first * hidden, hidden);
+    }
+    detail::launch_combine(partial, hidden, pair_of.as<std::int32_t>(), routing.weight, n, k, y,
+                           stream);
+    launched("moe: combine kernel");
+}
+
+CudaModelOps::CudaModelOps(const CudaModelOpsOptions& opts) : impl_(std::make_unique<Impl>(opts)) {}
+CudaModelOps::~CudaModelOps() = default;
+
+void CudaModelOps::linear(const model::Matrix& w, const float* x, std::size_t n, float* y) {
+    impl_->linear(w, x, n, y);
+}
+void CudaModelOps::moe(std::span<const model::FfnWeights> experts, const float* x, std::size_t n,
+                       const model::MoeRouting& routing, float* y) {
+    impl_->moe(experts, x, n, routing, y);
+}
+
+void CudaModelOps::embed(const model::Matrix& table, const std::int32_t* ids, std::size_t n,
+                         float* out) {
+    if (n == 0 || table.cols == 0) return;
+    impl_->use();
+    detail::launch_embed(table.data, table.dtype, table.cols, ids, n, out, impl_->stream);
+    launched("embed kernel");
+}
+
+void CudaModelOps::rms_norm(const model::Vector& w, const float* x, std::size_t rows,
+                            std::size_t dim, float eps, float* y) {
+    if (rows == 0 || dim == 0) return;
+    if (w.dtype != DType::f32 || w.n != dim)
+        throw std::invalid_argument("CudaModelOps::rms_norm: the weight is not fp32 of dim");
+    impl_->use();
+    detail::launch_rms_norm(static_cast<const float*>(w.data), x, rows, dim, eps, y, impl_->stream);
+    launched("rms_norm kernel");
+}
+
+void CudaModelOps::rotary(const model::RotaryTable& t, float* x, std::size_t tokens,
+                          std::size_t heads, std::size_t stride, std::size_t offset,
+                          const std::int64_t* pos) {
+    if (tokens == 0 || heads == 0 || t.dim < 2) return;
+    impl_->use();
+    const float* inv = t.inv_freq;
+    cudaPointerAttributes attr{};
+    check(cudaPointerGetAttributes(&attr, inv), "rotary: cudaPointerGetAttributes");
+    if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {
+        if (t.dim > impl_->opts.max_rotary_dim)
+            too_large("rotary", "dim", t.dim, "max_rotary_dim", impl_->opts.max_rotary_dim);
+        check(cudaMemcpyAsync(impl_->inv_freq.p, inv, t.dim / 2 * sizeof(float),
+                              cudaMemcpyHostToDevice, impl_->stream),
+              "rotary: copying the table");
+        inv = impl_->inv_freq.as<const float>();
+    }
+    detail::launch_rotary(
+        {inv, t.dim, t.interleaved, t.factor, x, tokens, heads, stride, offset, pos},
+        impl_->stream);
+    launched("rotary kernel");
+}
+
+void CudaModelOps::add(float* y, const float* x, std::size_t n) {
+    if (n == 0) return;
+    impl_->use();
+    detail::launch_add(y, x, n, impl_->stream);
+    launched("add kernel");
+}
+
+void CudaModelOps::add_bias(float* y, const model::Vector& b, std::size_t rows) {
+    if (rows == 0 || b.n == 0) return;
+    if (b.dtype != DType::f32) throw std::invalid_argument("CudaModelOps::add_bias: bias not fp32");
+    impl_->use();
+    detail::launch_add_bias(y, static_cast<const float*>(b.data), b.n, rows, impl_->stream);
+    launched("add_bias kernel");
+}
+
+void CudaModelOps::route(const model::RoutingParams& p, const float* logits, std::size_t n,
+                         std::int32_t* experts, float* weights) {
+    const std::size_t E = p.experts, k = p.k, G = std::max<std::size_t>(1, p.groups);
+    if (E > impl_->opts.max_experts)
+        too_large("route", "experts", E, "max_experts", impl_->opts.max_experts);
+    if (k == 0 || k > E || E % G != 0 || p.keep_groups == 0 || p.keep_groups > G ||
+        k > p.keep_groups * (E / G)) {
+        std::string m = "CudaModelOps::route: k = ";
+        m += std::to_string(k);
+        m += " of ";
+        m += std::to_string(E);
+        m += " experts in ";
+        m += std::to_string(G);
+        m += " groups (keeping ";
+        m += std::to_string(p.keep_groups);
+        m += ") is not a routing";
+        throw std::invalid_argument(m);
+    }
+    if (n == 0) return;
+    impl_->use();
+    detail::launch_route(
+        {logits, n, E, k, G, p.keep_groups, p.renormalize, p.scale, experts, weights},
+        impl_->stream);
+    launched("route kernel");
+}
+
+void CudaModelOps::to_dtype(const float* x, std::size_t n, DType t, void* y) {
+    if (n == 0) return;
+    impl_->use();
+    if (t == DType::f32) {
+        check(cudaMemcpyAsync(y, x, n * sizeof(float), cudaMemcpyDeviceToDevice, impl_->stream),
+              "to_dtype: copy");
+        return;
+    }
+    detail::launch_to_dtype(x, n, t, y, impl_->stream);
+    launched("to_dtype kernel");
+}
+
+void CudaModelOps::copy_2d(const float* src, std::size_t src_stride, float* dst,
+                           std::size_t dst_stride, std::size_t rows, std::size_t cols) {
+    if (rows == 0 || cols == 0) return;
+    impl_->use();
+    check(cudaMemcpy2DAsync(dst, dst_stride * sizeof(float), src, src_stride * sizeof(float),
+                            cols * sizeof(float), rows, cudaMemcpyDeviceToDevice, impl_->stream),
+          "copy_2d");
+}
+
+std::size_t CudaModelOps::max_tokens() const noexcept {
+    return impl_->opts.max_tokens;
+}
+const char* CudaModelOps::kernel_name() const noexcept {
+    return impl_->name;
+}
+int CudaModelOps::threads() const noexcept {
+    return impl_->sm_count;
+}
+void* CudaModelOps::stream() const noexcept {
+    return impl_->stream;
+}
+void CudaModelOps::synchronize() const {
+    check(cudaStreamSynchronize(impl_->stream), "stream");
+}
+std::size_t CudaModelOps::workspace_bytes() const noexcept {
+    return impl_->bytes;
+}
+
+// DeviceWeights ------------------------------------------------------------------------------
+
+void* DeviceWeights::copy(const void* host, std::size_t bytes) {
+    DeviceBuffer b(bytes);
+    if (bytes) b.upload(host, bytes);
+    void* p = b.data();
+    buffers_.push_back(std::move(b));
+    bytes_ += bytes;
+    return p;
+}
+
+model::Matrix DeviceWeights::upload(const model::Matrix& host) {
+    model::Matrix m = host;
+    m.data = host.data ? copy(host.data, host.bytes()) : nullptr;
+    return m;
+}
+model::Vector DeviceWeights::upload(const model::Vector& host) {
+    model::Vector v = host;
+    v.data = host.data ? copy(host.data, host.n * dtype_bytes(host.dtype)) : nullptr;
+    return v;
+}
+model::FfnWeights DeviceWeights::upload(const model::FfnWeights& host) {
+    return {upload(host.gate), upload(host.up), upload(host.down)};
+}
+const float* DeviceWeights::upload(std::span<const float> host) {
+    return static_cast<const float*>(copy(host.data(), host.size_bytes()));
+}
+
+}  // namespace writescope::cuda
