@@ -937,7 +937,8 @@ TEST_CASE("a store with a schema version no release wrote is set aside at boot",
     }
 }
 
-TEST_CASE("--config must be a regular profile file of bounded size", "[integration][daemon]") {
+TEST_CASE("the profile named by --config is a regular file of bounded size",
+          "[integration][daemon]") {
     TempDir dir;
     for (const std::string& config : {dir.path().string(), std::string("/dev/zero")}) {
         INFO(config);
