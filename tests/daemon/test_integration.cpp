@@ -958,7 +958,7 @@ TEST_CASE("the profile named by --config is a regular file of bounded size",
     // A model directory that does not exist: its line and column.
     write_text(
         dir / "p.toml",
-        profile_text({{"source = \"@MODELS@/qwen3-moe-tiny\"", "source = \"/no/such/model\""}}));
+        profile_text({{"[model]\nsource", "[model]\nsource = \"/no/such/model\"\n#source"}}));
     auto r =
         run_command({writescoped_path(), "--check-config", "--config", (dir / "p.toml").string()});
     CHECK(r.status.code == 1);
