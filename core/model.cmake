@@ -1,4 +1,4 @@
-# writescope_model: the model runtime (DESIGN.md section 9): configs, checkpoint files, the
+# writescope_model: the model runtime (docs/design.md section 9): configs, checkpoint files, the
 # per-architecture forward pass over ModelOps and the engine, sampling and the scheduler.
 find_package(nlohmann_json 3 REQUIRED)
 file(GLOB WRITESCOPE_MODEL_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/src/model/*.cpp)

@@ -1,4 +1,4 @@
-# writescope_policy: the WriteScope policy (DESIGN.md sections 4 and 6): the roofline, the
+# writescope_policy: the WriteScope policy (docs/design.md sections 4 and 6): the roofline, the
 # execution modes, the robust online cost trackers, the per-step plan and the warm-start state.
 add_library(writescope_policy STATIC
   src/policy/roofline_policy.cpp

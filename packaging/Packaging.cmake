@@ -1,7 +1,7 @@
 # Installation of the programs, systemd units, default profile, man pages and package docs, and
 # the deb and rpm packages (CPack). Included by the top-level CMakeLists.txt after every target is
 # defined. packaging/build-packages.sh builds both packages from a fresh build directory and
-# checks them; the traps it guards against are in DEPENDENCIES.md.
+# checks them; the traps it guards against are in packaging/README.md.
 #
 # Paths: everything is installed relative to the prefix (the packages use /usr) except the
 # profile, which goes to the absolute /etc/writescope: the unit and the daemon's documentation
@@ -120,6 +120,12 @@ if(BUILD_TESTING)
              COMMAND ${_ws_src_dir}/tests/packaging/check-man-coverage.sh ${_ws_src_dir}
                      $<TARGET_FILE:writescoped> $<TARGET_FILE:writescopectl>)
     set_tests_properties(packaging.man-coverage PROPERTIES LABELS unit)
+  endif()
+  find_program(WRITESCOPE_GIT git)
+  if(WRITESCOPE_GIT AND EXISTS ${_ws_src_dir}/.git)
+    add_test(NAME docs.references
+             COMMAND ${_ws_src_dir}/tests/packaging/check-doc-references.sh ${_ws_src_dir})
+    set_tests_properties(docs.references PROPERTIES LABELS unit)
   endif()
 endif()
 

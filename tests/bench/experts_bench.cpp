@@ -32,7 +32,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The routed experts of one MoE layer (shared experts stay on the GPU: DESIGN.md section 5).
+// The routed experts of one MoE layer (shared experts stay on the GPU: docs/design.md section 5).
 struct ExpertShape {
     const char* name;
     std::size_t hidden, ffn, experts, k;

@@ -22,8 +22,8 @@ model.safetensors, generation_config.json) and reference.json:
 
 The weights are re-drawn after construction with larger scales than transformers' init (std 0.02
 makes near-uniform logits whose greedy ties would be decided by rounding noise), seeded, so the
-models are reproducible. The configs exercise what DESIGN.md section 5 lists: Qwen3-MoE's head_dim
-(≠ hidden / heads), q/k norms, mlp_only_layers and decoder_sparse_step, tied and untied heads;
+models are reproducible. The configs exercise what docs/design.md section 5 lists: Qwen3-MoE's
+head_dim (≠ hidden / heads), q/k norms, mlp_only_layers and decoder_sparse_step, tied and untied heads;
 Mixtral's top-2; DeepSeek-V2's MLA with and without q_lora_rank, YaRN (factor, mscale,
 mscale_all_dim), greedy and group_limited_greedy routing, shared experts, dense first layers,
 routed_scaling_factor and norm_topk_prob.

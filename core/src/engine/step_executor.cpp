@@ -127,7 +127,7 @@ const StepPlan& StepExecutor::plan(std::span<const std::uint64_t> seq_ids,
     po.block_tokens = B_;
     po.has_gpu = gpu_ != nullptr;
     // U is packed for the CPU kernel and the GPU path reads only the linear layout (and pulling
-    // pageable memory runs 6.6x slower than pinned, DESIGN.md section 1).
+    // pageable memory runs 6.6x slower than pinned, docs/design.md section 1).
     po.gpu_pulls_u = false;
     po.mode = mode;
     po.costs = costs;

@@ -46,8 +46,8 @@ class FeedForward {
   private:
     const Model& m_;
     ModelOps& ops_;
-    // The routers in fp32 (DESIGN.md section 5: routers in fp32), one per layer (empty for dense
-    // layers).
+    // The routers in fp32 (docs/design.md section 5: routers in fp32), one per layer (empty for
+    // dense layers).
     std::vector<std::vector<float>> routers_;
     std::vector<float> logits_, weights_, ones_;
     std::vector<std::int32_t> experts_, zeros_;

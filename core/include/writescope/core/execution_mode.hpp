@@ -1,4 +1,4 @@
-// The step executor's modes (DESIGN.md section 6): the adaptive WriteScope split and the
+// The step executor's modes (docs/design.md section 6): the adaptive WriteScope split and the
 // baselines built in for side-by-side comparison.
 #pragma once
 

@@ -48,7 +48,7 @@ struct KvGeometry {
     std::string validate() const;
 };
 
-// The built-in presets, with shapes from the models' published configs (DESIGN.md section 5).
+// The built-in presets, with shapes from the models' published configs (docs/design.md section 5).
 // Names: "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite".
 std::optional<KvGeometry> kv_geometry_preset(std::string_view name, DType dtype = DType::bf16);
 // YaRN's attention scaling for a RoPE scaling factor and an mscale coefficient m:

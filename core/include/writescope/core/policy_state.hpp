@@ -1,5 +1,5 @@
-// Warm start (DESIGN.md section 4): the tracked policy state of one workload, and its stable text
-// form. The daemon stores the text in SQLite under format_workload_key(); at boot a workload
+// Warm start (docs/design.md section 4): the tracked policy state of one workload, and its stable
+// text form. The daemon stores the text in SQLite under format_workload_key(); at boot a workload
 // starts from its history instead of the idle-machine calibration.
 //
 // Text form, version 1 (docs/policy.md): one `key=value` per line, '\n' or "\r\n" endings,

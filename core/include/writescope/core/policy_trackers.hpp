@@ -1,5 +1,5 @@
 // The online tracking of the roofline's constants: one robust tracker each for A, B and Δ, and
-// how one step's measurement updates them (DESIGN.md section 4, "Online tracking").
+// how one step's measurement updates them (docs/design.md section 4, "Online tracking").
 #pragma once
 
 #include <array>

@@ -1,5 +1,5 @@
-// The WriteScope roofline (DESIGN.md section 4): the CPU share of one layer's spilled attention
-// at which the CPU and the GPU path finish together, and the step time it predicts.
+// The WriteScope roofline (docs/design.md section 4): the CPU share of one layer's spilled
+// attention at which the CPU and the GPU path finish together, and the step time it predicts.
 #pragma once
 
 #include <limits>

@@ -20,8 +20,8 @@ struct StepExecutorConfig {
     std::size_t max_seqs = 64;  // most sequences in one step
     // Enqueue a layer's GPU side on the calling thread after the CPU workers have started
     // (StartHook), instead of before waking them: the CPU does not wait for the enqueue, one
-    // copy, event and launch per staging chunk. Measured on the H200 (docs/perf/
-    // attention-step.md): 5 % off the hybrid steps, 7 % off cpu-only (predicted 2-5 %).
+    // copy, event and launch per staging chunk. Measured on the H200
+    // (docs/perf/attention-step.md): 5 % off the hybrid steps, 7 % off cpu-only (predicted 2-5 %).
     bool overlap_gpu_launch = true;
 };
 

@@ -1,5 +1,5 @@
 // The per-step plan: which engine attends each block of each sequence in one decode step, and
-// the CPU share the KV router should aim new spilled blocks at (DESIGN.md sections 2–4, 6).
+// the CPU share the KV router should aim new spilled blocks at (docs/design.md sections 2–4, 6).
 //
 // Plan, then run (FlashInfer style): plan_step() writes into a caller-owned StepPlan whose
 // arrays were sized once by reserve(); it never allocates. One block table per sequence serves
@@ -32,7 +32,8 @@ struct RegionPenalties {
     // 10–25 % slower beyond 8K tokens; 1.15 is the middle until calibration measures it.
     double pinned_read = 1.15;
     // B_pageable / B: the GPU pulling pageable (U) memory. 55.4 / 8.4 GB/s = 6.6 on the lent
-    // machine (DESIGN.md section 1); it applies to all of B, so it slightly overstates the cost.
+    // machine (docs/design.md section 1); it applies to all of B, so it slightly overstates the
+    // cost.
     double pageable_copy = 6.6;
 };
 

@@ -1,4 +1,4 @@
-// Placement of a model under one VRAM budget (DESIGN.md section 9): what lives on the GPU and
+// Placement of a model under one VRAM budget (docs/design.md section 9): what lives on the GPU and
 // what stays in host memory, decided once at start.
 //
 // Order: the always-GPU weights (embeddings, attention, routers, norms, the head, shared

@@ -1,4 +1,4 @@
-// Continuous batching (DESIGN.md section 9, "Scheduling"): one thread owns the Runtime (and so
+// Continuous batching (docs/design.md section 9, "Scheduling"): one thread owns the Runtime (and so
 // the engine) and runs the loop; requests are submitted and cancelled from any thread and hear
 // back through their event callback.
 //
