@@ -474,6 +474,18 @@ HttpResponse post_completions_route(Service& s, const HttpRequest& req, const Ta
     return post_completions(s, req);
 }
 
+HttpResponse post_chat_completions_route(Service& s, const HttpRequest& req, const Target&) {
+    return post_chat_completions(s, req);
+}
+
+HttpResponse post_tokenize_route(Service& s, const HttpRequest& req, const Target&) {
+    return post_tokenize(s, req);
+}
+
+HttpResponse post_detokenize_route(Service& s, const HttpRequest& req, const Target&) {
+    return post_detokenize(s, req);
+}
+
 HttpResponse get_models_route(Service& s, const HttpRequest&, const Target&) {
     return json_response(200, models_json(s.view()));
 }
@@ -492,6 +504,9 @@ const std::vector<Route>& routes() {
         {"/v1/history", {{"GET", get_history}}},
         {"/metrics", {{"GET", get_metrics}}},
         {"/v1/completions", {{"POST", post_completions_route}}},
+        {"/v1/chat/completions", {{"POST", post_chat_completions_route}}},
+        {"/v1/tokenize", {{"POST", post_tokenize_route}}},
+        {"/v1/detokenize", {{"POST", post_detokenize_route}}},
         {"/v1/models", {{"GET", get_models_route}}},
     };
     return table;

@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "model_text.hpp"
 #include "service.hpp"
 #include "writescope/core/model/scheduler.hpp"
 
@@ -21,30 +22,9 @@ using json = nlohmann::json;
 using model::ErrorKind;
 using model::RequestEvent;
 
-// Fields of the OpenAI completions request this route reads; any other is refused by name.
-constexpr std::string_view kKnownFields[] = {"model",
-                                             "prompt",
-                                             "max_tokens",
-                                             "temperature",
-                                             "top_p",
-                                             "top_k",
-                                             "min_p",
-                                             "seed",
-                                             "stop_token_ids",
-                                             "ignore_eos",
-                                             "logprobs",
-                                             "n",
-                                             "stream",
-                                             "stream_options",
-                                             "stop",
-                                             "echo",
-                                             "best_of",
-                                             "frequency_penalty",
-                                             "presence_penalty",
-                                             "logit_bias",
-                                             "suffix",
-                                             "user",
-                                             "return_token_ids"};
+// OpenAI's bounds: n up to 128 choices, up to 4 stop strings.
+constexpr std::int64_t kMaxChoices = 128;
+constexpr std::size_t kMaxStopStrings = 4;
 
 int status_of(ErrorKind k) {
     switch (k) {
@@ -92,133 +72,66 @@ std::vector<std::int32_t> token_ids(const json& a, std::string_view what) {
     return out;
 }
 
-// The prompt: an array of token ids, or an array holding one such array.
-std::vector<std::int32_t> prompt_of(const json& body) {
+const text::Tokenizer& need_tokenizer(const ModelText* text, std::string_view what) {
+    if (!text || !text->tokenizer)
+        throw ApiError{400, fmt::format("{} needs a tokenizer: no tokenizer loaded (this model "
+                                        "takes token ids only)",
+                                        what)};
+    return *text->tokenizer;
+}
+
+// The prompt: text (a string, or an array of one string), encoded as transformers does by
+// default (the post-processor's special tokens included); or token ids (an array of them, or
+// an array holding one such array). text_out gets the text, for echo.
+std::vector<std::int32_t> prompt_of(const json& body, const ModelText* text,
+                                    std::string* text_out) {
     if (!body.contains("prompt"))
-        throw ApiError{400, "\"prompt\" is required: an array of token ids"};
+        throw ApiError{400, "\"prompt\" is required: a string or an array of token ids"};
     const auto& p = body.at("prompt");
-    const bool text = p.is_string() || (p.is_array() && !p.empty() && p[0].is_string());
-    if (text)
-        throw ApiError{
-            400,
-            "text prompts need a tokenizer (not loaded): give the prompt as an array of token ids"};
-    if (!p.is_array()) throw ApiError{400, "\"prompt\" must be an array of token ids"};
-    if (!p.empty() && p[0].is_array()) {
-        if (p.size() != 1)
-            throw ApiError{400, fmt::format("\"prompt\" holds {} prompts; one prompt per request "
-                                            "for now",
-                                            p.size())};
-        return token_ids(p[0], "prompt[0]");
+    if (p.is_array() && p.size() > 1 && (p[0].is_string() || p[0].is_array()))
+        throw ApiError{400, fmt::format("\"prompt\" holds {} prompts; one prompt per request "
+                                        "(use \"n\" for several choices)",
+                                        p.size())};
+    const json& one =
+        p.is_array() && p.size() == 1 && (p[0].is_string() || p[0].is_array()) ? p[0] : p;
+    if (one.is_string()) {
+        const auto& tok = need_tokenizer(text, "a text \"prompt\"");
+        *text_out = one.get<std::string>();
+        return tok.encode(*text_out, true);
     }
-    return token_ids(p, "prompt");
-}
-
-struct Parsed {
-    model::Request request;
-    bool stream = false;
-    bool include_usage = false;
-    int logprobs = -1;
-};
-
-Parsed parse_request(const json& body, const ModelInfo& m, const Profile& profile) {
-    for (const auto& [k, _] : body.items())
-        if (std::find(std::begin(kKnownFields), std::end(kKnownFields), k) ==
-            std::end(kKnownFields))
-            throw ApiError{400, fmt::format("unknown field \"{}\"", k)};
-    if (present(body, "model")) {
-        if (!body["model"].is_string()) throw ApiError{400, "\"model\" must be a string"};
-        const auto name = body["model"].get<std::string>();
-        if (name != m.name)
-            throw ApiError{404, fmt::format("model \"{}\" is not served here; this daemon serves "
-                                            "\"{}\" (GET /v1/models)",
-                                            name, m.name)};
-    }
-    Parsed out;
-    auto& r = out.request;
-    r.prompt = prompt_of(body);
-    if (r.prompt.size() > profile.server.max_prompt_tokens)
-        throw ApiError{400, fmt::format("the prompt has {} tokens, more than "
-                                        "server.max_prompt_tokens = {}",
-                                        r.prompt.size(), profile.server.max_prompt_tokens)};
-    if (present(body, "max_tokens")) {
-        const auto v = integer_of(body, "max_tokens");
-        if (v < 1) throw ApiError{400, fmt::format("\"max_tokens\" must be at least 1, got {}", v)};
-        r.max_tokens = static_cast<std::size_t>(v);
-    }
-    if (r.prompt.size() + r.max_tokens > m.max_model_len)
-        throw ApiError{400, fmt::format("the prompt ({} tokens) and max_tokens ({}) make {} "
-                                        "tokens, more than the model's context (max_model_len = "
-                                        "{})",
-                                        r.prompt.size(), r.max_tokens,
-                                        r.prompt.size() + r.max_tokens, m.max_model_len)};
-    auto& sp = r.sampling;
-    if (present(body, "temperature"))
-        sp.temperature = static_cast<float>(number_of(body, "temperature"));
-    if (present(body, "top_p")) sp.top_p = static_cast<float>(number_of(body, "top_p"));
-    if (present(body, "top_k")) sp.top_k = static_cast<int>(integer_of(body, "top_k"));
-    if (present(body, "min_p")) sp.min_p = static_cast<float>(number_of(body, "min_p"));
-    if (present(body, "seed")) {
-        const auto v = integer_of(body, "seed");
-        if (v < 0) throw ApiError{400, fmt::format("\"seed\" must be at least 0, got {}", v)};
-        sp.seed = static_cast<std::uint64_t>(v);
-    }
-    if (present(body, "logprobs")) {
-        const auto v = integer_of(body, "logprobs");
-        if (v < 0 || v > model::SamplingParams::kMaxLogprobs)
-            throw ApiError{400, fmt::format("\"logprobs\" must be in [0, {}], got {}",
-                                            model::SamplingParams::kMaxLogprobs, v)};
-        sp.logprobs = static_cast<int>(v);
-        out.logprobs = sp.logprobs;
-    }
-    if (auto e = sp.validate(); !e.empty()) throw ApiError{400, e};
-    if (present(body, "stop_token_ids")) {
-        if (!body["stop_token_ids"].is_array())
-            throw ApiError{400, "\"stop_token_ids\" must be an array of token ids"};
-        r.stop_token_ids = token_ids(body["stop_token_ids"], "stop_token_ids");
-    }
-    if (present(body, "ignore_eos")) {
-        if (!body["ignore_eos"].is_boolean())
-            throw ApiError{400, "\"ignore_eos\" must be a boolean"};
-        r.ignore_eos = body["ignore_eos"].get<bool>();
-    }
-    if (present(body, "n") && integer_of(body, "n") != 1)
-        throw ApiError{400, fmt::format("\"n\" = {}: one choice per request for now (n = 1)",
-                                        body["n"].dump())};
-    if (present(body, "best_of") && integer_of(body, "best_of") != 1)
-        throw ApiError{400, "\"best_of\" other than 1 is not supported"};
-    if (present(body, "stop") && !(body["stop"].is_array() && body["stop"].empty()))
-        throw ApiError{400, "\"stop\" strings need a tokenizer (not loaded): use stop_token_ids"};
-    if (present(body, "echo") && !(body["echo"].is_boolean() && !body["echo"].get<bool>()))
-        throw ApiError{400, "\"echo\" is not supported"};
-    if (present(body, "suffix")) throw ApiError{400, "\"suffix\" is not supported"};
-    for (const char* pen : {"frequency_penalty", "presence_penalty"})
-        if (present(body, pen) && number_of(body, pen) != 0)
-            throw ApiError{400, fmt::format("\"{}\" is not supported (only 0)", pen)};
-    if (present(body, "logit_bias") &&
-        !(body["logit_bias"].is_object() && body["logit_bias"].empty()))
-        throw ApiError{400, "\"logit_bias\" is not supported"};
-    if (present(body, "stream")) {
-        if (!body["stream"].is_boolean()) throw ApiError{400, "\"stream\" must be a boolean"};
-        out.stream = body["stream"].get<bool>();
-    }
-    if (present(body, "stream_options")) {
-        const auto& so = body["stream_options"];
-        if (!so.is_object()) throw ApiError{400, "\"stream_options\" must be an object"};
-        for (const auto& [k, v] : so.items()) {
-            if (k != "include_usage")
-                throw ApiError{400, fmt::format("unknown field \"stream_options.{}\"", k)};
-            if (!v.is_boolean())
-                throw ApiError{400, "\"stream_options.include_usage\" must be a boolean"};
-            out.include_usage = v.get<bool>();
+    if (!one.is_array())
+        throw ApiError{400, "\"prompt\" must be a string or an array of token ids"};
+    auto ids = token_ids(one, &one == &p ? "prompt" : "prompt[0]");
+    if (text && text->tokenizer) {
+        try {
+            *text_out = text->tokenizer->decode(ids, false);
+        } catch (const std::out_of_range&) {
+            // An id past the vocabulary: the scheduler refuses it by name.
         }
-        if (!out.stream) throw ApiError{400, "\"stream_options\" needs \"stream\": true"};
     }
-    return out;
+    return ids;
 }
 
-// No tokenizer yet: a token is named by its id, as vLLM's return_tokens_as_token_ids does.
-std::string token_name(std::int32_t t) {
+std::string dump(const json& j) {
+    return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// No tokenizer: a token is named by its id, as vLLM's return_tokens_as_token_ids does.
+std::string token_name(const text::Tokenizer* tok, std::int32_t t) {
+    if (tok) {
+        try {
+            return tok->decode(std::span<const std::int32_t>(&t, 1), false);
+        } catch (const std::out_of_range&) {
+        }
+    }
     return fmt::format("token_id:{}", t);
+}
+
+json bytes_of(const std::string& s) {
+    auto a = json::array();
+    for (const unsigned char c : s)
+        a.push_back(static_cast<int>(c));
+    return a;
 }
 
 // JSON has no infinities: a probability-0 token's logprob is written -9999, as OpenAI does.
@@ -230,15 +143,15 @@ double logprob_value(float lp) {
 struct Logprobs {
     json tokens = json::array(), token_logprobs = json::array(), top_logprobs = json::array(),
          text_offset = json::array();
-    void add(const model::SampledToken& t, int n) {
-        tokens.push_back(token_name(t.token));
+    void add(const text::Tokenizer* tok, const model::SampledToken& t, int n, std::size_t offset) {
+        tokens.push_back(token_name(tok, t.token));
         token_logprobs.push_back(logprob_value(t.logprob));
         json top = json::object();
         for (const auto& x : t.top)
             if (static_cast<int>(top.size()) < n)
-                top[token_name(x.token)] = logprob_value(x.logprob);
+                top[token_name(tok, x.token)] = logprob_value(x.logprob);
         top_logprobs.push_back(n > 0 ? top : json(nullptr));
-        text_offset.push_back(0);  // no text yet
+        text_offset.push_back(offset);
     }
     json to_json() const {
         return {{"tokens", tokens},
@@ -248,143 +161,338 @@ struct Logprobs {
     }
 };
 
+// One entry of the chat logprobs' "content" array.
+json chat_logprob(const text::Tokenizer* tok, const model::SampledToken& t, int n) {
+    const auto name = token_name(tok, t.token);
+    auto top = json::array();
+    for (const auto& x : t.top) {
+        if (static_cast<int>(top.size()) >= n) break;
+        const auto xn = token_name(tok, x.token);
+        top.push_back(
+            {{"token", xn}, {"logprob", logprob_value(x.logprob)}, {"bytes", bytes_of(xn)}});
+    }
+    return {{"token", name},
+            {"logprob", logprob_value(t.logprob)},
+            {"bytes", bytes_of(name)},
+            {"top_logprobs", std::move(top)}};
+}
+
 json usage_json(std::size_t prompt, std::size_t completion) {
     return {{"prompt_tokens", prompt},
             {"completion_tokens", completion},
             {"total_tokens", prompt + completion}};
 }
 
-HttpResponse error_of(const model::RequestError& e) {
-    return error_response(status_of(e.kind), e.message);
-}
-
-std::string completion_id() {
+std::string completion_id(Generation::Shape shape) {
     static std::atomic<std::uint64_t> counter{0};
     static const std::uint64_t salt = std::random_device{}();
-    return fmt::format("cmpl-{:016x}{:08x}", salt, ++counter);
+    return fmt::format("{}-{:016x}{:08x}", shape == Generation::Shape::chat ? "chatcmpl" : "cmpl",
+                       salt, ++counter);
 }
 
-// One completion between its submission and its last event: the events (on the scheduler's
-// thread) become the response (a whole JSON body, or server-sent events).
+// Where the first of `stops` occurs in text at or after `from` (npos: none).
+std::size_t find_stop(const std::string& text, std::size_t from,
+                      const std::vector<std::string>& stops) {
+    std::size_t best = std::string::npos;
+    for (const auto& s : stops) {
+        const auto at = text.find(s, from);
+        if (at != std::string::npos && at < best) best = at;
+    }
+    return best;
+}
+
+// The first position at or after `from` from which the rest of text is a proper prefix of a
+// stop string: text from there is held back until it is known not to begin one.
+std::size_t holdback_from(const std::string& text, std::size_t from,
+                          const std::vector<std::string>& stops) {
+    std::size_t longest = 0;
+    for (const auto& s : stops)
+        longest = std::max(longest, s.size());
+    const std::size_t start =
+        std::max(from, text.size() > longest ? text.size() - longest + 1 : std::size_t{0});
+    for (std::size_t q = start; q < text.size(); ++q) {
+        const std::string_view rest(text.data() + q, text.size() - q);
+        for (const auto& s : stops)
+            if (s.size() > rest.size() && std::string_view(s).substr(0, rest.size()) == rest)
+                return q;
+    }
+    return text.size();
+}
+
+// One request of n sequences between their submission and their last events: the events (on
+// the scheduler's thread) become the response (a whole JSON body, or server-sent events).
 struct Completion {
+    struct Choice {
+        std::uint64_t request_id = 0;  // 0: not known yet (submit has not returned)
+        bool cancel_when_known = false;
+        std::optional<text::StreamDecoder> decoder;
+        std::string text;      // the detokenised completion so far (cut at a stop string)
+        std::size_t sent = 0;  // bytes of text already written (streamed)
+        std::vector<std::int32_t> tokens;
+        Logprobs logprobs;                   // completions
+        json chat_logprobs = json::array();  // chat: logprobs.content
+        bool started = false;                // its first chunk went out (streamed)
+        bool ended = false;
+        std::string finish_reason;
+        json stop_reason = nullptr;  // the stop string or token that ended it (vLLM)
+    };
+
+    std::mutex mu;
+    model::Scheduler* sched = nullptr;
+    const text::Tokenizer* tok = nullptr;
     std::shared_ptr<ResponseStream> out;
-    Parsed req;
+    Generation req;
     std::string id, model;
     std::int64_t created = 0;
-    // Non-streamed: the tokens so far.
-    std::vector<std::int32_t> tokens;
-    Logprobs logprobs;
+    std::size_t prompt_tokens = 0;
+    std::vector<Choice> choices;
+    std::size_t ended = 0;
+    bool over = false;  // the response is complete (or abandoned: a submit was refused)
 
-    json choice(json token_ids, json lp, json finish) const {
-        return {{"index", 0},
-                {"text", ""},
-                {"token_ids", std::move(token_ids)},
-                {"logprobs", std::move(lp)},
-                {"finish_reason", std::move(finish)}};
-    }
-    json envelope(json choices) const {
-        return {{"id", id},
-                {"object", "text_completion"},
-                {"created", created},
-                {"model", model},
-                {"choices", std::move(choices)}};
-    }
-    void sse(const json& j) { out->write("data: " + j.dump() + "\n\n"); }
+    bool chat() const { return req.shape == Generation::Shape::chat; }
 
-    void on_event(const RequestEvent& e) {
-        if (req.stream)
-            on_stream_event(e);
+    json envelope(json choice_list) const {
+        json j = {{"id", id},
+                  {"object", chat() ? (req.stream ? "chat.completion.chunk" : "chat.completion")
+                                    : "text_completion"},
+                  {"created", created},
+                  {"model", model},
+                  {"choices", std::move(choice_list)}};
+        if (req.stream && req.include_usage) j["usage"] = nullptr;
+        return j;
+    }
+    void sse(const json& j) { out->write("data: " + dump(j) + "\n\n"); }
+
+    void cancel(Choice& c) {
+        if (c.request_id)
+            sched->cancel(c.request_id);
         else
-            on_whole_event(e);
+            c.cancel_when_known = true;
+    }
+    void cancel_all() {
+        for (auto& c : choices)
+            if (!c.ended) cancel(c);
     }
 
-    void on_whole_event(const RequestEvent& e) {
+    void set_request_id(std::size_t i, std::uint64_t rid) {
+        std::lock_guard lock(mu);
+        choices[i].request_id = rid;
+        if (choices[i].cancel_when_known) sched->cancel(rid);
+    }
+    // A submission was refused: nothing of this request is answered through the stream.
+    void abandon() {
+        std::lock_guard lock(mu);
+        over = true;
+        for (auto& c : choices)
+            if (c.request_id) sched->cancel(c.request_id);
+    }
+    void close() {
+        std::lock_guard lock(mu);
+        for (auto& c : choices)
+            if (c.request_id && !c.ended) sched->cancel(c.request_id);
+    }
+
+    // Appends a token's text; returns the text that may be written now (streamed), which
+    // excludes what could still begin a stop string. A stop string found ends the choice.
+    std::string add_text(Choice& c, std::string piece, bool last) {
+        const std::size_t scan_from = c.sent;
+        c.text += piece;
+        if (!req.stop.empty()) {
+            if (const auto at = find_stop(c.text, scan_from, req.stop); at != std::string::npos) {
+                for (const auto& s : req.stop)
+                    if (c.text.compare(at, s.size(), s) == 0) {
+                        c.stop_reason = s;
+                        break;
+                    }
+                c.text.resize(at);
+                c.ended = true;
+                c.finish_reason = "stop";
+                last = true;
+                cancel(c);
+            }
+        }
+        const std::size_t upto =
+            last || req.stop.empty() ? c.text.size() : holdback_from(c.text, c.sent, req.stop);
+        std::string ready = c.text.substr(c.sent, upto - c.sent);
+        c.sent = upto;
+        return ready;
+    }
+
+    void on_event(std::size_t i, const RequestEvent& e) {
+        std::lock_guard lock(mu);
+        if (over) return;
+        auto& c = choices[i];
+        if (c.ended) return;  // after a stop string: its cancellation's event
         switch (e.kind) {
             case RequestEvent::Kind::admitted:
+                if (req.stream) stream_admitted(i, c);
                 break;
             case RequestEvent::Kind::token:
-                tokens.push_back(e.token.token);
-                if (req.logprobs >= 0) logprobs.add(e.token, req.logprobs);
+                on_token(i, c, e.token);
+                if (c.ended) end_choice(i, c);
                 break;
-            case RequestEvent::Kind::finished: {
-                json body = envelope(json::array(
-                    {choice(tokens, req.logprobs >= 0 ? logprobs.to_json() : json(nullptr),
-                            std::string(model::finish_reason_name(e.finish_reason)))}));
-                body["usage"] = usage_json(e.prompt_tokens, e.completion_tokens);
-                HttpResponse r;
-                r.body = body.dump() + "\n";
-                out->complete(std::move(r));
-                break;
-            }
-            case RequestEvent::Kind::cancelled:
-                out->complete(error_response(503,
-                                             "the completion was cancelled: writescoped is "
-                                             "stopping or the client went away"));
-                break;
-            case RequestEvent::Kind::failed:
-                out->complete(error_of(e.error));
-                break;
-        }
-    }
-
-    void on_stream_event(const RequestEvent& e) {
-        switch (e.kind) {
-            case RequestEvent::Kind::admitted: {
-                HttpResponse head;
-                head.content_type = "text/event-stream";
-                head.headers.emplace_back("X-Accel-Buffering", "no");
-                out->begin(std::move(head));
-                break;
-            }
-            case RequestEvent::Kind::token: {
-                json lp = nullptr;
-                if (req.logprobs >= 0) {
-                    Logprobs one;
-                    one.add(e.token, req.logprobs);
-                    lp = one.to_json();
-                }
-                sse(envelope(json::array({choice(json::array({e.token.token}), lp, nullptr)})));
-                break;
-            }
             case RequestEvent::Kind::finished:
-                sse(envelope(json::array(
-                    {choice(json::array(), nullptr,
-                            std::string(model::finish_reason_name(e.finish_reason)))})));
-                done(e);
+                if (e.finish_reason == model::FinishReason::stop && !c.tokens.empty())
+                    c.stop_reason = c.tokens.back();
+                c.ended = true;
+                c.finish_reason = std::string(model::finish_reason_name(e.finish_reason));
+                end_choice(i, c);
                 break;
             case RequestEvent::Kind::cancelled:
-                if (!out->started()) {
-                    out->complete(error_response(503,
-                                                 "the completion was cancelled: writescoped "
-                                                 "is stopping"));
-                    break;
-                }
-                sse({{"error",
-                      {{"code", 503},
-                       {"message", "the completion was cancelled: writescoped is stopping"},
-                       {"type", std::string(error_type(503))}}}});
-                done(e);
+                fail(503,
+                     "the completion was cancelled: writescoped is stopping or the client "
+                     "went away");
                 break;
             case RequestEvent::Kind::failed:
-                if (!out->started()) {
-                    out->complete(error_of(e.error));
-                    break;
-                }
-                sse({{"error",
-                      {{"code", status_of(e.error.kind)},
-                       {"message", e.error.message},
-                       {"type", std::string(error_type(status_of(e.error.kind)))}}}});
-                done(e);
+                fail(status_of(e.error.kind), e.error.message);
                 break;
         }
     }
 
-    void done(const RequestEvent& e) {
-        if (req.include_usage) {
-            json u = envelope(json::array());
-            u["usage"] = usage_json(e.prompt_tokens, e.completion_tokens);
-            sse(u);
+    void stream_admitted(std::size_t i, Choice& c) {
+        if (!out->started()) {
+            HttpResponse head;
+            head.content_type = "text/event-stream";
+            head.headers.emplace_back("X-Accel-Buffering", "no");
+            out->begin(std::move(head));
         }
+        if (c.started) return;
+        c.started = true;
+        if (chat()) {
+            sse(envelope(json::array({{{"index", i},
+                                       {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                       {"logprobs", nullptr},
+                                       {"finish_reason", nullptr}}})));
+        } else if (req.echo) {
+            sse(envelope(json::array({{{"index", i},
+                                       {"text", *req.echo},
+                                       {"logprobs", nullptr},
+                                       {"finish_reason", nullptr}}})));
+        }
+    }
+
+    void on_token(std::size_t i, Choice& c, const model::SampledToken& t) {
+        c.tokens.push_back(t.token);
+        const std::size_t offset = (req.echo ? req.echo->size() : 0) + c.text.size();
+        std::string piece = c.decoder ? c.decoder->push(t.token) : std::string();
+        const std::string ready = add_text(c, std::move(piece), false);
+        json lp = nullptr;
+        if (req.logprobs >= 0) {
+            if (chat()) {
+                auto entry = chat_logprob(tok, t, req.logprobs);
+                c.chat_logprobs.push_back(entry);
+                lp = {{"content", json::array({std::move(entry)})}};
+            } else {
+                c.logprobs.add(tok, t, req.logprobs, offset);
+                Logprobs one;
+                one.add(tok, t, req.logprobs, offset);
+                lp = one.to_json();
+            }
+        }
+        if (!req.stream) return;
+        if (chat()) {
+            if (ready.empty() && lp.is_null()) return;
+            json ch = {{"index", i},
+                       {"delta", {{"content", ready}}},
+                       {"logprobs", std::move(lp)},
+                       {"finish_reason", nullptr}};
+            if (req.return_token_ids) ch["token_ids"] = json::array({t.token});
+            sse(envelope(json::array({std::move(ch)})));
+        } else {
+            sse(envelope(json::array({{{"index", i},
+                                       {"text", ready},
+                                       {"token_ids", json::array({t.token})},
+                                       {"logprobs", std::move(lp)},
+                                       {"finish_reason", nullptr}}})));
+        }
+    }
+
+    void end_choice(std::size_t i, Choice& c) {
+        // What the decoder and the stop-string check still hold; nothing after a stop string
+        // (add_text cut the text there and wrote what came before).
+        std::string rest;
+        if (!c.stop_reason.is_string())
+            rest = add_text(c, c.decoder ? c.decoder->finish() : std::string(), true);
+        ++ended;
+        if (req.stream) {
+            if (chat()) {
+                if (!rest.empty())
+                    sse(envelope(json::array({{{"index", i},
+                                               {"delta", {{"content", rest}}},
+                                               {"logprobs", nullptr},
+                                               {"finish_reason", nullptr}}})));
+                sse(envelope(json::array({{{"index", i},
+                                           {"delta", json::object()},
+                                           {"logprobs", nullptr},
+                                           {"finish_reason", c.finish_reason},
+                                           {"stop_reason", c.stop_reason}}})));
+            } else {
+                sse(envelope(json::array({{{"index", i},
+                                           {"text", rest},
+                                           {"token_ids", json::array()},
+                                           {"logprobs", nullptr},
+                                           {"finish_reason", c.finish_reason},
+                                           {"stop_reason", c.stop_reason}}})));
+            }
+        }
+        if (ended == choices.size()) finish_all();
+    }
+
+    std::size_t completion_tokens() const {
+        std::size_t n = 0;
+        for (const auto& c : choices)
+            n += c.tokens.size();
+        return n;
+    }
+
+    void finish_all() {
+        over = true;
+        if (req.stream) {
+            if (req.include_usage) {
+                json u = envelope(json::array());
+                u["usage"] = usage_json(prompt_tokens, completion_tokens());
+                sse(u);
+            }
+            out->write("data: [DONE]\n\n");
+            out->end();
+            return;
+        }
+        auto list = json::array();
+        for (std::size_t i = 0; i < choices.size(); ++i) {
+            const auto& c = choices[i];
+            json ch = {{"index", i}};
+            if (chat()) {
+                ch["message"] = {{"role", "assistant"}, {"content", c.text}};
+                ch["logprobs"] =
+                    req.logprobs >= 0 ? json{{"content", c.chat_logprobs}} : json(nullptr);
+                if (req.return_token_ids) ch["token_ids"] = c.tokens;
+            } else {
+                ch["text"] = req.echo ? *req.echo + c.text : c.text;
+                ch["token_ids"] = c.tokens;
+                ch["logprobs"] = req.logprobs >= 0 ? c.logprobs.to_json() : json(nullptr);
+            }
+            ch["finish_reason"] = c.finish_reason;
+            ch["stop_reason"] = c.stop_reason;
+            list.push_back(std::move(ch));
+        }
+        json body = envelope(std::move(list));
+        body["usage"] = usage_json(prompt_tokens, completion_tokens());
+        HttpResponse r;
+        r.body = dump(body) + "\n";
+        out->complete(std::move(r));
+    }
+
+    void fail(int status, const std::string& message) {
+        over = true;
+        cancel_all();
+        if (!out->started()) {
+            out->complete(error_response(status, message));
+            return;
+        }
+        sse({{"error",
+              {{"code", status},
+               {"message", message},
+               {"type", std::string(error_type(status))}}}});
         out->write("data: [DONE]\n\n");
         out->end();
     }
@@ -392,44 +500,247 @@ struct Completion {
 
 }  // namespace
 
-HttpResponse post_completions(Service& service, const HttpRequest& req) {
-    model::Scheduler* sched = service.scheduler();
-    if (!sched) throw ApiError{503, "no model is loaded: this daemon serves no completions"};
-    const ServiceView v = service.view();
+json parse_json_body(const HttpRequest& req) {
     json body;
     try {
         body = req.body.empty() ? json() : json::parse(req.body);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {
         throw ApiError{400, fmt::format("malformed JSON: {}", e.what())};
     }
     if (!body.is_object()) throw ApiError{400, "the request body must be a JSON object"};
+    return body;
+}
 
+void reject_unknown(const json& body, std::initializer_list<std::string_view> known,
+                    std::string_view prefix) {
+    for (const auto& [k, _] : body.items())
+        if (std::find(known.begin(), known.end(), k) == known.end())
+            throw ApiError{400, fmt::format("unknown field \"{}{}\"", prefix, k)};
+}
+
+void check_model_field(const json& body, const std::string& served) {
+    if (!present(body, "model")) return;
+    if (!body["model"].is_string()) throw ApiError{400, "\"model\" must be a string"};
+    const auto name = body["model"].get<std::string>();
+    if (name != served)
+        throw ApiError{404, fmt::format("model \"{}\" is not served here; this daemon serves "
+                                        "\"{}\" (GET /v1/models)",
+                                        name, served)};
+}
+
+void parse_common_fields(const json& body, Generation& g, const ModelText* text) {
+    auto& r = g.request;
+    auto& sp = r.sampling;
+    if (present(body, "temperature"))
+        sp.temperature = static_cast<float>(number_of(body, "temperature"));
+    if (present(body, "top_p")) sp.top_p = static_cast<float>(number_of(body, "top_p"));
+    if (present(body, "top_k")) sp.top_k = static_cast<int>(integer_of(body, "top_k"));
+    if (present(body, "min_p")) sp.min_p = static_cast<float>(number_of(body, "min_p"));
+    if (present(body, "seed")) {
+        const auto v = integer_of(body, "seed");
+        if (v < 0) throw ApiError{400, fmt::format("\"seed\" must be at least 0, got {}", v)};
+        sp.seed = static_cast<std::uint64_t>(v);
+    }
+    if (present(body, "stop_token_ids")) {
+        if (!body["stop_token_ids"].is_array())
+            throw ApiError{400, "\"stop_token_ids\" must be an array of token ids"};
+        r.stop_token_ids = token_ids(body["stop_token_ids"], "stop_token_ids");
+    }
+    if (present(body, "ignore_eos")) {
+        if (!body["ignore_eos"].is_boolean())
+            throw ApiError{400, "\"ignore_eos\" must be a boolean"};
+        r.ignore_eos = body["ignore_eos"].get<bool>();
+    }
+    if (present(body, "n")) {
+        const auto n = integer_of(body, "n");
+        if (n < 1 || n > kMaxChoices)
+            throw ApiError{400, fmt::format("\"n\" must be in [1, {}], got {}", kMaxChoices, n)};
+        g.n = static_cast<std::size_t>(n);
+    }
+    if (present(body, "stop")) {
+        const auto& s = body["stop"];
+        std::vector<std::string> stops;
+        if (s.is_string()) {
+            stops.push_back(s.get<std::string>());
+        } else if (s.is_array()) {
+            if (s.size() > kMaxStopStrings)
+                throw ApiError{400, fmt::format("\"stop\" holds {} strings; at most {}", s.size(),
+                                                kMaxStopStrings)};
+            for (std::size_t i = 0; i < s.size(); ++i) {
+                if (!s[i].is_string())
+                    throw ApiError{400, fmt::format("\"stop\"[{}] must be a string", i)};
+                stops.push_back(s[i].get<std::string>());
+            }
+        } else {
+            throw ApiError{400, "\"stop\" must be a string or an array of strings"};
+        }
+        for (std::size_t i = 0; i < stops.size(); ++i)
+            if (stops[i].empty()) throw ApiError{400, fmt::format("\"stop\"[{}] is empty", i)};
+        if (!stops.empty()) need_tokenizer(text, "\"stop\" strings");
+        g.stop = std::move(stops);
+    }
+    for (const char* pen : {"frequency_penalty", "presence_penalty"})
+        if (present(body, pen) && number_of(body, pen) != 0)
+            throw ApiError{400, fmt::format("\"{}\" is not supported (only 0)", pen)};
+    if (present(body, "logit_bias") &&
+        !(body["logit_bias"].is_object() && body["logit_bias"].empty()))
+        throw ApiError{400, "\"logit_bias\" is not supported"};
+    if (present(body, "user") && !body["user"].is_string())
+        throw ApiError{400, "\"user\" must be a string"};
+    if (present(body, "return_token_ids")) {
+        if (!body["return_token_ids"].is_boolean())
+            throw ApiError{400, "\"return_token_ids\" must be a boolean"};
+        g.return_token_ids = body["return_token_ids"].get<bool>();
+    }
+    if (present(body, "stream")) {
+        if (!body["stream"].is_boolean()) throw ApiError{400, "\"stream\" must be a boolean"};
+        g.stream = body["stream"].get<bool>();
+    }
+    if (present(body, "stream_options")) {
+        const auto& so = body["stream_options"];
+        if (!so.is_object()) throw ApiError{400, "\"stream_options\" must be an object"};
+        for (const auto& [k, v] : so.items()) {
+            if (k != "include_usage")
+                throw ApiError{400, fmt::format("unknown field \"stream_options.{}\"", k)};
+            if (!v.is_boolean())
+                throw ApiError{400, "\"stream_options.include_usage\" must be a boolean"};
+            g.include_usage = v.get<bool>();
+        }
+        if (!g.stream) throw ApiError{400, "\"stream_options\" needs \"stream\": true"};
+    }
+}
+
+HttpResponse submit_generation(Service& service, const ServiceView& v, Generation g) {
+    model::Scheduler* sched = service.scheduler();
+    if (!sched) throw ApiError{503, "no model is loaded: this daemon serves no completions"};
+    auto& r = g.request;
+    if (r.prompt.size() > v.profile.server.max_prompt_tokens)
+        throw ApiError{400, fmt::format("the prompt has {} tokens, more than "
+                                        "server.max_prompt_tokens = {}",
+                                        r.prompt.size(), v.profile.server.max_prompt_tokens)};
+    if (r.prompt.size() + r.max_tokens > v.model.max_model_len)
+        throw ApiError{400, fmt::format("the prompt ({} tokens) and max_tokens ({}) make {} "
+                                        "tokens, more than the model's context (max_model_len = "
+                                        "{})",
+                                        r.prompt.size(), r.max_tokens,
+                                        r.prompt.size() + r.max_tokens, v.model.max_model_len)};
+    if (auto e = r.sampling.validate(); !e.empty()) throw ApiError{400, e};
+    if (r.prompt.empty()) throw ApiError{400, "the prompt is empty (no tokens)"};
+
+    const ModelText* text = service.text();
     auto c = std::make_shared<Completion>();
-    c->req = parse_request(body, v.model, v.profile);
+    c->sched = sched;
+    c->tok = text ? text->tokenizer.get() : nullptr;
+    c->req = std::move(g);
     c->out = std::make_shared<ResponseStream>();
-    c->id = completion_id();
+    c->id = completion_id(c->req.shape);
     c->model = v.model.name;
     c->created = unix_ms_now() / 1000;
-    const auto submitted =
-        sched->submit(c->req.request, [c](const RequestEvent& e) { c->on_event(e); });
-    if (!submitted) throw ApiError{status_of(submitted.error->kind), submitted.error->message};
-    c->out->on_close([sched, id = submitted.id] { sched->cancel(id); });
-    HttpResponse r;
-    r.stream = c->out;
-    return r;
+    c->prompt_tokens = c->req.request.prompt.size();
+    c->choices.resize(c->req.n);
+    for (auto& ch : c->choices)
+        if (c->tok) ch.decoder.emplace(*c->tok, true);
+    c->out->on_close([c] { c->close(); });
+    for (std::size_t i = 0; i < c->req.n; ++i) {
+        model::Request one = c->req.request;
+        if (one.sampling.seed) one.sampling.seed = *one.sampling.seed + i;
+        const auto submitted =
+            sched->submit(std::move(one), [c, i](const RequestEvent& e) { c->on_event(i, e); });
+        if (!submitted) {
+            c->abandon();
+            throw ApiError{status_of(submitted.error->kind),
+                           c->req.n > 1 ? fmt::format("choice {} of {}: {}", i, c->req.n,
+                                                      submitted.error->message)
+                                        : submitted.error->message};
+        }
+        c->set_request_id(i, submitted.id);
+    }
+    HttpResponse resp;
+    resp.stream = c->out;
+    return resp;
+}
+
+HttpResponse post_completions(Service& service, const HttpRequest& req) {
+    if (!service.scheduler())
+        throw ApiError{503, "no model is loaded: this daemon serves no completions"};
+    const ServiceView v = service.view();
+    const json body = parse_json_body(req);
+    reject_unknown(body, {"model",
+                          "prompt",
+                          "max_tokens",
+                          "temperature",
+                          "top_p",
+                          "top_k",
+                          "min_p",
+                          "seed",
+                          "stop_token_ids",
+                          "ignore_eos",
+                          "logprobs",
+                          "n",
+                          "stream",
+                          "stream_options",
+                          "stop",
+                          "echo",
+                          "best_of",
+                          "frequency_penalty",
+                          "presence_penalty",
+                          "logit_bias",
+                          "suffix",
+                          "user",
+                          "return_token_ids"});
+    check_model_field(body, v.model.name);
+    const ModelText* text = service.text();
+    Generation g;
+    g.shape = Generation::Shape::completion;
+    std::string prompt_text;
+    g.request.prompt = prompt_of(body, text, &prompt_text);
+    if (present(body, "max_tokens")) {
+        const auto n = integer_of(body, "max_tokens");
+        if (n < 1) throw ApiError{400, fmt::format("\"max_tokens\" must be at least 1, got {}", n)};
+        g.request.max_tokens = static_cast<std::size_t>(n);
+    }
+    if (present(body, "logprobs")) {
+        const auto n = integer_of(body, "logprobs");
+        if (n < 0 || n > model::SamplingParams::kMaxLogprobs)
+            throw ApiError{400, fmt::format("\"logprobs\" must be in [0, {}], got {}",
+                                            model::SamplingParams::kMaxLogprobs, n)};
+        g.logprobs = static_cast<int>(n);
+        g.request.sampling.logprobs = g.logprobs;
+    }
+    if (present(body, "best_of") && integer_of(body, "best_of") != 1)
+        throw ApiError{400, "\"best_of\" other than 1 is not supported"};
+    if (present(body, "echo")) {
+        if (!body["echo"].is_boolean()) throw ApiError{400, "\"echo\" must be a boolean"};
+        if (body["echo"].get<bool>()) {
+            if (!text || !text->tokenizer)
+                throw ApiError{400, "\"echo\" needs a tokenizer: no tokenizer loaded"};
+            if (g.logprobs >= 0)
+                throw ApiError{400,
+                               "\"echo\" with \"logprobs\" needs the prompt's logprobs, "
+                               "which are not computed"};
+            g.echo = prompt_text;
+        }
+    }
+    if (present(body, "suffix")) throw ApiError{400, "\"suffix\" is not supported"};
+    parse_common_fields(body, g, text);
+    return submit_generation(service, v, std::move(g));
 }
 
 json models_json(const ServiceView& v) {
     auto data = json::array();
-    if (v.model.loaded)
-        data.push_back({{"id", v.model.name},
+    const auto& m = v.model;
+    if (m.loaded)
+        data.push_back({{"id", m.name},
                         {"object", "model"},
                         {"created", v.started_at_ms / 1000},
                         {"owned_by", "writescope"},
-                        {"root", v.model.name},
+                        {"root", m.name},
                         {"parent", nullptr},
-                        {"max_model_len", v.model.max_model_len},
-                        {"description", v.model.description}});
+                        {"max_model_len", m.max_model_len},
+                        {"description", m.description},
+                        {"tokenizer", m.tokenizer},
+                        {"chat_template", m.chat_template},
+                        {"chat_problem", m.chat_template ? json(nullptr) : json(m.chat_problem)}});
     return {{"object", "list"}, {"data", std::move(data)}};
 }
 
@@ -450,7 +761,14 @@ json served_model_json(const ServiceView& v) {
             {"prefill_chunk_tokens", m.prefill_chunk_tokens},
             {"expert_kernel", m.kernel},
             {"expert_threads", m.expert_threads},
-            {"load_seconds", m.load_seconds}};
+            {"load_seconds", m.load_seconds},
+            {"tokenizer", m.tokenizer ? json{{"path", m.tokenizer_path},
+                                             {"vocab_size", m.tokenizer_vocab},
+                                             {"bos_token", m.bos_token},
+                                             {"eos_token", m.eos_token}}
+                                      : json(nullptr)},
+            {"chat_template", m.chat_template},
+            {"chat_problem", m.chat_template ? json(nullptr) : json(m.chat_problem)}};
 }
 
 namespace {

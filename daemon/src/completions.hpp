@@ -1,22 +1,33 @@
-// The OpenAI-shaped completions surface (docs/api.md): POST /v1/completions over the scheduler,
-// GET /v1/models, and the model and scheduler parts of /v1/status and /metrics.
+// The OpenAI-shaped generation surface (docs/api.md): POST /v1/completions and
+// POST /v1/chat/completions over the scheduler, POST /v1/tokenize and /v1/detokenize, GET
+// /v1/models, and the model and scheduler parts of /v1/status and /metrics.
 #pragma once
 
+#include <cstddef>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "api.hpp"
+#include "writescope/core/model/scheduler.hpp"
 
 namespace writescope::daemon {
 
 class Service;
 struct ServiceView;
+struct ModelText;
 
 // Parses and checks the request, submits it, and returns a response that the scheduler's
 // events fill (streamed as server-sent events when "stream" is true). Throws ApiError for what
-// is refused before the scheduler (bad fields, text prompts, limits, no model).
+// is refused before the scheduler (bad fields, a text prompt without a tokenizer, limits, no
+// model).
 HttpResponse post_completions(Service& service, const HttpRequest& req);
+// chat_completions.cpp: the same over the chat template; and the tokenizer's routes.
+HttpResponse post_chat_completions(Service& service, const HttpRequest& req);
+HttpResponse post_tokenize(Service& service, const HttpRequest& req);
+HttpResponse post_detokenize(Service& service, const HttpRequest& req);
 
 nlohmann::json models_json(const ServiceView& v);
 // /v1/status: "model" (what was loaded) and "scheduler" (queues, counters, latencies).
@@ -24,5 +35,35 @@ nlohmann::json served_model_json(const ServiceView& v);
 nlohmann::json scheduler_json(const ServiceView& v);
 // /metrics: the scheduler's families (Prometheus text), empty before a model serves.
 std::string scheduler_metrics_text(const ServiceView& v);
+
+// --- shared by the two generation routes (completions.cpp)
+
+// What a generation route asks for once its body is parsed: n sequences of one prompt.
+struct Generation {
+    enum class Shape : std::uint8_t { completion, chat };
+    Shape shape = Shape::completion;
+    model::Request request;  // sequence i draws with seed + i when a seed is given
+    std::size_t n = 1;
+    bool stream = false, include_usage = false;
+    int logprobs = -1;                // -1: none; else the top-n count (chat: top_logprobs)
+    std::vector<std::string> stop;    // stop strings (at most 4, none empty)
+    std::optional<std::string> echo;  // completions' echo: the prompt's text, written first
+    bool return_token_ids = true;
+};
+
+// The body as a JSON object (400 on malformed JSON or another type).
+nlohmann::json parse_json_body(const HttpRequest& req);
+// Refuses fields not in `known` by name.
+void reject_unknown(const nlohmann::json& body, std::initializer_list<std::string_view> known,
+                    std::string_view prefix = "");
+// "model" names the served model (404 otherwise).
+void check_model_field(const nlohmann::json& body, const std::string& served);
+// The sampling fields (temperature, top_p, top_k, min_p, seed), stop and stop_token_ids,
+// ignore_eos, n, stream and stream_options, return_token_ids, the refused penalties and
+// logit_bias. With a tokenizer null, stop strings are refused.
+void parse_common_fields(const nlohmann::json& body, Generation& g, const ModelText* text);
+// Checks the prompt against server.max_prompt_tokens and prompt + max_tokens against the
+// context, then submits the n sequences; the response is filled by their events.
+HttpResponse submit_generation(Service& service, const ServiceView& v, Generation g);
 
 }  // namespace writescope::daemon

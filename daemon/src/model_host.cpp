@@ -34,6 +34,10 @@ ModelFactory real_model_factory() {
         host->load_seconds =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const auto& c = host->model->config();
+        if (!host->model->builtin()) {
+            status("loading the tokenizer");
+            host->text = load_model_text(p.model.source);
+        }
 
         model::RuntimeOptions ro;
         ro.max_batch = p.kv.max_batch;

@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "model_text.hpp"
 #include "profile.hpp"
 #include "writescope/core/engine.hpp"
 #include "writescope/core/model/model.hpp"
@@ -26,6 +27,7 @@ struct ModelHost {
     std::string kernel;       // the expert/GEMM kernels ("avx512-bf16", ...)
     int expert_threads = 0;   // threads of the ops' pool
     double load_seconds = 0;  // loading (or generating) the weights
+    ModelText text;           // a model directory's tokenizer and chat template, if any
 };
 
 // Builds the ModelHost for a profile over a started engine (whose geometry is the model's).

@@ -270,6 +270,26 @@ void Service::load_model(const Profile& profile, const StatusFn& status) {
     info.kernel = host->kernel;
     info.expert_threads = host->expert_threads;
     info.load_seconds = host->load_seconds;
+    const auto& text = host->text;
+    info.tokenizer = text.tokenizer != nullptr;
+    info.chat_template = text.chat_template.has_value();
+    info.chat_problem = text.chat_problem;
+    if (text.tokenizer) {
+        const auto& tc = text.tokenizer->config();
+        info.tokenizer_path = text.tokenizer_path.string();
+        info.tokenizer_vocab = text.tokenizer->vocab_size();
+        info.bos_token = tc.bos_token;
+        info.eos_token = tc.eos_token;
+        log_info("model.tokenizer", "tokenizer {} loaded: {} tokens, bos \"{}\", eos \"{}\"; {}",
+                 info.tokenizer_path, info.tokenizer_vocab, tc.bos_token, tc.eos_token,
+                 info.chat_template ? "chat template compiled" : info.chat_problem);
+        if (!info.chat_template)
+            log_warning("model.chat_template", "/v1/chat/completions is not served: {}",
+                        info.chat_problem);
+    } else {
+        log_info("model.tokenizer", "no tokenizer loaded ({}): the model takes token ids only",
+                 info.builtin ? "a built-in model" : info.chat_problem);
+    }
     log_info("model.loaded",
              "model {} loaded in {:.2f} s: {} of weights, context {} tokens, experts on the CPU "
              "({} kernels, {} threads), up to {} sequences",
@@ -284,6 +304,11 @@ void Service::load_model(const Profile& profile, const StatusFn& status) {
 model::Scheduler* Service::scheduler() const {
     std::lock_guard lock(model_mu_);
     return model_ ? model_->scheduler.get() : nullptr;
+}
+
+const ModelText* Service::text() const {
+    std::lock_guard lock(model_mu_);
+    return model_ ? &model_->text : nullptr;
 }
 
 void Service::cancel_generation() {

@@ -86,6 +86,14 @@ struct ModelInfo {
     std::string kernel;  // the expert/GEMM kernels
     int expert_threads = 0;
     double load_seconds = 0;
+    // The text side (ModelText): the tokenizer.json read ("" when none) and whether a chat
+    // template serves /v1/chat/completions, else why not.
+    bool tokenizer = false;
+    std::string tokenizer_path;
+    std::size_t tokenizer_vocab = 0;
+    std::string bos_token, eos_token;
+    bool chat_template = false;
+    std::string chat_problem;
 };
 
 // Everything the API reports, taken at one moment.
@@ -144,6 +152,9 @@ class Service {
     // The scheduler of the loaded model; null until boot has loaded it (and in the unit tests'
     // services built without a model factory). Valid until the Service is destroyed.
     model::Scheduler* scheduler() const;
+    // The loaded model's tokenizer and chat template; null until boot has loaded the model.
+    // Valid (and immutable) until the Service is destroyed.
+    const ModelText* text() const;
 
     ServiceView view() const;
     Profile profile() const;
