@@ -1,0 +1,574 @@
+// CudaModelOps against the CPU implementation (CpuModelOps, the reference) and, for linear and
+// moe, against fp64, on fresh random inputs (seed printed), with bounds from the numerics
+// contract (model_ops.hpp): both sides round at the same points and differ only in summation
+// order, so an fp32 dot product over c terms is within (c + 2) · 2^-24 · Σ|w||x| of the fp64
+// value on either side (products of bf16 or fp16 values are exact in fp32; fp32 products add one
+// rounding each), and the two sides within twice that of each other.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "test_seed.hpp"
+#include "writescope/cpu/model_ops.hpp"
+#include "writescope/cuda/device.hpp"
+#include "writescope/cuda/model_ops.hpp"
+
+using namespace writescope;
+
+namespace {
+
+constexpr double kU = 1.0 / (1 << 24);  // fp32 unit roundoff
+
+bool have_gpu() {
+    static const bool ok = cuda::device_count() > 0;
+    return ok;
+}
+
+// Widths of the models the runtime serves (DESIGN.md section 5) and a few odd ones.
+cuda::CudaModelOpsOptions gpu_opts() {
+    cuda::CudaModelOpsOptions o;
+    o.max_tokens = 300;
+    o.max_hidden = 4096;
+    o.max_ffn = 14336;
+    o.max_experts = 256;
+    o.max_k = 8;
+    return o;
+}
+cuda::CudaModelOps& gpu_ops() {
+    static cuda::CudaModelOps ops(gpu_opts());
+    return ops;
+}
+cpu::CpuModelOps& cpu_ops() {
+    static cpu::CpuModelOps ops([] {
+        cpu::CpuModelOpsOptions o;
+        o.max_tokens = 300;
+        o.max_hidden = 4096;
+        o.max_ffn = 14336;
+        o.max_experts = 256;
+        o.max_k = 8;
+        return o;
+    }());
+    return ops;
+}
+
+// A fast generator for the large weight matrices (hundreds of millions of values).
+struct SplitMix {
+    std::uint64_t s;
+    std::uint64_t next() noexcept {
+        std::uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+    }
+    float uniform() noexcept {  // [-1, 1)
+        return static_cast<float>(static_cast<double>(next() >> 40) / double(1 << 23) - 1.0);
+    }
+};
+
+// A host weight matrix of random values in [-1, 1) of its dtype.
+struct HostMatrix {
+    std::vector<std::byte> bytes;
+    model::Matrix m;
+    HostMatrix(std::size_t rows, std::size_t cols, DType d, std::uint64_t seed) {
+        bytes.resize(rows * cols * dtype_bytes(d));
+        SplitMix g{seed};
+        for (std::size_t i = 0; i < rows * cols; ++i)
+            store_from_f32(bytes.data(), i, d, g.uniform());
+        m = {bytes.data(), d, rows, cols};
+    }
+    double at(std::size_t r, std::size_t c) const noexcept {
+        return load_as_f32(m.data, r * m.cols + c, m.dtype);
+    }
+};
+
+std::vector<float> random_floats(std::size_t n, float lo, float hi, std::mt19937_64& rng) {
+    std::uniform_real_distribution<float> u(lo, hi);
+    std::vector<float> v(n);
+    for (auto& f : v)
+        f = u(rng);
+    return v;
+}
+
+double round_to(double v, DType d) noexcept {
+    const float f = static_cast<float>(v);
+    if (d == DType::bf16) return bf16_to_f32(f32_to_bf16(f));
+    if (d == DType::f16) return f16_to_f32(f32_to_f16(f));
+    return f;
+}
+
+// One unit in the last place of |v| in dtype d (a bound on a rounding's error, either side).
+double ulp(double v, DType d) noexcept {
+    const int frac = d == DType::bf16 ? 7 : d == DType::f16 ? 10 : 23;
+    const double min_normal = d == DType::f16 ? std::ldexp(1.0, -14) : std::ldexp(1.0, -126);
+    const double a = std::max(std::fabs(v), min_normal);
+    return std::ldexp(1.0, std::ilogb(a) - frac);
+}
+
+template <class T>
+cuda::DeviceBuffer to_device(const std::vector<T>& v) {
+    cuda::DeviceBuffer b(std::max<std::size_t>(1, v.size() * sizeof(T)));
+    if (!v.empty()) b.upload(v.data(), v.size() * sizeof(T));
+    return b;
+}
+template <class T>
+std::vector<T> to_host(const cuda::DeviceBuffer& b, std::size_t n) {
+    gpu_ops().synchronize();
+    std::vector<T> v(n);
+    if (n) b.download(v.data(), n * sizeof(T));
+    return v;
+}
+template <class T>
+T* dptr(const cuda::DeviceBuffer& b) {
+    return static_cast<T*>(b.data());
+}
+
+const char* name(DType d) {
+    return d == DType::bf16 ? "bf16" : d == DType::f16 ? "fp16" : "fp32";
+}
+
+// Tokens of n the fp64 reference is computed for: the first, the last and some between, as many
+// as `budget` multiply-adds allow (at least one).
+std::vector<std::size_t> ref_tokens(std::size_t n, double macs_per_token, double budget,
+                                    std::mt19937_64& rng) {
+    const std::size_t want =
+        std::clamp<std::size_t>(static_cast<std::size_t>(budget / macs_per_token), 1, 8);
+    std::vector<std::size_t> t{0};
+    if (n > 1 && want > 1) t.push_back(n - 1);
+    while (t.size() < std::min(want, n)) {
+        const std::size_t c = std::uniform_int_distribution<std::size_t>(0, n - 1)(rng);
+        if (std::find(t.begin(), t.end(), c) == t.end()) t.push_back(c);
+    }
+    return t;
+}
+
+}  // namespace
+
+TEST_CASE("GPU linear matches the CPU and the fp64 reference", "[gpu]") {
+    if (!have_gpu()) FAIL("no GPU: run the gpu label only on a GPU machine");
+    auto rng = test::seeded_rng("gpu model linear");
+    struct Shape {
+        const char* what;
+        std::size_t rows, cols;
+    };
+    const Shape shapes[] = {{"odd", 37, 19},
+                            {"odd-wide", 1001, 517},
+                            {"qwen3 gate", 768, 2048},
+                            {"qwen3 down", 2048, 768},
+                            {"deepseek gate", 1408, 2048},
+                            {"mixtral up", 14336, 4096},
+                            {"mixtral down", 4096, 14336}};
+    for (const auto& s : shapes)
+        for (DType d : {DType::bf16, DType::f16, DType::f32}) {
+            const HostMatrix w(s.rows, s.cols, d, rng());
+            cuda::DeviceWeights dw;
+            const model::Matrix wd = dw.upload(w.m);
+            for (std::size_t n : {1u, 4u, 16u, 300u}) {
+                const auto x = random_floats(n * s.cols, -1.0f, 1.0f, rng);
+                std::vector<float> yc(n * s.rows);
+                cpu_ops().linear(w.m, x.data(), n, yc.data());
+                const auto xd = to_device(x);
+                cuda::DeviceBuffer yd(n * s.rows * sizeof(float));
+                yd.fill_bytes(0xff);  // NaN: an unwritten element fails
+                gpu_ops().linear(wd, dptr<float>(xd), n, dptr<float>(yd));
+                const auto yg = to_host<float>(yd, n * s.rows);
+                const double bound = (static_cast<double>(s.cols) + 2) * kU;
+                // GPU vs CPU everywhere, against Σ|w||x| (computed for the reference tokens; for
+                // the others the mean scale of a row, |w| and |x| being i.i.d., times 2).
+                std::vector<double> xr(s.cols);
+                double worst = 0, worst_cpu = 0, err2 = 0, ref2 = 0;
+                const auto toks = ref_tokens(n, double(s.rows) * s.cols, 6e7, rng);
+                double mean_scale = 0;
+                for (std::size_t t : toks)
+                    for (std::size_t r = 0; r < s.rows; ++r) {
+                        for (std::size_t c = 0; c < s.cols; ++c)
+                            xr[c] = round_to(x[t * s.cols + c], d);
+                        double y = 0, a = 0;
+                        for (std::size_t c = 0; c < s.cols; ++c) {
+                            const double p = w.at(r, c) * xr[c];
+                            y += p;
+                            a += std::fabs(p);
+                        }
+                        mean_scale += a;
+                        const double g = yg[t * s.rows + r], e = std::fabs(g - y);
+                        worst = std::max(worst, std::isnan(e) ? 1e30 : e / a);
+                        err2 += e * e;
+                        ref2 += y * y;
+                    }
+                mean_scale /= static_cast<double>(toks.size() * s.rows);
+                for (std::size_t i = 0; i < n * s.rows; ++i) {
+                    const double e = std::fabs(double(yg[i]) - yc[i]);
+                    worst_cpu = std::max(worst_cpu, std::isnan(e) ? 1e30 : e / mean_scale);
+                }
+                std::printf(
+                    "linear %-13s (%5zu, %5zu) %s n=%3zu: |gpu-fp64|/scale %.2e "
+                    "(bound %.1e), ||gpu-fp64||/||fp64|| %.2e, |gpu-cpu|/scale %.2e\n",
+                    s.what, s.rows, s.cols, name(d), n, worst, bound, std::sqrt(err2 / ref2),
+                    worst_cpu);
+                REQUIRE(worst <= bound);
+                REQUIRE(worst_cpu <= 4 * bound);
+            }
+        }
+}
+
+namespace {
+
+struct MoeShape {
+    const char* what;
+    std::size_t hidden, ffn, experts, k, distinct;  // distinct weight sets, cycled
+    bool skips;                                     // some slots −1
+};
+
+// The fp64 value of y0[t] + Σ_j w_j FFN_{e_j}(round(x[t])) and its bound (see the file comment;
+// h = silu(g)·u adds the fp32 error of g and u through its derivatives and of its own three
+// operations, then the rounding to the weight dtype of at most one ulp).
+void moe_reference(const MoeShape& s, DType d, const std::vector<HostMatrix>& gate,
+                   const std::vector<HostMatrix>& up, const std::vector<HostMatrix>& down,
+                   const std::vector<float>& x, const std::vector<float>& y0,
+                   const std::vector<std::int32_t>& ex, const std::vector<float>& wt, std::size_t t,
+                   std::vector<double>& y, std::vector<double>& bound) {
+    const std::size_t H = s.hidden, F = s.ffn, k = s.k;
+    std::vector<double> xr(H), h(F), dh(F);
+    for (std::size_t c = 0; c < H; ++c)
+        xr[c] = round_to(x[t * H + c], d);
+    y.assign(H, 0.0);
+    bound.assign(H, 0.0);
+    std::vector<double> mag(H, 0.0);
+    for (std::size_t o = 0; o < H; ++o) {
+        y[o] = y0[t * H + o];
+        mag[o] = std::fabs(y0[t * H + o]);
+    }
+    const double tol_in = (double(H) + 2) * kU, tol_down = (double(F) + 2) * kU;
+    for (std::size_t j = 0; j < k; ++j) {
+        const std::int32_t e = ex[t * k + j];
+        if (e < 0) continue;
+        const std::size_t q = static_cast<std::size_t>(e) % s.distinct;
+        const double w = wt[t * k + j];
+        for (std::size_t r = 0; r < F; ++r) {
+            double g = 0, ag = 0, u = 0, au = 0;
+            for (std::size_t c = 0; c < H; ++c) {
+                const double pg = gate[q].at(r, c) * xr[c], pu = up[q].at(r, c) * xr[c];
+                g += pg;
+                ag += std::fabs(pg);
+                u += pu;
+                au += std::fabs(pu);
+            }
+            const double sig = 1.0 / (1.0 + std::exp(-g));
+            const double silu = g * sig, dsilu = sig * (1.0 + g * (1.0 - sig));
+            h[r] = silu * u;
+            const double dev = std::fabs(dsilu) * std::fabs(u) * tol_in * ag +
+                               std::fabs(silu) * tol_in * au + 8 * kU * std::fabs(h[r]);
+            dh[r] = dev + (d == DType::f32 ? 0.0 : ulp(std::fabs(h[r]) + dev, d));
+        }
+        for (std::size_t o = 0; o < H; ++o) {
+            double p = 0, a = 0, b = 0;
+            for (std::size_t r = 0; r < F; ++r) {
+                const double dw = down[q].at(o, r);
+                p += dw * h[r];
+                a += std::fabs(dw) * (std::fabs(h[r]) + dh[r]);
+                b += std::fabs(dw) * dh[r];
+            }
+            y[o] += w * p;
+            bound[o] += std::fabs(w) * (tol_down * a + b);
+            mag[o] += std::fabs(w * p);
+        }
+    }
+    for (std::size_t o = 0; o < H; ++o)
+        bound[o] += (double(k) + 2) * kU * mag[o];
+}
+
+}  // namespace
+
+TEST_CASE("GPU moe matches the CPU and the fp64 reference", "[gpu]") {
+    if (!have_gpu()) FAIL("no GPU: run the gpu label only on a GPU machine");
+    auto rng = test::seeded_rng("gpu model moe");
+    const MoeShape shapes[] = {{"odd", 72, 40, 5, 3, 5, true},
+                               {"qwen3-30b-a3b", 2048, 768, 128, 8, 16, false},
+                               {"deepseek-v2-lite", 2048, 1408, 64, 6, 16, false},
+                               {"mixtral-8x7b", 4096, 14336, 8, 2, 2, false}};
+    bool determinism_checked = false;
+    for (const auto& s : shapes)
+        for (DType d : {DType::bf16, DType::f16, DType::f32}) {
+            std::vector<HostMatrix> gate, up, down;
+            cuda::DeviceWeights dw;
+            std::vector<model::FfnWeights> dev_sets;
+            for (std::size_t q = 0; q < s.distinct; ++q) {
+                gate.emplace_back(s.ffn, s.hidden, d, rng());
+                up.emplace_back(s.ffn, s.hidden, d, rng());
+                down.emplace_back(s.hidden, s.ffn, d, rng());
+                dev_sets.push_back(dw.upload(model::FfnWeights{gate[q].m, up[q].m, down[q].m}));
+            }
+            std::vector<model::FfnWeights> host_experts, dev_experts;
+            for (std::size_t e = 0; e < s.experts; ++e) {
+                const std::size_t q = e % s.distinct;
+                host_experts.push_back({gate[q].m, up[q].m, down[q].m});
+                dev_experts.push_back(dev_sets[q]);
+            }
+            for (std::size_t n : {1u, 4u, 16u, 300u}) {
+                const std::size_t H = s.hidden, k = s.k;
+                // x of the scale an RMSNorm output has; routing: k distinct experts per token.
+                const auto x = random_floats(n * H, -1.0f, 1.0f, rng);
+                const auto y0 = random_floats(n * H, -1.0f, 1.0f, rng);
+                std::vector<std::int32_t> ex(n * k);
+                std::vector<float> wt(n * k);
+                std::vector<std::int32_t> perm(s.experts);
+                std::uniform_real_distribution<float> uw(0.05f, 1.0f);
+                for (std::size_t t = 0; t < n; ++t) {
+                    std::iota(perm.begin(), perm.end(), 0);
+                    std::shuffle(perm.begin(), perm.end(), rng);
+                    for (std::size_t j = 0; j < k; ++j) {
+                        ex[t * k + j] = perm[j];
+                        wt[t * k + j] = uw(rng);
+                        if (s.skips && (t + j) % 4 == 1) ex[t * k + j] = -1;
+                    }
+                }
+                std::vector<float> yc = y0;
+                cpu_ops().moe(host_experts, x.data(), n, {ex.data(), wt.data(), k}, yc.data());
+                const auto xd = to_device(x), exd = to_device(ex), wtd = to_device(wt);
+                auto yd = to_device(y0);
+                gpu_ops().moe(dev_experts, dptr<float>(xd), n,
+                              {dptr<std::int32_t>(exd), dptr<float>(wtd), k}, dptr<float>(yd));
+                const auto yg = to_host<float>(yd, n * H);
+                if (!determinism_checked && n == 300) {
+                    auto yd2 = to_device(y0);
+                    gpu_ops().moe(dev_experts, dptr<float>(xd), n,
+                                  {dptr<std::int32_t>(exd), dptr<float>(wtd), k}, dptr<float>(yd2));
+                    REQUIRE(to_host<float>(yd2, n * H) == yg);
+                    determinism_checked = true;
+                }
+                const double per_token = 3.0 * double(k) * double(H) * double(s.ffn);
+                double worst = 0, err2 = 0, ref2 = 0, worst_cpu = 0;
+                std::vector<double> yr, br;
+                for (std::size_t t : ref_tokens(n, per_token, 1.5e8, rng)) {
+                    moe_reference(s, d, gate, up, down, x, y0, ex, wt, t, yr, br);
+                    for (std::size_t o = 0; o < H; ++o) {
+                        const double eg = std::fabs(yg[t * H + o] - yr[o]);
+                        const double ec = std::fabs(yc[t * H + o] - yr[o]);
+                        worst = std::max(worst, std::isnan(eg) ? 1e30 : eg / br[o]);
+                        worst_cpu = std::max(worst_cpu, std::isnan(ec) ? 1e30 : ec / br[o]);
+                        err2 += eg * eg;
+                        ref2 += (yr[o] - y0[t * H + o]) * (yr[o] - y0[t * H + o]);
+                    }
+                }
+                // GPU vs CPU on every token: within the sum of the two bounds, which for the
+                // tokens without a reference is taken as twice the largest bound seen.
+                const double bmax = *std::max_element(br.begin(), br.end());
+                double worst_gc = 0;
+                for (std::size_t i = 0; i < n * H; ++i) {
+                    const double e = std::fabs(double(yg[i]) - yc[i]);
+                    worst_gc = std::max(worst_gc, std::isnan(e) ? 1e30 : e / (2 * bmax));
+                }
+                std::printf(
+                    "moe %-16s %s n=%3zu: |gpu-fp64|/bound %.3f (cpu %.3f), "
+                    "||gpu-fp64||/||ffn part|| %.2e, |gpu-cpu|/(2 max bound) %.3f\n",
+                    s.what, name(d), n, worst, worst_cpu, std::sqrt(err2 / ref2), worst_gc);
+                REQUIRE(worst <= 1.0);
+                REQUIRE(worst_gc <= 1.0);
+            }
+        }
+}
+
+TEST_CASE("GPU moe refuses a bad expert index and leaves y alone", "[gpu]") {
+    if (!have_gpu()) FAIL("no GPU");
+    auto rng = test::seeded_rng("gpu model moe refusal");
+    const HostMatrix g(16, 8, DType::bf16, rng()), u(16, 8, DType::bf16, rng()),
+        dn(8, 16, DType::bf16, rng());
+    cuda::DeviceWeights dw;
+    const std::vector<model::FfnWeights> experts(2, dw.upload(model::FfnWeights{g.m, u.m, dn.m}));
+    const auto x = random_floats(2 * 8, -1, 1, rng), y0 = random_floats(2 * 8, -1, 1, rng);
+    const std::vector<std::int32_t> ex{0, 1, 1, 2};
+    const std::vector<float> wt{0.5f, 0.5f, 0.5f, 0.5f};
+    const auto xd = to_device(x), exd = to_device(ex), wtd = to_device(wt);
+    auto yd = to_device(y0);
+    REQUIRE_THROWS_AS(
+        gpu_ops().moe(experts, dptr<float>(xd), 2, {dptr<std::int32_t>(exd), dptr<float>(wtd), 2},
+                      dptr<float>(yd)),
+        std::out_of_range);
+    REQUIRE(to_host<float>(yd, 16) == y0);
+    // Every slot skipped: nothing to do.
+    const auto skip = to_device(std::vector<std::int32_t>{-1, -1, -1, -1});
+    gpu_ops().moe(experts, dptr<float>(xd), 2, {dptr<std::int32_t>(skip), dptr<float>(wtd), 2},
+                  dptr<float>(yd));
+    REQUIRE(to_host<float>(yd, 16) == y0);
+}
+
+TEST_CASE("GPU route gives the CPU's experts and weights", "[gpu]") {
+    if (!have_gpu()) FAIL("no GPU");
+    auto rng = test::seeded_rng("gpu model route");
+    struct Cfg {
+        const char* what;
+        model::RoutingParams p;
+    };
+    const Cfg cfgs[] = {
+        {"qwen3 (128, top-8, renorm)", {128, 8, true, 1.0f, 1, 1}},
+        {"mixtral (8, top-2, renorm)", {8, 2, true, 1.0f, 1, 1}},
+        {"deepseek-v2-lite (64, top-6)", {64, 6, false, 1.0f, 1, 1}},
+        {"deepseek grouped (64, 8 groups keep 3, top-6, x16)", {64, 6, false, 16.0f, 8, 3}},
+        {"v3-like (256, 8 groups keep 4, top-8, renorm, x2.5)", {256, 8, true, 2.5f, 8, 4}},
+        {"odd (7, top-3)", {7, 3, true, 1.0f, 1, 1}}};
+    for (const auto& c : cfgs)
+        for (bool ties : {false, true})
+            for (std::size_t n : {1u, 16u, 300u}) {
+                const std::size_t E = c.p.experts, k = c.p.k;
+                std::vector<float> logits(n * E);
+                std::normal_distribution<float> nd(0.0f, 2.0f);
+                std::uniform_int_distribution<int> small(0, 2);
+                for (auto& l : logits)
+                    l = ties ? static_cast<float>(small(rng)) : nd(rng);
+                std::vector<std::int32_t> ec(n * k);
+                std::vector<float> wc(n * k);
+                cpu_ops().route(c.p, logits.data(), n, ec.data(), wc.data());
+                const auto ld = to_device(logits);
+                cuda::DeviceBuffer ed(n * k * 4), wd(n * k * 4);
+                ed.fill_bytes(0xff);
+                wd.fill_bytes(0xff);
+                gpu_ops().route(c.p, dptr<float>(ld), n, dptr<std::int32_t>(ed), dptr<float>(wd));
+                const auto eg = to_host<std::int32_t>(ed, n * k);
+                const auto wg = to_host<float>(wd, n * k);
+                REQUIRE(eg == ec);
+                double worst = 0;
+                for (std::size_t i = 0; i < n * k; ++i)
+                    worst = std::max(worst, std::fabs(double(wg[i]) - wc[i]) /
+                                                (std::fabs(double(wc[i])) * 0x1p-23 + 1e-30));
+                std::printf(
+                    "route %-52s %s n=%3zu: experts equal, max weight difference %.1f "
+                    "ulp\n",
+                    c.what, ties ? "ties" : "    ", n, worst);
+                REQUIRE(worst <= 4.0);
+            }
+}
+
+TEST_CASE("GPU per-element ops match the CPU", "[gpu]") {
+    if (!have_gpu()) FAIL("no GPU");
+    auto rng = test::seeded_rng("gpu model elementwise");
+    auto& G = gpu_ops();
+    auto& C = cpu_ops();
+    const auto ulps = [](const std::vector<float>& a, const std::vector<float>& b) {
+        REQUIRE(a.size() == b.size());
+        double w = 0;
+        for (std::size_t i = 0; i < a.size(); ++i) {
+            const double d = std::fabs(double(a[i]) - b[i]);
+            w = std::max(w, std::isnan(d) ? 1e30 : d / (std::fabs(double(b[i])) * 0x1p-23 + 1e-30));
+        }
+        return w;
+    };
+
+    SECTION("embed") {
+        for (DType d : {DType::bf16, DType::f16, DType::f32}) {
+            const HostMatrix table(1000, 2048, d, rng());
+            cuda::DeviceWeights dw;
+            const auto td = dw.upload(table.m);
+            std::vector<std::int32_t> ids(300);
+            for (auto& i : ids)
+                i = std::uniform_int_distribution<int>(0, 999)(rng);
+            std::vector<float> oc(300 * 2048);
+            C.embed(table.m, ids.data(), 300, oc.data());
+            const auto idd = to_device(ids);
+            cuda::DeviceBuffer od(oc.size() * 4);
+            G.embed(td, dptr<std::int32_t>(idd), 300, dptr<float>(od));
+            REQUIRE(to_host<float>(od, oc.size()) == oc);
+        }
+        std::printf("embed bf16/fp16/fp32 (1000, 2048), n=300: equal\n");
+    }
+    SECTION("rms_norm") {
+        for (std::size_t dim : {2048u, 4096u, 127u, 128u})
+            for (std::size_t rows : {1u, 300u}) {
+                const auto x = random_floats(rows * dim, -3, 3, rng);
+                const auto w = random_floats(dim, 0.5f, 1.5f, rng);
+                std::vector<float> yc(rows * dim);
+                const model::Vector wh{w.data(), DType::f32, dim};
+                C.rms_norm(wh, x.data(), rows, dim, 1e-6f, yc.data());
+                const auto wdv = to_device(w);
+                auto xd = to_device(x);
+                // In place (y aliases x), as the runtime calls it.
+                G.rms_norm({wdv.data(), DType::f32, dim}, dptr<float>(xd), rows, dim, 1e-6f,
+                           dptr<float>(xd));
+                const double u = ulps(to_host<float>(xd, rows * dim), yc);
+                std::printf("rms_norm dim %4zu rows %3zu: max %.1f ulp from the CPU\n", dim, rows,
+                            u);
+                REQUIRE(u <= 2.0);
+            }
+    }
+    SECTION("rotary") {
+        struct Cfg {
+            const char* what;
+            std::size_t dim, heads, stride, offset;
+            bool interleaved;
+            float factor;
+        };
+        const Cfg cfgs[] = {
+            {"neox qwen3 (128, 32 heads)", 128, 32, 128, 0, false, 1.0f},
+            {"interleaved mla rope (64 of 192, yarn)", 64, 16, 192, 128, true, 1.2079f},
+            {"odd neox (10 of 24 at 6)", 10, 3, 24, 6, false, 0.9f}};
+        for (const auto& c : cfgs)
+            for (std::size_t tokens : {1u, 300u}) {
+                std::vector<float> inv(c.dim / 2);
+                for (std::size_t i = 0; i < inv.size(); ++i)
+                    inv[i] = static_cast<float>(
+                        std::pow(1e6, -2.0 * static_cast<double>(i) / double(c.dim)));
+                std::vector<std::int64_t> pos(tokens);
+                for (auto& p : pos)
+                    p = std::uniform_int_distribution<std::int64_t>(0, 131071)(rng);
+                const auto x = random_floats(tokens * c.heads * c.stride, -2, 2, rng);
+                std::vector<float> xc = x;
+                const model::RotaryTable th{inv.data(), c.dim, c.interleaved, c.factor};
+                C.rotary(th, xc.data(), tokens, c.heads, c.stride, c.offset, pos.data());
+                auto xd = to_device(x);
+                const auto posd = to_device(pos);
+                // Host inv_freq (copied by the op) and a device one.
+                G.rotary(th, dptr<float>(xd), tokens, c.heads, c.stride, c.offset,
+                         dptr<std::int64_t>(posd));
+                const auto xg = to_host<float>(xd, x.size());
+                auto xd2 = to_device(x);
+                cuda::DeviceWeights dw;
+                const model::RotaryTable td{dw.upload(std::span<const float>(inv)), c.dim,
+                                            c.interleaved, c.factor};
+                G.rotary(td, dptr<float>(xd2), tokens, c.heads, c.stride, c.offset,
+                         dptr<std::int64_t>(posd));
+                REQUIRE(to_host<float>(xd2, x.size()) == xg);
+                double worst = 0;
+                for (std::size_t i = 0; i < x.size(); ++i)
+                    worst = std::max(worst, std::fabs(double(xg[i]) - xc[i]));
+                std::printf("rotary %-40s tokens %3zu: max |gpu-cpu| %.2e\n", c.what, tokens,
+                            worst);
+                REQUIRE(worst <= 4 * 2.0 * 2 * 0x1p-23);  // |x| < 2, two terms
+            }
+    }
+    SECTION("add, add_bias, to_dtype, copy_2d") {
+        const std::size_t rows = 300, n = 2048;
+        const auto a = random_floats(rows * n, -4, 4, rng), b = random_floats(rows * n, -4, 4, rng);
+        const auto bias = random_floats(n, -1, 1, rng);
+        std::vector<float> yc = a;
+        C.add(yc.data(), b.data(), rows * n);
+        C.add_bias(yc.data(), {bias.data(), DType::f32, n}, rows);
+        auto yd = to_device(a);
+        const auto bd = to_device(b), biasd = to_device(bias);
+        G.add(dptr<float>(yd), dptr<float>(bd), rows * n);
+        G.add_bias(dptr<float>(yd), {biasd.data(), DType::f32, n}, rows);
+        REQUIRE(to_host<float>(yd, rows * n) == yc);
+        for (DType d : {DType::bf16, DType::f16, DType::f32}) {
+            const std::size_t es = dtype_bytes(d);
+            std::vector<std::byte> hc(rows * n * es);
+            C.to_dtype(a.data(), rows * n, d, hc.data());
+            const auto ad = to_device(a);
+            cuda::DeviceBuffer hd(hc.size());
+            G.to_dtype(dptr<float>(ad), rows * n, d, hd.data());
+            REQUIRE(to_host<std::byte>(hd, hc.size()) == hc);
+        }
+        // Per-head slices: 7 columns at 3 of rows of 19 into rows of 11 at 2.
+        const auto src = random_floats(40 * 19, -1, 1, rng);
+        auto dst = random_floats(40 * 11, -1, 1, rng);
+        const auto srcd = to_device(src);
+        auto dstd = to_device(dst);
+        C.copy_2d(src.data() + 3, 19, dst.data() + 2, 11, 40, 7);
+        G.copy_2d(dptr<float>(srcd) + 3, 19, dptr<float>(dstd) + 2, 11, 40, 7);
+        REQUIRE(to_host<float>(dstd, dst.size()) == dst);
+        std::printf("add, add_bias, to_dtype (bf16/fp16/fp32), copy_2d: equal\n");
+    }
+}
