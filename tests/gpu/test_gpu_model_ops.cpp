@@ -31,7 +31,7 @@ bool have_gpu() {
     return ok;
 }
 
-// Widths of the models the runtime serves (DESIGN.md section 5) and a few odd ones.
+// Widths of the models the runtime serves (docs/design.md section 5) and a few odd ones.
 cuda::CudaModelOpsOptions gpu_opts() {
     cuda::CudaModelOpsOptions o;
     o.max_tokens = 300;
