@@ -11,6 +11,9 @@ int run_experts(int argc, char** argv);
 int run_decode(int argc, char** argv);
 int run_model_decode(int argc, char** argv);
 #endif
+#if WRITESCOPE_BENCH_TEXT
+int run_tokenize(int argc, char** argv);
+#endif
 #if WRITESCOPE_BENCH_CUDA
 int run_attention_step(int argc, char** argv);
 int run_gpu_attention(int argc, char** argv);
@@ -34,6 +37,10 @@ const Command kCommands[] = {
      "whole decode steps through the engine (prefill, then steps): the entry point's overhead"},
     {"model-decode", &writescope::bench::run_model_decode,
      "whole-model CPU decode of the built-in models (cut layers) vs the read bandwidth"},
+#endif
+#if WRITESCOPE_BENCH_TEXT
+    {"tokenize", &writescope::bench::run_tokenize,
+     "encode MB/s of the tokenizers (tokenizer.json) vs @huggingface/tokenizers in node"},
 #endif
 #if WRITESCOPE_BENCH_CUDA
     {"attention-step", &writescope::bench::run_attention_step,

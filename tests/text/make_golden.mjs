@@ -38,8 +38,20 @@ if (process.argv[1] === fileURLToPath(import.meta.url)) {
         process.exit(2);
     }
     fs.mkdirSync(out, { recursive: true });
+    // Files newer than every input (these scripts, the installed packages) are kept.
+    const inputs = ["corpus.mjs", "make_golden.mjs", "package-lock.json"].map(
+        (f) => fs.statSync(path.join(here, f)).mtimeMs);
+    const newest = Math.max(...inputs, fs.statSync(path.join(here, "node_modules")).mtimeMs);
+    const fresh = (name) => {
+        const f = path.join(out, `${name}.jsonl`);
+        return fs.existsSync(f) && fs.statSync(f).mtimeMs > newest && count === 10000;
+    };
     const corpus = make_corpus(20261201, count);
     for (const name of TOKENIZERS) {
+        if (fresh(name)) {
+            console.log(`${name}: up to date`);
+            continue;
+        }
         const tok = load(name);
         const lines = [];
         const t0 = performance.now();

