@@ -26,7 +26,7 @@
 //   so the results are the reference's bits (or within an ulp) rather than merely close.
 //
 // Nothing is allocated per call for n up to max_tokens: the workspaces are sized at construction
-// (device memory, about 4 · max_tokens · (max_width / 2 + max_k · (3 · max_ffn + 2 · max_hidden))
+// (device memory, about 4 · max_tokens · (max_width / 2 + max_k · (3 · max_ffn + max_hidden))
 // bytes, max_width = max(max_hidden, max_ffn), plus a 32 MiB cuBLAS workspace); a call beyond a
 // limit throws std::length_error naming it. One caller at a time.
 #pragma once
