@@ -9,9 +9,12 @@
 # absolute path %config, so the units go to the relative lib/systemd/system (not LIBDIR, which is
 # lib/x86_64-linux-gnu on Debian).
 
-set(WRITESCOPE_PACKAGE_CONTACT
-    "writescope maintainers <maintainers@users.noreply.a-seed-bbd67d83.example>"
+# The maintainer, in the deb's Maintainer field and the changelog's signature line.
+set(WRITESCOPE_PACKAGE_CONTACT "writescope maintainers <maintainers@writescope.org>"
     CACHE STRING "Maintainer of the deb and rpm packages, as \"Name <email>\"")
+# The packaging revision, one for both packages: the deb's version is 0.1.0-1, the rpm's
+# Release 1. Raise it for a new package of the same upstream version.
+set(WRITESCOPE_PACKAGE_RELEASE 1 CACHE STRING "Debian revision and rpm Release of the packages")
 set(WRITESCOPE_PACKAGE_LICENSE "LicenseRef-none-chosen"
     CACHE STRING "License field of the rpm (no license has been chosen yet; see packaging/copyright)")
 
@@ -160,6 +163,7 @@ endif()
 
 # deb. CPack writes no conffiles of its own: packaging/deb/conffiles lists the profile.
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
+set(CPACK_DEBIAN_PACKAGE_RELEASE ${WRITESCOPE_PACKAGE_RELEASE})
 # CPack puts the summary on the Description line itself; this is the extended part.
 set(CPACK_DEBIAN_PACKAGE_DESCRIPTION ${CPACK_PACKAGE_DESCRIPTION})
 set(CPACK_DEBIAN_PACKAGE_SECTION misc)
@@ -177,7 +181,7 @@ set(CPACK_DEBIAN_PACKAGE_CONTROL_STRICT_PERMISSION ON)
 
 # rpm. Requires come from rpmbuild's own scan of the binaries.
 set(CPACK_RPM_FILE_NAME RPM-DEFAULT)
-set(CPACK_RPM_PACKAGE_RELEASE 1)
+set(CPACK_RPM_PACKAGE_RELEASE ${WRITESCOPE_PACKAGE_RELEASE})
 set(CPACK_RPM_PACKAGE_LICENSE ${WRITESCOPE_PACKAGE_LICENSE})
 set(CPACK_RPM_PACKAGE_DESCRIPTION ${CPACK_PACKAGE_DESCRIPTION})
 set(CPACK_RPM_POST_INSTALL_SCRIPT_FILE ${_ws_pkg_dir}/rpm/post.sh)

@@ -93,6 +93,25 @@ etc_files=$(echo "$deb_files" | grep '^/etc/' || true)
 [ "$(echo "$conffiles" | sort)" = "$etc_files" ] ||
     fail "conffiles ('$conffiles') must list exactly the files under /etc ('$etc_files')"
 
+step "deb: version and maintainer"
+version=$(dpkg-deb -f "$deb" Version)
+maintainer=$(dpkg-deb -f "$deb" Maintainer)
+echo "Version: $version"
+echo "Maintainer: $maintainer"
+# A Debian revision ("0.1.0-1"), the same in the changelog; the rpm's Release matches it.
+[[ $version =~ ^[0-9][0-9.]*-[0-9]+$ ]] || fail "the deb's version '$version' has no Debian revision"
+changelog_version=$(dpkg-deb --fsys-tarfile "$deb" |
+    tar -xOf - ./usr/share/doc/writescope/changelog.gz | gzip -dc | sed -nE '1s/^[^(]*\(([^)]*)\).*/\1/p')
+[ "$changelog_version" = "$version" ] ||
+    fail "the changelog says version '$changelog_version', the deb '$version'"
+[ "$(rpm -qp --qf '%{VERSION}-%{RELEASE}' "$rpmfile")" = "$version" ] ||
+    fail "the rpm's version-release is not the deb's $version"
+# A maintainer address, not a placeholder (RFC 2606 names, localhost).
+[[ $maintainer =~ ^[^\<]+\ \<[^@\>]+@[^@\>]+\.[a-z]+\>$ ]] ||
+    fail "the Maintainer '$maintainer' is not \"Name <address>\""
+[[ $maintainer =~ \.(example|invalid|test|localhost)\>$|@localhost ]] &&
+    fail "the Maintainer '$maintainer' is a placeholder"
+
 step "deb: Depends (dpkg-deb -f Depends) against the libraries the programs load"
 depends=$(dpkg-deb -f "$deb" Depends)
 echo "Depends: $depends"
