@@ -171,7 +171,9 @@ set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 # Library dependencies come from dpkg-shlibdeps. adduser is named by hand: postinst falls back to
 # it where systemd-sysusers is missing (lintian asks for the dependency either way).
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
-set(CPACK_DEBIAN_PACKAGE_DEPENDS "adduser")
+# libpcre2-8-0 and libicu72 (the tokenizers' regexes and normalisation) are named too, so the
+# dependency stays declared if a build links them statically.
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "adduser, libpcre2-8-0, libicu72")
 set(_ws_deb_control ${_ws_pkg_dir}/deb/postinst ${_ws_pkg_dir}/deb/prerm ${_ws_pkg_dir}/deb/postrm)
 if(EXISTS ${_ws_profile})
   list(APPEND _ws_deb_control ${_ws_pkg_dir}/deb/conffiles)
