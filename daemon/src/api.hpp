@@ -3,7 +3,8 @@
 // starting or stopping. The Beast server (http_server.cpp) only moves bytes.
 //
 // Routes: GET /v1/health, GET /v1/status, GET|POST /v1/calibration, GET|PUT /v1/policy,
-// GET /v1/history, GET /metrics, POST /v1/completions, GET /v1/models. Adding a route is one
+// GET /v1/history, GET /metrics, POST /v1/completions, POST /v1/chat/completions,
+// POST /v1/tokenize, POST /v1/detokenize, GET /v1/models. Adding a route is one
 // entry in the table in api.cpp; one that changes the daemon's state is also listed in
 // state_changing() there (root, the daemon's user or server.admin_group only). A completion is
 // answered later, by the scheduler's thread: its route returns a response holding a ResponseStream,

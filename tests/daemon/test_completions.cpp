@@ -244,8 +244,8 @@ TEST_CASE("greedy completions are the reference tokens whole and streamed and th
                 CHECK_THAT(j["error"]["message"].get<std::string>(), Catch::Contains(text));
                 CHECK(j["error"]["code"] == code);
             };
-            refused({{"prompt", "Hello"}}, 400, "text prompts need a tokenizer (not loaded)");
-            refused({{"prompt", {1, 2}}, {"n", 2}}, 400, "\"n\"");
+            refused({{"prompt", "Hello"}}, 400, "no tokenizer loaded");
+            refused({{"prompt", {1, 2}}, {"n", 129}}, 400, "\"n\" must be in [1, 128]");
             refused({{"prompt", {1, 2}}, {"max_tokens", context}}, 400,
                     "max_model_len = " + std::to_string(context));
             refused({{"prompt", {1, 2}}, {"temperature", 5}}, 400, "temperature");
