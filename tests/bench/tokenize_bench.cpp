@@ -102,7 +102,7 @@ int run_tokenize(int argc, char** argv) {
             ids = 0;
             const auto t0 = std::chrono::steady_clock::now();
             for (const auto& s : corpus)
-                ids += tok->encode(s).size();
+                ids += tok->encode(s, false).size();
             const double sec =
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             rate[pass] = bytes / sec;

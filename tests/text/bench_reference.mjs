@@ -1,7 +1,9 @@
 // The reference side of `writescope-bench tokenize`: writes the corpus (corpus.mjs; each item a
 // little-endian u32 byte length, then the bytes) to CORPUS_FILE and prints, as one JSON line,
 // @huggingface/tokenizers' encode rate over it for each tokenizer: bytes of UTF-8 input per
-// second, on a fresh tokenizer (first pass) and again (second pass, caches warm).
+// second, on a fresh tokenizer (first pass) and again (second pass, caches warm). Special tokens
+// of the post-processor are left out on both sides (for DeepSeek, transformers' BOS, which the
+// reference does not add, would make the id counts differ).
 // usage: node bench_reference.mjs CORPUS_FILE [count] [names]
 import fs from "node:fs";
 import { make_corpus } from "./corpus.mjs";
@@ -31,7 +33,7 @@ for (const name of namesArg ? namesArg.split(",") : TOKENIZERS) {
     for (let pass = 0; pass < 2; ++pass) {
         ids = 0;
         const t0 = performance.now();
-        for (const t of texts) ids += tok.encode(t).ids.length;
+        for (const t of texts) ids += tok.encode(t, { add_special_tokens: false }).ids.length;
         rates.push(bytes / ((performance.now() - t0) / 1000));
     }
     result.tokenizers[name] = { first: rates[0], second: rates[1], ids };
