@@ -640,7 +640,10 @@ HttpResponse submit_generation(Service& service, const ServiceView& v, Generatio
     c->choices.resize(c->req.n);
     for (auto& ch : c->choices)
         if (c->tok) ch.decoder.emplace(*c->tok, true);
-    c->out->on_close([c] { c->close(); });
+    // Weak: the stream outlives the request in the server, and must not keep it alive.
+    c->out->on_close([w = std::weak_ptr<Completion>(c)] {
+        if (auto alive = w.lock()) alive->close();
+    });
     for (std::size_t i = 0; i < c->req.n; ++i) {
         model::Request one = c->req.request;
         if (one.sampling.seed) one.sampling.seed = *one.sampling.seed + i;
