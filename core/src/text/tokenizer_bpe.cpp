@@ -48,6 +48,13 @@ BpeModel::BpeModel(const nlohmann::json& j, const JsonPlace& at) {
     by_id_.assign(static_cast<std::size_t>(max_id + 1), std::string());
     for (const auto& [tok, id] : vocab_)
         by_id_[static_cast<std::size_t>(id)] = tok;
+    small_char_ids_.assign(0x800, -1);
+    for (const auto& [tok, id] : vocab_) {
+        if (tok.empty() || tok.size() > 2 || !is_valid_utf8(tok)) continue;
+        std::size_t k = 0;
+        const char32_t cp = next_code_point(tok, k);
+        if (k == tok.size() && cp < 0x800) small_char_ids_[cp] = id;
+    }
 
     continuing_prefix_ = optional_string(j, "continuing_subword_prefix");
     end_suffix_ = optional_string(j, "end_of_word_suffix");
@@ -168,7 +175,12 @@ void BpeModel::merge_word(std::string_view word, std::vector<std::int32_t>& out)
         const bool first = i == 0, last = i + n == word.size();
         std::optional<std::int32_t> id;
         if ((first || continuing_prefix_.empty()) && (!last || end_suffix_.empty())) {
-            id = token_to_id(ch);
+            if (n <= 2) {
+                std::size_t k = 0;
+                const char32_t cp = next_code_point(ch, k);
+                if (cp < 0x800 && small_char_ids_[cp] >= 0) id = small_char_ids_[cp];
+            }
+            if (!id) id = token_to_id(ch);
         } else {
             scratch.clear();
             if (!first) scratch += continuing_prefix_;

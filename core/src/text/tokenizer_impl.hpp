@@ -103,6 +103,9 @@ class BpeModel {
     bool byte_fallback_ = false;
     bool ignore_merges_ = false;
     std::int32_t byte_ids_[256];  // <0xNN> ids for byte fallback, -1 when absent
+    // Ids of the one-character tokens below U+0800 (every byte-level character, ASCII), -1 when
+    // absent: the first lookup of each character of a word, without hashing a string.
+    std::vector<std::int32_t> small_char_ids_;
 
     // word → ids, bounded; cleared when full (the hit rate of real text stays high).
     mutable std::mutex cache_mutex_;
