@@ -558,6 +558,7 @@ struct Routing {
     std::string_view label = "unmatched";  // the route, for the request metrics
     const Handler* handler = nullptr;      // null: `answer` is the response
     HttpResponse answer;
+    bool waits = false;  // the answer is 503 "starting", and this route waits for readiness
 };
 
 // The routes that change the daemon's state: only root, the daemon's user and members of
@@ -569,6 +570,14 @@ bool state_changing(std::string_view method, std::string_view path) {
     };
     return std::find(std::begin(kRoutes), std::end(kRoutes), std::pair{method, path}) !=
            std::end(kRoutes);
+}
+
+// While the daemon starts, these answer at once (503 with the boot stage): the probes that an
+// operator, a service manager or a scraper polls. Every other route waits for readiness (the
+// server holds it, bounded by server.request_timeout), so the request that made systemd start a
+// socket-activated daemon is served rather than refused.
+bool answers_while_starting(std::string_view path) {
+    return path == "/v1/health" || path == "/v1/status" || path == "/metrics";
 }
 
 Routing route(const Service& service, std::string_view method, const Target& target,
@@ -604,6 +613,7 @@ Routing route(const Service& service, std::string_view method, const Target& tar
                              method, it->path, static_cast<long long>(peer->uid), why));
     } else if (service.phase() != Phase::ready) {
         r.answer = error_response(503, service.unavailable_message());
+        r.waits = service.phase() == Phase::starting && !answers_while_starting(it->path);
     } else {
         r.handler = &m->second;
     }
@@ -619,6 +629,11 @@ std::optional<HttpResponse> Api::answer_without_body(std::string_view method,
     if (r.handler) return std::nullopt;
     service_.count_request(r.label, r.answer.status);
     return std::move(r.answer);
+}
+
+bool Api::waits_for_ready(std::string_view method, std::string_view target,
+                          const std::optional<PeerCredentials>& peer) {
+    return route(service_, method, split_target(target), peer).waits;
 }
 
 HttpResponse Api::handle(const HttpRequest& req) {

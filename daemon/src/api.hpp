@@ -1,6 +1,7 @@
 // The HTTP API's routes, independent of the transport: a request in, a response out. JSON
 // bodies; one error shape {"error": {"code", "message", "type"}} for every failure; 503 while
-// starting or stopping. The Beast server (http_server.cpp) only moves bytes.
+// stopping, and while starting for the routes that do not wait for readiness. The Beast server
+// (http_server.cpp) only moves bytes.
 //
 // Routes: GET /v1/health, GET /v1/status, GET|POST /v1/calibration, GET|PUT /v1/policy,
 // GET /v1/history, GET /metrics, POST /v1/completions, POST /v1/chat/completions,
@@ -116,6 +117,12 @@ class Api {
     std::optional<HttpResponse> answer_without_body(
         std::string_view method, std::string_view target,
         const std::optional<PeerCredentials>& peer = std::nullopt);
+    // Whether the request is for a route that waits while the daemon starts (every route but
+    // GET /v1/health, /v1/status and /metrics, which answer 503 with the boot stage at once):
+    // the server then holds it until readiness, within server.request_timeout, before asking
+    // answer_without_body. Not counted.
+    bool waits_for_ready(std::string_view method, std::string_view target,
+                         const std::optional<PeerCredentials>& peer = std::nullopt);
     // A failure found before routing (unparsable request, body too large, overload): the error
     // shape, counted in the request metrics under route "-".
     HttpResponse reject(int status, std::string_view message);

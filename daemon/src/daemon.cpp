@@ -162,6 +162,7 @@ class Daemon {
             std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
         log_notice("daemon.ready", "ready in {:.2f} s: {}", secs, ready_status(v));
         notify(fmt::format("READY=1\nSTATUS=ready: {}", ready_status(v)));
+        server_.readiness_changed();  // the requests that came while starting are served now
         schedule_sample();
         schedule_flush();
     }

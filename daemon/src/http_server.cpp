@@ -39,8 +39,9 @@ constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
 
 struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
     Impl(asio::io_context& io, int fd, Api& a, std::function<ServerLimits()> l)
-        : acceptor(io), api(a), limits(std::move(l)) {
+        : acceptor(io), api(a), limits(std::move(l)), readiness(io) {
         acceptor.assign(local(), fd);
+        readiness.expires_at(asio::steady_timer::time_point::max());
     }
 
     struct Session {
@@ -54,12 +55,17 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
     std::list<Session> sessions;  // stable addresses; one per open connection
     std::size_t in_flight = 0;
     bool stopping = false;
+    // Never expires: cancelling it wakes every request waiting for readiness at once.
+    asio::steady_timer readiness;
 
     asio::awaitable<void> accept_loop();
     asio::awaitable<void> serve(local::socket socket);
     asio::awaitable<bool> write(Stream& stream, const HttpResponse& r, bool keep_alive);
     asio::awaitable<bool> write_stream(Stream& stream, ResponseStream& rs, bool keep_alive);
     asio::awaitable<void> linger(Stream& stream);
+    asio::awaitable<void> wait_for_ready(std::string_view method, std::string_view target,
+                                         const std::optional<PeerCredentials>& peer,
+                                         std::chrono::milliseconds timeout);
 };
 
 namespace {
@@ -194,6 +200,22 @@ asio::awaitable<void> HttpServer::Impl::linger(Stream& stream) {
     }
 }
 
+// A request for a route that waits while the daemon starts is held here, its body unread,
+// until the daemon is ready or stops, or `timeout` passes (then it gets the 503 it would have
+// had). The body waits in the socket; a client that sent Expect: 100-continue waits for the
+// answer or the 100 that follows readiness.
+asio::awaitable<void> HttpServer::Impl::wait_for_ready(std::string_view method,
+                                                       std::string_view target,
+                                                       const std::optional<PeerCredentials>& peer,
+                                                       std::chrono::milliseconds timeout) {
+    using namespace asio::experimental::awaitable_operators;
+    const auto deadline = asio::steady_timer::clock_type::now() + timeout;
+    asio::steady_timer expiry(acceptor.get_executor(), deadline);
+    while (!stopping && asio::steady_timer::clock_type::now() < deadline &&
+           api.waits_for_ready(method, target, peer))
+        co_await (readiness.async_wait(use_tuple) || expiry.async_wait(use_tuple));
+}
+
 // Requests that are always answered, whatever the load: they do not count against
 // server.max_concurrent_requests (an operator's health check must not see 503 because slow
 // clients hold every slot), and they take no body.
@@ -285,12 +307,15 @@ asio::awaitable<void> HttpServer::Impl::serve(local::socket socket) {
             // nor read. A body still to come leaves the connection unable to carry another
             // request, so it closes after the answer.
             std::optional<HttpResponse> early;
-            if (counted && in_flight > lim.max_concurrent_requests)
+            if (counted && in_flight > lim.max_concurrent_requests) {
                 early = api.reject(503, fmt::format("too many concurrent requests (more than "
                                                     "server.max_concurrent_requests = {})",
                                                     lim.max_concurrent_requests));
-            else
+            } else {
+                co_await wait_for_ready(req.method_string(), req.target(), peer,
+                                        lim.request_timeout);
                 early = api.answer_without_body(req.method_string(), req.target(), peer);
+            }
             if (early) {
                 const bool body_unread = !parser.is_done();
                 const bool keep = !body_unread && req.keep_alive() && !stopping;
@@ -382,6 +407,11 @@ void HttpServer::stop_accepting() {
     impl_->acceptor.close(ignored);
     for (auto& s : impl_->sessions)
         if (s.awaiting_request) s.stream->cancel();
+    impl_->readiness.cancel();
+}
+
+void HttpServer::readiness_changed() {
+    impl_->readiness.cancel();
 }
 
 std::size_t HttpServer::connections() const {

@@ -44,6 +44,9 @@ class HttpServer {
     // Closes the listener and the connections waiting for a request; a request being served
     // finishes, then its connection closes.
     void stop_accepting();
+    // The daemon became ready (or gave up starting): requests waiting for readiness
+    // (Api::waits_for_ready) look again. stop_accepting() wakes them too.
+    void readiness_changed();
     // Connections open, and requests between their header and the end of their response.
     std::size_t connections() const;
     std::size_t in_flight() const;

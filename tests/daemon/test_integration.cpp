@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -376,9 +377,11 @@ TEST_CASE("answers the body cannot change come before it, and then the connectio
     run.stop();
 }
 
-TEST_CASE("every route answers 503 while the daemon is starting", "[integration][daemon]") {
+TEST_CASE("while the daemon starts, the probes answer 503 and the other routes wait",
+          "[integration][daemon]") {
     TempDir dir;
-    Run run(dir);
+    // The routes that wait give up after request_timeout.
+    Run run(dir, profile_text({{"request_timeout = \"5s\"", "request_timeout = \"300ms\""}}));
     // A store whose lock another process holds keeps boot at "opening the store".
     StoreLockHolder lock(run.state());
     run.start();
@@ -387,10 +390,19 @@ TEST_CASE("every route answers 503 while the daemon is starting", "[integration]
     require_error(r, 503, "unavailable_error");
     CHECK_THAT(r.body, Catch::Contains("starting"));
     CHECK(r.header("Retry-After") == "1");
-    for (const auto* path :
-         {"/v1/status", "/v1/calibration", "/v1/policy", "/v1/history", "/metrics"})
+    for (const auto* path : {"/v1/status", "/metrics"})
         require_error(run.call("GET", path), 503, "unavailable_error");
+    // Held until request_timeout, then the same 503 with the boot stage.
+    for (const auto* path : {"/v1/calibration", "/v1/policy", "/v1/history", "/v1/models"}) {
+        r = run.call("GET", path);
+        INFO(path);
+        require_error(r, 503, "unavailable_error");
+        CHECK_THAT(r.body, Catch::Contains("starting"));
+    }
     require_error(run.call("POST", "/v1/calibration"), 503, "unavailable_error");
+    require_error(run.call("POST", "/v1/completions", R"({"prompt": [1, 2], "max_tokens": 1})"),
+                  503, "unavailable_error");
+    CHECK(run.notify().count("READY=1") == 0);  // they were refused because it was starting
     // Held at the lock: said in the log and in STATUS=.
     CHECK(wait_until([&] { return run.log().find("[store.waiting]") != std::string::npos; }));
     CHECK(
@@ -437,6 +449,68 @@ TEST_CASE("socket activation through systemd-socket-activate", "[integration][da
     CHECK(http_request(sock, "GET", "/v1/health").status == 200);
     CHECK_FALSE(std::filesystem::exists(dir / "unused.sock"));  // the passed socket was used
     CHECK_THAT(run.log(), Catch::Contains("[socket.activated]"));
+    p.signal(SIGTERM);
+    REQUIRE(notify.wait_for("STOPPING=1"));
+    const auto st = p.wait();
+    REQUIRE(st);
+    CHECK(st->code == 0);
+}
+
+TEST_CASE("socket activation: a completion that arrives while the daemon starts waits for it",
+          "[integration][daemon]") {
+    if (!std::filesystem::exists("/usr/bin/systemd-socket-activate")) {
+        WARN("systemd-socket-activate is not installed (package systemd); not checked");
+        return;
+    }
+    TempDir dir;
+    // The completion may wait this long for readiness: longer than any boot of the test.
+    Run run(dir, profile_text({{"request_timeout = \"5s\"", "request_timeout = \"60s\""}}));
+    NotifySocket& notify = run.notify();
+    // Boot is held at "opening the store" until the test lets it go, so the first request
+    // (the one that makes systemd-socket-activate start the daemon) surely comes while starting.
+    StoreLockHolder lock(run.state());
+    const std::string sock = (dir / "activated.sock").string();
+    Process p(
+        {"/usr/bin/systemd-socket-activate", "-l", sock, "-E", "NOTIFY_SOCKET=" + notify.path(),
+         writescoped_path(), "--config", run.profile().string(), "--state-dir",
+         run.state().string(), "--socket", (dir / "unused.sock").string()},
+        dir / "daemon.log");
+    std::optional<ClientResponse> completion;
+    std::atomic<bool> answered{false};
+    std::thread client([&] {
+        wait_until([&] {
+            try {
+                completion = http_request(sock, "POST", "/v1/completions",
+                                          R"({"prompt": [1, 2, 3], "max_tokens": 2, )"
+                                          R"("temperature": 0})",
+                                          std::chrono::seconds(60));
+                answered = true;
+                return true;
+            } catch (const writescope::daemon::ConnectError&) {
+                return false;  // systemd-socket-activate not listening yet
+            }
+        });
+    });
+    struct Join {
+        std::thread& t;
+        ~Join() {
+            if (t.joinable()) t.join();
+        }
+    } join{client};
+    // The daemon runs and is starting; the probe says so at once, the completion is held.
+    INFO(run.log());
+    REQUIRE(wait_until([&] { return run.log().find("[store.waiting]") != std::string::npos; }));
+    const auto health = http_request(sock, "GET", "/v1/health");
+    CHECK(health.status == 503);
+    CHECK_THAT(health.body, Catch::Contains("starting"));
+    CHECK_FALSE(answered.load());
+    lock.release();
+    REQUIRE(notify.wait_for("READY=1"));
+    client.join();
+    REQUIRE(completion.has_value());
+    INFO(completion->body);
+    CHECK(completion->status == 200);
+    CHECK(json::parse(completion->body)["usage"]["completion_tokens"] == 2);
     p.signal(SIGTERM);
     REQUIRE(notify.wait_for("STOPPING=1"));
     const auto st = p.wait();
