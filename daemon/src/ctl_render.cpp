@@ -174,6 +174,8 @@ std::string render_status(const json& s) {
         std::string mem;
         for (const auto& [n, w] : what)
             if (name == n) mem = w;
+        // Without a GPU the open tails live in host memory (and there is no G or P).
+        if (name == "T" && gpu.is_null()) mem = "host (open tails)";
         regions.push_back(
             {name, mem, format_size_human(u64(r, "capacity_bytes")),
              format_size_human(u64(r, "used_bytes")), format_size_human(u64(r, "reserved_bytes")),

@@ -189,11 +189,26 @@ EngineOptions engine_options_unplaced(const Profile& p, const MachineInfo& m,
             o.gpu_index = p.hardware.gpu.index;
             break;
     }
-    o.vram_kv_bytes = p.hardware.vram_kv_budget;
+    o.vram_kv_bytes = o.gpu_index >= 0 ? p.hardware.vram_kv_budget : 0;
+    // What "auto" host budgets grant: the KV of kv.max_batch sequences that reach the model's
+    // context (whole blocks), less what the GPU holds. Either host region may end up holding all
+    // of the spill (the router's CPU share decides), so each gets all of it, within its cap.
+    const std::uint64_t context_blocks =
+        (static_cast<std::uint64_t>(loaded->config().max_position_embeddings) + o.block_tokens -
+         1) /
+        std::max<std::uint64_t>(o.block_tokens, 1);
+    const std::uint64_t needed = static_cast<std::uint64_t>(p.kv.max_batch) * context_blocks *
+                                 o.block_tokens * o.geometry.bytes_per_token();
+    const std::uint64_t spill = needed > o.vram_kv_bytes ? needed - o.vram_kv_bytes : 0;
+    constexpr std::uint64_t kMinAutoHost = 1ull << 20;      // host_kv_budget's floor
+    constexpr std::uint64_t kGpuStepPinned = 256ull << 20;  // the GPU step's own buffers
     // Without a GPU nothing streams over PCIe, so pinning host memory would only take it away
     // from everything else.
-    o.pinned_kv_bytes = o.gpu_index >= 0 ? p.hardware.pinned_kv_budget.resolve(m.memory_bytes) : 0;
-    o.host_kv_bytes = p.hardware.host_kv_budget.resolve(m.memory_bytes);
+    o.pinned_kv_bytes = o.gpu_index >= 0 ? p.hardware.pinned_kv_budget.resolve(
+                                               m.memory_bytes, spill + kGpuStepPinned)
+                                         : 0;
+    o.host_kv_bytes =
+        p.hardware.host_kv_budget.resolve(m.memory_bytes, std::max(spill, kMinAutoHost));
     if (m.memory_bytes && o.pinned_kv_bytes + o.host_kv_bytes > m.memory_bytes)
         fail(source, "hardware.host_kv_budget",
              fmt::format("pinned ({}) and host ({}) KV budgets together exceed the physical "

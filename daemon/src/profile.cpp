@@ -223,6 +223,10 @@ KeyDef host_budget_key(std::string_view sec, std::string_view name, std::string_
             [=](const toml::node& n, Profile& p) -> std::string {
                 if (n.is_string()) {
                     const auto s = *n.value<std::string>();
+                    if (s == "auto") {
+                        f(p) = HostBudget{0, 0, false, true};
+                        return {};
+                    }
                     if (!s.empty() && s.back() == '%') {
                         const std::string body = s.substr(0, s.size() - 1);
                         const bool numeric =
@@ -240,7 +244,7 @@ KeyDef host_budget_key(std::string_view sec, std::string_view name, std::string_
                 }
                 std::uint64_t v = 0;
                 if (auto e = read_size(n, v); !e.empty())
-                    return e + " (or a share of physical memory such as \"50%\")";
+                    return e + " (or a share of physical memory such as \"50%\", or \"auto\")";
                 if (v < min_bytes || v > kMaxHostBudget)
                     return fmt::format(
                         "{} is out of range: expected {} to {}, or a share in (0%, "
@@ -252,6 +256,7 @@ KeyDef host_budget_key(std::string_view sec, std::string_view name, std::string_
             },
             [f](const Profile& p) {
                 const auto& b = read(f, p);
+                if (b.automatic) return quote("auto");
                 return b.relative ? quote(fmt::format("{}%", b.percent))
                                   : quote(format_size(b.bytes));
             }};
@@ -426,18 +431,22 @@ const std::vector<KeyDef>& key_table() {
         t.push_back(size_key(
             "hardware", "vram_kv_budget", "\"16GiB\"",
             "GPU memory for the KV cache: open tail blocks (T), resident blocks "
-            "(G) and the staging ring (0B to 1PiB)",
+            "(G) and the staging ring (0B to 1PiB); unused without a GPU (status shows 0)",
             false, [](Profile & p) -> auto& { return p.hardware.vram_kv_budget; }, 0, 1ull << 50));
         t.push_back(host_budget_key(
-            "hardware", "pinned_kv_budget", "\"25%\"",
+            "hardware", "pinned_kv_budget", "\"auto\"",
             "pinned host memory for the P region and the GPU step's own pinned buffers (seal "
-            "bounce buffers, queries, metadata: tens of MiB), pinned once at start-up (a size, or "
-            "a share of physical memory: 0B to 1PiB, or (0%, 90%]); unused without a GPU",
+            "bounce buffers, queries, metadata: tens of MiB), pinned once at start-up (a size, "
+            "a share of physical memory: 0B to 1PiB, or (0%, 90%]; \"auto\": the KV that "
+            "kv.max_batch sequences at the model's context need beyond vram_kv_budget, plus "
+            "256MiB, within 20% of it); unused without a GPU",
             false, [](Profile & p) -> auto& { return p.hardware.pinned_kv_budget; }, 0));
         t.push_back(host_budget_key(
-            "hardware", "host_kv_budget", "\"50%\"",
-            "ordinary host memory for the U region that CPU threads attend in place (a size, or a "
-            "share of physical memory: 1MiB to 1PiB, or (0%, 90%])",
+            "hardware", "host_kv_budget", "\"auto\"",
+            "ordinary host memory for the U region that CPU threads attend in place, touched at "
+            "start-up (a size, a share of physical memory: 1MiB to 1PiB, or (0%, 90%]; "
+            "\"auto\": the KV that kv.max_batch sequences at the model's context need (beyond "
+            "vram_kv_budget with a GPU), within 20% of it)",
             false, [](Profile & p) -> auto& { return p.hardware.host_kv_budget; }, 1ull << 20));
         t.push_back(int_key<int>(
             "hardware", "attention_threads", "0",
@@ -805,7 +814,13 @@ std::string comment_lines(std::string_view text) {
 
 }  // namespace
 
-std::uint64_t HostBudget::resolve(std::uint64_t physical_bytes) const noexcept {
+std::uint64_t HostBudget::resolve(std::uint64_t physical_bytes,
+                                  std::uint64_t needed_bytes) const noexcept {
+    if (automatic) {
+        const auto cap = static_cast<std::uint64_t>(static_cast<long double>(physical_bytes) *
+                                                    kAutoShare / 100.0L);
+        return physical_bytes ? std::min(needed_bytes, cap) : needed_bytes;
+    }
     if (!relative) return bytes;
     return static_cast<std::uint64_t>(static_cast<long double>(physical_bytes) * percent / 100.0L);
 }

@@ -24,13 +24,20 @@ struct GpuSelector {
     friend bool operator==(const GpuSelector&, const GpuSelector&) = default;
 };
 
-// A host-memory budget: a byte size, or a share of the machine's physical memory ("50%").
+// A host-memory budget: a byte size, a share of the machine's physical memory ("50%"), or
+// "auto": what the model needs (needed_bytes, from kv.max_batch, the model's context and its KV
+// bytes per token), within kAutoShare percent of the physical memory. Budgets are hard (touched
+// at start-up), so a default must not take more than the model can use.
 struct HostBudget {
     std::uint64_t bytes = 0;  // when !relative
     double percent = 0;       // when relative, in (0, 100]
     bool relative = false;
+    bool automatic = false;
+    // Two daemons on one machine, each with its generated weights beside it, still fit.
+    static constexpr double kAutoShare = 20;
     // Bytes this budget grants on a machine with physical_bytes of memory.
-    std::uint64_t resolve(std::uint64_t physical_bytes) const noexcept;
+    std::uint64_t resolve(std::uint64_t physical_bytes,
+                          std::uint64_t needed_bytes = 0) const noexcept;
     friend bool operator==(const HostBudget&, const HostBudget&) = default;
 };
 

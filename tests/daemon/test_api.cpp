@@ -136,12 +136,17 @@ TEST_CASE("routes answer after boot and errors keep the shape", "[unit][daemon][
     CHECK(st["hardware"]["gpu"].is_null());
     CHECK(st["hardware"]["gpu_kernel"].is_null());
     CHECK_THAT(render_status(st), Catch::Contains("CPU only; CPU kernel fake"));
+    // Without a GPU there is no VRAM budget, and the open tails are in host memory.
+    CHECK(st["budgets"]["vram_kv_bytes"] == 0);
+    CHECK_THAT(render_status(st), Catch::Contains("host (open tails)"));
+    CHECK_THAT(render_status(st), !Catch::Contains("GPU (open tails)"));
     // With a GPU, writescopectl shows which attention kernel it runs.
     auto gst = st;
     gst["hardware"]["gpu"] = 0;
     gst["hardware"]["gpu_kernel"] = "SIMT (kv.block_tokens 48 is not a multiple of 64)";
     CHECK_THAT(render_status(gst),
                Catch::Contains("GPU 0 (SIMT (kv.block_tokens 48 is not a multiple of 64))"));
+    CHECK_THAT(render_status(gst), Catch::Contains("GPU (open tails)"));
     CHECK(st["store"]["in_memory"] == false);
 
     const auto cal = h.get("/v1/calibration");

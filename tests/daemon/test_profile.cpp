@@ -60,8 +60,8 @@ TEST_CASE("defaults are the documented values", "[unit][daemon][profile]") {
     const Profile& d = default_profile();
     CHECK(d.hardware.gpu.choice == GpuChoice::automatic);
     CHECK(d.hardware.vram_kv_budget == 16ull << 30);
-    CHECK(d.hardware.host_kv_budget.relative);
-    CHECK(d.hardware.host_kv_budget.percent == 50);
+    CHECK(d.hardware.host_kv_budget.automatic);
+    CHECK(d.hardware.pinned_kv_budget.automatic);
     CHECK(d.model.source == "qwen3-30b-a3b");
     CHECK_FALSE(d.kv.dtype);      // "auto": the checkpoint's
     CHECK(d.model.layers == -1);  // "auto"
@@ -250,8 +250,8 @@ TEST_CASE("the profile maps onto EngineOptions", "[unit][daemon][profile]") {
     CHECK(o.geometry.name == "qwen3-30b-a3b");
     CHECK(o.geometry.dtype == DType::bf16);
     CHECK(o.block_tokens == 128);
-    CHECK(o.host_kv_bytes == 8ull << 30);  // 50% of 16 GiB
-    CHECK(o.pinned_kv_bytes == 0);         // no GPU: nothing is pinned
+    CHECK(o.host_kv_bytes == (16ull << 30) / 5);  // "auto": 10 GiB needed, 20% of 16 GiB
+    CHECK(o.pinned_kv_bytes == 0);                // no GPU: nothing is pinned
     CHECK(o.mode == "writescope");
     if (!build_has_cuda()) CHECK(o.gpu_index == -1);
 
@@ -300,6 +300,33 @@ TEST_CASE("the profile maps onto EngineOptions", "[unit][daemon][profile]") {
         p.hardware.gpu = {GpuChoice::index, 0};
         expect_issue(p, "hardware.gpu", "no CUDA backend");
     }
+}
+
+TEST_CASE("default host budgets are what the model needs, within a share of the memory",
+          "[unit][daemon][profile]") {
+    MachineInfo small = machine_without_gpu();
+    small.memory_bytes = 24ull << 30;
+    Profile p = default_profile();
+    p.hardware.gpu = {GpuChoice::none, 0};
+    // The built-in qwen3-30b-a3b cut to 2 layers: 2 x (K + V) x 4 heads x 128 x bf16 = 4 KiB
+    // per token, a context of 40960 tokens (320 blocks of 128).
+    p.kv.max_batch = 1;
+    auto o = engine_options_from_profile(p, small, "t");
+    CHECK(o.host_kv_bytes == 40960ull * 4096);  // one sequence at the full context
+    CHECK(o.pinned_kv_bytes == 0);              // no GPU
+    CHECK(o.vram_kv_bytes == 0);                // no GPU: no VRAM budget either
+    // 64 sequences would need 10 GiB: capped at a fifth of the memory, so that two daemons
+    // with their generated weights (3.5 GiB each) fit on the 24 GiB machine.
+    p.kv.max_batch = 64;
+    o = engine_options_from_profile(p, small, "t");
+    CHECK(o.host_kv_bytes == (24ull << 30) / 5);
+    CHECK(2 * (o.host_kv_bytes + (4ull << 30)) < small.memory_bytes);
+    // Written out, a budget is taken as it is.
+    p.hardware.host_kv_budget = HostBudget{0, 50, true};
+    CHECK(engine_options_from_profile(p, small, "t").host_kv_bytes == (24ull << 30) / 2);
+    // "auto" reads back.
+    const Profile loaded = parse_profile("[hardware]\nhost_kv_budget = \"auto\"\n", "t");
+    CHECK(loaded.hardware.host_kv_budget.automatic);
 }
 
 TEST_CASE(
