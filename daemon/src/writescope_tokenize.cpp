@@ -38,8 +38,11 @@ int main(int argc, char** argv) {
         try {
             if (decode) {
                 const auto ids = nlohmann::json::parse(line).get<std::vector<std::int32_t>>();
-                // Invalid UTF-8 cannot come out of decode (it is replaced), so dump() never throws.
-                std::cout << nlohmann::json(tok->decode(ids, skip_special)).dump() << '\n';
+                // decode gives valid UTF-8 (invalid bytes come out as U+FFFD); replace keeps dump()
+                // from throwing should a vocabulary hold something else.
+                std::cout << nlohmann::json(tok->decode(ids, skip_special))
+                                 .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                          << '\n';
                 continue;
             }
             std::string text = line;
