@@ -224,6 +224,15 @@ SchedulerStats Scheduler::stats() const {
 
 void Scheduler::count_end(RequestEvent::Kind kind, FinishReason r) {
     std::lock_guard lock(mu_);
+    // The sequence just ended (its KV released): the counts say so before its event is
+    // delivered, not only at the next loop (a client that saw its request end must not see it
+    // still running).
+    const auto live = [](const auto& list) {
+        return static_cast<std::size_t>(
+            std::count_if(list.begin(), list.end(), [](const auto& q) { return !q->ended; }));
+    };
+    stats_.prefilling = live(prefilling_);
+    stats_.running = live(running_);
     switch (kind) {
         case RequestEvent::Kind::finished:
             ++(r == FinishReason::stop ? stats_.finished_stop : stats_.finished_length);
