@@ -95,11 +95,43 @@ bool CpuAttention::vector_kernels_support(const KvGeometry& g) noexcept {
     return g.head_dim_k % 32 == 0 && g.head_dim_v % 32 == 0;
 }
 
+namespace {
+
+std::unique_ptr<WorkerPool> make_pool(std::size_t threads, bool pin) {
+    WorkerPoolOptions po;
+    po.threads = threads;
+    po.pin = pin;
+    return std::make_unique<WorkerPool>(po);
+}
+
+CpuAttentionOptions with_max_seqs(std::size_t max_seqs) {
+    CpuAttentionOptions o;
+    o.max_seqs = max_seqs;
+    return o;
+}
+
+}  // namespace
+
 CpuAttention::CpuAttention(const KvGeometry& geometry, std::size_t block_tokens, WorkerPool& pool,
                            const CpuAttentionOptions& opts)
-    : geometry_(geometry),
+    : CpuAttention(geometry, block_tokens, nullptr, &pool, opts) {}
+
+CpuAttention::CpuAttention(const KvGeometry& geometry, std::size_t block_tokens,
+                           std::size_t threads, bool pin, std::size_t max_seqs)
+    : CpuAttention(geometry, block_tokens, make_pool(threads, pin), nullptr,
+                   with_max_seqs(max_seqs)) {}
+
+const char* CpuAttention::kernel_name() const noexcept {
+    return isa_name(isa_).data();
+}
+
+CpuAttention::CpuAttention(const KvGeometry& geometry, std::size_t block_tokens,
+                           std::unique_ptr<WorkerPool> own_pool, WorkerPool* pool,
+                           const CpuAttentionOptions& opts)
+    : own_pool_(std::move(own_pool)),
+      geometry_(geometry),
       block_tokens_(block_tokens),
-      pool_(pool),
+      pool_(own_pool_ ? *own_pool_ : *pool),
       opts_(opts),
       isa_(Isa::portable),
       packed_(PackedBlockLayout::of(geometry, block_tokens)),
@@ -132,7 +164,7 @@ CpuAttention::CpuAttention(const KvGeometry& geometry, std::size_t block_tokens,
     if (isa_ == Isa::avx2) P.kernel = &detail::attend_chunk_avx2;
     if (isa_ == Isa::avx512) P.kernel = &detail::attend_chunk_avx512;
 #endif
-    P.workers = pool.concurrency();
+    P.workers = pool_.concurrency();
     P.offs = scratch_offsets(k);
     P.scratch_stride = P.offs.total;
     P.scratch = AlignedFloats(P.workers * P.scratch_stride);

@@ -1,7 +1,6 @@
 # writescope_runtime: Engine::create, which picks the backends (CPU always, CUDA when built)
 # and hands them to the core engine. It sits above core, cpu and cuda, below the daemon.
 add_library(writescope_runtime STATIC
-  ${CMAKE_CURRENT_LIST_DIR}/cpu_attention_backend.cpp
   ${CMAKE_CURRENT_LIST_DIR}/engine_factory.cpp
 )
 target_include_directories(writescope_runtime PUBLIC ${CMAKE_CURRENT_LIST_DIR})

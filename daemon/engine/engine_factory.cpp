@@ -3,11 +3,11 @@
 #include <stdexcept>
 #include <string>
 
-#include "cpu_attention_backend.hpp"
 #include "writescope/core/engine_impl.hpp"
 #include "writescope/core/host_kv_memory.hpp"
 #include "writescope/core/host_seal_mover.hpp"
 #include "writescope/core/kv_cache.hpp"
+#include "writescope/cpu/attention.hpp"
 
 #if WRITESCOPE_HAVE_CUDA
 #include "writescope/cuda/device.hpp"
@@ -37,8 +37,7 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& o) {
     if (o.max_batch == 0) throw std::runtime_error("max_batch must be at least 1");
     const std::size_t threads =
         o.attention_threads > 0 ? static_cast<std::size_t>(o.attention_threads) : 0;
-    auto cpu = std::make_unique<runtime::CpuAttentionBackendImpl>(g, B, threads, o.pin_threads,
-                                                                  o.max_batch);
+    auto cpu = std::make_unique<cpu::CpuAttention>(g, B, threads, o.pin_threads, o.max_batch);
     EngineParts parts;
     KvCacheConfig kv;
     kv.geometry = g;

@@ -37,13 +37,13 @@
 
 #include "bench_util.hpp"
 #include "copy_rate.hpp"
-#include "cpu_attention_backend.hpp"
 #include "read_bandwidth.hpp"
 #include "writescope/core/engine_impl.hpp"
 #include "writescope/core/host_region_memory.hpp"
 #include "writescope/core/policy_trackers.hpp"
 #include "writescope/core/roofline_policy.hpp"
 #include "writescope/core/step_executor.hpp"
+#include "writescope/cpu/attention.hpp"
 #include "writescope/cuda/device.hpp"
 #include "writescope/cuda/gpu_kv_memory.hpp"
 #include "writescope/cuda/gpu_step_backend.hpp"
@@ -273,7 +273,7 @@ struct ModelRig {
     std::unique_ptr<HostRegionMemory> umem;
     // The monolithic caches: one pageable buffer per sequence (one layer of its spilled KV).
     std::vector<std::unique_ptr<PageBuffer>> mono;
-    std::unique_ptr<runtime::CpuAttentionBackendImpl> cpu;
+    std::unique_ptr<cpu::CpuAttention> cpu;
     std::unique_ptr<cuda::GpuStepBackend> gpu, gpu_inplace;
     std::vector<std::byte> q;
     std::vector<float> o, lse;
@@ -315,8 +315,7 @@ std::unique_ptr<ModelRig> build_rig(const std::string& name, const Options& o, s
     rig->g_max = sh.g;
     rig->nb_max = sh.nb;
     const std::size_t nseq = rig->batch_max;
-    rig->cpu =
-        std::make_unique<runtime::CpuAttentionBackendImpl>(rig->g, o.block, threads, true, nseq);
+    rig->cpu = std::make_unique<cpu::CpuAttention>(rig->g, o.block, threads, true, nseq);
     rig->packed = rig->cpu->packed_block_bytes();
     const std::size_t spill_slots = nseq * sh.s, pool_slots = nseq * (sh.g + 1);
     // Device: the T+G pool, the landing area of the monolithic baseline, two step backends.

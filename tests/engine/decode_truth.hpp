@@ -10,9 +10,9 @@
 
 #include <catch2/catch.hpp>
 
-#include "cpu_attention_backend.hpp"
 #include "step_fixture.hpp"
 #include "writescope/core/engine.hpp"
+#include "writescope/cpu/attention.hpp"
 
 namespace writescope::test {
 
@@ -163,7 +163,7 @@ inline EngineOptions cpu_engine_options(const char* preset, int layers, std::uin
 // starting empty.
 struct EngineTruth {
     KvCache shadow;
-    runtime::CpuAttentionBackendImpl cpu;
+    cpu::CpuAttention cpu;
     StepFixture fx;
     EngineTruth(const KvGeometry& g, std::size_t B, const std::vector<std::uint64_t>& ids)
         : shadow(config(g, B), 0), cpu(g, B, 1, false, 1), fx{g,   B,  shadow, nullptr, nullptr,

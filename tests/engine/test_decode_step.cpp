@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <thread>
 
-#include "cpu_attention_backend.hpp"
 #include "decode_truth.hpp"
 #include "host_gpu_backend.hpp"
 #include "step_fixture.hpp"
@@ -18,6 +17,7 @@
 #include "writescope/core/host_kv_memory.hpp"
 #include "writescope/core/host_seal_mover.hpp"
 #include "writescope/core/step_executor.hpp"
+#include "writescope/cpu/attention.hpp"
 
 using namespace writescope;
 
@@ -28,7 +28,7 @@ TEST_CASE("decode steps write, attend, append and seal every token exactly (exec
         for (const bool with_gpu : {false, true}) {
             const auto g = test::small_geometry(preset, 2);
             const std::size_t B = 16, max_seqs = 3, steps = 40;
-            runtime::CpuAttentionBackendImpl cpu(g, B, 2, false, max_seqs);
+            cpu::CpuAttention cpu(g, B, 2, false, max_seqs);
             KvCacheConfig cfg;
             cfg.geometry = g;
             cfg.block_tokens = B;
@@ -79,7 +79,7 @@ TEST_CASE("a decode step's new tokens are refused where the plan has no room for
           "[unit][engine]") {
     const auto g = test::small_geometry("qwen3-30b-a3b", 1);
     const std::size_t B = 16;
-    runtime::CpuAttentionBackendImpl cpu(g, B, 1, false, 2);
+    cpu::CpuAttention cpu(g, B, 1, false, 2);
     KvCacheConfig cfg;
     cfg.geometry = g;
     cfg.block_tokens = B;

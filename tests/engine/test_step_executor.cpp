@@ -5,13 +5,13 @@
 
 #include <cstdio>
 
-#include "cpu_attention_backend.hpp"
 #include "host_gpu_backend.hpp"
 #include "step_fixture.hpp"
 #include "test_seed.hpp"
 #include "writescope/core/engine.hpp"
 #include "writescope/core/host_kv_memory.hpp"
 #include "writescope/core/step_executor.hpp"
+#include "writescope/cpu/attention.hpp"
 
 using namespace writescope;
 
@@ -20,7 +20,7 @@ TEST_CASE("CPU-only steps over T and U equal fp64 attention in every layer", "[u
     for (const char* preset : {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"}) {
         const auto g = test::small_geometry(preset, 2);
         const std::size_t B = 64, max_seqs = 6;
-        runtime::CpuAttentionBackendImpl cpu(g, B, 2, false, max_seqs);
+        cpu::CpuAttention cpu(g, B, 2, false, max_seqs);
         KvCacheConfig cfg;
         cfg.geometry = g;
         cfg.block_tokens = B;
@@ -139,7 +139,7 @@ TEST_CASE("hybrid steps in every mode through the executor equal fp64 attention 
             const auto g = test::small_geometry(preset, 2);
             const std::size_t B = 64, max_seqs = 5;
             const ExecutionMode mode = parse_execution_mode(mode_text);
-            runtime::CpuAttentionBackendImpl cpu(g, B, 2, false, max_seqs);
+            cpu::CpuAttention cpu(g, B, 2, false, max_seqs);
             KvCacheConfig cfg;
             cfg.geometry = g;
             cfg.block_tokens = B;

@@ -8,10 +8,10 @@
 #include <cstring>
 
 #include "../engine/step_fixture.hpp"
-#include "cpu_attention_backend.hpp"
 #include "test_seed.hpp"
 #include "writescope/core/host_region_memory.hpp"
 #include "writescope/core/step_executor.hpp"
+#include "writescope/cpu/attention.hpp"
 #include "writescope/cuda/attention.hpp"
 #include "writescope/cuda/gpu_seal_mover.hpp"
 #include "writescope/cuda/gpu_step_backend.hpp"
@@ -25,7 +25,7 @@ TEST_CASE("sealing through G, P and U loses and duplicates no token", "[gpu]") {
         auto g = *kv_geometry_preset(preset, DType::bf16);
         g.num_layers = 3;
         const std::size_t B = 64, S = 4, L = 3;
-        runtime::CpuAttentionBackendImpl cpu(g, B, 4, false, S);
+        cpu::CpuAttention cpu(g, B, 4, false, S);
         cuda::DevicePool pool(256ull << 20);
         KvCacheConfig cfg;
         cfg.geometry = g;
@@ -148,7 +148,7 @@ TEST_CASE("sealing through G, P and U loses and duplicates no token", "[gpu]") {
                             std::memcpy(got.data(), pmem.block(l, ref.slot), lin);
                             break;
                         case Region::U:
-                            cpu.attention().unpack_block(umem.block(l, ref.slot), got.data());
+                            cpu.unpack_block(umem.block(l, ref.slot), got.data());
                             break;
                     }
                     const auto& want = fx.truth[ids[i]][l][k];

@@ -8,12 +8,12 @@
 
 #include "../engine/decode_truth.hpp"
 #include "../engine/step_fixture.hpp"
-#include "cpu_attention_backend.hpp"
 #include "gpu_regions.hpp"
 #include "test_seed.hpp"
 #include "writescope/core/engine.hpp"
 #include "writescope/core/host_region_memory.hpp"
 #include "writescope/core/step_executor.hpp"
+#include "writescope/cpu/attention.hpp"
 #include "writescope/cuda/attention.hpp"
 #include "writescope/cuda/gpu_kv_memory.hpp"
 #include "writescope/cuda/gpu_seal_mover.hpp"
@@ -32,7 +32,7 @@ TEST_CASE("hybrid steps in every mode equal unsplit fp64 attention", "[gpu]") {
             g.num_layers = 2;
             const std::size_t B = 64, max_seqs = 5;
             const ExecutionMode mode = parse_execution_mode(mode_text);
-            runtime::CpuAttentionBackendImpl cpu(g, B, 4, false, max_seqs);
+            cpu::CpuAttention cpu(g, B, 4, false, max_seqs);
             cuda::DevicePool pool(512ull << 20);
             KvCacheConfig cfg;
             cfg.geometry = g;
@@ -157,7 +157,7 @@ TEST_CASE("decode steps on the GPU: new tokens appended by append_kv, attended, 
         auto g = *kv_geometry_preset(preset, rng() % 3 == 0 ? DType::f16 : DType::bf16);
         g.num_layers = 2;
         const std::size_t B = 64, max_seqs = 3, steps = 150;
-        runtime::CpuAttentionBackendImpl cpu(g, B, 4, false, max_seqs);
+        cpu::CpuAttention cpu(g, B, 4, false, max_seqs);
         cuda::DevicePool pool(256ull << 20);
         KvCacheConfig cfg;
         cfg.geometry = g;

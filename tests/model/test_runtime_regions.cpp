@@ -6,12 +6,12 @@
 
 #include <cstring>
 
-#include "cpu_attention_backend.hpp"
 #include "host_gpu_backend.hpp"
 #include "reference_model.hpp"
 #include "writescope/core/engine_impl.hpp"
 #include "writescope/core/host_kv_memory.hpp"
 #include "writescope/core/host_seal_mover.hpp"
+#include "writescope/cpu/attention.hpp"
 
 using namespace writescope;
 using namespace writescope::test;
@@ -27,7 +27,7 @@ std::unique_ptr<Engine> hybrid_host_engine(const KvGeometry& g, std::size_t B, s
     o.block_tokens = B;
     o.max_batch = max_batch;
     o.mode = "static:" + std::to_string(target_r);
-    auto cpu = std::make_unique<runtime::CpuAttentionBackendImpl>(g, B, 2, false, max_batch);
+    auto cpu = std::make_unique<cpu::CpuAttention>(g, B, 2, false, max_batch);
     KvCacheConfig kv;
     kv.geometry = g;
     kv.block_tokens = B;

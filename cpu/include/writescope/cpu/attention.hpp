@@ -65,13 +65,19 @@ struct CpuAttentionOptions {
     bool amx_pv = false;
 };
 
-class CpuAttention {
+// The CPU attention engine, and core's CpuAttentionBackend itself (the step executor drives it
+// directly; no adapter in between).
+class CpuAttention final : public CpuAttentionBackend {
   public:
     // Throws std::invalid_argument for a geometry that does not validate or block_tokens == 0,
     // std::runtime_error when a forced level is above what the CPU runs.
     CpuAttention(const KvGeometry& geometry, std::size_t block_tokens, WorkerPool& pool,
                  const CpuAttentionOptions& opts = {});
-    ~CpuAttention();
+    // With a worker pool of its own: `threads` attention threads (0: one per CPU of the
+    // affinity mask), pinned to CPUs when `pin`, sized for max_seqs sequences per run().
+    CpuAttention(const KvGeometry& geometry, std::size_t block_tokens, std::size_t threads,
+                 bool pin, std::size_t max_seqs);
+    ~CpuAttention() override;
     CpuAttention(const CpuAttention&) = delete;
     CpuAttention& operator=(const CpuAttention&) = delete;
 
@@ -89,6 +95,14 @@ class CpuAttention {
     // items and before it joins them (WorkerPool::parallel_for's caller_first).
     void run(std::span<const AttnSeq> seqs, StateView out, FunctionRef<void()> on_start = {});
 
+    // CpuAttentionBackend: run(), the U layout, the kernel level's name, the pool's threads.
+    using CpuAttentionBackend::attend;
+    void attend(std::span<const CpuSeqWork> seqs, StateView out, StartHook on_start) override {
+        run(seqs, out, on_start);
+    }
+    const char* kernel_name() const noexcept override;
+    int threads() const noexcept override { return static_cast<int>(pool_.concurrency()); }
+
     // The kernel level in use: the forced or selected one, lowered to portable when the
     // geometry's head dims are not multiples of 32 (the vector kernels' chunk width).
     Isa isa() const noexcept { return isa_; }
@@ -99,8 +113,8 @@ class CpuAttention {
     const PackedBlockLayout& packed_layout() const noexcept { return packed_; }
 
     // Bytes of one block of one layer (packed == linear: the U layout costs nothing extra).
-    std::size_t packed_block_bytes() const noexcept { return packed_.bytes(); }
-    void pack_block(const void* linear, void* packed) const noexcept;
+    std::size_t packed_block_bytes() const noexcept override { return packed_.bytes(); }
+    void pack_block(const void* linear, void* packed) const noexcept override;
     void unpack_block(const void* packed, void* linear) const noexcept;
 
     // Whether the vector levels can serve this geometry (head dims multiples of 32).
@@ -108,6 +122,10 @@ class CpuAttention {
 
   private:
     struct Plan;
+    CpuAttention(const KvGeometry& geometry, std::size_t block_tokens,
+                 std::unique_ptr<WorkerPool> own_pool, WorkerPool* pool,
+                 const CpuAttentionOptions& opts);
+    std::unique_ptr<WorkerPool> own_pool_;  // null when the pool is the caller's
     KvGeometry geometry_;
     std::size_t block_tokens_;
     WorkerPool& pool_;
