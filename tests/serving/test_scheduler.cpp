@@ -328,7 +328,8 @@ TEST_CASE("seeded sampling is the same whatever runs beside it", "[unit][serving
     CHECK(run(3) == alone);
 }
 
-TEST_CASE("pause holds the loop between steps, and shutdown cancels what is left", "[unit][serving]") {
+TEST_CASE("pause holds the loop between steps, and shutdown cancels what is left",
+          "[unit][serving]") {
     FakeRuntime rt;
     auto s = std::make_unique<Scheduler>(rt);
     Events a, b;

@@ -33,8 +33,8 @@ struct RotaryTable {
 };
 
 // Expert routing (docs/design.md section 5): softmax over `experts` logits in fp32; with
-// groups > 1, only the keep_groups groups with the best expert stay (the others' scores become 0); top-k
-// (ties to the lower index); renormalised over the k when `renormalize`; × scale.
+// groups > 1, only the keep_groups groups with the best expert stay (the others' scores become 0);
+// top-k (ties to the lower index); renormalised over the k when `renormalize`; × scale.
 struct RoutingParams {
     std::size_t experts = 0, k = 0;
     bool renormalize = false;
