@@ -58,7 +58,8 @@ endif()
 
 # --- Man pages (scdoc sources in man/, gzipped roff installed) -------------------------------------
 find_program(WRITESCOPE_SCDOC scdoc)
-set(_ws_man_pages writescoped.8 writescope.toml.5 writescopectl.1)
+set(_ws_man_pages writescoped.8 writescope.toml.5 writescopectl.1 writescope-generate.1
+                   writescope-tokenize.1)
 set(_ws_man_roff "")
 if(WRITESCOPE_SCDOC)
   set(_ws_man_gz "")
