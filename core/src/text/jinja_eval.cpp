@@ -376,7 +376,7 @@ class Interp {
         }
         for (const auto& [k, v] : args.kw) {
             const bool known = std::any_of(node.params.begin(), node.params.end(),
-                                           [&](const Param& p) { return p.name == k; });
+                                           [&name = k](const Param& p) { return p.name == name; });
             if (!known)
                 fail("macro '" + fn.name + "' takes no keyword argument '" + k + "'", offset);
         }

@@ -1,0 +1,57 @@
+// The bodies of POST /v1/completions and /v1/chat/completions. Through the Api these need a
+// loaded model and its scheduler (without one the route answers 503 before reading the body), so
+// this drives the routes' shared body parsing directly: parse_json_body, reject_unknown,
+// check_model_field and parse_common_fields (sampling, stop strings, n, stream, ...) with the tiny
+// chat model's tokenizer. ApiError is the expected refusal (a 4xx).
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "api.hpp"
+#include "completions.hpp"
+#include "fuzz_data.hpp"
+#include "model_text.hpp"
+
+using namespace writescope;
+using namespace writescope::daemon;
+
+namespace {
+
+const ModelText& model_text() {
+    static const ModelText t = load_model_text(fuzz::tiny_chat_model());
+    return t;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+    const ModelText& text = model_text();
+    HttpRequest req;
+    req.method = "POST";
+    req.target = "/v1/completions";
+    req.body.assign(reinterpret_cast<const char*>(data), size);
+    for (const bool chat : {false, true}) {
+        try {
+            const nlohmann::json body = parse_json_body(req);
+            if (chat)
+                reject_unknown(
+                    body, {"model", "messages", "max_tokens", "temperature", "top_p", "top_k",
+                           "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "n", "stream",
+                           "stream_options", "return_token_ids"});
+            check_model_field(body, "qwen3-moe-tiny-chat");
+            Generation g;
+            g.shape = chat ? Generation::Shape::chat : Generation::Shape::completion;
+            parse_common_fields(body, g, &text);
+            if (g.n == 0 || g.stop.size() > 4) std::abort();
+            for (const auto& s : g.stop)
+                if (s.empty()) std::abort();
+        } catch (const ApiError& e) {
+            if (e.status < 400 || e.status >= 500) std::abort();
+        }
+    }
+    return 0;
+}
