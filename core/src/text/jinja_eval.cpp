@@ -110,6 +110,11 @@ class Interp {
         // Namespaces may hold themselves (`set ns.x = ns`): break such cycles.
         for (auto& ns : namespaces_)
             ns->items.clear();
+        // A macro (and a call block's caller) holds the scope it is defined in, which holds it:
+        // break those cycles too (found by tests/fuzz, fuzz_chat_template_compile: every render
+        // of a template defining a macro leaked its scopes).
+        for (auto& fn : callables_)
+            fn->closure.reset();
     }
 
     std::string run(const Value& context) {
@@ -222,6 +227,7 @@ class Interp {
                 fn->name = s.name;
                 fn->node = &s;
                 fn->closure = scope;
+                callables_.push_back(fn);
                 Value v;
                 v.kind = Kind::function;
                 v.fn = std::move(fn);
@@ -240,6 +246,7 @@ class Interp {
                 caller->name = "caller";
                 caller->node = &s;
                 caller->closure = scope;
+                callables_.push_back(caller);
                 Value caller_value;
                 caller_value.kind = Kind::function;
                 caller_value.fn = std::move(caller);
@@ -1494,6 +1501,7 @@ class Interp {
     std::size_t steps_ = 0;
     int depth_ = 0;
     std::vector<std::shared_ptr<Object>> namespaces_;
+    std::vector<std::shared_ptr<Callable>> callables_;  // their closures are reset at the end
 };
 
 }  // namespace
