@@ -191,6 +191,7 @@ class Interp {
     }
 
     Flow exec(const Stmt& s, const std::shared_ptr<Scope>& scope, std::string& out) {
+        const NestGuard nest(nest_, s.offset);
         step(s.offset);
         switch (s.kind) {
             case Stmt::Kind::text:
@@ -712,7 +713,25 @@ class Interp {
 
     // ---- expressions
 
+    // Every statement and expression being evaluated counts: macro calls (max_depth) times
+    // the parser's nesting would otherwise recurse deep enough to overflow the stack (found by
+    // tests/fuzz, fuzz_chat_template_compile: a recursive macro around `++++...x`).
+    static constexpr int kMaxEvalNesting = 1000;
+    struct NestGuard {
+        int& n;
+        NestGuard(int& nest, std::uint32_t offset) : n(nest) {
+            if (++n > kMaxEvalNesting) {
+                --n;
+                fail("template nested too deeply when rendered", offset);
+            }
+        }
+        ~NestGuard() { --n; }
+        NestGuard(const NestGuard&) = delete;
+        NestGuard& operator=(const NestGuard&) = delete;
+    };
+
     Value eval(const Expr& e, Scope& scope) {
+        const NestGuard nest(nest_, e.offset);
         switch (e.kind) {
             case Expr::Kind::literal:
                 return e.value;
@@ -1500,6 +1519,7 @@ class Interp {
     const ChatTemplateLimits& limits_;
     std::size_t steps_ = 0;
     int depth_ = 0;
+    int nest_ = 0;  // statements and expressions being evaluated (NestGuard)
     std::vector<std::shared_ptr<Object>> namespaces_;
     std::vector<std::shared_ptr<Callable>> callables_;  // their closures are reset at the end
 };
