@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "architecture.hpp"
 #include "blocks.hpp"
 #include "writescope/core/model/placement.hpp"
 
@@ -55,6 +56,31 @@ class FeedForward {
     RoutingParams routing_;
     std::uint64_t bytes_ = 0;
     ExpertHeat heat_;
+};
+
+// The decoder layer of the GQA families (Qwen3, Mixtral and their dense relatives): standard
+// attention (with or without Qwen3's q/k norms) and the feed-forward block.
+class StandardArchitecture final : public Architecture {
+  public:
+    StandardArchitecture(const Model& m, ModelOps& ops, DType kv, std::size_t max_tokens,
+                         bool qk_norm)
+        : attention_(m, ops, kv, max_tokens, qk_norm), ffn_(m, ops, max_tokens) {}
+    void attention_in(std::size_t layer, const float* xn, std::size_t n, const std::int64_t* pos,
+                      void* q, void* k, void* v) override {
+        attention_.in(layer, xn, n, pos, q, k, v);
+    }
+    void attention_out(std::size_t layer, const float* states, std::size_t n, float* out) override {
+        attention_.out(layer, states, n, out);
+    }
+    void feed_forward(std::size_t layer, const float* xn, std::size_t n, float* h) override {
+        ffn_.run(layer, xn, n, h);
+    }
+    std::uint64_t take_ffn_bytes() noexcept override { return ffn_.take_bytes(); }
+    ExpertHeat take_heat() override { return ffn_.take_heat(); }
+
+  private:
+    StandardAttention attention_;
+    FeedForward ffn_;
 };
 
 }  // namespace writescope::model::detail
