@@ -410,6 +410,34 @@ void CudaModelOps::copy_2d(const float* src, std::size_t src_stride, float* dst,
           "copy_2d");
 }
 
+void* CudaModelOps::allocate(std::size_t bytes) {
+    impl_->use();
+    void* p = nullptr;
+    const std::size_t n = (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256;
+    check(cudaMalloc(&p, n), "cudaMalloc");
+    const cudaError_t e = cudaMemset(p, 0, n);
+    if (e != cudaSuccess) {
+        cudaFree(p);
+        check(e, "cudaMemset");
+    }
+    return p;
+}
+void CudaModelOps::deallocate(void* p) noexcept {
+    if (!p) return;
+    cudaSetDevice(impl_->opts.device);
+    cudaFree(p);
+}
+void CudaModelOps::upload(void* dst, const void* host_src, std::size_t bytes) {
+    if (bytes == 0) return;
+    impl_->use();
+    check(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, impl_->stream), "upload");
+}
+void CudaModelOps::download(void* host_dst, const void* src, std::size_t bytes) {
+    if (bytes == 0) return;
+    impl_->use();
+    check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, impl_->stream), "download");
+    check(cudaStreamSynchronize(impl_->stream), "download");
+}
 std::size_t CudaModelOps::max_tokens() const noexcept {
     return impl_->opts.max_tokens;
 }

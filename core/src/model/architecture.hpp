@@ -35,12 +35,22 @@ class Architecture {
     virtual ExpertHeat take_heat() = 0;
 };
 
-// max_tokens: the most tokens of one call (the scratch is sized for it).
-std::unique_ptr<Architecture> make_qwen3_moe(const Model& m, ModelOps& ops, DType kv_dtype,
-                                             std::size_t max_tokens);
-std::unique_ptr<Architecture> make_mixtral(const Model& m, ModelOps& ops, DType kv_dtype,
-                                           std::size_t max_tokens);
-std::unique_ptr<Architecture> make_deepseek_v2(const Model& m, ModelOps& ops, DType kv_dtype,
-                                               std::size_t max_tokens);
+// What an architecture computes with: the model (its config, and its own weights in host memory,
+// from which derived weights are made), the views the ops read (`weights`: the model's own on
+// the CPU; device copies for the GPU runtime, where a routed expert with null views is
+// host-resident and runs on host_ops), the KV dtype and the most tokens of one call (the
+// scratch, in the ops' memory, is sized for it).
+struct Binding {
+    const Model& model;
+    const ModelWeights& weights;
+    ModelOps& ops;
+    ModelOps* host_ops = nullptr;
+    DType kv_dtype = DType::bf16;
+    std::size_t max_tokens = 1;
+};
+
+std::unique_ptr<Architecture> make_qwen3_moe(const Binding& b);
+std::unique_ptr<Architecture> make_mixtral(const Binding& b);
+std::unique_ptr<Architecture> make_deepseek_v2(const Binding& b);
 
 }  // namespace writescope::model::detail

@@ -11,7 +11,7 @@
 // q_pe·k_pe, the softmax scale carries YaRN's mscale(factor, mscale_all_dim)² (ModelConfig::
 // softmax_scale), and the engine's output Σ p·c_kv becomes the head's value through W_UV.
 #include <algorithm>
-#include <cstring>
+#include <vector>
 
 #include "architecture.hpp"
 #include "layers.hpp"
@@ -19,23 +19,17 @@
 namespace writescope::model::detail {
 namespace {
 
-float load_any(const void* base, std::size_t i, DType t) noexcept {
-    const auto* p = static_cast<const unsigned char*>(base) + i * dtype_bytes(t);
-    if (t == DType::f32) {
-        float f;
-        std::memcpy(&f, p, 4);
-        return f;
-    }
-    std::uint16_t h;
-    std::memcpy(&h, p, 2);
-    return t == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
-}
-
 class DeepseekV2 final : public Architecture {
   public:
-    DeepseekV2(const Model& m, ModelOps& ops, DType kv, std::size_t max_tokens)
-        : m_(m), ops_(ops), kv_(kv), rope_(m.config().rope), ffn_(m, ops, max_tokens) {
-        const auto& c = m.config();
+    explicit DeepseekV2(const Binding& b)
+        : m_(b.model),
+          w_(b.weights),
+          ops_(b.ops),
+          kv_(b.kv_dtype),
+          rope_(b.model.config().rope, b.ops),
+          ffn_(b) {
+        const auto& c = m_.config();
+        const std::size_t max_tokens = b.max_tokens;
         H_ = static_cast<std::size_t>(c.num_heads);
         nope_ = static_cast<std::size_t>(c.qk_nope_head_dim);
         rot_ = static_cast<std::size_t>(c.qk_rope_head_dim);
@@ -44,31 +38,33 @@ class DeepseekV2 final : public Architecture {
         qk_ = nope_ + rot_;
         lat_ = rank_ + rot_;
         // W_UKᵀ per head, fp32 (rank, nope): the absorbed query is a linear over q_nope.
-        const auto& layers = m.weights().layers;
+        // Made from the model's own (host) weights, then placed in the ops' memory.
+        const auto& layers = m_.weights().layers;
         uk_t_.resize(layers.size());
+        std::vector<float> t(H_ * rank_ * nope_);
         for (std::size_t l = 0; l < layers.size(); ++l) {
             const Matrix& kvb = layers[l].kv_b_proj;
-            auto& t = uk_t_[l];
-            t.resize(H_ * rank_ * nope_);
             for (std::size_t h = 0; h < H_; ++h)
                 for (std::size_t j = 0; j < nope_; ++j)
                     for (std::size_t r = 0; r < rank_; ++r)
                         t[(h * rank_ + r) * nope_ + j] =
-                            load_any(kvb.data, (h * (nope_ + vd_) + j) * rank_ + r, kvb.dtype);
+                            load_f32(kvb.data, (h * (nope_ + vd_) + j) * rank_ + r, kvb.dtype);
+            uk_t_[l] = OpsBuffer<float>(ops_, std::span<const float>(t));
         }
-        q_.resize(max_tokens * H_ * qk_);
-        qa_.resize(max_tokens * static_cast<std::size_t>(std::max(1, c.q_lora_rank)));
-        lat_buf_.resize(max_tokens * lat_);
-        q_eng_.resize(max_tokens * H_ * lat_);
-        head_in_.resize(max_tokens * std::max(rank_, nope_));
-        head_out_.resize(max_tokens * std::max(rank_, vd_));
-        attn_.resize(max_tokens * H_ * vd_);
+        q_ = OpsBuffer<float>(ops_, max_tokens * H_ * qk_);
+        qa_ = OpsBuffer<float>(ops_,
+                               max_tokens * static_cast<std::size_t>(std::max(1, c.q_lora_rank)));
+        lat_buf_ = OpsBuffer<float>(ops_, max_tokens * lat_);
+        q_eng_ = OpsBuffer<float>(ops_, max_tokens * H_ * lat_);
+        head_in_ = OpsBuffer<float>(ops_, max_tokens * std::max(rank_, nope_));
+        head_out_ = OpsBuffer<float>(ops_, max_tokens * std::max(rank_, vd_));
+        attn_ = OpsBuffer<float>(ops_, max_tokens * H_ * vd_);
     }
 
     void attention_in(std::size_t layer, const float* xn, std::size_t n, const std::int64_t* pos,
                       void* q, void* k, void*) override {
         const auto& c = m_.config();
-        const LayerWeights& L = m_.weights().layers[layer];
+        const LayerWeights& L = w_.layers[layer];
         const auto eps = static_cast<float>(c.rms_norm_eps);
         if (c.q_lora_rank > 0) {
             ops_.linear(L.q_a_proj, xn, n, qa_.data());
@@ -100,7 +96,7 @@ class DeepseekV2 final : public Architecture {
     }
 
     void attention_out(std::size_t layer, const float* states, std::size_t n, float* out) override {
-        const LayerWeights& L = m_.weights().layers[layer];
+        const LayerWeights& L = w_.layers[layer];
         const Matrix& kvb = L.kv_b_proj;
         const std::size_t es = dtype_bytes(kvb.dtype);
         for (std::size_t h = 0; h < H_; ++h) {
@@ -123,20 +119,20 @@ class DeepseekV2 final : public Architecture {
 
   private:
     const Model& m_;
+    const ModelWeights& w_;
     ModelOps& ops_;
     DType kv_;
-    Rotary rope_;
+    OpsRotary rope_;
     FeedForward ffn_;
     std::size_t H_ = 0, nope_ = 0, rot_ = 0, vd_ = 0, rank_ = 0, qk_ = 0, lat_ = 0;
-    std::vector<std::vector<float>> uk_t_;  // per layer: (heads, rank, nope) fp32
-    std::vector<float> q_, qa_, lat_buf_, q_eng_, head_in_, head_out_, attn_;
+    std::vector<OpsBuffer<float>> uk_t_;  // per layer: (heads, rank, nope) fp32
+    OpsBuffer<float> q_, qa_, lat_buf_, q_eng_, head_in_, head_out_, attn_;
 };
 
 }  // namespace
 
-std::unique_ptr<Architecture> make_deepseek_v2(const Model& m, ModelOps& ops, DType kv_dtype,
-                                               std::size_t max_tokens) {
-    return std::make_unique<DeepseekV2>(m, ops, kv_dtype, max_tokens);
+std::unique_ptr<Architecture> make_deepseek_v2(const Binding& b) {
+    return std::make_unique<DeepseekV2>(b);
 }
 
 }  // namespace writescope::model::detail

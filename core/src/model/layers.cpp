@@ -1,23 +1,35 @@
 #include "layers.hpp"
 
 #include <algorithm>
-#include <cstring>
+#include <stdexcept>
+#include <string>
 
 namespace writescope::model::detail {
-StandardAttention::StandardAttention(const Model& m, ModelOps& ops, DType kv_dtype,
-                                     std::size_t max_tokens, bool qk_norm)
-    : m_(m), ops_(ops), kv_(kv_dtype), qk_norm_(qk_norm), rope_(m.config().rope) {
-    const auto& c = m.config();
+
+OpsRotary::OpsRotary(const RopeConfig& rope, ModelOps& ops) : host_(rope), table_(host_.table()) {
+    if (ops.host_memory()) return;
+    inv_freq_ = OpsBuffer<float>(ops, std::span<const float>(table_.inv_freq, table_.dim / 2));
+    table_.inv_freq = inv_freq_.data();
+}
+
+StandardAttention::StandardAttention(const Binding& b, bool qk_norm)
+    : m_(b.model),
+      w_(b.weights),
+      ops_(b.ops),
+      kv_(b.kv_dtype),
+      qk_norm_(qk_norm),
+      rope_(b.model.config().rope, b.ops) {
+    const auto& c = m_.config();
     const std::size_t hd = static_cast<std::size_t>(c.head_dim);
-    q_.resize(max_tokens * static_cast<std::size_t>(c.num_heads) * hd);
-    k_.resize(max_tokens * static_cast<std::size_t>(c.num_kv_heads) * hd);
-    v_.resize(k_.size());
+    q_ = OpsBuffer<float>(ops_, b.max_tokens * static_cast<std::size_t>(c.num_heads) * hd);
+    k_ = OpsBuffer<float>(ops_, b.max_tokens * static_cast<std::size_t>(c.num_kv_heads) * hd);
+    v_ = OpsBuffer<float>(ops_, k_.size());
 }
 
 void StandardAttention::in(std::size_t layer, const float* xn, std::size_t n,
                            const std::int64_t* pos, void* q, void* k, void* v) {
     const auto& c = m_.config();
-    const LayerWeights& L = m_.weights().layers[layer];
+    const LayerWeights& L = w_.layers[layer];
     const std::size_t hd = static_cast<std::size_t>(c.head_dim);
     const std::size_t hq = static_cast<std::size_t>(c.num_heads);
     const std::size_t hk = static_cast<std::size_t>(c.num_kv_heads);
@@ -41,43 +53,69 @@ void StandardAttention::in(std::size_t layer, const float* xn, std::size_t n,
 
 void StandardAttention::out(std::size_t layer, const float* states, std::size_t n, float* y) {
     // The states are (n, heads, head_dim): exactly o_proj's input rows.
-    ops_.linear(m_.weights().layers[layer].o_proj, states, n, y);
+    ops_.linear(w_.layers[layer].o_proj, states, n, y);
 }
 
-FeedForward::FeedForward(const Model& m, ModelOps& ops, std::size_t max_tokens)
-    : m_(m), ops_(ops), routing_(routing_params(m.config())) {
-    const auto& c = m.config();
-    const auto& layers = m.weights().layers;
-    routers_.resize(layers.size());
-    for (std::size_t l = 0; l < layers.size(); ++l) {
-        if (!layers[l].moe) continue;
-        const Matrix& r = layers[l].router;
-        auto& f = routers_[l];
-        f.resize(r.rows * r.cols);
-        for (std::size_t i = 0; i < f.size(); ++i) {
-            const auto* p = static_cast<const unsigned char*>(r.data) + i * dtype_bytes(r.dtype);
-            if (r.dtype == DType::f32) {
-                std::memcpy(&f[i], p, 4);
-            } else {
-                std::uint16_t h;
-                std::memcpy(&h, p, 2);
-                f[i] = r.dtype == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
-            }
+FeedForward::FeedForward(const Binding& b)
+    : m_(b.model),
+      w_(b.weights),
+      ops_(b.ops),
+      host_ops_(b.host_ops),
+      routing_(routing_params(b.model.config())) {
+    const auto& c = m_.config();
+    const auto& host = m_.weights().layers;
+    const std::size_t max_tokens = b.max_tokens;
+    const std::size_t E = static_cast<std::size_t>(std::max(1, c.num_experts));
+    routers_.resize(host.size());
+    on_host_.resize(host.size());
+    layer_split_.assign(host.size(), 0);
+    for (std::size_t l = 0; l < host.size(); ++l) {
+        const LayerWeights& L = w_.layers[l];
+        const std::string where = "layer " + std::to_string(l);
+        if (!L.moe) {
+            if (!L.mlp.gate) throw std::invalid_argument(where + ": the dense MLP is not placed");
+            continue;
         }
+        const Matrix& r = host[l].router;
+        std::vector<float> f(r.rows * r.cols);
+        for (std::size_t i = 0; i < f.size(); ++i)
+            f[i] = load_f32(r.data, i, r.dtype);
+        routers_[l] = OpsBuffer<float>(ops_, std::span<const float>(f));
+        if (host[l].shared.gate && !L.shared.gate)
+            throw std::invalid_argument(where + ": the shared experts are not placed");
+        on_host_[l].assign(L.experts.size(), 0);
+        for (std::size_t e = 0; e < L.experts.size(); ++e)
+            if (!L.experts[e].gate) {
+                if (!host_ops_)
+                    throw std::invalid_argument(where + ", expert " + std::to_string(e) +
+                                                ": not placed, and no host ops to run it");
+                on_host_[l][e] = 1;
+                layer_split_[l] = 1;
+            }
     }
     const std::size_t k = static_cast<std::size_t>(std::max(1, c.experts_per_token));
-    logits_.resize(max_tokens * static_cast<std::size_t>(std::max(1, c.num_experts)));
-    weights_.resize(max_tokens * k);
-    experts_.resize(max_tokens * k);
-    seen_.assign(static_cast<std::size_t>(std::max(1, c.num_experts)), 0);
-    heat_ = ExpertHeat::zeros(m);
-    ones_.assign(max_tokens, 1.0f);
-    zeros_.assign(max_tokens, 0);
+    logits_ = OpsBuffer<float>(ops_, max_tokens * E);
+    weights_ = OpsBuffer<float>(ops_, max_tokens * k);
+    experts_ = OpsBuffer<std::int32_t>(ops_, max_tokens * k);
+    experts_host_.resize(max_tokens * k);
+    weights_host_.resize(max_tokens * k);
+    if (std::find(layer_split_.begin(), layer_split_.end(), 1) != layer_split_.end()) {
+        const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
+        split_host_.resize(max_tokens * k);
+        split_ops_ = OpsBuffer<std::int32_t>(ops_, max_tokens * k);
+        y_ops_ = OpsBuffer<float>(ops_, max_tokens * hidden);
+        x_host_.resize(max_tokens * hidden);
+        y_host_.resize(max_tokens * hidden);
+    }
+    seen_.assign(E, 0);
+    heat_ = ExpertHeat::zeros(m_);
+    ones_ = OpsBuffer<float>(ops_, std::vector<float>(max_tokens, 1.0f));
+    zeros_ = OpsBuffer<std::int32_t>(ops_, max_tokens);  // zeroed
 }
 
 void FeedForward::run(std::size_t layer, const float* xn, std::size_t n, float* h) {
     const auto& c = m_.config();
-    const LayerWeights& L = m_.weights().layers[layer];
+    const LayerWeights& L = w_.layers[layer];
     const MoeRouting single{zeros_.data(), ones_.data(), 1};
     if (!L.moe) {
         ops_.moe(std::span<const FfnWeights>(&L.mlp, 1), xn, n, single, h);
@@ -87,16 +125,26 @@ void FeedForward::run(std::size_t layer, const float* xn, std::size_t n, float* 
     const Matrix router{routers_[layer].data(), DType::f32, L.router.rows, L.router.cols};
     ops_.linear(router, xn, n, logits_.data());
     ops_.route(routing_, logits_.data(), n, experts_.data(), weights_.data());
-    const MoeRouting routing{experts_.data(), weights_.data(),
-                             static_cast<std::size_t>(c.experts_per_token)};
-    ops_.moe(L.experts, xn, n, routing, h);
+    const std::size_t k = static_cast<std::size_t>(c.experts_per_token);
+    // The host sees the routing to count it (and to split it): a copy down unless the ops
+    // compute in host memory.
+    const std::int32_t* ids = experts_.data();
+    if (!ops_.host_memory()) {
+        experts_.download(std::span<std::int32_t>(experts_host_.data(), n * k));
+        ids = experts_host_.data();
+    }
+    if (layer_split_[layer]) {
+        run_split(layer, xn, n, h);
+    } else {
+        ops_.moe(L.experts, xn, n, MoeRouting{experts_.data(), weights_.data(), k}, h);
+    }
     std::fill(seen_.begin(), seen_.end(), std::uint8_t{0});
-    for (std::size_t i = 0; i < n * routing.k; ++i) {
-        const std::int32_t e = experts_[i];
+    for (std::size_t i = 0; i < n * k; ++i) {
+        const std::int32_t e = ids[i];
         if (e >= 0) ++heat_.counts[layer][static_cast<std::size_t>(e)];
         if (e >= 0 && !seen_[static_cast<std::size_t>(e)]) {
             seen_[static_cast<std::size_t>(e)] = 1;
-            bytes_ += L.experts[static_cast<std::size_t>(e)].bytes();
+            bytes_ += m_.weights().layers[layer].experts[static_cast<std::size_t>(e)].bytes();
         }
     }
     bytes_ += router.bytes();
@@ -104,6 +152,52 @@ void FeedForward::run(std::size_t layer, const float* xn, std::size_t n, float* 
         ops_.moe(std::span<const FfnWeights>(&L.shared, 1), xn, n, single, h);
         bytes_ += L.shared.bytes();
     }
+}
+
+// Experts split between the ops' memory and host memory: the ops run the slots of resident
+// experts (the others masked to −1) and, meanwhile, host_ops the rest over the hidden rows
+// brought down once; their sum goes up once and into h.
+void FeedForward::run_split(std::size_t layer, const float* xn, std::size_t n, float* h) {
+    const auto& c = m_.config();
+    const std::size_t k = static_cast<std::size_t>(c.experts_per_token);
+    const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
+    const std::vector<std::uint8_t>& on_host = on_host_[layer];
+    const std::int32_t* ids = ops_.host_memory()
+                                  ? experts_.data()
+                                  : static_cast<const std::int32_t*>(experts_host_.data());
+    bool any_host = false, any_ops = false;
+    for (std::size_t i = 0; i < n * k; ++i) {
+        const std::int32_t e = ids[i];
+        const bool host = e >= 0 && on_host[static_cast<std::size_t>(e)];
+        any_host |= host;
+        any_ops |= e >= 0 && !host;
+        split_host_[i] = host ? -1 : e;
+    }
+    // The host's inputs come down before the resident experts are enqueued, so that the two
+    // sides run at the same time.
+    const float* x = xn;
+    const float* wts = weights_.data();
+    if (any_host && !ops_.host_memory()) {
+        ops_.download(x_host_.data(), xn, n * hidden * sizeof(float));
+        weights_.download(std::span<float>(weights_host_.data(), n * k));
+        x = x_host_.data();
+        wts = weights_host_.data();
+    }
+    if (any_ops) {
+        split_ops_.upload(std::span<const std::int32_t>(split_host_.data(), n * k));
+        ops_.moe(w_.layers[layer].experts, xn, n, MoeRouting{split_ops_.data(), weights_.data(), k},
+                 h);
+    }
+    if (!any_host) return;
+    for (std::size_t i = 0; i < n * k; ++i) {
+        const std::int32_t e = ids[i];
+        split_host_[i] = e >= 0 && on_host[static_cast<std::size_t>(e)] ? e : -1;
+    }
+    std::fill_n(y_host_.begin(), n * hidden, 0.0f);
+    host_ops_->moe(m_.weights().layers[layer].experts, x, n, MoeRouting{split_host_.data(), wts, k},
+                   y_host_.data());
+    y_ops_.upload(std::span<const float>(y_host_.data(), n * hidden));
+    ops_.add(h, y_ops_.data(), n * hidden);
 }
 
 ExpertHeat FeedForward::take_heat() {

@@ -1,5 +1,6 @@
 // The layer parts the architectures share: standard (GQA) attention around the engine, and the
-// feed-forward block (dense MLP, or routed experts plus shared ones).
+// feed-forward block (dense MLP, or routed experts plus shared ones). Scratch and derived
+// weights live in the ops' memory (OpsBuffer); the weights are the binding's views.
 #pragma once
 
 #include <cstddef>
@@ -9,34 +10,53 @@
 
 #include "architecture.hpp"
 #include "blocks.hpp"
+#include "writescope/core/model/ops_buffer.hpp"
 #include "writescope/core/model/placement.hpp"
 
 namespace writescope::model::detail {
+
+// A model's rotary table in the ops' memory (the host table itself when the ops compute in
+// host memory).
+class OpsRotary {
+  public:
+    OpsRotary(const RopeConfig& rope, ModelOps& ops);
+    const RotaryTable& table() const noexcept { return table_; }
+
+  private:
+    Rotary host_;
+    OpsBuffer<float> inv_freq_;
+    RotaryTable table_;
+};
 
 // q/k/v projections (+ biases) → per-head q/k RMSNorm (Qwen3) → rotary (NeoX halves) → KV dtype;
 // and the output projection.
 class StandardAttention {
   public:
-    StandardAttention(const Model& m, ModelOps& ops, DType kv_dtype, std::size_t max_tokens,
-                      bool qk_norm);
+    StandardAttention(const Binding& b, bool qk_norm);
     void in(std::size_t layer, const float* xn, std::size_t n, const std::int64_t* pos, void* q,
             void* k, void* v);
     void out(std::size_t layer, const float* states, std::size_t n, float* y);
 
   private:
     const Model& m_;
+    const ModelWeights& w_;
     ModelOps& ops_;
     DType kv_;
     bool qk_norm_;
-    Rotary rope_;
-    std::vector<float> q_, k_, v_;
+    OpsRotary rope_;
+    OpsBuffer<float> q_, k_, v_;
 };
 
 // Dense layers: the MLP. MoE layers: router (fp32) → route_tokens → the routed experts, then the
 // shared experts (DeepSeek), each added into h.
+//
+// Experts with null views in the binding's weights are host-resident: the layer's routing comes
+// down, the slots are split by where their expert lives, the ops run the resident ones while
+// host_ops runs the rest over the hidden rows brought down once, and their sum goes up once and
+// is added into h.
 class FeedForward {
   public:
-    FeedForward(const Model& m, ModelOps& ops, std::size_t max_tokens);
+    FeedForward(const Binding& b);
     void run(std::size_t layer, const float* xn, std::size_t n, float* h);
     // Bytes of routed and shared expert (or dense MLP) weights the calls since the last take
     // read: each expert a call routes a token to counts once.
@@ -45,13 +65,27 @@ class FeedForward {
     ExpertHeat take_heat();
 
   private:
+    void run_split(std::size_t layer, const float* xn, std::size_t n, float* h);
+
     const Model& m_;
+    const ModelWeights& w_;
     ModelOps& ops_;
+    ModelOps* host_ops_;
     // The routers in fp32 (docs/design.md section 5: routers in fp32), one per layer (empty for
     // dense layers).
-    std::vector<std::vector<float>> routers_;
-    std::vector<float> logits_, weights_, ones_;
-    std::vector<std::int32_t> experts_, zeros_;
+    std::vector<OpsBuffer<float>> routers_;
+    OpsBuffer<float> logits_, weights_, ones_;
+    OpsBuffer<std::int32_t> experts_, zeros_;
+    // The routing on the host (counted; split when some experts are host-resident).
+    std::vector<std::int32_t> experts_host_;
+    std::vector<float> weights_host_;
+    // Host-resident experts: per layer, which are; the split's buffers.
+    std::vector<std::vector<std::uint8_t>> on_host_;
+    std::vector<std::uint8_t> layer_split_;
+    std::vector<std::int32_t> split_host_;  // the slots of the other side masked (−1)
+    OpsBuffer<std::int32_t> split_ops_;
+    OpsBuffer<float> y_ops_;
+    std::vector<float> x_host_, y_host_;
     std::vector<std::uint8_t> seen_;  // per expert: routed to in this call
     RoutingParams routing_;
     std::uint64_t bytes_ = 0;
@@ -62,9 +96,7 @@ class FeedForward {
 // attention (with or without Qwen3's q/k norms) and the feed-forward block.
 class StandardArchitecture final : public Architecture {
   public:
-    StandardArchitecture(const Model& m, ModelOps& ops, DType kv, std::size_t max_tokens,
-                         bool qk_norm)
-        : attention_(m, ops, kv, max_tokens, qk_norm), ffn_(m, ops, max_tokens) {}
+    StandardArchitecture(const Binding& b, bool qk_norm) : attention_(b, qk_norm), ffn_(b) {}
     void attention_in(std::size_t layer, const float* xn, std::size_t n, const std::int64_t* pos,
                       void* q, void* k, void* v) override {
         attention_.in(layer, xn, n, pos, q, k, v);

@@ -6,10 +6,8 @@
 
 namespace writescope::model::detail {
 
-std::unique_ptr<Architecture> make_mixtral(const Model& m, ModelOps& ops, DType kv_dtype,
-                                           std::size_t max_tokens) {
-    return std::make_unique<StandardArchitecture>(m, ops, kv_dtype, max_tokens,
-                                                  /*qk_norm=*/false);
+std::unique_ptr<Architecture> make_mixtral(const Binding& b) {
+    return std::make_unique<StandardArchitecture>(b, /*qk_norm=*/false);
 }
 
 }  // namespace writescope::model::detail

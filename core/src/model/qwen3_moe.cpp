@@ -8,10 +8,8 @@
 
 namespace writescope::model::detail {
 
-std::unique_ptr<Architecture> make_qwen3_moe(const Model& m, ModelOps& ops, DType kv_dtype,
-                                             std::size_t max_tokens) {
-    return std::make_unique<StandardArchitecture>(m, ops, kv_dtype, max_tokens,
-                                                  /*qk_norm=*/true);
+std::unique_ptr<Architecture> make_qwen3_moe(const Binding& b) {
+    return std::make_unique<StandardArchitecture>(b, /*qk_norm=*/true);
 }
 
 }  // namespace writescope::model::detail

@@ -14,29 +14,35 @@
 #include "blocks.hpp"
 #include "writescope/core/model/model.hpp"
 #include "writescope/core/model/model_ops.hpp"
+#include "writescope/core/model/ops_buffer.hpp"
 
 namespace writescope::model {
 namespace {
 
 using detail::Architecture;
 
-std::unique_ptr<Architecture> make_architecture(const Model& m, ModelOps& ops, DType kv,
-                                                std::size_t max_tokens) {
-    switch (m.config().family) {
+std::unique_ptr<Architecture> make_architecture(const detail::Binding& b) {
+    switch (b.model.config().family) {
         case Family::qwen3:
-            return detail::make_qwen3_moe(m, ops, kv, max_tokens);
+            return detail::make_qwen3_moe(b);
         case Family::mixtral:
-            return detail::make_mixtral(m, ops, kv, max_tokens);
+            return detail::make_mixtral(b);
         case Family::deepseek_v2:
-            return detail::make_deepseek_v2(m, ops, kv, max_tokens);
+            return detail::make_deepseek_v2(b);
     }
     throw std::logic_error("unknown model family");
 }
 
 class RuntimeImpl final : public Runtime {
   public:
-    RuntimeImpl(const Model& model, ModelOps& ops, Engine& engine, const RuntimeOptions& opts)
-        : model_(model), ops_(ops), engine_(engine), opts_(opts) {
+    RuntimeImpl(const Model& model, ModelOps& ops, Engine& engine, const RuntimeOptions& opts,
+                const RuntimeWeights& rw)
+        : model_(model),
+          w_(rw.weights ? *rw.weights : model.weights()),
+          ops_(ops),
+          engine_(engine),
+          opts_(opts),
+          host_(ops.host_memory()) {
         const ModelConfig& c = model.config();
         geometry_ = c.kv_geometry(opts.kv_dtype);
         eps_ = static_cast<float>(c.rms_norm_eps);
@@ -50,7 +56,12 @@ class RuntimeImpl final : public Runtime {
                                         ") exceeds the rows the model's ops are sized for (" +
                                         std::to_string(ops.max_tokens()) + ")");
         rows_ = std::max(chunk_, opts.max_batch);
-        arch_ = make_architecture(model, ops, opts.kv_dtype, rows_);
+        if (w_.layers.size() != model.weights().layers.size() || !w_.embed || !w_.lm_head ||
+            !w_.final_norm)
+            throw std::invalid_argument("model " + c.name +
+                                        ": the embeddings, the final norm and the head must be "
+                                        "in the ops' memory");
+        arch_ = make_architecture({model, w_, ops, rw.host_ops, opts.kv_dtype, rows_});
         const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
         const std::size_t es = dtype_bytes(opts.kv_dtype);
         const std::size_t qh = static_cast<std::size_t>(geometry_.num_q_heads);
@@ -61,17 +72,32 @@ class RuntimeImpl final : public Runtime {
         k_row_ = heads * dk * es;
         v_row_ = geometry_.mla ? 0 : heads * dv * es;
         const std::size_t layers = static_cast<std::size_t>(c.num_layers);
-        h_.resize(rows_ * hidden);
-        xn_.resize(rows_ * hidden);
-        tmp_.resize(rows_ * hidden);
-        q_.resize(rows_ * qh * dk * es);
-        k_.resize(layers * rows_ * k_row_);
-        v_.resize(std::max<std::size_t>(1, layers * rows_ * v_row_));
-        o_.resize(rows_ * qh * dv);
-        lse_.resize(rows_ * qh);
+        const std::size_t q_bytes = rows_ * qh * dk * es;
+        const std::size_t k_bytes = layers * rows_ * k_row_;
+        const std::size_t v_bytes = std::max<std::size_t>(1, layers * rows_ * v_row_);
+        h_ = OpsBuffer<float>(ops, rows_ * hidden);
+        xn_ = OpsBuffer<float>(ops, rows_ * hidden);
+        tmp_ = OpsBuffer<float>(ops, rows_ * hidden);
+        q_ = OpsBuffer<std::byte>(ops, q_bytes);
+        k_ = OpsBuffer<std::byte>(ops, k_bytes);
+        v_ = OpsBuffer<std::byte>(ops, v_bytes);
+        o_ = OpsBuffer<float>(ops, rows_ * qh * dv);
+        lse_ = OpsBuffer<float>(ops, rows_ * qh);
         pos_.resize(rows_);
+        if (!host_) {
+            // The engine's side of the step in host memory, and the inputs' and logits' copies.
+            q_host_.resize(q_bytes);
+            k_host_.resize(k_bytes);
+            v_host_.resize(v_bytes);
+            o_host_.resize(rows_ * qh * dv);
+            lse_host_.resize(rows_ * qh);
+            ids_ = OpsBuffer<std::int32_t>(ops, rows_);
+            pos_ops_ = OpsBuffer<std::int64_t>(ops, rows_);
+            head_rows_ = std::max<std::size_t>(1, opts.max_batch);
+            logits_ = OpsBuffer<float>(ops, head_rows_ * static_cast<std::size_t>(c.vocab_size));
+        }
         // What every forward pass reads besides the feed-forward weights.
-        const ModelWeights& w = model.weights();
+        const ModelWeights& w = w_;
         fixed_bytes_ = w.lm_head.bytes();
         for (const LayerWeights& L : w.layers)
             for (const Matrix* mtx : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.q_a_proj,
@@ -154,19 +180,18 @@ class RuntimeImpl final : public Runtime {
         const ModelConfig& c = model_.config();
         const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
         detail::check_token_ids(tokens, vocab_size());
-        ops_.embed(model_.weights().embed, tokens.data(), n, h_.data());
+        const std::int64_t* pos = inputs(tokens, n);
+        ops_.embed(w_.embed, host_ ? tokens.data() : ids_.data(), n, h_.data());
         engine_.begin_step(seq_ids);
         try {
             for (std::size_t l = 0; l < static_cast<std::size_t>(c.num_layers); ++l) {
-                const LayerWeights& L = model_.weights().layers[l];
+                const LayerWeights& L = w_.layers[l];
                 ops_.rms_norm(L.input_norm, h_.data(), n, hidden, eps_, xn_.data());
-                arch_->attention_in(l, xn_.data(), n, pos_.data(), q_.data(), k_.data(), v_.data());
-                const StateView states{o_.data(), lse_.data(),
-                                       n * static_cast<std::size_t>(geometry_.num_q_heads),
-                                       static_cast<std::size_t>(geometry_.head_dim_v)};
-                engine_.attend_layer(l, q_.data(),
-                                     NewTokens{k_.data(), geometry_.mla ? nullptr : v_.data()},
-                                     states);
+                arch_->attention_in(l, xn_.data(), n, pos, q_.data(), k_.data(), v_.data());
+                const Staged e = to_engine(n, n, 0);
+                engine_.attend_layer(l, e.q, NewTokens{e.k, geometry_.mla ? nullptr : e.v},
+                                     e.states);
+                from_engine(n);
                 finish_layer(l, n, hidden);
             }
             engine_.end_step();
@@ -176,7 +201,7 @@ class RuntimeImpl final : public Runtime {
         }
         for (std::size_t i = 0; i < n; ++i)
             ++held_[seq_ids[i]];
-        head(n, 0, n, logits);
+        head(0, n, logits);
         last_bytes_ = fixed_bytes_ + arch_->take_ffn_bytes();
     }
 
@@ -184,22 +209,75 @@ class RuntimeImpl final : public Runtime {
     // After the engine's attention of layer l over n rows: output projection, residual, norm,
     // feed-forward (into the residual).
     void finish_layer(std::size_t l, std::size_t n, std::size_t hidden) {
-        const LayerWeights& L = model_.weights().layers[l];
+        const LayerWeights& L = w_.layers[l];
         arch_->attention_out(l, o_.data(), n, tmp_.data());
         ops_.add(h_.data(), tmp_.data(), n * hidden);
         ops_.rms_norm(L.post_attention_norm, h_.data(), n, hidden, eps_, xn_.data());
         arch_->feed_forward(l, xn_.data(), n, h_.data());
     }
 
-    // Final norm and head over rows [first, first + count) of h_ (n rows computed).
-    void head(std::size_t n, std::size_t first, std::size_t count, float* logits) {
-        (void)n;
+    // Final norm and head over rows [first, first + count) of h_ into host logits (count,
+    // vocab): straight into them when the ops compute in host memory, else head_rows_ rows at a
+    // time through logits_.
+    void head(std::size_t first, std::size_t count, float* logits) {
         if (!logits || count == 0) return;
         const ModelConfig& c = model_.config();
         const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
-        ops_.rms_norm(model_.weights().final_norm, h_.data() + first * hidden, count, hidden, eps_,
-                      xn_.data());
-        ops_.linear(model_.weights().lm_head, xn_.data(), count, logits);
+        const std::size_t vocab = vocab_size();
+        ops_.rms_norm(w_.final_norm, h_.data() + first * hidden, count, hidden, eps_, xn_.data());
+        if (host_) {
+            ops_.linear(w_.lm_head, xn_.data(), count, logits);
+            return;
+        }
+        for (std::size_t r = 0; r < count; r += head_rows_) {
+            const std::size_t rows = std::min(head_rows_, count - r);
+            ops_.linear(w_.lm_head, xn_.data() + r * hidden, rows, logits_.data());
+            logits_.download(std::span<float>(logits + r * vocab, rows * vocab));
+        }
+    }
+
+    // The step's token ids and positions (pos_, host) where the ops read them; returns the
+    // positions' pointer for the ops.
+    const std::int64_t* inputs(std::span<const std::int32_t> tokens, std::size_t n) {
+        if (host_) return pos_.data();
+        ids_.upload(tokens.first(n));
+        pos_ops_.upload(std::span<const std::int64_t>(pos_.data(), n));
+        return pos_ops_.data();
+    }
+
+    // What the engine reads and writes for rows of q and the new K/V: the ops' buffers when they
+    // are host memory, else host copies brought down here (K and V of layer-major prefill at
+    // kv_offset rows).
+    struct Staged {
+        const void* q;
+        const void* k;
+        const void* v;
+        StateView states;
+    };
+    Staged to_engine(std::size_t n, std::size_t kv_rows, std::size_t kv_offset) {
+        const std::size_t rows = n * static_cast<std::size_t>(geometry_.num_q_heads);
+        const std::size_t dv = static_cast<std::size_t>(geometry_.head_dim_v);
+        const std::size_t q_row = static_cast<std::size_t>(geometry_.num_q_heads) *
+                                  static_cast<std::size_t>(geometry_.head_dim_k) *
+                                  dtype_bytes(opts_.kv_dtype);
+        const std::size_t ko = kv_offset * k_row_, vo = kv_offset * v_row_;
+        if (host_)
+            return {q_.data(), k_.data() + ko, v_.data() + vo,
+                    StateView{o_.data(), lse_.data(), rows, dv}};
+        q_.download(std::span<std::byte>(q_host_.data(), n * q_row));
+        k_.download(std::span<std::byte>(k_host_.data() + ko, kv_rows * k_row_), ko);
+        if (!geometry_.mla)
+            v_.download(std::span<std::byte>(v_host_.data() + vo, kv_rows * v_row_), vo);
+        return {q_host_.data(), k_host_.data() + ko, v_host_.data() + vo,
+                StateView{o_host_.data(), lse_host_.data(), rows, dv}};
+    }
+    // The engine's states of n rows into the ops' memory.
+    void from_engine(std::size_t n) {
+        if (host_) return;
+        const std::size_t rows = n * static_cast<std::size_t>(geometry_.num_q_heads);
+        o_.upload(std::span<const float>(o_host_.data(),
+                                         rows * static_cast<std::size_t>(geometry_.head_dim_v)));
+        lse_.upload(std::span<const float>(lse_host_.data(), rows));
     }
 
     void prefill_chunk(std::uint64_t seq_id, std::size_t held, std::span<const std::int32_t> tokens,
@@ -211,48 +289,59 @@ class RuntimeImpl final : public Runtime {
         for (std::size_t i = 0; i < m; ++i)
             pos_[i] = static_cast<std::int64_t>(held + i);
         detail::check_token_ids(tokens, vocab_size());
-        ops_.embed(model_.weights().embed, tokens.data(), m, h_.data());
+        const std::int64_t* pos = inputs(tokens, m);
+        ops_.embed(w_.embed, host_ ? tokens.data() : ids_.data(), m, h_.data());
         for (std::size_t l = 0; l < layers; ++l) {
-            const LayerWeights& L = model_.weights().layers[l];
+            const LayerWeights& L = w_.layers[l];
             ops_.rms_norm(L.input_norm, h_.data(), m, hidden, eps_, xn_.data());
             // This layer's K and V go where prefill() reads them: (layers, m, ...) layer-major.
             std::byte* kl = k_.data() + l * m * k_row_;
             std::byte* vl = geometry_.mla ? nullptr : v_.data() + l * m * v_row_;
-            arch_->attention_in(l, xn_.data(), m, pos_.data(), q_.data(), kl, vl);
-            const StateView states{o_.data(), lse_.data(),
-                                   m * static_cast<std::size_t>(geometry_.num_q_heads),
-                                   static_cast<std::size_t>(geometry_.head_dim_v)};
-            engine_.attend_prompt(seq_id, l, m, q_.data(), kl, vl, states);
+            arch_->attention_in(l, xn_.data(), m, pos, q_.data(), kl, vl);
+            const Staged e = to_engine(m, m, l * m);
+            engine_.attend_prompt(seq_id, l, m, e.q, e.k, geometry_.mla ? nullptr : e.v, e.states);
+            from_engine(m);
             finish_layer(l, m, hidden);
         }
-        engine_.prefill(seq_id, m, k_.data(), geometry_.mla ? nullptr : v_.data());
+        const std::byte* k_all = host_ ? k_.data() : k_host_.data();
+        const std::byte* v_all = host_ ? v_.data() : v_host_.data();
+        engine_.prefill(seq_id, m, k_all, geometry_.mla ? nullptr : v_all);
         if (all_positions)
-            head(m, 0, m, logits);
+            head(0, m, logits);
         else
-            head(m, m - 1, 1, logits);
+            head(m - 1, 1, logits);
         last_bytes_ = fixed_bytes_ + arch_->take_ffn_bytes();
     }
 
     const Model& model_;
+    const ModelWeights& w_;  // the views the ops read
     ModelOps& ops_;
     Engine& engine_;
     RuntimeOptions opts_;
+    bool host_ = true;  // the ops compute in host memory
     KvGeometry geometry_;
     std::unique_ptr<Architecture> arch_;
     std::size_t chunk_ = 0, rows_ = 0, k_row_ = 0, v_row_ = 0;
     std::uint64_t fixed_bytes_ = 0, last_bytes_ = 0;
     float eps_ = 1e-6f;
     std::map<std::uint64_t, std::size_t> held_;  // tokens each admitted sequence holds
-    std::vector<float> h_, xn_, tmp_, o_, lse_;
-    std::vector<std::byte> q_, k_, v_;
-    std::vector<std::int64_t> pos_;
+    OpsBuffer<float> h_, xn_, tmp_, o_, lse_;
+    OpsBuffer<std::byte> q_, k_, v_;
+    std::vector<std::int64_t> pos_;  // host
+    // Ops not in host memory: the engine's host copies, the inputs and the logits.
+    std::vector<std::byte> q_host_, k_host_, v_host_;
+    std::vector<float> o_host_, lse_host_;
+    OpsBuffer<std::int32_t> ids_;
+    OpsBuffer<std::int64_t> pos_ops_;
+    OpsBuffer<float> logits_;
+    std::size_t head_rows_ = 0;
 };
 
 }  // namespace
 
 std::unique_ptr<Runtime> make_runtime(const Model& model, ModelOps& ops, Engine& engine,
-                                      const RuntimeOptions& opts) {
-    return std::make_unique<RuntimeImpl>(model, ops, engine, opts);
+                                      const RuntimeOptions& opts, const RuntimeWeights& weights) {
+    return std::make_unique<RuntimeImpl>(model, ops, engine, opts, weights);
 }
 
 }  // namespace writescope::model

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -456,6 +457,21 @@ void CpuModelOps::to_dtype(const float* x, std::size_t n, DType t, void* y) {
 void CpuModelOps::copy_2d(const float* src, std::size_t src_stride, float* dst,
                           std::size_t dst_stride, std::size_t rows, std::size_t cols) {
     detail::copy_2d(src, src_stride, dst, dst_stride, rows, cols);
+}
+void* CpuModelOps::allocate(std::size_t bytes) {
+    const std::size_t n = (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256;
+    void* p = ::operator new (n, std::align_val_t{256});
+    std::memset(p, 0, n);
+    return p;
+}
+void CpuModelOps::deallocate(void* p) noexcept {
+    ::operator delete (p, std::align_val_t{256});
+}
+void CpuModelOps::upload(void* dst, const void* host_src, std::size_t bytes) {
+    if (bytes && dst != host_src) std::memmove(dst, host_src, bytes);
+}
+void CpuModelOps::download(void* host_dst, const void* src, std::size_t bytes) {
+    if (bytes && host_dst != src) std::memmove(host_dst, src, bytes);
 }
 std::size_t CpuModelOps::max_tokens() const noexcept {
     return impl_->opts.max_tokens;

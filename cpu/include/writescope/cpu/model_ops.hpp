@@ -59,6 +59,11 @@ class CpuModelOps final : public model::ModelOps {
     void to_dtype(const float* x, std::size_t n, DType t, void* y) override;
     void copy_2d(const float* src, std::size_t src_stride, float* dst, std::size_t dst_stride,
                  std::size_t rows, std::size_t cols) override;
+    bool host_memory() const noexcept override { return true; }
+    void* allocate(std::size_t bytes) override;
+    void deallocate(void* p) noexcept override;
+    void upload(void* dst, const void* host_src, std::size_t bytes) override;
+    void download(void* host_dst, const void* src, std::size_t bytes) override;
     std::size_t max_tokens() const noexcept override;
     const char* kernel_name() const noexcept override;
     int threads() const noexcept override;

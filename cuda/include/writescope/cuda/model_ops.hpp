@@ -78,6 +78,13 @@ class CudaModelOps final : public model::ModelOps {
     void to_dtype(const float* x, std::size_t n, DType t, void* y) override;
     void copy_2d(const float* src, std::size_t src_stride, float* dst, std::size_t dst_stride,
                  std::size_t rows, std::size_t cols) override;
+    // Device memory (cudaMalloc, zeroed); upload and download are copies on stream() (download
+    // waits for it; upload from pageable memory is staged by the driver before it returns).
+    bool host_memory() const noexcept override { return false; }
+    void* allocate(std::size_t bytes) override;
+    void deallocate(void* p) noexcept override;
+    void upload(void* dst, const void* host_src, std::size_t bytes) override;
+    void download(void* host_dst, const void* src, std::size_t bytes) override;
     std::size_t max_tokens() const noexcept override;
     const char* kernel_name() const noexcept override;  // "cublas-sm90" and the like
     int threads() const noexcept override;              // the GPU's multiprocessors

@@ -2,9 +2,11 @@
 // code in core/model is written against it, the CPU backend implements it (cpu/model_ops.hpp),
 // the GPU backend will implement it over device memory with the same signatures.
 //
-// Activations are fp32, row-major, one row per token. With this interface they are host memory;
-// an implementation over device memory takes device pointers in the same places. Weights are
-// views (weights.hpp) in their checkpoint dtype.
+// Activations are fp32, row-major, one row per token, in the ops' memory: host memory for the
+// CPU, device memory for a GPU (host_memory() says which). Buffers come from allocate(); what
+// the host supplies or reads (token ids, positions, logits, the routing the placement counts)
+// crosses with upload() and download(). Weights are views (weights.hpp) in their checkpoint
+// dtype, in the ops' memory too.
 //
 // Numerics (what the CPU reference computes, and what every implementation is tested against):
 // - linear: y = x · wᵀ with fp32 accumulation. For bf16 and fp16 weights the activation is
@@ -85,6 +87,19 @@ class ModelOps {
     // dst[r · dst_stride + c] = src[r · src_stride + c] for r < rows, c < cols (per-head slices).
     virtual void copy_2d(const float* src, std::size_t src_stride, float* dst,
                          std::size_t dst_stride, std::size_t rows, std::size_t cols) = 0;
+
+    // The memory the operations compute in. host_memory(): the CPU may read and write it (then
+    // upload and download are copies the caller may skip).
+    virtual bool host_memory() const noexcept = 0;
+    // `bytes` of the ops' memory, zeroed, 256-byte aligned; throws std::bad_alloc (host) or
+    // std::runtime_error naming the failure. Set-up, not the per-step path.
+    virtual void* allocate(std::size_t bytes) = 0;
+    virtual void deallocate(void* p) noexcept = 0;
+    // Host → ops memory, ordered after the work enqueued before it; the host bytes may be
+    // reused when it returns.
+    virtual void upload(void* dst, const void* host_src, std::size_t bytes) = 0;
+    // Ops memory → host, after the work enqueued before it; the bytes are there when it returns.
+    virtual void download(void* host_dst, const void* src, std::size_t bytes) = 0;
 
     // Largest n the implementation was sized for (it allocates nothing for n up to this).
     virtual std::size_t max_tokens() const noexcept = 0;

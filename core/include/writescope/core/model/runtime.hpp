@@ -71,8 +71,24 @@ class Runtime {
     virtual ExpertHeat take_expert_heat() { return {}; }
 };
 
+// Where the weights the ops read are, when not the model's own views (the GPU runtime): views
+// in the ops' memory of everything the placement put there. A routed expert whose views are
+// null is host-resident and runs on host_ops over the model's own views; its tokens' hidden
+// rows go down once per layer and the results come up once, while the ops run the resident
+// experts (layers.hpp, FeedForward).
+struct RuntimeWeights {
+    const ModelWeights* weights = nullptr;  // null: model.weights() (ops in host memory)
+    ModelOps* host_ops = nullptr;           // runs host-resident experts; null: none may be
+};
+
 // The runtime over a loaded model, its ops and an engine built for model.config().kv_geometry().
+// The activations live in the ops' memory; what crosses into the engine (q, the new K/V, the
+// attention's states) is brought to host memory when the ops' memory is not (the engine's step
+// interface takes host memory today; docs/gpu-runtime.md). Throws std::invalid_argument when a
+// weight the ops must hold is not placed (attention, norms, routers, dense MLPs, shared
+// experts, embeddings, head).
 std::unique_ptr<Runtime> make_runtime(const Model& model, ModelOps& ops, Engine& engine,
-                                      const RuntimeOptions& opts);
+                                      const RuntimeOptions& opts,
+                                      const RuntimeWeights& weights = {});
 
 }  // namespace writescope::model
