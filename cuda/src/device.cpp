@@ -260,6 +260,10 @@ void* mapped_device_pointer(void* pinned_host) {
     return d;
 }
 
+void device_synchronize() {
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
 void copy_sync(void* dst, const void* src, std::size_t bytes) {
     check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy");
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 
 namespace writescope::cuda {
 
@@ -16,6 +17,24 @@ DeviceRegionMemory::DeviceRegionMemory(std::string name, DevicePool& pool, std::
 
 DeviceRegionMemory::~DeviceRegionMemory() {
     pool_.free(base_);
+}
+
+void DeviceRegionMemory::read(std::size_t layer, std::span<const std::uint32_t> slots,
+                              void* dst) const {
+    if (slots.empty()) return;
+    if (layer >= layers_) throw std::out_of_range(name_ + ": no layer " + std::to_string(layer));
+    device_synchronize();  // the writes of every stream (the engine's) have landed
+    auto* out = static_cast<char*>(dst);
+    for (std::size_t i = 0; i < slots.size();) {
+        std::size_t run = 1;
+        while (i + run < slots.size() && slots[i + run] == slots[i] + run)
+            ++run;
+        if (slots[i] + run > slots_)
+            throw std::out_of_range(name_ + ": no block " + std::to_string(slots[i] + run - 1));
+        copy_sync(out, device_block(layer, slots[i]), run * slot_bytes_);
+        out += run * slot_bytes_;
+        i += run;
+    }
 }
 
 PinnedRegionMemory::PinnedRegionMemory(std::string name, std::size_t layers, std::size_t slots,

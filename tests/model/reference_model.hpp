@@ -3,11 +3,14 @@
 // a CPU runtime over a small engine.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -104,6 +107,104 @@ inline std::vector<std::string> reference_model_names() {
             "deepseek-v2-tiny-yarn", "deepseek-v2-tiny-group", "qwen3-moe-tiny-tied"};
 }
 
+// CPU ops sized for a model: `max_tokens` rows, the model's widest shapes, two threads.
+inline cpu::CpuModelOpsOptions cpu_ops_options(const model::ModelConfig& c,
+                                               std::size_t max_tokens) {
+    cpu::CpuModelOpsOptions co;
+    co.threads = 2;
+    co.max_tokens = max_tokens;
+    const model::OpLimits lim = model::op_limits(c);
+    co.max_hidden = lim.max_cols;
+    co.max_ffn = lim.max_ffn;
+    co.max_experts = lim.max_experts;
+    co.max_k = lim.max_k;
+    return co;
+}
+
+// A small engine for the model's KV in its dtype: gpu_index −1 (CPU only), or a GPU's.
+inline std::unique_ptr<Engine> small_engine(const model::Model& m, std::size_t block_tokens,
+                                            std::size_t max_batch, int gpu_index = -1) {
+    EngineOptions o;
+    o.geometry = m.config().kv_geometry(m.config().dtype);
+    o.block_tokens = block_tokens;
+    o.gpu_index = gpu_index;
+    o.host_kv_bytes = 64ull << 20;
+    o.attention_threads = 2;
+    o.pin_threads = false;
+    o.max_batch = max_batch;
+    return Engine::create(o);
+}
+
+// The largest logit error of a run against the reference, and the reference's largest logit.
+struct Errors {
+    double max_abs = 0, ref_max = 0;
+    double rel() const { return ref_max > 0 ? max_abs / ref_max : max_abs; }
+    void add(const float* ours, const Npy& ref, std::size_t row) {
+        const std::size_t V = ref.shape[1];
+        for (std::size_t v = 0; v < V; ++v) {
+            max_abs = std::max(max_abs, std::abs(static_cast<double>(ours[v]) - ref.at(row, v)));
+            ref_max = std::max(ref_max, std::abs(static_cast<double>(ref.at(row, v))));
+        }
+    }
+};
+
+// Tolerances. fp32 checkpoints: the runtime computes in fp32 against a float64 reference, so the
+// largest logit error relative to the largest logit is bounded by 1e-4 (seen ≈ 1e-6). bf16
+// checkpoints: q, K and V are stored in bf16 (kv.dtype auto) and every linear rounds its input
+// to bf16 as transformers' bf16 forward does, each rounding a relative 2^-9 (0.2 %), over a few
+// layers: the bound is 3 % of the largest logit (seen: 0.8 %).
+inline double tolerance(const Reference& r) {
+    return r.dtype == "float32" ? 1e-4 : 3e-2;
+}
+
+inline std::int32_t argmax(const float* x, std::size_t n) {
+    return static_cast<std::int32_t>(std::max_element(x, x + n) - x);
+}
+
+// Teacher-forced on a runtime: the prompt (prefilled in the runtime's chunks, every position's
+// logits), then the reference greedy tokens one decode step at a time; every position's logits
+// against the reference's. Releases the sequence.
+inline Errors teacher_forced(model::Runtime& rt, const ReferencePrompt& p, std::uint64_t id = 1) {
+    const std::size_t V = rt.vocab_size();
+    const std::size_t total = p.ids.size() + p.greedy.size();
+    if (!rt.admit(id, total).ok) throw std::runtime_error("teacher_forced: not admitted");
+    std::vector<float> logits(p.ids.size() * V);
+    rt.prefill(id, p.ids, logits.data(), /*all_positions=*/true);
+    Errors e;
+    for (std::size_t r = 0; r < p.ids.size(); ++r)
+        e.add(logits.data() + r * V, p.logits, r);
+    for (std::size_t g = 0; g + 1 < p.greedy.size(); ++g) {
+        const std::int32_t tok = p.greedy[g];
+        rt.decode(std::span<const std::uint64_t>(&id, 1), std::span<const std::int32_t>(&tok, 1),
+                  logits.data());
+        e.add(logits.data(), p.logits, p.ids.size() + g);
+    }
+    if (rt.sequence_tokens(id) != total - 1)
+        throw std::runtime_error("teacher_forced: the sequence holds the wrong token count");
+    rt.release(id);
+    return e;
+}
+
+// Greedy decoding on a runtime: the prompt, then `count` tokens each the argmax of the last
+// logits. Releases the sequence.
+inline std::vector<std::int32_t> greedy(model::Runtime& rt, std::span<const std::int32_t> prompt,
+                                        std::size_t count, std::uint64_t id = 7) {
+    const std::size_t V = rt.vocab_size();
+    if (!rt.admit(id, prompt.size() + count).ok) throw std::runtime_error("greedy: not admitted");
+    std::vector<float> logits(V);
+    rt.prefill(id, prompt, logits.data());
+    std::vector<std::int32_t> out;
+    for (std::size_t g = 0; g < count; ++g) {
+        const std::int32_t tok = argmax(logits.data(), V);
+        out.push_back(tok);
+        if (g + 1 < count)
+            rt.decode(std::span<const std::uint64_t>(&id, 1),
+                      std::span<const std::int32_t>(&tok, 1), logits.data());
+    }
+    rt.release(id);
+    return out;
+}
+
 // A CPU runtime over a small CPU-only engine (blocks of `block_tokens`, so the reference prompts
 // span several blocks and seal into U).
 struct CpuRuntime {
@@ -114,24 +215,9 @@ struct CpuRuntime {
     CpuRuntime(const model::Model& m, std::size_t chunk, std::size_t block_tokens = 16,
                std::size_t max_batch = 4) {
         const DType kv = m.config().dtype;  // kv.dtype = auto
-        EngineOptions o;
-        o.geometry = m.config().kv_geometry(kv);
-        o.block_tokens = block_tokens;
-        o.gpu_index = -1;
-        o.host_kv_bytes = 64ull << 20;
-        o.attention_threads = 2;
-        o.pin_threads = false;
-        o.max_batch = max_batch;
-        engine = Engine::create(o);
-        cpu::CpuModelOpsOptions co;
-        co.threads = 2;
-        co.max_tokens = std::max<std::size_t>(chunk, max_batch);
-        const model::OpLimits lim = model::op_limits(m.config());
-        co.max_hidden = lim.max_cols;
-        co.max_ffn = lim.max_ffn;
-        co.max_experts = lim.max_experts;
-        co.max_k = lim.max_k;
-        ops = std::make_unique<cpu::CpuModelOps>(co);
+        engine = small_engine(m, block_tokens, max_batch);
+        ops = std::make_unique<cpu::CpuModelOps>(
+            cpu_ops_options(m.config(), std::max<std::size_t>(chunk, max_batch)));
         model::RuntimeOptions ro;
         ro.prefill_chunk_tokens = chunk;
         ro.max_batch = max_batch;

@@ -1,11 +1,7 @@
 // The CPU runtime against transformers: the tiny random models of tests/data/models and the
 // logits and greedy continuations transformers 5.17 computed for them in float64.
 //
-// Tolerances. fp32 checkpoints: the runtime computes in fp32 against a float64 reference, so the
-// largest logit error relative to the largest logit is bounded by 1e-4 (the bound; seen
-// ≈ 1e-6). bf16 checkpoints: q, K and V are stored in bf16 (kv.dtype auto) and every linear
-// rounds its input to bf16 as transformers' bf16 forward does, each rounding a relative 2^-9
-// (0.2 %), over a few layers: the bound is 3 % of the largest logit (seen: 0.8 %); greedy
+// Tolerances: reference_model.hpp (fp32 1e-4 of the largest logit, bf16 3 %); greedy
 // tokens must agree until a position where the reference's top-two margin is within twice that
 // bound (seen: all 20 of both prompts agree).
 #include <catch2/catch.hpp>
@@ -21,47 +17,9 @@ using namespace writescope::test;
 
 namespace {
 
-struct Errors {
-    double max_abs = 0, ref_max = 0;
-    double rel() const { return ref_max > 0 ? max_abs / ref_max : max_abs; }
-    void add(const float* ours, const Npy& ref, std::size_t row) {
-        const std::size_t V = ref.shape[1];
-        for (std::size_t v = 0; v < V; ++v) {
-            max_abs = std::max(max_abs, std::abs(static_cast<double>(ours[v]) - ref.at(row, v)));
-            ref_max = std::max(ref_max, std::abs(static_cast<double>(ref.at(row, v))));
-        }
-    }
-};
-
-double tolerance(const Reference& r) {
-    return r.dtype == "float32" ? 1e-4 : 3e-2;
-}
-
-std::int32_t argmax(const float* x, std::size_t n) {
-    return static_cast<std::int32_t>(std::max_element(x, x + n) - x);
-}
-
-// Teacher-forced: the prompt (in chunks of `chunk`), then the reference greedy tokens one decode
-// step at a time; every position's logits against the reference's.
 Errors run_teacher_forced(const model::Model& m, const ReferencePrompt& p, std::size_t chunk) {
     CpuRuntime rt(m, chunk);
-    const std::size_t V = static_cast<std::size_t>(m.config().vocab_size);
-    const std::size_t total = p.ids.size() + p.greedy.size();
-    REQUIRE(rt.runtime->admit(1, total).ok);
-    std::vector<float> logits(p.ids.size() * V);
-    rt.runtime->prefill(1, p.ids, logits.data(), /*all_positions=*/true);
-    Errors e;
-    for (std::size_t r = 0; r < p.ids.size(); ++r)
-        e.add(logits.data() + r * V, p.logits, r);
-    const std::uint64_t id = 1;
-    for (std::size_t g = 0; g + 1 < p.greedy.size(); ++g) {
-        const std::int32_t tok = p.greedy[g];
-        rt.runtime->decode(std::span<const std::uint64_t>(&id, 1),
-                           std::span<const std::int32_t>(&tok, 1), logits.data());
-        e.add(logits.data(), p.logits, p.ids.size() + g);
-    }
-    REQUIRE(rt.runtime->sequence_tokens(1) == total - 1);
-    return e;
+    return teacher_forced(*rt.runtime, p);
 }
 
 }  // namespace

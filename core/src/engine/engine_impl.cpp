@@ -606,10 +606,6 @@ void EngineImpl::attend_prompt(std::uint64_t seq_id, std::size_t layer, std::siz
         throw std::invalid_argument(
             "attend_prompt: the output must be (m × num_q_heads, "
             "head_dim_v)");
-    if (!parts_.gpu_pool->host_accessible())
-        throw std::logic_error(
-            "attend_prompt: T and G are device memory here; prompts are attended on the GPU "
-            "by the GPU model runtime");
     std::vector<BlockRef> table;
     OpenBlock open;
     {
@@ -654,7 +650,24 @@ void EngineImpl::attend_prompt(std::uint64_t seq_id, std::size_t layer, std::siz
                      prompt_blocks_.data() + b * block_bytes);
     }
     // The stored blocks every query attends: the sealed ones in their regions, then the rows of
-    // the open block.
+    // the open block. T and G in device memory are brought down for the CPU's kernels (one
+    // copy per block and chunk: the CPU prompt path, until prompts are attended on the GPU).
+    RegionMemory& pool = *parts_.gpu_pool;
+    const bool pool_host = pool.host_accessible();
+    prompt_pool_slots_.clear();
+    for (const BlockRef& ref : table)
+        if (!pool_host && (ref.region == Region::G || ref.region == Region::T))
+            prompt_pool_slots_.push_back(ref.slot);
+    if (!pool_host && open.tokens > 0) prompt_pool_slots_.push_back(open.t_slot);
+    if (!pool_host) {
+        prompt_pool_.resize(prompt_pool_slots_.size() * pool.slot_bytes());
+        pool.read(layer, prompt_pool_slots_, prompt_pool_.data());
+    }
+    std::size_t pool_read = 0;
+    auto pool_block = [&](std::uint32_t slot) -> const void* {
+        if (pool_host) return pool.block(layer, slot);
+        return prompt_pool_.data() + pool_read++ * pool.slot_bytes();
+    };
     std::vector<CpuBlock> stored;
     stored.reserve(table.size() + 1);
     for (const BlockRef& ref : table) {
@@ -669,14 +682,12 @@ void EngineImpl::attend_prompt(std::uint64_t seq_id, std::size_t layer, std::siz
                 break;
             case Region::G:
             case Region::T:
-                stored.push_back({parts_.gpu_pool->block(layer, ref.slot),
-                                  static_cast<std::uint32_t>(B), false});
+                stored.push_back({pool_block(ref.slot), static_cast<std::uint32_t>(B), false});
                 break;
         }
     }
     if (open.tokens > 0)
-        stored.push_back({parts_.gpu_pool->block(layer, open.t_slot),
-                          static_cast<std::uint32_t>(open.tokens), false});
+        stored.push_back({pool_block(open.t_slot), static_cast<std::uint32_t>(open.tokens), false});
 
     // Queries in batches the CPU backend is sized for; query i sees the chunk's blocks before
     // its own in full and its own up to itself.

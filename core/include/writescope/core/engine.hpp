@@ -164,9 +164,10 @@ class Engine {
     // head_dim_v), host memory in the KV dtype (MLA: k is the latent (m, head_dim_k), v unused);
     // out rows m × num_q_heads (token-major), dim head_dim_v. Stores nothing: the runtime calls
     // prefill() with the chunk's KV of every layer afterwards. Memory is bounded by the chunk.
-    // Throws like prefill (a step open, a prompt being stored, calibrating, unknown sequence),
-    // std::length_error past the admitted maximum, and std::logic_error when the engine's T and
-    // G are device memory (the GPU model runtime attends prompts on the device).
+    // Throws like prefill (a step open, a prompt being stored, calibrating, unknown sequence)
+    // and std::length_error past the admitted maximum. The CPU attends: T and G blocks in
+    // device memory are copied down for it (RegionMemory::read), a stopgap until prompts are
+    // attended on the GPU (docs/gpu-runtime.md).
     virtual void attend_prompt(std::uint64_t seq_id, std::size_t layer, std::size_t m,
                                const void* q, const void* k, const void* v, StateView out) = 0;
     virtual void attend_layer(std::size_t layer, const void* q, NewTokens fresh, StateView out) = 0;

@@ -104,6 +104,8 @@ class EngineImpl final : public Engine {
     // attend_prompt's scratch (kept for its capacity): the chunk as linear blocks, the blocks of
     // each query and the work items.
     std::vector<std::byte> prompt_blocks_;
+    std::vector<std::byte> prompt_pool_;  // device T/G blocks brought down for attend_prompt
+    std::vector<std::uint32_t> prompt_pool_slots_;
     std::vector<CpuBlock> prompt_refs_;
     std::vector<CpuSeqWork> prompt_work_;  // linear blocks of random KV values
 };

@@ -13,6 +13,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
 #include <stdexcept>
 #include <string>
 
@@ -36,6 +39,19 @@ class RegionMemory {
     virtual void* block(std::size_t layer, std::size_t slot) noexcept = 0;
     const void* block(std::size_t layer, std::size_t slot) const noexcept {
         return const_cast<RegionMemory*>(this)->block(layer, slot);
+    }
+    // Copies the blocks of `slots` at one layer into host memory, one after the other
+    // (slots.size() × slot_bytes() bytes at dst), after every write to the region that was
+    // enqueued before. For readers on the host of memory that may not be host-addressable (the
+    // CPU's prompt attention over device T and G); device memory overrides it.
+    virtual void read(std::size_t layer, std::span<const std::uint32_t> slots, void* dst) const {
+        auto* out = static_cast<char*>(dst);
+        for (const std::uint32_t s : slots) {
+            const void* b = block(layer, s);
+            if (!b) throw std::out_of_range(name() + ": no block " + std::to_string(s));
+            std::memcpy(out, b, slot_bytes());
+            out += slot_bytes();
+        }
     }
 
   protected:

@@ -142,6 +142,8 @@ void host_unregister(void* p);
 // addressing). For small states a kernel touches once: one less copy on the stream.
 void* mapped_device_pointer(void* pinned_host);
 
+// Waits for all work on the current device (cudaDeviceSynchronize); throws on its error.
+void device_synchronize();
 // A synchronous copy (directions inferred by unified addressing); for set-up, not the decode path.
 void copy_sync(void* dst, const void* src, std::size_t bytes);
 // Asynchronous copies on a stream (directions inferred by unified addressing).

@@ -29,6 +29,8 @@ class DeviceRegionMemory final : public RegionMemory {
     bool host_accessible() const noexcept override { return false; }
     void* block(std::size_t, std::size_t) noexcept override { return nullptr; }
     using RegionMemory::block;
+    // Waits for the device, then copies the blocks down (runs of consecutive slots at once).
+    void read(std::size_t layer, std::span<const std::uint32_t> slots, void* dst) const override;
     void* device_block(std::size_t layer, std::size_t slot) const noexcept {
         return base_ + (layer * slots_ + slot) * slot_bytes_;
     }

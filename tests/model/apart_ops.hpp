@@ -1,0 +1,90 @@
+// ModelOps whose memory the runtime must treat as apart from the host's, on the CPU: a
+// CpuModelOps underneath, host_memory() false, so the runtime takes the paths it takes on a GPU
+// (inputs uploaded, the engine's side staged through host memory, logits downloaded, routing
+// downloaded and split). It counts the crossings, and the expert calls of host ops it wraps.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "writescope/core/model/model.hpp"
+#include "writescope/core/model/model_ops.hpp"
+#include "writescope/cpu/model_ops.hpp"
+
+namespace writescope::test {
+
+class CountingOps final : public model::ModelOps {
+  public:
+    CountingOps(const cpu::CpuModelOpsOptions& o, bool host_memory)
+        : inner_(o), host_(host_memory) {}
+
+    std::size_t uploads = 0, downloads = 0, moe_calls = 0, moe_tokens = 0;
+
+    void linear(const model::Matrix& w, const float* x, std::size_t n, float* y) override {
+        inner_.linear(w, x, n, y);
+    }
+    void moe(std::span<const model::FfnWeights> experts, const float* x, std::size_t n,
+             const model::MoeRouting& routing, float* y) override {
+        ++moe_calls;
+        moe_tokens += n;
+        inner_.moe(experts, x, n, routing, y);
+    }
+    void embed(const model::Matrix& t, const std::int32_t* ids, std::size_t n,
+               float* out) override {
+        inner_.embed(t, ids, n, out);
+    }
+    void rms_norm(const model::Vector& w, const float* x, std::size_t rows, std::size_t dim,
+                  float eps, float* y) override {
+        inner_.rms_norm(w, x, rows, dim, eps, y);
+    }
+    void rotary(const model::RotaryTable& t, float* x, std::size_t tokens, std::size_t heads,
+                std::size_t stride, std::size_t offset, const std::int64_t* pos) override {
+        inner_.rotary(t, x, tokens, heads, stride, offset, pos);
+    }
+    void add(float* y, const float* x, std::size_t n) override { inner_.add(y, x, n); }
+    void add_bias(float* y, const model::Vector& b, std::size_t rows) override {
+        inner_.add_bias(y, b, rows);
+    }
+    void route(const model::RoutingParams& p, const float* logits, std::size_t n,
+               std::int32_t* experts, float* weights) override {
+        inner_.route(p, logits, n, experts, weights);
+    }
+    void to_dtype(const float* x, std::size_t n, DType t, void* y) override {
+        inner_.to_dtype(x, n, t, y);
+    }
+    void copy_2d(const float* src, std::size_t ss, float* dst, std::size_t ds, std::size_t rows,
+                 std::size_t cols) override {
+        inner_.copy_2d(src, ss, dst, ds, rows, cols);
+    }
+    bool host_memory() const noexcept override { return host_; }
+    void* allocate(std::size_t bytes) override { return inner_.allocate(bytes); }
+    void deallocate(void* p) noexcept override { inner_.deallocate(p); }
+    void upload(void* dst, const void* src, std::size_t bytes) override {
+        ++uploads;
+        inner_.upload(dst, src, bytes);
+    }
+    void download(void* dst, const void* src, std::size_t bytes) override {
+        ++downloads;
+        inner_.download(dst, src, bytes);
+    }
+    std::size_t max_tokens() const noexcept override { return inner_.max_tokens(); }
+    const char* kernel_name() const noexcept override { return inner_.kernel_name(); }
+    int threads() const noexcept override { return inner_.threads(); }
+
+  private:
+    cpu::CpuModelOps inner_;
+    bool host_;
+};
+
+// The model's weights with the routed experts where keep(layer, expert) is false left out (null
+// views): they are host-resident for a runtime given these as its RuntimeWeights.
+template <class Keep>
+model::ModelWeights without_experts(const model::Model& m, Keep keep) {
+    model::ModelWeights w = m.weights();
+    for (std::size_t l = 0; l < w.layers.size(); ++l)
+        for (std::size_t e = 0; e < w.layers[l].experts.size(); ++e)
+            if (!keep(l, e)) w.layers[l].experts[e] = {};
+    return w;
+}
+
+}  // namespace writescope::test

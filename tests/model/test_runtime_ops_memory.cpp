@@ -1,0 +1,154 @@
+// The runtime's GPU-shaped paths, on the CPU: ops whose memory is apart from the host's
+// (inputs uploaded, the engine's side of each layer staged through host memory, logits
+// downloaded in pieces, the routing downloaded), and routed experts split between the ops and
+// host ops (the slots of host-resident experts masked out of the ops' call and run on the host
+// ops over the hidden rows brought down, their sum brought up and added). Both must reproduce
+// transformers' logits and greedy tokens as the plain CPU runtime does (tests/data/models).
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+
+#include "apart_ops.hpp"
+#include "reference_model.hpp"
+
+using namespace writescope;
+using namespace writescope::test;
+
+namespace {
+
+struct Setup {
+    std::unique_ptr<Engine> engine;
+    std::unique_ptr<CountingOps> ops, host_ops;
+    model::ModelWeights weights;
+    std::unique_ptr<model::Runtime> runtime;
+};
+
+// Experts kept in the ops' memory: every other one, shifted by layer, and none of layer 1.
+bool keep_expert(std::size_t layer, std::size_t e) {
+    return layer != 1 && (layer + e) % 2 == 0;
+}
+
+Setup make_setup(const model::Model& m, std::size_t chunk, bool split, std::size_t max_batch = 4) {
+    Setup s;
+    s.engine = small_engine(m, 16, max_batch);
+    const auto co = cpu_ops_options(m.config(), std::max(chunk, max_batch));
+    s.ops = std::make_unique<CountingOps>(co, /*host_memory=*/false);
+    s.weights = split ? without_experts(m, keep_expert) : m.weights();
+    if (split) s.host_ops = std::make_unique<CountingOps>(co, /*host_memory=*/true);
+    model::RuntimeOptions ro;
+    ro.prefill_chunk_tokens = chunk;
+    ro.max_batch = max_batch;
+    ro.kv_dtype = m.config().dtype;
+    s.runtime = model::make_runtime(m, *s.ops, *s.engine, ro, {&s.weights, s.host_ops.get()});
+    return s;
+}
+
+}  // namespace
+
+TEST_CASE("the runtime over ops apart from host memory reproduces transformers' logits",
+          "[model]") {
+    for (const bool split : {false, true}) {
+        for (const std::string& name : reference_model_names()) {
+            const auto dir = models_dir() / name;
+            const Reference ref = read_reference(dir);
+            const auto m = model::load_model_dir(dir);
+            for (const std::size_t chunk : {std::size_t{128}, std::size_t{7}}) {
+                Setup s = make_setup(*m, chunk, split);
+                for (std::size_t i = 0; i < ref.prompts.size(); ++i) {
+                    const Errors e = teacher_forced(*s.runtime, ref.prompts[i]);
+                    std::fprintf(stderr,
+                                 "%-24s %s chunk %3zu prompt %zu: relative logit error %.3g "
+                                 "(bound %.0e)\n",
+                                 name.c_str(), split ? "experts split" : "apart        ", chunk, i,
+                                 e.rel(), tolerance(ref));
+                    INFO(name << (split ? " split" : " apart") << " chunk " << chunk << " prompt "
+                              << i);
+                    CHECK(e.rel() <= tolerance(ref));
+                }
+                INFO(name);
+                CHECK(s.ops->uploads > 0);
+                CHECK(s.ops->downloads > 0);
+                if (split && m->config().num_experts > 0) {
+                    // Layer 1 has all its experts on the host: every MoE step used the host ops.
+                    CHECK(s.host_ops->moe_calls > 0);
+                    CHECK(s.host_ops->uploads == 0);  // host ops: nothing crosses
+                }
+                CHECK(s.engine->status().sequences == 0);
+            }
+        }
+    }
+}
+
+TEST_CASE("the runtime with experts split keeps transformers' greedy tokens and batches",
+          "[model]") {
+    for (const std::string& name : reference_model_names()) {
+        const auto dir = models_dir() / name;
+        const Reference ref = read_reference(dir);
+        if (ref.dtype != "float32") continue;  // bf16 near ties: test_reference_models.cpp
+        const auto m = model::load_model_dir(dir);
+        Setup s = make_setup(*m, 16, /*split=*/true);
+        for (std::size_t i = 0; i < ref.prompts.size(); ++i) {
+            const ReferencePrompt& p = ref.prompts[i];
+            INFO(name << " prompt " << i);
+            CHECK(greedy(*s.runtime, p.ids, p.greedy.size()) == p.greedy);
+        }
+        // Every prompt at once, decoded in one batch: the split sees several tokens per step.
+        const std::size_t V = static_cast<std::size_t>(m->config().vocab_size);
+        std::vector<std::uint64_t> ids;
+        std::vector<Errors> err(ref.prompts.size());
+        for (std::size_t i = 0; i < ref.prompts.size(); ++i) {
+            const auto& p = ref.prompts[i];
+            ids.push_back(200 + i);
+            REQUIRE(s.runtime->admit(ids.back(), p.ids.size() + p.greedy.size()).ok);
+            std::vector<float> last(V);
+            s.runtime->prefill(ids.back(), p.ids, last.data());
+            err[i].add(last.data(), p.logits, p.ids.size() - 1);
+        }
+        std::vector<float> logits(ids.size() * V);
+        for (std::size_t g = 0; g + 1 < ref.prompts[0].greedy.size(); ++g) {
+            std::vector<std::int32_t> toks;
+            for (const auto& p : ref.prompts)
+                toks.push_back(p.greedy[g]);
+            s.runtime->decode(ids, toks, logits.data());
+            for (std::size_t i = 0; i < ids.size(); ++i)
+                err[i].add(logits.data() + i * V, ref.prompts[i].logits,
+                           ref.prompts[i].ids.size() + g);
+        }
+        for (std::size_t i = 0; i < ids.size(); ++i) {
+            INFO(name << " batched sequence " << i);
+            CHECK(err[i].rel() <= tolerance(ref));
+            CHECK(s.runtime->release(ids[i]));
+        }
+        // The routing counted as without the split: k slots per token per MoE layer.
+        const model::ExpertHeat heat = s.runtime->take_expert_heat();
+        std::uint64_t routed = 0;
+        for (const auto& layer : heat.counts)
+            for (const auto c : layer)
+                routed += c;
+        CHECK(routed > 0);
+    }
+}
+
+TEST_CASE("a runtime refuses weights it cannot run", "[model]") {
+    const auto m = model::load_model_dir(models_dir() / "qwen3-moe-tiny");
+    auto engine = small_engine(*m, 16, 2);
+    CountingOps ops(cpu_ops_options(m->config(), 16), false);
+    model::RuntimeOptions ro;
+    ro.prefill_chunk_tokens = 16;
+    ro.max_batch = 2;
+    ro.kv_dtype = m->config().dtype;
+    // An expert left out with no host ops to run it.
+    const model::ModelWeights no_expert = without_experts(*m, keep_expert);
+    CHECK_THROWS_WITH(model::make_runtime(*m, ops, *engine, ro, {&no_expert, nullptr}),
+                      Catch::Contains("no host ops"));
+    // A dense MLP or the head left out.
+    model::ModelWeights no_head = m->weights();
+    no_head.lm_head = {};
+    CHECK_THROWS_WITH(model::make_runtime(*m, ops, *engine, ro, {&no_head, nullptr}),
+                      Catch::Contains("head"));
+    model::ModelWeights no_mlp = m->weights();
+    for (auto& L : no_mlp.layers)
+        if (!L.moe) L.mlp = {};
+    CHECK_THROWS_WITH(model::make_runtime(*m, ops, *engine, ro, {&no_mlp, nullptr}),
+                      Catch::Contains("dense MLP"));
+}
