@@ -6,9 +6,11 @@
 // (reference_model.hpp): fp32 1e-4 of the largest logit, bf16 3 %; fp32 greedy tokens equal.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdio>
 
 #include "reference_model.hpp"
+#include "test_seed.hpp"
 #include "writescope/cuda/device.hpp"
 #include "writescope/cuda/device_model.hpp"
 #include "writescope/cuda/model_ops.hpp"
@@ -59,8 +61,7 @@ struct GpuRuntime {
     }
 };
 
-// A GPU engine for the model whose G holds `g_blocks` blocks: built once with room to spare to
-// learn the workspace and a G block's size, then with the budget cut to that.
+// A GPU engine for the model whose G holds `g_blocks` blocks.
 std::unique_ptr<Engine> gpu_engine(const model::Model& m, std::size_t B, std::size_t g_blocks,
                                    std::size_t max_batch) {
     EngineOptions o;
@@ -74,11 +75,22 @@ std::unique_ptr<Engine> gpu_engine(const model::Model& m, std::size_t B, std::si
     o.pin_threads = false;
     o.max_batch = max_batch;
     o.mode = "static:0.5";
-    const EngineStatus big = Engine::create(o)->status();
-    const RegionStats& G = big.regions[static_cast<int>(Region::G)];
-    REQUIRE(G.capacity_blocks > g_blocks);
-    const std::uint64_t per_block = G.capacity_bytes / G.capacity_blocks;
-    o.vram_kv_bytes -= (G.capacity_blocks - g_blocks) * per_block;
+    // G's capacity grows with the budget: the smallest budget that gives g_blocks, by bisection.
+    auto g_capacity = [&](std::uint64_t bytes) -> std::size_t {
+        o.vram_kv_bytes = bytes;
+        try {
+            return Engine::create(o)->status().regions[static_cast<int>(Region::G)].capacity_blocks;
+        } catch (const std::exception&) {
+            return 0;  // below the workspace and T
+        }
+    };
+    std::uint64_t lo = 0, hi = 256ull << 20;
+    REQUIRE(g_capacity(hi) > g_blocks);
+    while (hi - lo > 4096) {
+        const std::uint64_t mid = lo + (hi - lo) / 2;
+        (g_capacity(mid) >= g_blocks ? hi : lo) = mid;
+    }
+    o.vram_kv_bytes = hi;
     auto e = Engine::create(o);
     REQUIRE(e->status().regions[static_cast<int>(Region::G)].capacity_blocks == g_blocks);
     return e;
@@ -122,44 +134,95 @@ TEST_CASE(
     }
 }
 
-TEST_CASE("the GPU runtime with the KV in T, G, P and U of a GPU engine reproduces transformers",
-          "[gpu]") {
+namespace {
+
+// The tiny models' shapes where the GPU attention kernels have them (head_dim 128; the MLA
+// latent 576/512 with 16 heads), bf16, random weights: the GPU kernels cover no fp32 KV or
+// small heads, so the reference here is the CPU runtime (itself checked against transformers).
+model::ModelConfig gpu_attention_shape(const std::string& name) {
+    model::ModelConfig c = model::load_model_dir(models_dir() / name)->config();
+    c.dtype = DType::bf16;
+    c.max_position_embeddings = std::max(c.max_position_embeddings, 1024);
+    if (c.mla()) {
+        c.num_heads = 16;
+        c.num_kv_heads = 16;
+        c.kv_lora_rank = 512;
+        c.qk_rope_head_dim = 64;
+        c.qk_nope_head_dim = 32;
+        c.v_head_dim = 32;
+        c.rope.dim = 64;
+    } else {
+        c.head_dim = 128;
+        c.num_heads = 4;
+        c.num_kv_heads = name == "mixtral-tiny" ? 1 : 2;
+        c.rope.dim = 128;
+    }
+    c.name = name + "-gpu-attention-shape";
+    return c;
+}
+
+// Every position's logits of `ids`: prefilled, then the last `decode` of them one step at a time.
+std::vector<float> run_all(model::Runtime& rt, const std::vector<std::int32_t>& ids,
+                           std::size_t decode) {
+    const std::size_t V = rt.vocab_size(), n = ids.size() - decode;
+    const Admission a = rt.admit(1, ids.size());
+    INFO(a.error);
+    REQUIRE(a.ok);
+    std::vector<float> logits(ids.size() * V);
+    rt.prefill(1, std::span<const std::int32_t>(ids.data(), n), logits.data(), true);
+    const std::uint64_t id = 1;
+    for (std::size_t s = 0; s < decode; ++s)
+        rt.decode(std::span<const std::uint64_t>(&id, 1),
+                  std::span<const std::int32_t>(&ids[n + s], 1), logits.data() + (n + s) * V);
+    return logits;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "the GPU runtime with the KV in T, G, P and U of a GPU engine reproduces the CPU "
+    "runtime",
+    "[gpu]") {
     if (cuda::device_count() == 0) FAIL("no GPU");
+    auto rng = seeded_rng("gpu runtime over a gpu engine");
     for (const std::string name : {"qwen3-moe-tiny", "deepseek-v2-tiny-yarn", "mixtral-tiny"}) {
-        const auto dir = models_dir() / name;
-        const Reference ref = read_reference(dir);
-        const auto m = model::load_model_dir(dir);
-        const std::size_t B = 16;
-        GpuRuntime g(*m, 32, /*split=*/true, gpu_engine(*m, B, /*g_blocks=*/2, 2), 2);
-        const ReferencePrompt& p = ref.prompts[0];
-        // Not released before the regions are looked at: teacher_forced by hand.
-        const std::size_t V = g.runtime->vocab_size();
-        REQUIRE(g.runtime->admit(1, p.ids.size() + p.greedy.size()).ok);
-        std::vector<float> logits(p.ids.size() * V);
-        g.runtime->prefill(1, p.ids, logits.data(), true);
-        Errors e;
-        for (std::size_t r = 0; r < p.ids.size(); ++r)
-            e.add(logits.data() + r * V, p.logits, r);
-        const std::uint64_t id = 1;
-        for (std::size_t s = 0; s + 1 < p.greedy.size(); ++s) {
-            g.runtime->decode(std::span<const std::uint64_t>(&id, 1),
-                              std::span<const std::int32_t>(&p.greedy[s], 1), logits.data());
-            e.add(logits.data(), p.logits, p.ids.size() + s);
+        const model::ModelConfig c = gpu_attention_shape(name);
+        const std::uint64_t seed = rng();
+        std::printf("[gpu] %s: random weights, seed %llu\n", c.name.c_str(),
+                    static_cast<unsigned long long>(seed));
+        const auto m = model::make_random_model(c, seed);
+        // Blocks a multiple of the tensor-core tile (64; 32 for the MLA latent).
+        const std::size_t B = c.mla() ? 32 : 64, V = static_cast<std::size_t>(c.vocab_size);
+        // 5 blocks of prompt and 20 decode steps: G holds 2, P and U the rest.
+        std::vector<std::int32_t> ids(5 * B + 20);
+        for (auto& t : ids)
+            t = static_cast<std::int32_t>(rng() % V);
+        GpuRuntime g(*m, 64, /*split=*/true, gpu_engine(*m, B, /*g_blocks=*/2, 2), 2);
+        CpuRuntime cpu(*m, 64, B, 2);
+        const std::vector<float> ours = run_all(*g.runtime, ids, 20);
+        const std::vector<float> ref = run_all(*cpu.runtime, ids, 20);
+        double err = 0, scale = 0;
+        for (std::size_t i = 0; i < ref.size(); ++i) {
+            err = std::max(err, std::abs(static_cast<double>(ours[i]) - ref[i]));
+            scale = std::max(scale, std::abs(static_cast<double>(ref[i])));
         }
         const EngineStatus st = g.engine->status();
         const std::size_t in_g = st.regions[static_cast<int>(Region::G)].used_blocks,
                           in_p = st.regions[static_cast<int>(Region::P)].used_blocks,
                           in_u = st.regions[static_cast<int>(Region::U)].used_blocks;
         std::printf(
-            "[gpu] runtime %-22s GPU engine: blocks G %zu, P %zu, U %zu (+ T), %llu "
-            "steps, r deployed %.2f: relative logit error %.3g\n",
-            name.c_str(), in_g, in_p, in_u, static_cast<unsigned long long>(st.steps),
-            st.r_deployed, e.rel());
-        INFO(name);
+            "[gpu] runtime %-36s GPU engine: blocks G %zu, P %zu, U %zu (+ T), %llu "
+            "steps, r deployed %.2f: largest logit difference to the CPU runtime %.3g "
+            "(relative %.3g, bound 1e-2)\n",
+            c.name.c_str(), in_g, in_p, in_u, static_cast<unsigned long long>(st.steps),
+            st.r_deployed, err, err / scale);
+        INFO(c.name << " seed " << seed);
         CHECK(in_g == 2);
         CHECK(in_p > 0);
         CHECK(in_u > 0);
-        CHECK(e.rel() <= tolerance(ref));
+        // bf16 weights and KV on both sides, the same roundings; what differs is the order of
+        // fp32 sums and the GPU attention's bf16 probabilities (2^-9 relative).
+        CHECK(err / scale <= 1e-2);
         CHECK(g.runtime->release(1));
     }
 }
