@@ -1,5 +1,8 @@
-// writescope-bench model-decode: whole-model decode on the CPU (the CPU-only product: every
-// expert and all attention on the CPU, r = 1) for the built-in models with a cut layer count.
+// writescope-bench model-decode: whole-model decode for the built-in models with a cut layer
+// count: on the CPU (the CPU-only product: every expert and all attention on the CPU, r = 1),
+// or with --gpu F the GPU model runtime (CudaModelOps over device weights, the first F of each
+// layer's routed experts on the GPU and the rest on the CPU, the KV in a GPU engine that holds
+// it all in T and G).
 // Per configuration: prompts of --context tokens are stored, then --steps decode steps of
 // --batch sequences run; printed: ms per step, tokens/s, and the bytes one step reads (weights:
 // attention, norms, head, and each expert routed to once; KV: every sequence's whole context in
@@ -20,6 +23,10 @@
 #include "writescope/cpu/cpu_isa.hpp"
 #include "writescope/cpu/model_ops.hpp"
 #include "writescope/cpu/worker_pool.hpp"
+#if WRITESCOPE_BENCH_GPU_MODEL
+#include "writescope/cuda/device_model.hpp"
+#include "writescope/cuda/model_ops.hpp"
+#endif
 
 namespace writescope::bench {
 namespace {
@@ -32,6 +39,7 @@ struct Options {
     std::size_t steps = 16;
     std::size_t threads = 0;
     std::string json;
+    double gpu = -1;  // < 0: CPU only; else the share of each layer's routed experts on the GPU
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -76,10 +84,12 @@ int run_model_decode(int argc, char** argv) {
             o.threads = std::stoul(next());
         else if (a == "--json")
             o.json = next();
+        else if (a == "--gpu")
+            o.gpu = std::stod(next());
         else if (a == "--help") {
             std::printf(
                 "writescope-bench model-decode [--models a,b] [--layers 2] [--batch 1,4,16]\n"
-                "  [--context 1024] [--steps 16] [--threads N] [--json FILE]\n");
+                "  [--context 1024] [--steps 16] [--threads N] [--gpu SHARE] [--json FILE]\n");
             return 0;
         } else
             throw std::invalid_argument("unknown option " + a);
@@ -87,9 +97,17 @@ int run_model_decode(int argc, char** argv) {
     const std::size_t max_batch = *std::max_element(o.batches.begin(), o.batches.end());
     const cpu::Isa isa = cpu::select_isa();
     std::vector<std::string> rows;
-    std::printf("model-decode: CPU only, %s, context %zu, %zu steps, %s threads\n",
-                std::string(cpu::isa_name(isa)).c_str(), o.context, o.steps,
-                o.threads ? std::to_string(o.threads).c_str() : "all");
+#if !WRITESCOPE_BENCH_GPU_MODEL
+    if (o.gpu >= 0) throw std::invalid_argument("--gpu: this build has no GPU model runtime");
+#endif
+    if (o.gpu > 1) throw std::invalid_argument("--gpu: a share in [0, 1]");
+    const bool gpu = o.gpu >= 0;
+    std::printf(
+        "model-decode: %s, CPU %s, context %zu, %zu steps, %s threads\n",
+        gpu ? ("GPU runtime, " + std::to_string(o.gpu) + " of the experts on the GPU").c_str()
+            : "CPU only",
+        std::string(cpu::isa_name(isa)).c_str(), o.context, o.steps,
+        o.threads ? std::to_string(o.threads).c_str() : "all");
     for (const std::string& name : o.models) {
         model::ModelLoadOptions lo;
         lo.max_layers = o.layers;
@@ -101,14 +119,18 @@ int run_model_decode(int argc, char** argv) {
         EngineOptions eo;
         eo.geometry = g;
         eo.block_tokens = 128;
-        eo.gpu_index = -1;
+        eo.gpu_index = gpu ? 0 : -1;
         eo.attention_threads = static_cast<int>(o.threads);
         eo.pin_threads = false;
         eo.max_batch = max_batch;
         const std::size_t per_seq = o.context + o.steps + 1;
-        eo.host_kv_bytes =
-            max_batch * ((per_seq + 127) / 128 + 1) * 128 * g.bytes_per_token() * 5 / 4 +
-            (64u << 20);
+        const std::uint64_t kv_all =
+            max_batch * ((per_seq + 127) / 128 + 1) * 128 * g.bytes_per_token() * 5 / 4;
+        eo.host_kv_bytes = kv_all + (64u << 20);
+        if (gpu) {
+            eo.vram_kv_bytes = kv_all + (512u << 20);  // T and G hold it all, with the workspace
+            eo.pinned_kv_bytes = 64u << 20;
+        }
         const auto engine = Engine::create(eo);
         cpu::CpuModelOpsOptions co;
         co.threads = o.threads;
@@ -118,12 +140,42 @@ int run_model_decode(int argc, char** argv) {
         co.max_ffn = lim.max_ffn;
         co.max_experts = lim.max_experts;
         co.max_k = lim.max_k;
-        cpu::CpuModelOps ops(co);
+        auto cpu_ops = std::make_unique<cpu::CpuModelOps>(co);
+        model::ModelOps* ops = cpu_ops.get();
+        model::RuntimeWeights rw;
+#if WRITESCOPE_BENCH_GPU_MODEL
+        std::unique_ptr<cuda::CudaModelOps> gpu_ops;
+        std::unique_ptr<cuda::DeviceModelWeights> dev;
+        if (gpu) {
+            cuda::CudaModelOpsOptions go;
+            go.max_tokens = co.max_tokens;
+            go.max_hidden = lim.max_cols;
+            go.max_ffn = lim.max_ffn;
+            go.max_experts = lim.max_experts;
+            go.max_k = lim.max_k;
+            gpu_ops = std::make_unique<cuda::CudaModelOps>(go);
+            std::vector<std::vector<std::uint8_t>> on(m->weights().layers.size());
+            for (std::size_t l = 0; l < on.size(); ++l) {
+                const std::size_t E = m->weights().layers[l].experts.size();
+                const auto keep = static_cast<std::size_t>(o.gpu * static_cast<double>(E) + 0.5);
+                for (std::size_t e = 0; e < E; ++e)
+                    on[l].push_back(e < keep ? 1 : 0);
+            }
+            dev = std::make_unique<cuda::DeviceModelWeights>(*m, &on);
+            std::printf(
+                "%s: %zu experts on the GPU, %zu on the CPU, %.2f GB of weights on the "
+                "GPU\n",
+                name.c_str(), dev->gpu_experts(), dev->host_experts(),
+                static_cast<double>(dev->bytes()) / 1e9);
+            ops = gpu_ops.get();
+            rw = {&dev->weights(), cpu_ops.get()};
+        }
+#endif
         model::RuntimeOptions ro;
         ro.kv_dtype = g.dtype;
         ro.max_batch = max_batch;
         ro.prefill_chunk_tokens = 512;
-        const auto rt = model::make_runtime(*m, ops, *engine, ro);
+        const auto rt = model::make_runtime(*m, *ops, *engine, ro, rw);
 
         // The read ceiling with the expert pool's thread count, over 2 GiB.
         cpu::WorkerPoolOptions po;
@@ -185,10 +237,10 @@ int run_model_decode(int argc, char** argv) {
                           "{\"model\": \"%s\", \"layers\": %d, \"batch\": %zu, \"context\": %zu, "
                           "\"step_ms\": %.4f, \"tokens_per_s\": %.3f, \"weight_bytes\": %.0f, "
                           "\"kv_bytes\": %.0f, \"gbs\": %.3f, \"read_gbs\": %.3f, "
-                          "\"ratio\": %.4f, \"kernel\": \"%s\"}",
+                          "\"ratio\": %.4f, \"kernel\": \"%s\", \"gpu_experts\": %.2f}",
                           name.c_str(), c.num_layers, batch, o.context, med * 1e3,
                           static_cast<double>(batch) / med, wb, kvb, gbs, read_gbs, gbs / read_gbs,
-                          ops.kernel_name());
+                          ops->kernel_name(), o.gpu);
             rows.push_back(row);
             for (std::uint64_t id : ids)
                 rt->release(id);
