@@ -747,6 +747,21 @@ json models_json(const ServiceView& v) {
     return {{"object", "list"}, {"data", std::move(data)}};
 }
 
+// Where the model runs: "cpu", or the GPU's share (bytes per class, experts per layer).
+json placement_json(const ModelPlacement& p) {
+    if (!p.gpu) return {{"device", "cpu"}};
+    return {{"device", "gpu"},
+            {"gpu_kernel", p.gpu_kernel},
+            {"vram_budget_bytes", p.vram_budget},
+            {"always_gpu_bytes", p.always_gpu_bytes},
+            {"gpu_expert_bytes", p.gpu_expert_bytes},
+            {"host_expert_bytes", p.host_expert_bytes},
+            {"gpu_experts", p.gpu_experts},
+            {"host_experts", p.host_experts},
+            {"gpu_experts_per_layer", p.gpu_experts_per_layer},
+            {"summary", p.summary}};
+}
+
 json served_model_json(const ServiceView& v) {
     const auto& m = v.model;
     if (!m.loaded) return nullptr;
@@ -764,6 +779,7 @@ json served_model_json(const ServiceView& v) {
             {"prefill_chunk_tokens", m.prefill_chunk_tokens},
             {"expert_kernel", m.kernel},
             {"expert_threads", m.expert_threads},
+            {"placement", placement_json(m.placement)},
             {"load_seconds", m.load_seconds},
             {"tokenizer", m.tokenizer ? json{{"path", m.tokenizer_path},
                                              {"vocab_size", m.tokenizer_vocab},

@@ -134,6 +134,15 @@ std::string render_status(const json& s) {
                                                              gpu_kernel.empty() ? "kernel unknown"
                                                                                 : gpu_kernel),
                                  str(hw, "cpu_isa"), u64(hw, "attention_threads"))});
+    if (m.contains("placement") && m["placement"].is_object()) {
+        const auto& pl = m["placement"];
+        rows.push_back(
+            {"runtime",
+             str(pl, "device") == "gpu"
+                 ? fmt::format("on the GPU ({}): {}", str(pl, "gpu_kernel"), str(pl, "summary"))
+                 : fmt::format("on the CPU ({} kernels, {} threads)", str(m, "expert_kernel"),
+                               u64(m, "expert_threads"))});
+    }
     rows.push_back(
         {"policy", fmt::format("{}; A {}, B {}, delta {}; r target {}, deployed {}",
                                str(pol, "engine_mode"), per_token(num(pol, "a_seconds_per_token")),

@@ -7,10 +7,67 @@
 #include <fmt/format.h>
 
 #include "engine_options.hpp"
+#include "log.hpp"
 #include "units.hpp"
+#include "writescope/core/model/placement.hpp"
 #include "writescope/cpu/model_ops.hpp"
+#if WRITESCOPE_HAVE_CUDA_MODEL
+#include "writescope/cuda/device.hpp"
+#include "writescope/cuda/device_model.hpp"
+#include "writescope/cuda/model_ops.hpp"
+#endif
 
 namespace writescope::daemon {
+
+namespace {
+
+#if WRITESCOPE_HAVE_CUDA_MODEL
+// GPU memory left for what is not the weights once they are placed: the runtime's activations
+// (OpsBuffer), cuBLAS's and the driver's own allocations.
+constexpr std::uint64_t kVramReserve = 1ull << 30;
+
+// The GPU model runtime over `engine` (a GPU engine): the placement, the device weights, the
+// ops; host_ops runs the experts left in host memory. Throws model::PlacementError when the GPU
+// memory left cannot hold the weights that must be there.
+void start_gpu_runtime(ModelHost& host, int gpu, const model::RuntimeOptions& ro, Engine& engine) {
+    const model::Model& m = *host.model;
+    const model::OpLimits lim = model::op_limits(m.config());
+    cuda::CudaModelOpsOptions go;
+    go.device = gpu;
+    go.max_tokens = std::max(ro.prefill_chunk_tokens, ro.max_batch);
+    go.max_hidden = lim.max_cols;
+    go.max_ffn = lim.max_ffn;
+    go.max_experts = lim.max_experts;
+    go.max_k = lim.max_k;
+    auto ops = std::make_unique<cuda::CudaModelOps>(go);
+    const cuda::DeviceInfo info = cuda::device_info(gpu);  // after the KV and the workspaces
+    model::PlacementBudget b;
+    b.vram_bytes = info.free_bytes > kVramReserve ? info.free_bytes - kVramReserve : 0;
+    b.kv_g_share = 0;  // the engine's G is its own budget (hardware.vram_kv_budget)
+    const model::Placement pl = model::plan_placement(m, b);
+    auto weights = std::make_shared<cuda::DeviceModelWeights>(m, &pl.on_gpu);
+    ModelPlacement& p = host.placement;
+    p.gpu = true;
+    p.vram_budget = b.vram_bytes;
+    p.always_gpu_bytes = pl.always_gpu_bytes;
+    p.gpu_expert_bytes = pl.gpu_expert_bytes;
+    p.host_expert_bytes = pl.host_expert_bytes;
+    p.gpu_experts = pl.gpu_experts;
+    p.host_experts = pl.host_experts;
+    p.gpu_experts_per_layer = pl.gpu_experts_per_layer;
+    p.summary = pl.summary();
+    p.gpu_kernel = ops->kernel_name();
+    host.runtime =
+        model::make_runtime(m, *ops, engine, ro, {&weights->weights(), host.host_ops.get()});
+    host.device_weights = std::move(weights);
+    host.ops = std::move(ops);
+    log_info("model.placement", "GPU {} model runtime ({}): {} (of {} the KV left free, less {})",
+             gpu, p.gpu_kernel, p.summary, format_size_human(info.free_bytes),
+             format_size_human(kVramReserve));
+}
+#endif
+
+}  // namespace
 
 ModelFactory real_model_factory() {
     return [](const Profile& p, std::string_view source, Engine& engine,
@@ -58,8 +115,25 @@ ModelFactory real_model_factory() {
             auto ops = std::make_unique<cpu::CpuModelOps>(oo);
             host->kernel = ops->kernel_name();
             host->expert_threads = ops->threads();
-            host->ops = std::move(ops);
-            host->runtime = model::make_runtime(*host->model, *host->ops, engine, ro);
+            const bool gpu_engine = engine.status().gpu;
+#if WRITESCOPE_HAVE_CUDA_MODEL
+            if (gpu_engine) {
+                status("placing the weights on the GPU");
+                host->host_ops = std::move(ops);
+                start_gpu_runtime(
+                    *host, p.hardware.gpu.choice == GpuChoice::index ? p.hardware.gpu.index : 0, ro,
+                    engine);
+            }
+#else
+            if (gpu_engine)
+                log_notice("model.cpu-runtime",
+                           "this build has no GPU model ops: the model runs on the CPU, the "
+                           "engine's attention on the GPU");
+#endif
+            if (!host->runtime) {
+                host->ops = std::move(ops);
+                host->runtime = model::make_runtime(*host->model, *host->ops, engine, ro);
+            }
             model::SchedulerOptions so;
             so.max_sequences = p.kv.max_batch;
             so.max_queued = p.server.max_queued_requests;

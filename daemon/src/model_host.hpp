@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "model_text.hpp"
 #include "profile.hpp"
@@ -18,14 +19,30 @@
 
 namespace writescope::daemon {
 
+// Where the model runs. On the CPU: everything (`gpu` false). With the GPU model runtime:
+// what the placement put on the GPU, the rest of the routed experts in host memory.
+struct ModelPlacement {
+    bool gpu = false;
+    std::uint64_t vram_budget = 0;       // what the weights could take (free memory less a reserve)
+    std::uint64_t always_gpu_bytes = 0;  // embeddings, attention, routers, norms, head, shared
+    std::uint64_t gpu_expert_bytes = 0, host_expert_bytes = 0;
+    std::size_t gpu_experts = 0, host_experts = 0;
+    std::vector<std::size_t> gpu_experts_per_layer;
+    std::string summary;     // Placement::summary()
+    std::string gpu_kernel;  // the GPU ops ("cublas-sm90")
+};
+
 struct ModelHost {
     // Declared in dependency order: destroyed scheduler first (its thread joins), model last.
     std::unique_ptr<model::Model> model;
-    std::unique_ptr<model::ModelOps> ops;
+    std::unique_ptr<model::ModelOps> ops;        // the ops the runtime computes with
+    std::unique_ptr<model::ModelOps> host_ops;   // the CPU's, for host-resident experts (GPU)
+    std::shared_ptr<const void> device_weights;  // owns the GPU copies (GPU runtime)
+    ModelPlacement placement;
     std::unique_ptr<model::Runtime> runtime;
     std::unique_ptr<model::Scheduler> scheduler;
-    std::string kernel;       // the expert/GEMM kernels ("avx512-bf16", ...)
-    int expert_threads = 0;   // threads of the ops' pool
+    std::string kernel;       // the CPU expert/GEMM kernels ("avx512-bf16", ...)
+    int expert_threads = 0;   // threads of the CPU ops' pool
     double load_seconds = 0;  // loading (or generating) the weights
     ModelText text;           // a model directory's tokenizer and chat template, if any
 };
@@ -36,8 +53,12 @@ using ModelFactory =
     std::function<std::unique_ptr<ModelHost>(const Profile&, std::string_view source, Engine&,
                                              const std::function<void(std::string_view)>& status)>;
 
-// The real one: load_profile_model, CpuModelOps (hardware.expert_threads), make_runtime and
-// the scheduler (kv.max_batch sequences, server.max_queued_requests waiting).
+// The real one: load_profile_model, the ops, make_runtime and the scheduler (kv.max_batch
+// sequences, server.max_queued_requests waiting). With a GPU engine in a build with the GPU
+// model ops, the GPU model runtime: CudaModelOps, and the weights placed (plan_placement) in
+// the GPU memory the engine's KV left free less a reserve (1 GiB), routed experts in layer
+// order until it is full, the rest run by CpuModelOps (hardware.expert_threads); else
+// CpuModelOps for everything.
 ModelFactory real_model_factory();
 
 }  // namespace writescope::daemon

@@ -270,6 +270,7 @@ void Service::load_model(const Profile& profile, const StatusFn& status) {
     info.kernel = host->kernel;
     info.expert_threads = host->expert_threads;
     info.load_seconds = host->load_seconds;
+    info.placement = host->placement;
     const auto& text = host->text;
     info.tokenizer = text.tokenizer != nullptr;
     info.chat_template = text.chat_template.has_value();
@@ -291,11 +292,13 @@ void Service::load_model(const Profile& profile, const StatusFn& status) {
                  info.builtin ? "a built-in model" : info.chat_problem);
     }
     log_info("model.loaded",
-             "model {} loaded in {:.2f} s: {} of weights, context {} tokens, experts on the CPU "
-             "({} kernels, {} threads), up to {} sequences",
+             "model {} loaded in {:.2f} s: {} of weights, context {} tokens, {} ({} CPU kernels, "
+             "{} threads), up to {} sequences",
              info.description, info.load_seconds, format_size_human(info.weight_bytes),
-             info.max_model_len, info.kernel, info.expert_threads,
-             host->scheduler->max_sequences());
+             info.max_model_len,
+             info.placement.gpu ? fmt::format("on the GPU: {}", info.placement.summary)
+                                : std::string("on the CPU"),
+             info.kernel, info.expert_threads, host->scheduler->max_sequences());
     std::lock_guard lock(model_mu_);
     model_ = std::move(host);
     model_info_ = std::move(info);

@@ -83,9 +83,10 @@ struct ModelInfo {
     std::uint64_t weight_bytes = 0, parameters = 0;
     std::size_t max_model_len = 0;  // the context: prompt + completion tokens
     std::size_t prefill_chunk_tokens = 0;
-    std::string kernel;  // the expert/GEMM kernels
+    std::string kernel;  // the CPU expert/GEMM kernels
     int expert_threads = 0;
     double load_seconds = 0;
+    ModelPlacement placement;  // GPU or CPU, and what the GPU holds
     // The text side (ModelText): the tokenizer.json read ("" when none) and whether a chat
     // template serves /v1/chat/completions, else why not.
     bool tokenizer = false;

@@ -168,6 +168,9 @@ TEST_CASE("greedy completions are the reference tokens whole and streamed and th
             const auto status = d.get("/v1/status");
             CHECK(status["model"]["loaded"] == true);
             CHECK(status["model"]["id"] == name);
+            // Where the model runs follows the engine: the GPU model runtime with a GPU.
+            CHECK(status["model"]["placement"]["device"] ==
+                  (status["hardware"]["gpu"].is_null() ? "cpu" : "gpu"));
             CHECK(status["scheduler"]["running"] == 0);
 
             for (const auto& p : ref["prompts"]) {
