@@ -199,7 +199,14 @@ EngineOptions engine_options_unplaced(const Profile& p, const MachineInfo& m,
         std::max<std::uint64_t>(o.block_tokens, 1);
     const std::uint64_t needed = static_cast<std::uint64_t>(p.kv.max_batch) * context_blocks *
                                  o.block_tokens * o.geometry.bytes_per_token();
-    const std::uint64_t spill = needed > o.vram_kv_bytes ? needed - o.vram_kv_bytes : 0;
+    // At least the room the boot calibration spills into (it measures up to 128K spilled tokens
+    // over both host regions and refuses to run with fewer than about 30 blocks of them): on a
+    // GPU whose budget holds every sequence's KV, "auto" would otherwise grant nothing.
+    constexpr std::uint64_t kCalibrationBlocks = 64;
+    const std::uint64_t calibration_room =
+        kCalibrationBlocks * o.block_tokens * o.geometry.bytes_per_token();
+    const std::uint64_t spill =
+        std::max(needed > o.vram_kv_bytes ? needed - o.vram_kv_bytes : 0, calibration_room);
     constexpr std::uint64_t kMinAutoHost = 1ull << 20;      // host_kv_budget's floor
     constexpr std::uint64_t kGpuStepPinned = 256ull << 20;  // the GPU step's own buffers
     // Without a GPU nothing streams over PCIe, so pinning host memory would only take it away

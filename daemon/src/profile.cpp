@@ -438,7 +438,8 @@ const std::vector<KeyDef>& key_table() {
             "pinned host memory for the P region and the GPU step's own pinned buffers (seal "
             "bounce buffers, queries, metadata: tens of MiB), pinned once at start-up (a size, "
             "a share of physical memory: 0B to 1PiB, or (0%, 90%]; \"auto\": the KV that "
-            "kv.max_batch sequences at the model's context need beyond vram_kv_budget, plus "
+            "kv.max_batch sequences at the model's context need beyond vram_kv_budget (at least 64 "
+            "blocks: the boot calibration's room), plus "
             "256MiB, within 20% of it); unused without a GPU",
             false, [](Profile & p) -> auto& { return p.hardware.pinned_kv_budget; }, 0));
         t.push_back(host_budget_key(
@@ -446,7 +447,8 @@ const std::vector<KeyDef>& key_table() {
             "ordinary host memory for the U region that CPU threads attend in place, touched at "
             "start-up (a size, a share of physical memory: 1MiB to 1PiB, or (0%, 90%]; "
             "\"auto\": the KV that kv.max_batch sequences at the model's context need (beyond "
-            "vram_kv_budget with a GPU), within 20% of it)",
+            "vram_kv_budget with a GPU; at least 64 blocks: the boot calibration's room), "
+            "within 20% of it)",
             false, [](Profile & p) -> auto& { return p.hardware.host_kv_budget; }, 1ull << 20));
         t.push_back(int_key<int>(
             "hardware", "attention_threads", "0",

@@ -1,0 +1,56 @@
+#!/bin/bash
+# Builds writescoped and writescopectl on the lent GPU machine and serves the built-in model
+# there: the GPU engine and the GPU model runtime (placement in the status), a few greedy
+# completions through writescopectl, the status and the metrics, written under $OUT. Run from
+# the repository root after `source .devdeps/unpack-deps.sh`, with .devdeps fetched with the
+# text layer's libraries too:
+#   ../shared/device/fetch-deps.sh libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 \
+#       libpcre2-posix3 libicu-dev libicu72
+#   MODEL: the built-in preset (default qwen3-30b-a3b); LAYERS (default 2); TOKENS (default 64)
+set -u
+OUT=${OUT:-/tmp/ws-out}
+mkdir -p "$OUT"
+B=${BUILD_DIR:-/tmp/ws-gpu-daemon}
+MODEL=${MODEL:-qwen3-30b-a3b}
+LAYERS=${LAYERS:-2}
+TOKENS=${TOKENS:-64}
+# ICU's .pc files write "prefix = /usr" (spaces), which unpack-deps.sh's rewrite misses.
+sed -i 's#^prefix *= */usr$#prefix=/opt/deps/usr#' /opt/deps/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc
+t0=$(date +%s)
+if ! cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+    > "$OUT/daemon-build.log" 2>&1 ||
+   ! ninja -C "$B" writescoped writescopectl >> "$OUT/daemon-build.log" 2>&1; then
+  grep -E "error|Could NOT|not found" "$OUT/daemon-build.log" | head -20
+  tail -5 "$OUT/daemon-build.log"
+  exit 1
+fi
+echo "built in $(( $(date +%s) - t0 )) s"
+S=/tmp/ws-state
+rm -rf "$S"; mkdir -p "$S"
+cat > "$S/profile.toml" <<TOML
+[model]
+source = "$MODEL"
+layers = $LAYERS
+TOML
+CTL="$B/daemon/writescopectl --socket $S/writescoped.sock"
+"$B/daemon/writescoped" --config "$S/profile.toml" --state-dir "$S" --socket "$S/writescoped.sock" \
+  > "$OUT/daemon.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do
+  $CTL health > /dev/null 2>&1 && break
+  kill -0 $pid 2>/dev/null || { echo "the daemon exited"; tail -20 "$OUT/daemon.log"; exit 1; }
+  sleep 0.5
+done
+echo "ready after $(( $(date +%s) - t0 )) s"
+$CTL status > "$OUT/daemon-status.txt" 2>&1
+$CTL --json status > "$OUT/daemon-status.json" 2>&1
+for i in 1 2 3; do
+  s=$(date +%s.%N)
+  $CTL --json complete --prompt-ids 1,2,3,4,5,6,7,8 --max-tokens "$TOKENS" --temperature 0 \
+    --ignore-eos > "$OUT/complete-$i.json" 2>&1
+  echo "completion $i: rc $?, $(python3 -c "print(round($(date +%s.%N) - $s, 3))") s for $TOKENS tokens"
+done
+$CTL --json status > "$OUT/daemon-status-after.json" 2>&1
+kill -TERM $pid; wait $pid
+echo "daemon exit $?"
+grep -E "model\.|engine\.|error|warning" "$OUT/daemon.log" | head -20
