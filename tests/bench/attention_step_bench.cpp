@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "bench_util.hpp"
+#include "ceilings.hpp"
 #include "copy_rate.hpp"
 #include "read_bandwidth.hpp"
 #include "writescope/core/engine_impl.hpp"
@@ -182,54 +183,6 @@ class CacheFlusher {
     std::unique_ptr<HostRegionMemory> buf_;
     std::atomic<std::uint64_t> sink_{0};
 };
-
-// Ceilings measured in this run.
-struct Ceilings {
-    double pinned_h2d = 0;  // GB/s, pinned host → device, large copies
-    double hbm = 0;         // GB/s, device → device copy counting bytes read + written
-    double cpu_read = 0;    // GB/s, every attention thread streaming host memory
-    double agg_cpu = 0;     // GB/s read by the CPU while pinned copies run
-    double agg_copy = 0;    // GB/s copied by the DMA engine meanwhile
-    double aggregate() const { return agg_cpu + agg_copy; }
-};
-
-Ceilings measure_ceilings(cpu::WorkerPool& pool, cpu::Isa isa) {
-    Ceilings c;
-    const std::size_t bytes = std::size_t{1} << 30;
-    cuda::PinnedSlabs host(bytes, bytes);
-    std::memset(host.slab(0), 0x5a, bytes);
-    cuda::DeviceBuffer dev(bytes), dev2(bytes);
-    cuda::Stream s;
-    c.pinned_h2d = copy_rate_gbps(dev.data(), host.slab(0), bytes, 1.0, s);
-    c.hbm = copy_rate_gbps(dev2.data(), dev.data(), bytes, 2.0, s);
-
-    const std::size_t cpu_bytes = std::size_t{4} << 30;
-    HostRegionMemory buf("bandwidth", 1, 1, cpu_bytes);
-    std::memset(buf.block(0, 0), 0x33, cpu_bytes);
-    c.cpu_read = measure_read_bandwidth(pool, buf.block(0, 0), cpu_bytes, isa, 5);
-
-    // Both at once: a thread keeps the copy engine busy while the CPU threads read.
-    std::atomic<bool> stop{false};
-    std::atomic<std::uint64_t> copied{0};
-    std::thread copier([&] {
-        cuda::Stream cs;
-        while (!stop.load()) {
-            cuda::copy_async(dev.data(), host.slab(0), bytes, cs);
-            cs.synchronize();
-            copied += bytes;
-        }
-    });
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    const std::uint64_t c0 = copied.load();
-    const double t0 = now();
-    c.agg_cpu = measure_read_bandwidth(pool, buf.block(0, 0), cpu_bytes, isa, 8);
-    const double t1 = now();
-    const std::uint64_t c1 = copied.load();
-    stop = true;
-    copier.join();
-    c.agg_copy = static_cast<double>(c1 - c0) / (t1 - t0) / 1e9;
-    return c;
-}
 
 // Layers per decode step in the policy's tracking loops (the engine's trackers see one
 // measurement per step, summed over the layers).

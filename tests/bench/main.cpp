@@ -14,6 +14,9 @@ int run_model_decode(int argc, char** argv);
 #if WRITESCOPE_BENCH_TEXT
 int run_tokenize(int argc, char** argv);
 #endif
+#if WRITESCOPE_BENCH_GPU_MODEL
+int run_generate(int argc, char** argv);
+#endif
 #if WRITESCOPE_BENCH_CUDA
 int run_attention_step(int argc, char** argv);
 int run_gpu_attention(int argc, char** argv);
@@ -47,6 +50,10 @@ const Command kCommands[] = {
      "one hybrid decode step per layer in every mode vs PCIe, HBM and host read ceilings"},
     {"gpu-attention", &writescope::bench::run_gpu_attention,
      "the GPU decode attention kernels over device-resident KV vs HBM (--host: over PCIe)"},
+#endif
+#if WRITESCOPE_BENCH_GPU_MODEL
+    {"generate", &writescope::bench::run_generate,
+     "end-to-end MoE decode in writescope, gpu-only and cpu-only modes vs the host limit"},
 #endif
 };
 

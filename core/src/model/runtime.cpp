@@ -105,6 +105,7 @@ class RuntimeImpl final : public Runtime {
                 fixed_bytes_ += mtx->data ? mtx->bytes() : 0;
     }
     std::uint64_t last_weight_bytes() const noexcept override { return last_bytes_; }
+    StepReport last_step() const override { return last_step_; }
     ExpertHeat take_expert_heat() override { return arch_->take_heat(); }
 
     const ModelConfig& config() const noexcept override { return model_.config(); }
@@ -194,7 +195,7 @@ class RuntimeImpl final : public Runtime {
                 from_engine(n);
                 finish_layer(l, n, hidden);
             }
-            engine_.end_step();
+            last_step_ = engine_.end_step();
         } catch (...) {
             engine_.abort_step();
             throw;
@@ -323,6 +324,7 @@ class RuntimeImpl final : public Runtime {
     std::unique_ptr<Architecture> arch_;
     std::size_t chunk_ = 0, rows_ = 0, k_row_ = 0, v_row_ = 0;
     std::uint64_t fixed_bytes_ = 0, last_bytes_ = 0;
+    StepReport last_step_;
     float eps_ = 1e-6f;
     std::map<std::uint64_t, std::size_t> held_;  // tokens each admitted sequence holds
     OpsBuffer<float> h_, xn_, tmp_, o_, lse_;

@@ -66,6 +66,8 @@ class Runtime {
     // matrices, and each expert (or dense MLP) a token was routed to, once (for benchmarks and
     // the placement statistics).
     virtual std::uint64_t last_weight_bytes() const noexcept { return 0; }
+    // What the engine reported for the last decode step's attention (Engine::end_step).
+    virtual StepReport last_step() const { return {}; }
     // Tokens routed to each expert of each layer since the last call (prompts and steps): the
     // routing frequencies the placement puts the hottest experts on the GPU by.
     virtual ExpertHeat take_expert_heat() { return {}; }

@@ -1,0 +1,509 @@
+// writescope-bench generate: end-to-end decode of the built-in MoE models at real widths with
+// synthetic weights, in three modes, against the physical limit of each step:
+//   writescope: the GPU model runtime (weights placed under the VRAM budget, the experts that do
+//     not fit on the CPU) over a GPU engine splitting spilled attention by the roofline policy;
+//   gpu-only:   the same runtime and placement, the engine attending every spilled block on the
+//     GPU (P streamed over PCIe; U, which the GPU cannot read, still on the CPU);
+//   cpu-only:   everything on the CPU (the CPU-only product).
+// The model is cut to --layers (default 2 of 48/32/27: the host holds the full models' random
+// weights only for a long generation) and the VRAM budget (--vram, default 32 GiB) is scaled by
+// the same fraction; the output says so. Per model, context and batch: the KV of every sequence
+// is stored (synthetic values through Engine::prefill: the decode reads the same bytes whatever
+// they hold; the runtime's positions then start at 0), then --steps decode steps are timed.
+//
+// Printed per configuration: decode tokens/s per mode, the speedup of writescope over the
+// better single mode, the time per layer (attention from the engine's step report, the rest:
+// projections, experts on both sides, norms, the head), the bytes read from host memory per step
+// (the spilled KV in P and U, and the host-resident experts routed to) ÷ the aggregate host
+// bandwidth measured in this run (the CPU reading while the copy engine streams pinned memory):
+// the limit of that step, and the step's efficiency against it; prefill tokens/s (a prompt of
+// --prefill tokens through the runtime); peak VRAM, pinned and host memory. --json writes the
+// records (docs/perf/generate-*.json). --aggregate SEQxCTX: one more run holding SEQ sequences
+// of CTX tokens each, decoding.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ceilings.hpp"
+#include "writescope/core/engine.hpp"
+#include "writescope/core/model/model.hpp"
+#include "writescope/core/model/placement.hpp"
+#include "writescope/core/model/runtime.hpp"
+#include "writescope/cpu/cpu_isa.hpp"
+#include "writescope/cpu/model_ops.hpp"
+#include "writescope/cpu/worker_pool.hpp"
+#include "writescope/cuda/device.hpp"
+#include "writescope/cuda/device_model.hpp"
+#include "writescope/cuda/model_ops.hpp"
+
+namespace writescope::bench {
+namespace {
+
+struct Options {
+    std::vector<std::string> models = {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"};
+    int layers = 2;
+    std::vector<std::size_t> contexts = {8192, 32768, 131072};
+    std::vector<std::size_t> batches = {1, 4, 16};
+    std::vector<std::string> modes = {"writescope", "gpu-only", "cpu-only"};
+    std::size_t steps = 8;
+    double vram_gib = 32;
+    std::size_t prefill = 2048;
+    std::size_t block = 128;
+    std::size_t aggregate_seqs = 0, aggregate_ctx = 0;
+    std::string json;
+};
+
+std::vector<std::string> split(const std::string& s, char sep = ',') {
+    std::vector<std::string> out;
+    std::size_t p = 0;
+    while (p <= s.size()) {
+        const std::size_t q = s.find(sep, p);
+        out.push_back(s.substr(p, q == std::string::npos ? std::string::npos : q - p));
+        if (q == std::string::npos) break;
+        p = q + 1;
+    }
+    return out;
+}
+
+std::size_t tokens(const std::string& s) {
+    if (!s.empty() && (s.back() == 'K' || s.back() == 'k'))
+        return std::stoul(s.substr(0, s.size() - 1)) * 1024;
+    if (!s.empty() && (s.back() == 'M' || s.back() == 'm'))
+        return std::stoul(s.substr(0, s.size() - 1)) * 1024 * 1024;
+    return std::stoul(s);
+}
+
+double since(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+double peak_host_gib() {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return static_cast<double>(u.ru_maxrss) * 1024.0 / (1ull << 30);  // ru_maxrss: KiB
+}
+
+double gib(std::uint64_t b) {
+    return static_cast<double>(b) / (1ull << 30);
+}
+
+// One model's shared parts: the weights, both ops, the placement and its device copy.
+struct ModelSetup {
+    std::unique_ptr<model::Model> m;
+    std::unique_ptr<cpu::CpuModelOps> cpu_ops;
+    std::unique_ptr<cuda::CudaModelOps> gpu_ops;
+    model::Placement placement;
+    std::unique_ptr<cuda::DeviceModelWeights> dev;
+    double scale = 1;  // layers / full layers
+    std::uint64_t vram = 0, t_bytes = 0, engine_vram = 0;
+    Calibration calibration;
+    bool calibrated = false;
+};
+
+// What one decode configuration measured.
+struct Run {
+    bool ok = false;
+    std::string error;
+    double tok_s = 0, step_ms = 0, attention_ms = 0, rest_ms = 0;  // ms per layer
+    double host_bytes = 0, limit_ms = 0, efficiency = 0, r = 0;
+    std::size_t in_g = 0, in_p = 0, in_u = 0;
+    double pinned_gib = 0, vram_gib = 0;
+};
+
+EngineOptions engine_options(const ModelSetup& s, const std::string& mode, std::size_t batch,
+                             std::size_t context, std::size_t steps, std::size_t B) {
+    const KvGeometry g = s.m->config().kv_geometry(s.m->config().dtype);
+    EngineOptions eo;
+    eo.geometry = g;
+    eo.block_tokens = B;
+    eo.max_batch = batch;
+    eo.pin_threads = false;
+    const std::uint64_t per_seq_blocks = (context + steps + 2 + B - 1) / B + 1;
+    const std::uint64_t all = batch * per_seq_blocks * B * g.bytes_per_token();
+    if (mode == "cpu-only") {
+        eo.gpu_index = -1;
+        eo.host_kv_bytes = all + (64u << 20);
+        return eo;
+    }
+    eo.gpu_index = 0;
+    eo.mode = mode;
+    eo.vram_kv_bytes = s.engine_vram;
+    // Either host region may take all of the spill (the router's share decides).
+    eo.pinned_kv_bytes = all + (256u << 20);
+    eo.host_kv_bytes = all + (64u << 20);
+    return eo;
+}
+
+std::unique_ptr<model::Runtime> runtime_for(ModelSetup& s, Engine& e, const std::string& mode,
+                                            std::size_t batch) {
+    model::RuntimeOptions ro;
+    ro.kv_dtype = s.m->config().dtype;
+    ro.max_batch = batch;
+    ro.prefill_chunk_tokens = 512;
+    if (mode == "cpu-only") return model::make_runtime(*s.m, *s.cpu_ops, e, ro);
+    return model::make_runtime(*s.m, *s.gpu_ops, e, ro, {&s.dev->weights(), s.cpu_ops.get()});
+}
+
+// Stores `context` tokens of synthetic KV for each of `ids` (admitted through the runtime).
+void fill(Engine& e, model::Runtime& rt, const std::vector<std::uint64_t>& ids, std::size_t context,
+          std::size_t steps) {
+    const model::ModelConfig& c = rt.config();
+    const KvGeometry geo = c.kv_geometry(c.dtype);
+    const std::size_t L = static_cast<std::size_t>(geo.num_layers), chunk = 1024;
+    const std::size_t heads = geo.mla ? 1 : static_cast<std::size_t>(geo.num_kv_heads);
+    const std::size_t es = dtype_bytes(geo.dtype);
+    const std::size_t k_row = heads * static_cast<std::size_t>(geo.head_dim_k) * es;
+    const std::size_t v_row = geo.mla ? 0 : heads * static_cast<std::size_t>(geo.head_dim_v) * es;
+    std::vector<std::byte> k(L * chunk * k_row), v(std::max<std::size_t>(1, L * chunk * v_row));
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+    for (std::size_t i = 0; i < k.size() / es; ++i)
+        store_from_f32(k.data(), i, geo.dtype, d(rng));
+    for (std::size_t i = 0; i < v.size() / es; ++i)
+        store_from_f32(v.data(), i, geo.dtype, d(rng));
+    for (const std::uint64_t id : ids) {
+        const Admission a = rt.admit(id, context + steps + 2);
+        if (!a.ok) throw std::runtime_error("admission: " + a.error);
+        for (std::size_t first = 0; first < context; first += chunk) {
+            const std::size_t n = std::min(chunk, context - first);
+            // Layer-major (L, n, ...): the first n rows of each layer's chunk-sized slice.
+            std::vector<std::byte> kk(L * n * k_row), vv(std::max<std::size_t>(1, L * n * v_row));
+            for (std::size_t l = 0; l < L; ++l) {
+                std::memcpy(kk.data() + l * n * k_row, k.data() + l * chunk * k_row, n * k_row);
+                if (v_row)
+                    std::memcpy(vv.data() + l * n * v_row, v.data() + l * chunk * v_row, n * v_row);
+            }
+            e.prefill(id, n, kk.data(), v_row ? vv.data() : nullptr);
+        }
+    }
+}
+
+Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_t context,
+           const Options& o, double aggregate_gbs, std::uint64_t first_id) {
+    Run r;
+    try {
+        auto e = Engine::create(engine_options(s, mode, batch, context, o.steps, o.block));
+        if (mode != "cpu-only") {
+            if (!s.calibrated) {
+                s.calibration = e->calibrate([](double, std::string_view) {});
+                s.calibrated = true;
+            }
+            e->set_calibration(s.calibration);
+        }
+        auto rt = runtime_for(s, *e, mode, batch);
+        std::vector<std::uint64_t> ids;
+        for (std::size_t b = 0; b < batch; ++b)
+            ids.push_back(first_id + b);
+        fill(*e, *rt, ids, context, o.steps);
+        const EngineStatus st = e->status();
+        r.in_g = st.regions[static_cast<int>(Region::G)].used_blocks;
+        r.in_p = st.regions[static_cast<int>(Region::P)].used_blocks;
+        r.in_u = st.regions[static_cast<int>(Region::U)].used_blocks;
+        const double spilled =
+            static_cast<double>(st.regions[static_cast<int>(Region::P)].used_bytes +
+                                st.regions[static_cast<int>(Region::U)].used_bytes);
+        const std::size_t V = rt->vocab_size();
+        const std::size_t L = static_cast<std::size_t>(s.m->config().num_layers);
+        std::vector<float> logits(batch * V);
+        std::vector<std::int32_t> toks(batch);
+        std::mt19937_64 rng(11);
+        std::vector<double> step_s, attn_s, host_b;
+        rt->take_expert_heat();
+        for (std::size_t step = 0; step <= o.steps; ++step) {
+            for (auto& t : toks)
+                t = static_cast<std::int32_t>(rng() % V);
+            const auto t0 = std::chrono::steady_clock::now();
+            rt->decode(ids, toks, logits.data());
+            const double dt = since(t0);
+            const StepReport rep = rt->last_step();
+            const model::ExpertHeat heat = rt->take_expert_heat();
+            double experts_host = 0;
+            if (mode != "cpu-only") {
+                for (std::size_t l = 0; l < heat.counts.size(); ++l)
+                    for (std::size_t x = 0; x < heat.counts[l].size(); ++x)
+                        if (heat.counts[l][x] && !s.placement.on_gpu[l][x])
+                            experts_host +=
+                                static_cast<double>(s.m->weights().layers[l].experts[x].bytes());
+            } else {
+                experts_host = static_cast<double>(rt->last_weight_bytes());
+            }
+            if (step == 0) continue;  // warm-up
+            step_s.push_back(dt);
+            attn_s.push_back(rep.seconds);
+            host_b.push_back(spilled + experts_host);
+            r.r = rep.r;
+        }
+        std::sort(step_s.begin(), step_s.end());
+        const double med = step_s[step_s.size() / 2];
+        double attn = 0, hb = 0;
+        for (std::size_t i = 0; i < attn_s.size(); ++i) {
+            attn += attn_s[i];
+            hb += host_b[i];
+        }
+        attn /= static_cast<double>(attn_s.size());
+        hb /= static_cast<double>(host_b.size());
+        r.step_ms = med * 1e3;
+        r.tok_s = static_cast<double>(batch) / med;
+        r.attention_ms = attn * 1e3 / static_cast<double>(L);
+        r.rest_ms = std::max(0.0, (med - attn) * 1e3 / static_cast<double>(L));
+        r.host_bytes = hb;
+        r.limit_ms = hb / (aggregate_gbs * 1e9) * 1e3;
+        r.efficiency = r.limit_ms / r.step_ms;
+        r.pinned_gib =
+            mode == "cpu-only"
+                ? 0
+                : gib(engine_options(s, mode, batch, context, o.steps, o.block).pinned_kv_bytes);
+        r.vram_gib = mode == "cpu-only"
+                         ? 0
+                         : gib(s.dev->bytes() + s.engine_vram + s.gpu_ops->workspace_bytes());
+        for (const auto id : ids)
+            rt->release(id);
+        r.ok = true;
+    } catch (const std::exception& ex) {
+        r.error = ex.what();
+    }
+    return r;
+}
+
+std::string json_string(const std::string& s) {
+    std::string out = "\"";
+    for (const char ch : s) {
+        if (ch == '"' || ch == '\\') out += '\\';
+        if (static_cast<unsigned char>(ch) < 0x20) continue;
+        out += ch;
+    }
+    return out + "\"";
+}
+
+}  // namespace
+
+int run_generate(int argc, char** argv) {
+    Options o;
+    for (int i = 0; i < argc; ++i) {
+        const std::string a = argv[i];
+        const auto next = [&]() -> std::string {
+            if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
+            return argv[++i];
+        };
+        if (a == "--models") {
+            o.models = split(next());
+        } else if (a == "--layers") {
+            o.layers = std::stoi(next());
+        } else if (a == "--contexts") {
+            o.contexts.clear();
+            for (const auto& c : split(next()))
+                o.contexts.push_back(tokens(c));
+        } else if (a == "--batches") {
+            o.batches.clear();
+            for (const auto& b : split(next()))
+                o.batches.push_back(std::stoul(b));
+        } else if (a == "--modes") {
+            o.modes = split(next());
+        } else if (a == "--steps") {
+            o.steps = std::stoul(next());
+        } else if (a == "--vram") {
+            o.vram_gib = std::stod(next());
+        } else if (a == "--prefill") {
+            o.prefill = tokens(next());
+        } else if (a == "--aggregate") {
+            const auto p = split(next(), 'x');
+            if (p.size() != 2) throw std::invalid_argument("--aggregate SEQxCTX, as 8x128K");
+            o.aggregate_seqs = std::stoul(p[0]);
+            o.aggregate_ctx = tokens(p[1]);
+        } else if (a == "--json") {
+            o.json = next();
+        } else if (a == "--help") {
+            std::printf(
+                "writescope-bench generate [--models a,b] [--layers 2] [--contexts 8K,32K,128K]\n"
+                "  [--batches 1,4,16] [--modes writescope,gpu-only,cpu-only] [--steps 8]\n"
+                "  [--vram 32 (GiB, before scaling)] [--prefill 2048] [--aggregate 8x128K]\n"
+                "  [--json FILE]\n");
+            return 0;
+        } else {
+            throw std::invalid_argument("unknown option " + a);
+        }
+    }
+    if (o.steps == 0) throw std::invalid_argument("--steps must be positive");
+    if (cuda::device_count() == 0) throw std::runtime_error("generate needs a GPU");
+    const cpu::Isa isa = cpu::select_isa();
+    cpu::WorkerPool pool(cpu::WorkerPoolOptions{});
+    const Ceilings ceil = measure_ceilings(pool, isa);
+    std::printf(
+        "generate: ceilings pinned H2D %.1f GB/s, HBM %.0f GB/s, CPU read %.1f GB/s, "
+        "aggregate host %.1f GB/s (CPU %.1f while copying %.1f)\n",
+        ceil.pinned_h2d, ceil.hbm, ceil.cpu_read, ceil.aggregate(), ceil.agg_cpu, ceil.agg_copy);
+    const std::size_t max_batch =
+        std::max(*std::max_element(o.batches.begin(), o.batches.end()), o.aggregate_seqs);
+    std::vector<std::string> records;
+    std::uint64_t next_id = 1;
+    for (const std::string& name : o.models) {
+        ModelSetup s;
+        model::ModelLoadOptions lo;
+        lo.max_layers = o.layers;
+        const auto t_load = std::chrono::steady_clock::now();
+        s.m = model::make_builtin_model(name, lo);
+        const model::ModelConfig& c = s.m->config();
+        s.scale = static_cast<double>(c.num_layers) / static_cast<double>(s.m->full_layers());
+        s.vram = static_cast<std::uint64_t>(o.vram_gib * s.scale * (1ull << 30));
+        const model::OpLimits lim = model::op_limits(c);
+        cpu::CpuModelOpsOptions co;
+        co.max_tokens = std::max<std::size_t>(512, max_batch);
+        co.max_hidden = lim.max_cols;
+        co.max_ffn = lim.max_ffn;
+        co.max_experts = lim.max_experts;
+        co.max_k = lim.max_k;
+        s.cpu_ops = std::make_unique<cpu::CpuModelOps>(co);
+        cuda::CudaModelOpsOptions go;
+        go.max_tokens = co.max_tokens;
+        go.max_hidden = lim.max_cols;
+        go.max_ffn = lim.max_ffn;
+        go.max_experts = lim.max_experts;
+        go.max_k = lim.max_k;
+        s.gpu_ops = std::make_unique<cuda::CudaModelOps>(go);
+        // T: an open block per sequence, every layer; the engine's staging and partial states
+        // (tens of MiB); G: a quarter of what the weights that must stay leave.
+        const KvGeometry g = c.kv_geometry(c.dtype);
+        s.t_bytes = max_batch * (o.block * g.bytes_per_token());
+        model::PlacementBudget pb;
+        pb.vram_bytes = s.vram;
+        pb.kv_t_bytes = s.t_bytes;
+        pb.workspace_bytes = s.gpu_ops->workspace_bytes() + (256ull << 20);
+        pb.kv_g_share = 0.25;
+        s.placement = model::plan_placement(*s.m, pb);
+        s.dev = std::make_unique<cuda::DeviceModelWeights>(*s.m, &s.placement.on_gpu);
+        s.engine_vram = s.placement.kv_t_bytes + s.placement.kv_g_bytes + (256ull << 20);
+        std::printf(
+            "\n%s: %d of %d layers (budgets scaled by %.3f: VRAM %.2f GiB of %.0f), "
+            "generated in %.1f s; placement: %s\n",
+            name.c_str(), c.num_layers, s.m->full_layers(), s.scale, gib(s.vram), o.vram_gib,
+            since(t_load), s.placement.summary().c_str());
+
+        // Prefill through the runtime, per mode, at the first batch size.
+        std::map<std::string, double> prefill_tok_s;
+        for (const std::string& mode : o.modes) {
+            try {
+                auto e = Engine::create(engine_options(s, mode, 1, o.prefill, 1, o.block));
+                auto rt = runtime_for(s, *e, mode, 1);
+                std::vector<std::int32_t> prompt(o.prefill);
+                std::mt19937_64 rng(3);
+                for (auto& t : prompt)
+                    t = static_cast<std::int32_t>(rng() % rt->vocab_size());
+                std::vector<float> logits(rt->vocab_size());
+                if (!rt->admit(next_id, o.prefill + 2).ok) throw std::runtime_error("admission");
+                const auto t0 = std::chrono::steady_clock::now();
+                rt->prefill(next_id, prompt, logits.data());
+                prefill_tok_s[mode] = static_cast<double>(o.prefill) / since(t0);
+                rt->release(next_id++);
+            } catch (const std::exception& ex) {
+                std::printf("  prefill %s: %s\n", mode.c_str(), ex.what());
+            }
+        }
+
+        for (const std::size_t context : o.contexts) {
+            for (const std::size_t batch : o.batches) {
+                std::map<std::string, Run> runs;
+                for (const std::string& mode : o.modes) {
+                    runs[mode] = decode(s, mode, batch, context, o, ceil.aggregate(), next_id);
+                    next_id += batch;
+                    const Run& r = runs[mode];
+                    if (!r.ok) {
+                        std::printf("  %-10s ctx %6zu batch %2zu: failed: %s\n", mode.c_str(),
+                                    context, batch, r.error.c_str());
+                        continue;
+                    }
+                    std::printf(
+                        "  %-10s ctx %6zu batch %2zu: %8.1f tok/s, %7.2f ms/step; per layer "
+                        "attention %.3f ms, rest %.3f ms; blocks G %zu P %zu U %zu, r %.2f; "
+                        "host %.2f GB/step -> limit %.2f ms, efficiency %.2f\n",
+                        mode.c_str(), context, batch, r.tok_s, r.step_ms, r.attention_ms, r.rest_ms,
+                        r.in_g, r.in_p, r.in_u, r.r, r.host_bytes / 1e9, r.limit_ms, r.efficiency);
+                }
+                double best_single = 0;
+                for (const char* m : {"gpu-only", "cpu-only"})
+                    if (runs.count(m) && runs[m].ok)
+                        best_single = std::max(best_single, runs[m].tok_s);
+                const Run& w = runs.count("writescope") ? runs["writescope"] : Run{};
+                std::ostringstream j;
+                j << "{\"model\": " << json_string(name) << ", \"layers\": " << c.num_layers
+                  << ", \"full_layers\": " << s.m->full_layers()
+                  << ", \"budget_scale\": " << s.scale << ", \"context\": " << context
+                  << ", \"batch\": " << batch << ", \"mode_tok_s\": {";
+                bool first = true;
+                for (const auto& [mode, r] : runs) {
+                    j << (first ? "" : ", ") << json_string(mode) << ": ";
+                    if (r.ok)
+                        j << r.tok_s;
+                    else
+                        j << "null";
+                    first = false;
+                }
+                j << "}, \"speedup_vs_best_single\": ";
+                if (w.ok && best_single > 0)
+                    j << w.tok_s / best_single;
+                else
+                    j << "null";
+                j << ", \"efficiency_vs_limit\": ";
+                if (w.ok)
+                    j << w.efficiency;
+                else
+                    j << "null";
+                j << ", \"layer_ms\": ";
+                if (w.ok)
+                    j << "{\"attention\": " << w.attention_ms
+                      << ", \"gpu_experts\": null, \"cpu_experts\": null, \"rest\": " << w.rest_ms
+                      << "}";
+                else
+                    j << "null";
+                j << ", \"host_bytes_per_step\": " << w.host_bytes
+                  << ", \"limit_ms\": " << w.limit_ms << ", \"step_ms\": " << w.step_ms
+                  << ", \"r\": " << w.r << ", \"blocks\": {\"G\": " << w.in_g
+                  << ", \"P\": " << w.in_p << ", \"U\": " << w.in_u << "}, \"prefill_tok_s\": "
+                  << (prefill_tok_s.count("writescope") ? prefill_tok_s["writescope"] : 0.0)
+                  << ", \"peak_vram_gib\": " << w.vram_gib
+                  << ", \"peak_pinned_gib\": " << w.pinned_gib
+                  << ", \"peak_host_gib\": " << peak_host_gib() << "}";
+                records.push_back(j.str());
+                std::printf("  -> writescope %.2fx the better single mode\n",
+                            w.ok && best_single > 0 ? w.tok_s / best_single : 0.0);
+            }
+        }
+        if (o.aggregate_seqs) {
+            const Run r = decode(s, "writescope", o.aggregate_seqs, o.aggregate_ctx, o,
+                                 ceil.aggregate(), next_id);
+            next_id += o.aggregate_seqs;
+            std::printf("  aggregate %zu x %zu tokens: %s\n", o.aggregate_seqs, o.aggregate_ctx,
+                        r.ok ? "decoding" : r.error.c_str());
+            std::ostringstream j;
+            j << "{\"model\": " << json_string(name) << ", \"layers\": " << c.num_layers
+              << ", \"sequences\": " << o.aggregate_seqs
+              << ", \"aggregate_tokens\": " << o.aggregate_seqs * o.aggregate_ctx
+              << ", \"completed\": " << (r.ok ? "true" : "false") << ", \"tok_s\": " << r.tok_s
+              << ", \"blocks\": {\"G\": " << r.in_g << ", \"P\": " << r.in_p
+              << ", \"U\": " << r.in_u << "}, \"peak_host_gib\": " << peak_host_gib() << "}";
+            records.push_back(j.str());
+        }
+    }
+    if (!o.json.empty()) {
+        std::ofstream f(o.json);
+        if (!f) throw std::runtime_error(o.json + ": cannot be written");
+        f << "[\n";
+        for (std::size_t i = 0; i < records.size(); ++i)
+            f << "  " << records[i] << (i + 1 < records.size() ? ",\n" : "\n");
+        f << "]\n";
+    }
+    return 0;
+}
+
+}  // namespace writescope::bench
