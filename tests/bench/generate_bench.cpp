@@ -7,7 +7,8 @@
 //   cpu-only:   everything on the CPU (the CPU-only product).
 // The model is cut to --layers (default 2 of 48/32/27: the host holds the full models' random
 // weights only for a long generation) and the VRAM budget (--vram, default 32 GiB) is scaled by
-// the same fraction; the output says so. Per model, context and batch: the KV of every sequence
+// the same fraction, all but what does not grow with the layers (embeddings, head, workspaces);
+// the output says so. Per model, context and batch: the KV of every sequence
 // is stored (synthetic values through Engine::prefill: the decode reads the same bytes whatever
 // they hold; the runtime's positions then start at 0), then --steps decode steps are timed.
 //
@@ -356,7 +357,6 @@ int run_generate(int argc, char** argv) {
         s.m = model::make_builtin_model(name, lo);
         const model::ModelConfig& c = s.m->config();
         s.scale = static_cast<double>(c.num_layers) / static_cast<double>(s.m->full_layers());
-        s.vram = static_cast<std::uint64_t>(o.vram_gib * s.scale * (1ull << 30));
         const model::OpLimits lim = model::op_limits(c);
         cpu::CpuModelOpsOptions co;
         co.max_tokens = std::max<std::size_t>(512, max_batch);
@@ -376,6 +376,18 @@ int run_generate(int argc, char** argv) {
         // (tens of MiB); G: a quarter of what the weights that must stay leave.
         const KvGeometry g = c.kv_geometry(c.dtype);
         s.t_bytes = max_batch * (o.block * g.bytes_per_token());
+        // The budget's per-layer part scales with the layers kept; what does not depend on the
+        // layer count (embeddings, head, final norm, the workspaces) does not.
+        const model::ModelWeights& w = s.m->weights();
+        const std::uint64_t fixed = w.embed.bytes() +
+                                    (w.lm_head.data == w.embed.data ? 0 : w.lm_head.bytes()) +
+                                    w.final_norm.n * dtype_bytes(w.final_norm.dtype) +
+                                    s.gpu_ops->workspace_bytes() + (256ull << 20);
+        const auto full = static_cast<std::uint64_t>(o.vram_gib * (1ull << 30));
+        s.vram =
+            full > fixed
+                ? fixed + static_cast<std::uint64_t>(static_cast<double>(full - fixed) * s.scale)
+                : full;
         model::PlacementBudget pb;
         pb.vram_bytes = s.vram;
         pb.kv_t_bytes = s.t_bytes;
@@ -385,7 +397,7 @@ int run_generate(int argc, char** argv) {
         s.dev = std::make_unique<cuda::DeviceModelWeights>(*s.m, &s.placement.on_gpu);
         s.engine_vram = s.placement.kv_t_bytes + s.placement.kv_g_bytes + (256ull << 20);
         std::printf(
-            "\n%s: %d of %d layers (budgets scaled by %.3f: VRAM %.2f GiB of %.0f), "
+            "\n%s: %d of %d layers (per-layer budgets scaled by %.3f: VRAM %.2f GiB for %.0f), "
             "generated in %.1f s; placement: %s\n",
             name.c_str(), c.num_layers, s.m->full_layers(), s.scale, gib(s.vram), o.vram_gib,
             since(t_load), s.placement.summary().c_str());
@@ -434,7 +446,7 @@ int run_generate(int argc, char** argv) {
                 for (const char* m : {"gpu-only", "cpu-only"})
                     if (runs.count(m) && runs[m].ok)
                         best_single = std::max(best_single, runs[m].tok_s);
-                const Run& w = runs.count("writescope") ? runs["writescope"] : Run{};
+                const Run ws = runs.count("writescope") ? runs["writescope"] : Run{};
                 std::ostringstream j;
                 j << "{\"model\": " << json_string(name) << ", \"layers\": " << c.num_layers
                   << ", \"full_layers\": " << s.m->full_layers()
@@ -450,33 +462,33 @@ int run_generate(int argc, char** argv) {
                     first = false;
                 }
                 j << "}, \"speedup_vs_best_single\": ";
-                if (w.ok && best_single > 0)
-                    j << w.tok_s / best_single;
+                if (ws.ok && best_single > 0)
+                    j << ws.tok_s / best_single;
                 else
                     j << "null";
                 j << ", \"efficiency_vs_limit\": ";
-                if (w.ok)
-                    j << w.efficiency;
+                if (ws.ok)
+                    j << ws.efficiency;
                 else
                     j << "null";
                 j << ", \"layer_ms\": ";
-                if (w.ok)
-                    j << "{\"attention\": " << w.attention_ms
-                      << ", \"gpu_experts\": null, \"cpu_experts\": null, \"rest\": " << w.rest_ms
+                if (ws.ok)
+                    j << "{\"attention\": " << ws.attention_ms
+                      << ", \"gpu_experts\": null, \"cpu_experts\": null, \"rest\": " << ws.rest_ms
                       << "}";
                 else
                     j << "null";
-                j << ", \"host_bytes_per_step\": " << w.host_bytes
-                  << ", \"limit_ms\": " << w.limit_ms << ", \"step_ms\": " << w.step_ms
-                  << ", \"r\": " << w.r << ", \"blocks\": {\"G\": " << w.in_g
-                  << ", \"P\": " << w.in_p << ", \"U\": " << w.in_u << "}, \"prefill_tok_s\": "
+                j << ", \"host_bytes_per_step\": " << ws.host_bytes
+                  << ", \"limit_ms\": " << ws.limit_ms << ", \"step_ms\": " << ws.step_ms
+                  << ", \"r\": " << ws.r << ", \"blocks\": {\"G\": " << ws.in_g
+                  << ", \"P\": " << ws.in_p << ", \"U\": " << ws.in_u << "}, \"prefill_tok_s\": "
                   << (prefill_tok_s.count("writescope") ? prefill_tok_s["writescope"] : 0.0)
-                  << ", \"peak_vram_gib\": " << w.vram_gib
-                  << ", \"peak_pinned_gib\": " << w.pinned_gib
+                  << ", \"peak_vram_gib\": " << ws.vram_gib
+                  << ", \"peak_pinned_gib\": " << ws.pinned_gib
                   << ", \"peak_host_gib\": " << peak_host_gib() << "}";
                 records.push_back(j.str());
                 std::printf("  -> writescope %.2fx the better single mode\n",
-                            w.ok && best_single > 0 ? w.tok_s / best_single : 0.0);
+                            ws.ok && best_single > 0 ? ws.tok_s / best_single : 0.0);
             }
         }
         if (o.aggregate_seqs) {
