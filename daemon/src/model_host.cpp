@@ -55,7 +55,13 @@ void start_gpu_runtime(ModelHost& host, int gpu, const model::RuntimeOptions& ro
     p.gpu_experts = pl.gpu_experts;
     p.host_experts = pl.host_experts;
     p.gpu_experts_per_layer = pl.gpu_experts_per_layer;
-    p.summary = pl.summary();
+    // The engine's T and G are its own budget: the summary names the weights only.
+    p.summary = fmt::format(
+        "weights {} always on the GPU, {} of {} routed experts ({}) on the "
+        "GPU, {} ({}) in host memory",
+        format_size_human(pl.always_gpu_bytes), pl.gpu_experts, pl.gpu_experts + pl.host_experts,
+        format_size_human(pl.gpu_expert_bytes), pl.host_experts,
+        format_size_human(pl.host_expert_bytes));
     p.gpu_kernel = ops->kernel_name();
     host.runtime =
         model::make_runtime(m, *ops, engine, ro, {&weights->weights(), host.host_ops.get()});

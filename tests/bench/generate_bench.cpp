@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "ceilings.hpp"
 #include "writescope/core/engine.hpp"
 #include "writescope/core/model/model.hpp"
@@ -66,26 +67,6 @@ struct Options {
     std::size_t aggregate_seqs = 0, aggregate_ctx = 0;
     std::string json;
 };
-
-std::vector<std::string> split(const std::string& s, char sep = ',') {
-    std::vector<std::string> out;
-    std::size_t p = 0;
-    while (p <= s.size()) {
-        const std::size_t q = s.find(sep, p);
-        out.push_back(s.substr(p, q == std::string::npos ? std::string::npos : q - p));
-        if (q == std::string::npos) break;
-        p = q + 1;
-    }
-    return out;
-}
-
-std::size_t tokens(const std::string& s) {
-    if (!s.empty() && (s.back() == 'K' || s.back() == 'k'))
-        return std::stoul(s.substr(0, s.size() - 1)) * 1024;
-    if (!s.empty() && (s.back() == 'M' || s.back() == 'm'))
-        return std::stoul(s.substr(0, s.size() - 1)) * 1024 * 1024;
-    return std::stoul(s);
-}
 
 double since(std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -293,50 +274,40 @@ std::string json_string(const std::string& s) {
 
 int run_generate(int argc, char** argv) {
     Options o;
-    for (int i = 0; i < argc; ++i) {
-        const std::string a = argv[i];
-        const auto next = [&]() -> std::string {
-            if (i + 1 >= argc) throw std::invalid_argument(a + " needs a value");
-            return argv[++i];
-        };
-        if (a == "--models") {
-            o.models = split(next());
-        } else if (a == "--layers") {
-            o.layers = std::stoi(next());
-        } else if (a == "--contexts") {
-            o.contexts.clear();
-            for (const auto& c : split(next()))
-                o.contexts.push_back(tokens(c));
-        } else if (a == "--batches") {
-            o.batches.clear();
-            for (const auto& b : split(next()))
-                o.batches.push_back(std::stoul(b));
-        } else if (a == "--modes") {
-            o.modes = split(next());
-        } else if (a == "--steps") {
-            o.steps = std::stoul(next());
-        } else if (a == "--vram") {
-            o.vram_gib = std::stod(next());
-        } else if (a == "--prefill") {
-            o.prefill = tokens(next());
-        } else if (a == "--aggregate") {
-            const auto p = split(next(), 'x');
-            if (p.size() != 2) throw std::invalid_argument("--aggregate SEQxCTX, as 8x128K");
-            o.aggregate_seqs = std::stoul(p[0]);
-            o.aggregate_ctx = tokens(p[1]);
-        } else if (a == "--json") {
-            o.json = next();
-        } else if (a == "--help") {
+    for_each_option(
+        argc, argv,
+        [] {
             std::printf(
                 "writescope-bench generate [--models a,b] [--layers 2] [--contexts 8K,32K,128K]\n"
                 "  [--batches 1,4,16] [--modes writescope,gpu-only,cpu-only] [--steps 8]\n"
                 "  [--vram 32 (GiB, before scaling)] [--prefill 2048] [--aggregate 8x128K]\n"
                 "  [--json FILE]\n");
-            return 0;
-        } else {
-            throw std::invalid_argument("unknown option " + a);
-        }
-    }
+        },
+        [&](const std::string& a, auto& value) {
+            if (sweep_option(a, value, o.models, o.contexts, o.batches)) return true;
+            if (a == "--layers")
+                o.layers = std::stoi(value());
+            else if (a == "--modes")
+                o.modes = split_names(value());
+            else if (a == "--steps")
+                o.steps = std::stoul(value());
+            else if (a == "--vram")
+                o.vram_gib = std::stod(value());
+            else if (a == "--prefill")
+                o.prefill = parse_list(value()).at(0);
+            else if (a == "--aggregate") {
+                const std::string v = value();
+                const auto x = v.find('x');
+                if (x == std::string::npos)
+                    throw std::invalid_argument("--aggregate SEQxCTX, as 8x128K");
+                o.aggregate_seqs = std::stoul(v.substr(0, x));
+                o.aggregate_ctx = parse_list(v.substr(x + 1)).at(0);
+            } else if (a == "--json")
+                o.json = value();
+            else
+                return false;
+            return true;
+        });
     if (o.steps == 0) throw std::invalid_argument("--steps must be positive");
     if (cuda::device_count() == 0) throw std::runtime_error("generate needs a GPU");
     const cpu::Isa isa = cpu::select_isa();

@@ -2,10 +2,9 @@
 # Builds writescoped and writescopectl on the lent GPU machine and serves the built-in model
 # there: the GPU engine and the GPU model runtime (placement in the status), a few greedy
 # completions through writescopectl, the status and the metrics, written under $OUT. Run from
-# the repository root after `source .devdeps/unpack-deps.sh`, with .devdeps fetched with the
-# text layer's libraries too:
-#   ../shared/device/fetch-deps.sh libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 \
-#       libpcre2-posix3 libicu-dev libicu72
+# the repository root after `source .devdeps/unpack-deps.sh`, with .devdeps fetched (the tool
+# library's fetch-deps.sh) with the text layer's libraries too: fetch-deps.sh libpcre2-dev
+# libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libicu-dev libicu72
 #   MODEL: the built-in preset (default qwen3-30b-a3b); LAYERS (default 2); TOKENS (default 64)
 set -u
 OUT=${OUT:-/tmp/ws-out}

@@ -12,59 +12,22 @@
 
 #include <nlohmann/json.hpp>
 
-#include "api.hpp"
-#include "engine_options.hpp"
-#include "fake_engine.hpp"
-#include "service.hpp"
-#include "temp_dir.hpp"
+#include "fuzz_service.hpp"
 
 using namespace writescope;
 using namespace writescope::daemon;
 
 namespace {
 
-struct Harness {
-    test::TempDir dir;
-    std::shared_ptr<test::FakeEngineLog> log = std::make_shared<test::FakeEngineLog>();
-    std::unique_ptr<Service> service;
-    std::unique_ptr<Api> api;
-
-    Harness() {
-        MachineInfo m;
-        m.cpu_model = "fuzz cpu";
-        m.online_cores = 2;
-        m.memory_bytes = 8ull << 30;
-        Profile p = default_profile();
-        p.hardware.gpu = {GpuChoice::none, 0};
-        p.hardware.host_kv_budget = HostBudget{64ull << 20, 0, false};
-        p.storage.state_dir = (dir.path() / "state").string();
-        p.storage.sample_log_max = 5;
-        auto l = log;
-        service = std::make_unique<Service>(
-            p, "fuzz.toml", engine_options_from_profile(p, m, "fuzz"), m,
-            [l](const EngineOptions& o) -> std::unique_ptr<Engine> {
-                return std::make_unique<test::FakeEngine>(o, l);
-            },
-            AllocatorInfo{});
-        api = std::make_unique<Api>(*service);
-        service->boot(nullptr);
-        if (service->phase() != Phase::ready) std::abort();
-    }
-    ~Harness() {
-        service->request_stop();
-        service->finish();
-    }
-};
-
-Harness& harness() {
-    static Harness h;
+fuzz::FuzzService& harness() {
+    static fuzz::FuzzService h;
     return h;
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-    Harness& h = harness();
+    fuzz::FuzzService& h = harness();
     const std::string_view in(reinterpret_cast<const char*>(data), size);
     const auto eol = in.find('\n');
     const std::string_view line = in.substr(0, eol);

@@ -37,12 +37,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "api.hpp"
-#include "engine_options.hpp"
-#include "fake_engine.hpp"
+#include "fuzz_service.hpp"
 #include "http_server.hpp"
-#include "service.hpp"
-#include "temp_dir.hpp"
 
 using namespace writescope;
 using namespace writescope::daemon;
@@ -65,36 +61,14 @@ ServerLimits fuzz_limits() {
 }
 
 struct Harness {
-    test::TempDir dir;
-    std::shared_ptr<test::FakeEngineLog> log = std::make_shared<test::FakeEngineLog>();
-    std::unique_ptr<Service> service;
-    std::unique_ptr<Api> api;
+    fuzz::FuzzService base;
+    Api& api = *base.api;
     boost::asio::io_context io;
     std::unique_ptr<HttpServer> server;
     sockaddr_un address{};
 
     Harness() {
-        MachineInfo m;
-        m.cpu_model = "fuzz cpu";
-        m.online_cores = 2;
-        m.memory_bytes = 8ull << 30;
-        Profile p = default_profile();
-        p.hardware.gpu = {GpuChoice::none, 0};
-        p.hardware.host_kv_budget = HostBudget{64ull << 20, 0, false};
-        p.storage.state_dir = (dir.path() / "state").string();
-        p.storage.sample_log_max = 5;
-        auto l = log;
-        service = std::make_unique<Service>(
-            p, "fuzz.toml", engine_options_from_profile(p, m, "fuzz"), m,
-            [l](const EngineOptions& o) -> std::unique_ptr<Engine> {
-                return std::make_unique<test::FakeEngine>(o, l);
-            },
-            AllocatorInfo{});
-        api = std::make_unique<Api>(*service);
-        service->boot(nullptr);
-        if (service->phase() != Phase::ready) fail("the service did not boot");
-
-        const std::string path = (dir.path() / "fuzz.sock").string();
+        const std::string path = (base.dir.path() / "fuzz.sock").string();
         if (path.size() >= sizeof(address.sun_path)) fail("socket path too long");
         address.sun_family = AF_UNIX;
         std::memcpy(address.sun_path, path.c_str(), path.size() + 1);
@@ -103,15 +77,13 @@ struct Harness {
             ::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address) != 0 ||
             ::listen(fd, 16) != 0)
             fail("cannot listen");
-        server = std::make_unique<HttpServer>(io, fd, *api, fuzz_limits);
+        server = std::make_unique<HttpServer>(io, fd, api, fuzz_limits);
         server->start();
     }
     ~Harness() {
         server->stop_accepting();
         io.poll();
         server.reset();
-        service->request_stop();
-        service->finish();
     }
 };
 

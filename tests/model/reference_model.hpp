@@ -205,6 +205,37 @@ inline std::vector<std::int32_t> greedy(model::Runtime& rt, std::span<const std:
     return out;
 }
 
+// Every prompt of the reference at once: each prefilled, then decoded teacher-forced in one batch
+// (the reference greedy tokens); the errors of each sequence (its last prompt position and every
+// step). Releases them.
+inline std::vector<Errors> batched(model::Runtime& rt, const Reference& ref,
+                                   std::uint64_t first_id = 100) {
+    const std::size_t V = rt.vocab_size();
+    std::vector<std::uint64_t> ids;
+    std::vector<Errors> err(ref.prompts.size());
+    for (std::size_t i = 0; i < ref.prompts.size(); ++i) {
+        const auto& p = ref.prompts[i];
+        ids.push_back(first_id + i);
+        if (!rt.admit(ids.back(), p.ids.size() + p.greedy.size()).ok)
+            throw std::runtime_error("batched: not admitted");
+        std::vector<float> last(V);
+        rt.prefill(ids.back(), p.ids, last.data());
+        err[i].add(last.data(), p.logits, p.ids.size() - 1);
+    }
+    std::vector<float> logits(ids.size() * V);
+    for (std::size_t g = 0; g + 1 < ref.prompts[0].greedy.size(); ++g) {
+        std::vector<std::int32_t> toks;
+        for (const auto& p : ref.prompts)
+            toks.push_back(p.greedy[g]);
+        rt.decode(ids, toks, logits.data());
+        for (std::size_t i = 0; i < ids.size(); ++i)
+            err[i].add(logits.data() + i * V, ref.prompts[i].logits, ref.prompts[i].ids.size() + g);
+    }
+    for (const std::uint64_t id : ids)
+        if (!rt.release(id)) throw std::runtime_error("batched: a sequence was not held");
+    return err;
+}
+
 // A CPU runtime over a small CPU-only engine (blocks of `block_tokens`, so the reference prompts
 // span several blocks and seal into U).
 struct CpuRuntime {

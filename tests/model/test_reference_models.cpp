@@ -96,36 +96,14 @@ TEST_CASE("sequences of different lengths decode in one batch as they do alone",
         const auto dir = models_dir() / name;
         const Reference ref = read_reference(dir);
         const auto m = model::load_model_dir(dir);
-        const std::size_t V = static_cast<std::size_t>(m->config().vocab_size);
         CpuRuntime rt(*m, 16);
-        std::vector<std::uint64_t> ids;
-        std::vector<Errors> err(ref.prompts.size());
-        for (std::size_t i = 0; i < ref.prompts.size(); ++i) {
-            const auto& p = ref.prompts[i];
-            ids.push_back(100 + i);
-            REQUIRE(rt.runtime->admit(ids.back(), p.ids.size() + p.greedy.size()).ok);
-            std::vector<float> last(V);
-            rt.runtime->prefill(ids.back(), p.ids, last.data());
-            err[i].add(last.data(), p.logits, p.ids.size() - 1);
-        }
-        std::vector<float> logits(ids.size() * V);
-        for (std::size_t g = 0; g + 1 < ref.prompts[0].greedy.size(); ++g) {
-            std::vector<std::int32_t> toks;
-            for (const auto& p : ref.prompts)
-                toks.push_back(p.greedy[g]);
-            rt.runtime->decode(ids, toks, logits.data());
-            for (std::size_t i = 0; i < ids.size(); ++i)
-                err[i].add(logits.data() + i * V, ref.prompts[i].logits,
-                           ref.prompts[i].ids.size() + g);
-        }
-        for (std::size_t i = 0; i < ids.size(); ++i) {
+        const std::vector<Errors> err = batched(*rt.runtime, ref);
+        for (std::size_t i = 0; i < err.size(); ++i) {
             INFO(name << " batched sequence " << i);
             std::fprintf(stderr, "%-24s batched sequence %zu: relative logit error %.3g\n",
                          name.c_str(), i, err[i].rel());
             CHECK(err[i].rel() <= tolerance(ref));
         }
-        for (std::uint64_t id : ids)
-            CHECK(rt.runtime->release(id));
         CHECK(rt.engine->status().sequences == 0);
     }
 }

@@ -93,31 +93,10 @@ TEST_CASE("the runtime with experts split keeps transformers' greedy tokens and 
             CHECK(greedy(*s.runtime, p.ids, p.greedy.size()) == p.greedy);
         }
         // Every prompt at once, decoded in one batch: the split sees several tokens per step.
-        const std::size_t V = static_cast<std::size_t>(m->config().vocab_size);
-        std::vector<std::uint64_t> ids;
-        std::vector<Errors> err(ref.prompts.size());
-        for (std::size_t i = 0; i < ref.prompts.size(); ++i) {
-            const auto& p = ref.prompts[i];
-            ids.push_back(200 + i);
-            REQUIRE(s.runtime->admit(ids.back(), p.ids.size() + p.greedy.size()).ok);
-            std::vector<float> last(V);
-            s.runtime->prefill(ids.back(), p.ids, last.data());
-            err[i].add(last.data(), p.logits, p.ids.size() - 1);
-        }
-        std::vector<float> logits(ids.size() * V);
-        for (std::size_t g = 0; g + 1 < ref.prompts[0].greedy.size(); ++g) {
-            std::vector<std::int32_t> toks;
-            for (const auto& p : ref.prompts)
-                toks.push_back(p.greedy[g]);
-            s.runtime->decode(ids, toks, logits.data());
-            for (std::size_t i = 0; i < ids.size(); ++i)
-                err[i].add(logits.data() + i * V, ref.prompts[i].logits,
-                           ref.prompts[i].ids.size() + g);
-        }
-        for (std::size_t i = 0; i < ids.size(); ++i) {
+        const std::vector<Errors> err = batched(*s.runtime, ref, 200);
+        for (std::size_t i = 0; i < err.size(); ++i) {
             INFO(name << " batched sequence " << i);
             CHECK(err[i].rel() <= tolerance(ref));
-            CHECK(s.runtime->release(ids[i]));
         }
         // The routing counted as without the split: k slots per token per MoE layer.
         const model::ExpertHeat heat = s.runtime->take_expert_heat();

@@ -2,24 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <numbers>
 #include <stdexcept>
 #include <string>
 
 namespace writescope::model::detail {
-
-float load_f32(const void* base, std::size_t i, DType t) noexcept {
-    const auto* p = static_cast<const unsigned char*>(base) + i * dtype_bytes(t);
-    if (t == DType::f32) {
-        float f;
-        std::memcpy(&f, p, 4);
-        return f;
-    }
-    std::uint16_t h;
-    std::memcpy(&h, p, 2);
-    return t == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
-}
 
 void check_token_ids(std::span<const std::int32_t> ids, std::size_t vocab) {
     for (std::size_t t = 0; t < ids.size(); ++t) {

@@ -13,10 +13,6 @@
 
 namespace writescope::model::detail {
 
-// Element i of a weight buffer of dtype t as fp32, read with memcpy (checkpoint tensors need
-// not be aligned to their element size).
-float load_f32(const void* base, std::size_t i, DType t) noexcept;
-
 // Throws std::invalid_argument for an id outside [0, vocab), naming it and its position.
 void check_token_ids(std::span<const std::int32_t> ids, std::size_t vocab);
 

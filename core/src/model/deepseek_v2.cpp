@@ -47,8 +47,8 @@ class DeepseekV2 final : public Architecture {
             for (std::size_t h = 0; h < H_; ++h)
                 for (std::size_t j = 0; j < nope_; ++j)
                     for (std::size_t r = 0; r < rank_; ++r)
-                        t[(h * rank_ + r) * nope_ + j] =
-                            load_f32(kvb.data, (h * (nope_ + vd_) + j) * rank_ + r, kvb.dtype);
+                        t[(h * rank_ + r) * nope_ + j] = load_unaligned_as_f32(
+                            kvb.data, (h * (nope_ + vd_) + j) * rank_ + r, kvb.dtype);
             uk_t_[l] = OpsBuffer<float>(ops_, std::span<const float>(t));
         }
         q_ = OpsBuffer<float>(ops_, max_tokens * H_ * qk_);

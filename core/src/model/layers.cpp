@@ -79,7 +79,7 @@ FeedForward::FeedForward(const Binding& b)
         const Matrix& r = host[l].router;
         std::vector<float> f(r.rows * r.cols);
         for (std::size_t i = 0; i < f.size(); ++i)
-            f[i] = load_f32(r.data, i, r.dtype);
+            f[i] = load_unaligned_as_f32(r.data, i, r.dtype);
         routers_[l] = OpsBuffer<float>(ops_, std::span<const float>(f));
         if (host[l].shared.gate && !L.shared.gate)
             throw std::invalid_argument(where + ": the shared experts are not placed");

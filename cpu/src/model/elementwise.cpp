@@ -8,21 +8,6 @@
 #include <string>
 
 namespace writescope::cpu::detail {
-namespace {
-
-float load(const void* base, std::size_t i, DType t) noexcept {
-    const auto* p = static_cast<const unsigned char*>(base) + i * dtype_bytes(t);
-    if (t == DType::f32) {
-        float f;
-        std::memcpy(&f, p, 4);
-        return f;
-    }
-    std::uint16_t h;
-    std::memcpy(&h, p, 2);
-    return t == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
-}
-
-}  // namespace
 
 void embed(const model::Matrix& table, const std::int32_t* ids, std::size_t n,
            float* out) noexcept {
@@ -30,7 +15,7 @@ void embed(const model::Matrix& table, const std::int32_t* ids, std::size_t n,
         const std::size_t row = static_cast<std::size_t>(ids[t]) * table.cols;
         float* o = out + t * table.cols;
         for (std::size_t i = 0; i < table.cols; ++i)
-            o[i] = load(table.data, row + i, table.dtype);
+            o[i] = load_unaligned_as_f32(table.data, row + i, table.dtype);
     }
 }
 

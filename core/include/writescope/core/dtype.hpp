@@ -61,6 +61,18 @@ inline float load_as_f32(const void* p, std::size_t i, DType t) noexcept {
     }
     return 0.0f;
 }
+// The same for a buffer that need not be aligned to its element size (checkpoint tensors).
+inline float load_unaligned_as_f32(const void* p, std::size_t i, DType t) noexcept {
+    const auto* b = static_cast<const unsigned char*>(p) + i * dtype_bytes(t);
+    if (t == DType::f32) {
+        float f;
+        std::memcpy(&f, b, 4);
+        return f;
+    }
+    std::uint16_t h;
+    std::memcpy(&h, b, 2);
+    return t == DType::bf16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
 // Writes fp32 value v as element i of a buffer of type t (rounding to nearest even).
 inline void store_from_f32(void* p, std::size_t i, DType t, float v) noexcept {
     switch (t) {
