@@ -7,6 +7,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 
 #include <fmt/format.h>
@@ -747,10 +748,36 @@ json models_json(const ServiceView& v) {
     return {{"object", "list"}, {"data", std::move(data)}};
 }
 
-// Where the model runs: "cpu", or the GPU's share (bytes per class, experts per layer).
-json placement_json(const ModelPlacement& p) {
-    if (!p.gpu) return {{"device", "cpu"}};
+// Routed (token, expert) slots since start, and the share of them that went to GPU-resident
+// experts (none without a GPU placement or before any routing).
+struct ExpertHits {
+    std::uint64_t routed = 0, on_gpu = 0;
+    std::optional<double> rate() const {
+        if (!routed) return std::nullopt;
+        return static_cast<double>(on_gpu) / static_cast<double>(routed);
+    }
+};
+ExpertHits expert_hits(const ModelPlacement& p, const std::optional<model::SchedulerStats>& s) {
+    ExpertHits h;
+    if (!s) return h;
+    const auto& counts = s->expert_heat.counts;
+    for (std::size_t l = 0; l < counts.size(); ++l)
+        for (std::size_t e = 0; e < counts[l].size(); ++e) {
+            h.routed += counts[l][e];
+            if (p.gpu && l < p.on_gpu.size() && e < p.on_gpu[l].size() && p.on_gpu[l][e])
+                h.on_gpu += counts[l][e];
+        }
+    return h;
+}
+
+// Where the model runs: "cpu", or the GPU's share (bytes per class, experts per layer, the hit
+// rate of the GPU-resident experts so far).
+json placement_json(const ModelPlacement& p, const ExpertHits& hits) {
+    if (!p.gpu) return {{"device", "cpu"}, {"routed_slots", hits.routed}};
+    const auto rate = hits.rate();
     return {{"device", "gpu"},
+            {"routed_slots", hits.routed},
+            {"gpu_expert_hit_rate", rate ? json(*rate) : json(nullptr)},
             {"gpu_kernel", p.gpu_kernel},
             {"vram_budget_bytes", p.vram_budget},
             {"always_gpu_bytes", p.always_gpu_bytes},
@@ -779,7 +806,7 @@ json served_model_json(const ServiceView& v) {
             {"prefill_chunk_tokens", m.prefill_chunk_tokens},
             {"expert_kernel", m.kernel},
             {"expert_threads", m.expert_threads},
-            {"placement", placement_json(m.placement)},
+            {"placement", placement_json(m.placement, expert_hits(m.placement, v.scheduler))},
             {"load_seconds", m.load_seconds},
             {"tokenizer", m.tokenizer ? json{{"path", m.tokenizer_path},
                                              {"vocab_size", m.tokenizer_vocab},
@@ -846,6 +873,14 @@ std::string scheduler_metrics_text(const ServiceView& v) {
     };
     one("writescope_generation_tokens_total", "counter", "Tokens generated (completion tokens).",
         static_cast<double>(s.tokens_generated));
+    const ExpertHits hits = expert_hits(v.model.placement, v.scheduler);
+    one("writescope_expert_routed_slots_total", "counter",
+        "Routed (token, expert) slots of the MoE layers since start.",
+        static_cast<double>(hits.routed));
+    if (v.model.placement.gpu)
+        one("writescope_expert_gpu_slots_total", "counter",
+            "Routed slots whose expert is resident on the GPU (the placement's hits).",
+            static_cast<double>(hits.on_gpu));
     one("writescope_prompt_tokens_total", "counter", "Prompt tokens prefilled.",
         static_cast<double>(s.prompt_tokens));
     one("writescope_prefill_chunks_total", "counter", "Prompt chunks computed.",

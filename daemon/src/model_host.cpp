@@ -55,6 +55,7 @@ void start_gpu_runtime(ModelHost& host, int gpu, const model::RuntimeOptions& ro
     p.gpu_experts = pl.gpu_experts;
     p.host_experts = pl.host_experts;
     p.gpu_experts_per_layer = pl.gpu_experts_per_layer;
+    p.on_gpu = pl.on_gpu;
     // The engine's T and G are its own budget: the summary names the weights only.
     p.summary = fmt::format(
         "weights {} always on the GPU, {} of {} routed experts ({}) on the "

@@ -28,8 +28,9 @@ struct ModelPlacement {
     std::uint64_t gpu_expert_bytes = 0, host_expert_bytes = 0;
     std::size_t gpu_experts = 0, host_experts = 0;
     std::vector<std::size_t> gpu_experts_per_layer;
-    std::string summary;     // Placement::summary()
-    std::string gpu_kernel;  // the GPU ops ("cublas-sm90")
+    std::vector<std::vector<std::uint8_t>> on_gpu;  // [layer][expert]
+    std::string summary;                            // Placement::summary()
+    std::string gpu_kernel;                         // the GPU ops ("cublas-sm90")
 };
 
 struct ModelHost {

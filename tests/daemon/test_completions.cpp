@@ -263,6 +263,10 @@ TEST_CASE("greedy completions are the reference tokens whole and streamed and th
             CHECK_THAT(metrics, Catch::Contains("writescope_time_per_output_token_seconds_count "));
             CHECK_THAT(metrics,
                        Catch::Contains("writescope_completion_requests_total{outcome=\"length\"}"));
+            // Both tiny models have MoE layers: their routing is counted.
+            CHECK_THAT(metrics, Catch::Contains("writescope_expert_routed_slots_total "));
+            const auto after = d.get("/v1/status");
+            CHECK(after["model"]["placement"]["routed_slots"].get<std::uint64_t>() > 0);
             d.stop();
         }
     }

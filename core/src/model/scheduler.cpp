@@ -396,9 +396,11 @@ void Scheduler::prefill_one() {
     }
     s.prefilled += n;
     {
+        const ExpertHeat heat = rt_.take_expert_heat();
         std::lock_guard lock(mu_);
         ++stats_.prefill_chunks;
         stats_.prompt_tokens += n;
+        stats_.expert_heat.add(heat);
     }
     if (!last) return;
     auto seq = std::move(prefilling_.front());
@@ -474,8 +476,10 @@ void Scheduler::decode_running() {
         return;
     }
     {
+        const ExpertHeat heat = rt_.take_expert_heat();
         std::lock_guard lock(mu_);
         ++stats_.decode_steps;
+        stats_.expert_heat.add(heat);
     }
     SampledToken t;
     for (std::size_t i = 0; i < running_.size(); ++i) {

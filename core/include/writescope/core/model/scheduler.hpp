@@ -58,6 +58,7 @@
 #include <thread>
 #include <vector>
 
+#include "writescope/core/model/placement.hpp"
 #include "writescope/core/model/sampler.hpp"
 
 namespace writescope::model {
@@ -137,6 +138,10 @@ struct SchedulerStats {
     bool accepting = true, paused = false;
     Histogram time_to_first_token;    // seconds from submit to the first token
     Histogram time_per_output_token;  // seconds between consecutive tokens of a request
+    // Tokens routed to each expert of each layer since start (Runtime::take_expert_heat after
+    // every prefill chunk and decode step): the routing frequencies placement and its hit rate
+    // are measured by.
+    ExpertHeat expert_heat;
 };
 
 struct SchedulerOptions {
