@@ -137,11 +137,15 @@ std::string render_status(const json& s) {
     if (m.contains("placement") && m["placement"].is_object()) {
         const auto& pl = m["placement"];
         rows.push_back(
-            {"runtime",
-             str(pl, "device") == "gpu"
-                 ? fmt::format("on the GPU ({}): {}", str(pl, "gpu_kernel"), str(pl, "summary"))
-                 : fmt::format("on the CPU ({} kernels, {} threads)", str(m, "expert_kernel"),
-                               u64(m, "expert_threads"))});
+            {"runtime", str(pl, "device") == "gpu"
+                            ? fmt::format("on the GPU ({}): {}; GPU expert hit rate {}",
+                                          str(pl, "gpu_kernel"), str(pl, "summary"),
+                                          pl.contains("gpu_expert_hit_rate") &&
+                                                  pl["gpu_expert_hit_rate"].is_number()
+                                              ? ratio(num(pl, "gpu_expert_hit_rate"))
+                                              : std::string("none yet"))
+                            : fmt::format("on the CPU ({} kernels, {} threads)",
+                                          str(m, "expert_kernel"), u64(m, "expert_threads"))});
     }
     rows.push_back(
         {"policy", fmt::format("{}; A {}, B {}, delta {}; r target {}, deployed {}",

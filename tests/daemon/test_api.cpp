@@ -147,6 +147,16 @@ TEST_CASE("routes answer after boot and errors keep the shape", "[unit][daemon][
     CHECK_THAT(render_status(gst),
                Catch::Contains("GPU 0 (SIMT (kv.block_tokens 48 is not a multiple of 64))"));
     CHECK_THAT(render_status(gst), Catch::Contains("GPU (open tails)"));
+    // Where the model runs, once one serves: the GPU model runtime's placement and hit rate.
+    gst["model"]["placement"] = {{"device", "gpu"},
+                                 {"gpu_kernel", "cublas+cuda-sm90"},
+                                 {"summary", "weights 1 GiB always on the GPU"},
+                                 {"gpu_expert_hit_rate", 0.75}};
+    CHECK_THAT(render_status(gst),
+               Catch::Contains("on the GPU (cublas+cuda-sm90): weights 1 GiB always on the GPU; "
+                               "GPU expert hit rate 0.750"));
+    gst["model"]["placement"]["gpu_expert_hit_rate"] = nullptr;
+    CHECK_THAT(render_status(gst), Catch::Contains("GPU expert hit rate none yet"));
     CHECK(st["store"]["in_memory"] == false);
 
     const auto cal = h.get("/v1/calibration");
