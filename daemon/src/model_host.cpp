@@ -44,7 +44,12 @@ void start_gpu_runtime(ModelHost& host, int gpu, const model::RuntimeOptions& ro
     model::PlacementBudget b;
     b.vram_bytes = info.free_bytes > kVramReserve ? info.free_bytes - kVramReserve : 0;
     b.kv_g_share = 0;  // the engine's G is its own budget (hardware.vram_kv_budget)
-    const model::Placement pl = model::plan_placement(m, b);
+    const model::ExpertHeat heat = history ? history(host.heat_key) : model::ExpertHeat{};
+    std::uint64_t routed = 0;
+    for (const auto& layer : heat.counts)
+        for (const auto c : layer)
+            routed += c;
+    const model::Placement pl = model::plan_placement(m, b, routed ? &heat : nullptr);
     auto weights = std::make_shared<cuda::DeviceModelWeights>(m, &pl.on_gpu);
     ModelPlacement& p = host.placement;
     p.gpu = true;
@@ -68,9 +73,12 @@ void start_gpu_runtime(ModelHost& host, int gpu, const model::RuntimeOptions& ro
         model::make_runtime(m, *ops, engine, ro, {&weights->weights(), host.host_ops.get()});
     host.device_weights = std::move(weights);
     host.ops = std::move(ops);
-    log_info("model.placement", "GPU {} model runtime ({}): {} (of {} the KV left free, less {})",
-             gpu, p.gpu_kernel, p.summary, format_size_human(info.free_bytes),
-             format_size_human(kVramReserve));
+    log_info("model.placement",
+             "GPU {} model runtime ({}): {} (of {} the KV left free, less {}); experts {}", gpu,
+             p.gpu_kernel, p.summary, format_size_human(info.free_bytes),
+             format_size_human(kVramReserve),
+             routed ? fmt::format("hottest first by {} routed slots of history", routed)
+                    : std::string("in layer order (no routing history yet)"));
 }
 #endif
 
@@ -78,7 +86,7 @@ void start_gpu_runtime(ModelHost& host, int gpu, const model::RuntimeOptions& ro
 
 ModelFactory real_model_factory() {
     return [](const Profile& p, std::string_view source, Engine& engine,
-              const std::function<void(std::string_view)>& status) {
+              const ExpertHistory& history, const std::function<void(std::string_view)>& status) {
         auto host = std::make_unique<ModelHost>();
         const auto t0 = std::chrono::steady_clock::now();
         {
@@ -98,6 +106,7 @@ ModelFactory real_model_factory() {
         host->load_seconds =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         const auto& c = host->model->config();
+        host->heat_key = expert_heat_key(c);
         if (!host->model->builtin()) {
             status("loading the tokenizer");
             host->text = load_model_text(p.model.source);
@@ -132,6 +141,7 @@ ModelFactory real_model_factory() {
                     engine);
             }
 #else
+            (void)history;
             if (gpu_engine)
                 log_notice("model.cpu-runtime",
                            "this build has no GPU model ops: the model runs on the CPU, the "

@@ -14,6 +14,7 @@
 #include "writescope/core/engine.hpp"
 #include "writescope/core/model/model.hpp"
 #include "writescope/core/model/model_ops.hpp"
+#include "writescope/core/model/placement.hpp"
 #include "writescope/core/model/runtime.hpp"
 #include "writescope/core/model/scheduler.hpp"
 
@@ -46,19 +47,35 @@ struct ModelHost {
     int expert_threads = 0;   // threads of the CPU ops' pool
     double load_seconds = 0;  // loading (or generating) the weights
     ModelText text;           // a model directory's tokenizer and chat template, if any
+    std::string heat_key;     // the served model's key in the store's routing history
 };
+
+// The key of a model's routing history in the store: its name, layer count and dtype (a cut
+// model routes differently from the whole one).
+inline std::string expert_heat_key(const model::ModelConfig& c) {
+    std::string k = c.name;
+    k += " layers ";
+    k += std::to_string(c.num_layers);
+    k += " dtype ";
+    k += dtype_name(c.dtype);
+    return k;
+}
+
+// The routing history stored for a model key (empty when none or the store cannot say).
+using ExpertHistory = std::function<model::ExpertHeat(std::string_view key)>;
 
 // Builds the ModelHost for a profile over a started engine (whose geometry is the model's).
 // status(stage) reports progress. Throws std::runtime_error naming what failed.
-using ModelFactory =
-    std::function<std::unique_ptr<ModelHost>(const Profile&, std::string_view source, Engine&,
-                                             const std::function<void(std::string_view)>& status)>;
+using ModelFactory = std::function<std::unique_ptr<ModelHost>(
+    const Profile&, std::string_view source, Engine&, const ExpertHistory& history,
+    const std::function<void(std::string_view)>& status)>;
 
 // The real one: load_profile_model, the ops, make_runtime and the scheduler (kv.max_batch
 // sequences, server.max_queued_requests waiting). With a GPU engine in a build with the GPU
 // model ops, the GPU model runtime: CudaModelOps, and the weights placed (plan_placement) in
-// the GPU memory the engine's KV left free less a reserve (1 GiB), routed experts in layer
-// order until it is full, the rest run by CpuModelOps (hardware.expert_threads); else
+// the GPU memory the engine's KV left free less a reserve (1 GiB), routed experts hottest first
+// by the stored routing history (history(expert_heat_key(config)); in layer order without one)
+// until it is full, the rest run by CpuModelOps (hardware.expert_threads); else
 // CpuModelOps for everything.
 ModelFactory real_model_factory();
 

@@ -243,9 +243,18 @@ void Service::load_model(const Profile& profile, const StatusFn& status) {
     set_stage(status, fmt::format("loading the model {}", profile.model.source));
     std::unique_ptr<ModelHost> host;
     try {
-        host = model_factory_(profile, profile_source_, *engine_, [&](std::string_view stage) {
-            set_stage(status, std::string(stage));
-        });
+        const ExpertHistory history = [this](std::string_view key) -> model::ExpertHeat {
+            Store* s = store();
+            try {
+                return s ? s->expert_heat(key) : model::ExpertHeat{};
+            } catch (const StoreError& e) {
+                log_warning("store.read-failed", "routing history not read: {}", e.what());
+                return {};
+            }
+        };
+        host =
+            model_factory_(profile, profile_source_, *engine_, history,
+                           [&](std::string_view stage) { set_stage(status, std::string(stage)); });
     } catch (const std::exception& e) {
         throw std::runtime_error(e.what());
     }
@@ -700,7 +709,42 @@ WorkloadRecord Service::workload_record_locked() const {
     return workload_record_of(engine_->export_policy_state(), s);
 }
 
+// The routing counted since the last write (the scheduler's counts since start, less what was
+// written), added to the model's stored history.
+void Service::persist_expert_heat() {
+    Store* store_now = store();
+    if (!store_now) return;
+    std::lock_guard heat_lock(heat_mu_);
+    model::ExpertHeat total;
+    std::string key;
+    {
+        std::lock_guard lock(model_mu_);
+        if (!model_) return;
+        total = model_->scheduler->stats().expert_heat;
+        key = model_->heat_key;
+    }
+    model::ExpertHeat delta = total;
+    bool any = false;
+    for (std::size_t l = 0; l < delta.counts.size(); ++l)
+        for (std::size_t e = 0; e < delta.counts[l].size(); ++e) {
+            const std::uint64_t saved =
+                l < heat_saved_.counts.size() && e < heat_saved_.counts[l].size()
+                    ? heat_saved_.counts[l][e]
+                    : 0;
+            delta.counts[l][e] -= std::min(saved, delta.counts[l][e]);
+            any |= delta.counts[l][e] != 0;
+        }
+    if (!any) return;
+    try {
+        store_now->add_expert_heat(key, delta, unix_ms_now() / 1000);
+        heat_saved_ = std::move(total);
+    } catch (const StoreError& e) {
+        log_warning("store.write-failed", "routing history not written: {}", e.what());
+    }
+}
+
 void Service::persist_history(bool wait) {
+    persist_expert_heat();
     if (!engine_up_) return;
     // Until boot has finished, the engine's state is not a workload's history yet.
     if (!wait && phase_ != Phase::ready) return;

@@ -227,7 +227,10 @@ class Service {
     std::atomic<bool> cancel_{false};
 
     Store* store() const;  // the store boot() opened, or null before it; not under state_mu_
-    mutable std::mutex state_mu_;  // profile_, stage_, calibration_, warm_, key_, store_ pointer
+    void persist_expert_heat();
+    std::mutex heat_mu_;            // heat_saved_, and one history write at a time
+    model::ExpertHeat heat_saved_;  // the scheduler's counts already in the store
+    mutable std::mutex state_mu_;   // profile_, stage_, calibration_, warm_, key_, store_ pointer
     Profile profile_;
     std::string stage_ = "starting";
     CalibrationKey key_;

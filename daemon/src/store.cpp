@@ -71,6 +71,17 @@ CREATE TABLE samples (
     step_seconds_mean REAL    NOT NULL
 );
 )sql",
+    // 1 → 2: the routing history the GPU placement puts the hottest experts on the GPU by.
+    R"sql(
+CREATE TABLE expert_heat (
+    model      TEXT    NOT NULL,  -- the served model: name, layers, dtype
+    layer      INTEGER NOT NULL,
+    expert     INTEGER NOT NULL,
+    tokens     INTEGER NOT NULL,  -- tokens routed to it, summed over the daemon's runs
+    updated_at INTEGER NOT NULL,  -- unix seconds
+    PRIMARY KEY (model, layer, expert)
+);
+)sql",
 };
 
 // An open failure: what went wrong, said for the log.
@@ -120,6 +131,8 @@ class Stmt {
     }
     double real(int c) const { return sqlite3_column_double(s_, c); }
     std::int64_t integer(int c) const { return sqlite3_column_int64(s_, c); }
+    // Ready to run again with new bindings.
+    void reset() { sqlite3_reset(s_); }
 
   private:
     void check(int rc) {
@@ -194,6 +207,7 @@ void check_tables(sqlite3* db) {
          "step_seconds_mean,step_seconds_stddev,step_seconds_min,step_seconds_max,policy_state,"
          "updated_at"},
         {"samples", "id,at_ms,steps,sequences,a,b,delta,r_target,r_deployed,step_seconds_mean"},
+        {"expert_heat", "model,layer,expert,tokens,updated_at"},
     };
     for (const auto& [table, expected] : kTables) {
         Stmt s(db, fmt::format("SELECT name FROM pragma_table_info('{}')", table));
@@ -627,6 +641,52 @@ std::size_t Store::sample_count() const {
     Stmt s(db_, "SELECT count(*) FROM samples");
     s.step();
     return static_cast<std::size_t>(s.integer(0));
+}
+
+void Store::add_expert_heat(std::string_view model, const model::ExpertHeat& delta,
+                            std::int64_t updated_at) {
+    writing([&] {
+        std::lock_guard lock(mutex_);
+        exec(db_, "BEGIN IMMEDIATE");
+        try {
+            Stmt s(db_,
+                   "INSERT INTO expert_heat (model, layer, expert, tokens, updated_at) VALUES "
+                   "(?1, ?2, ?3, ?4, ?5) ON CONFLICT (model, layer, expert) DO UPDATE SET "
+                   "tokens = tokens + excluded.tokens, updated_at = excluded.updated_at");
+            for (std::size_t l = 0; l < delta.counts.size(); ++l)
+                for (std::size_t e = 0; e < delta.counts[l].size(); ++e) {
+                    if (!delta.counts[l][e]) continue;
+                    s.bind(1, model).bind(2, static_cast<std::int64_t>(l));
+                    s.bind(3, static_cast<std::int64_t>(e));
+                    s.bind(4, static_cast<std::int64_t>(delta.counts[l][e])).bind(5, updated_at);
+                    s.step();
+                    s.reset();
+                }
+            exec(db_, "COMMIT");
+        } catch (...) {
+            sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+            throw;
+        }
+    });
+}
+
+model::ExpertHeat Store::expert_heat(std::string_view model) const {
+    std::lock_guard lock(mutex_);
+    Stmt s(db_, "SELECT layer, expert, tokens FROM expert_heat WHERE model = ?1");
+    s.bind(1, model);
+    model::ExpertHeat h;
+    while (s.step()) {
+        const std::int64_t l = s.integer(0), e = s.integer(1), t = s.integer(2);
+        // Rows a hand could have written: out-of-range indices and negative counts are skipped.
+        if (l < 0 || e < 0 || t < 0 || l >= 4096 || e >= 4096) continue;
+        auto& counts = h.counts;
+        if (counts.size() <= static_cast<std::size_t>(l))
+            counts.resize(static_cast<std::size_t>(l) + 1);
+        auto& row = counts[static_cast<std::size_t>(l)];
+        if (row.size() <= static_cast<std::size_t>(e)) row.resize(static_cast<std::size_t>(e) + 1);
+        row[static_cast<std::size_t>(e)] = static_cast<std::uint64_t>(t);
+    }
+    return h;
 }
 
 bool Store::check_integrity() const {

@@ -5,6 +5,8 @@
 //   workload_history  per workload (model, dtype, batch bucket, context bucket): the tracked A
 //                     and B, the deployed r, step statistics and the engine's policy state text
 //   samples           a bounded log of the engine's state over time (the newest N rows)
+//   expert_heat       per served model: the tokens routed to each expert of each layer, summed
+//                     over runs (the GPU placement's routing history)
 //
 // The schema is versioned (PRAGMA user_version) and migrated forward at open. A database that
 // cannot be opened, fails its integrity check, has a schema version this release does not know
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "writescope/core/engine.hpp"
+#include "writescope/core/model/placement.hpp"
 
 struct sqlite3;
 
@@ -109,7 +112,7 @@ struct StoreWriteHealth {
 
 class Store {
   public:
-    static constexpr int kSchemaVersion = 1;
+    static constexpr int kSchemaVersion = 2;
     static constexpr std::string_view kFileName = "writescope.db";
     // How long a lock held by another process (sqlite3, a second daemon) is waited for: at open
     // and by every read and write after it.
@@ -151,6 +154,12 @@ class Store {
     // Newest first.
     std::vector<Sample> samples(std::size_t limit) const;
     std::size_t sample_count() const;
+
+    // Adds the counts of `delta` to the model's stored routing history.
+    void add_expert_heat(std::string_view model, const model::ExpertHeat& delta,
+                         std::int64_t updated_at);
+    // The model's routing history (empty when none): counts[layer][expert].
+    model::ExpertHeat expert_heat(std::string_view model) const;
 
     // PRAGMA quick_check == "ok".
     bool check_integrity() const;

@@ -14,6 +14,8 @@
 
 #include "daemon_process.hpp"
 #include "http_client.hpp"
+#include "model_host.hpp"
+#include "store.hpp"
 #include "temp_dir.hpp"
 #include "wait_until.hpp"
 #include "writescope/core/model/model.hpp"
@@ -266,8 +268,19 @@ TEST_CASE("greedy completions are the reference tokens whole and streamed and th
             // Both tiny models have MoE layers: their routing is counted.
             CHECK_THAT(metrics, Catch::Contains("writescope_expert_routed_slots_total "));
             const auto after = d.get("/v1/status");
-            CHECK(after["model"]["placement"]["routed_slots"].get<std::uint64_t>() > 0);
+            const auto routed = after["model"]["placement"]["routed_slots"].get<std::uint64_t>();
+            CHECK(routed > 0);
             d.stop();
+            // The routing is kept in the store for the next start's placement.
+            const auto loaded = writescope::model::load_model_dir(dir, {.headers_only = true});
+            const writescope::model::ExpertHeat kept =
+                writescope::daemon::Store::open(tmp.path() / "state")
+                    ->expert_heat(writescope::daemon::expert_heat_key(loaded->config()));
+            std::uint64_t stored = 0;
+            for (const auto& layer : kept.counts)
+                for (const auto c : layer)
+                    stored += c;
+            CHECK(stored == routed);
         }
     }
 }

@@ -244,7 +244,7 @@ TEST_CASE("a database locked by another process is waited for, never moved aside
 TEST_CASE("a schema version this release does not know, negative or newer, is set aside",
           "[unit][daemon][store]") {
     // Negative versions indexed the migration table out of range (SIGSEGV at -1, SIGABRT at -2).
-    for (const int version : {-1, -2, -5, -2147483647, 2, 99}) {
+    for (const int version : {-1, -2, -5, -2147483647, Store::kSchemaVersion + 1, 99}) {
         INFO(version);
         TempDir dir;
         {
@@ -334,4 +334,81 @@ TEST_CASE("a read-only database is said to be one at open", "[unit][daemon][stor
     CHECK(store->latest_calibration(key_a()));
     CHECK_THROWS_AS(store->append_sample({}, 10), StoreError);
     CHECK(store->write_health().write_failures == 1);
+}
+
+TEST_CASE("the routing history adds up per model across runs and skips rows it cannot use",
+          "[unit][daemon][store]") {
+    TempDir dir;
+    model::ExpertHeat a;
+    a.counts = {{}, {3, 0, 5}};  // layer 0 dense
+    {
+        auto store = Store::open(dir.path() / "state");
+        CHECK(store->expert_heat("m").counts.empty());
+        store->add_expert_heat("m", a, 100);
+        store->add_expert_heat("m", a, 200);
+        model::ExpertHeat other;
+        other.counts = {{7}};
+        store->add_expert_heat("other", other, 200);
+    }
+    // A restart reads what the runs wrote.
+    {
+        auto store = Store::open(dir.path() / "state");
+        CHECK_FALSE(store->report().created);
+        const model::ExpertHeat h = store->expert_heat("m");
+        REQUIRE(h.counts.size() == 2);
+        CHECK(h.counts[0].empty());
+        CHECK(h.counts[1] == std::vector<std::uint64_t>{6, 0, 10});
+        CHECK(store->expert_heat("other").counts == std::vector<std::vector<std::uint64_t>>{{7}});
+    }
+    // Rows written by hand with negative or huge indices, or negative counts, are skipped.
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open((dir.path() / "state" / "writescope.db").c_str(), &db) == SQLITE_OK);
+    REQUIRE(
+        sqlite3_exec(db,
+                     "INSERT INTO expert_heat VALUES ('m', -1, 0, 5, 0), ('m', 0, 99999, 5, 0), "
+                     "('m', 1, 1, -4, 0)",
+                     nullptr, nullptr, nullptr) == SQLITE_OK);
+    sqlite3_close(db);
+    auto store = Store::open(dir.path() / "state");
+    const model::ExpertHeat h = store->expert_heat("m");
+    REQUIRE(h.counts.size() == 2);
+    CHECK(h.counts[1] == std::vector<std::uint64_t>{6, 0, 10});
+}
+
+TEST_CASE("a schema version 1 store is migrated to 2 keeping its rows", "[unit][daemon][store]") {
+    TempDir dir;
+    const auto state = dir.path() / "state";
+    std::filesystem::create_directories(state);
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open((state / "writescope.db").c_str(), &db) == SQLITE_OK);
+    // Version 1 as the previous release made it: every table of the initial schema.
+    REQUIRE(sqlite3_exec(db,
+                         "CREATE TABLE calibrations (id INTEGER PRIMARY KEY, fingerprint TEXT NOT "
+                         "NULL, geometry TEXT NOT NULL, dtype TEXT NOT NULL, software_version "
+                         "TEXT NOT NULL, a REAL NOT NULL, b REAL NOT NULL, delta REAL NOT NULL, "
+                         "a_r2 REAL NOT NULL, b_r2 REAL NOT NULL, cpu_intercept REAL NOT NULL, "
+                         "has_gpu INTEGER NOT NULL, points TEXT NOT NULL, seconds_taken REAL NOT "
+                         "NULL, created_at INTEGER NOT NULL);"
+                         "CREATE TABLE workload_history (model TEXT NOT NULL, dtype TEXT NOT "
+                         "NULL, batch_bucket INTEGER NOT NULL, context_bucket INTEGER NOT NULL, "
+                         "a REAL NOT NULL, b REAL NOT NULL, delta REAL NOT NULL, r_target REAL "
+                         "NOT NULL, r_deployed REAL NOT NULL, steps INTEGER NOT NULL, "
+                         "step_seconds_mean REAL NOT NULL, step_seconds_stddev REAL NOT NULL, "
+                         "step_seconds_min REAL NOT NULL, step_seconds_max REAL NOT NULL, "
+                         "policy_state TEXT NOT NULL, updated_at INTEGER NOT NULL, PRIMARY KEY "
+                         "(model, dtype, batch_bucket, context_bucket));"
+                         "CREATE TABLE samples (id INTEGER PRIMARY KEY, at_ms INTEGER NOT NULL, "
+                         "steps INTEGER NOT NULL, sequences INTEGER NOT NULL, a REAL NOT NULL, b "
+                         "REAL NOT NULL, delta REAL NOT NULL, r_target REAL NOT NULL, r_deployed "
+                         "REAL NOT NULL, step_seconds_mean REAL NOT NULL);"
+                         "INSERT INTO samples VALUES (1, 5, 1, 1, 0, 0, 0, 1, 1, 0);"
+                         "PRAGMA user_version = 1;",
+                         nullptr, nullptr, nullptr) == SQLITE_OK);
+    sqlite3_close(db);
+    auto store = Store::open(state);
+    CHECK(store->report().migrated_from == 1);
+    CHECK(store->report().schema_version == 2);
+    CHECK(store->sample_count() == 1);
+    CHECK(store->expert_heat("any").counts.empty());
+    CHECK(count_bad_files(state) == 0);
 }
