@@ -17,6 +17,7 @@ TOKENS=${TOKENS:-64}
 sed -i 's#^prefix *= */usr$#prefix=/opt/deps/usr#' /opt/deps/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc
 t0=$(date +%s)
 if ! cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+    -DWRITESCOPE_DAEMON_GPU_MODEL=ON \
     > "$OUT/daemon-build.log" 2>&1 ||
    ! ninja -C "$B" writescoped writescopectl >> "$OUT/daemon-build.log" 2>&1; then
   grep -E "error|Could NOT|not found" "$OUT/daemon-build.log" | head -20
