@@ -105,6 +105,26 @@ TEST_CASE("host region memory is slabbed, layer-major and contiguous within a sl
     CHECK_THROWS_AS(HostRegionMemory("bad", 0, 1, 1), std::invalid_argument);
 }
 
+TEST_CASE("a region's blocks are read into host memory in the order asked, across slabs",
+          "[unit][kv][memory]") {
+    HostMemoryOptions opts;
+    opts.slab_bytes = 2 * 2 * 64;  // slabs of 2 slots over 2 layers
+    opts.slot_alignment = 1;
+    HostRegionMemory m("read", 2, 5, 64, opts);
+    REQUIRE(m.slab_slots() == 2);
+    for (std::size_t l = 0; l < 2; ++l)
+        for (std::size_t s = 0; s < 5; ++s)
+            std::memset(m.block(l, s), static_cast<int>(16 * l + s + 1), 64);
+    const std::vector<std::uint32_t> slots{4, 0, 1, 3};
+    std::vector<unsigned char> out(slots.size() * 64, 0);
+    m.read(1, slots, out.data());
+    for (std::size_t i = 0; i < slots.size(); ++i)
+        for (std::size_t b = 0; b < 64; ++b)
+            REQUIRE(out[i * 64 + b] == 16 + slots[i] + 1);
+    const std::vector<std::uint32_t> bad{5};
+    CHECK_THROWS_AS(m.read(0, bad, out.data()), std::out_of_range);
+}
+
 TEST_CASE("an allocation the address space cannot hold fails with a message naming the slab",
           "[unit][kv][memory]") {
 #if defined(__SANITIZE_ADDRESS__)
