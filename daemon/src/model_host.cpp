@@ -35,10 +35,7 @@ void start_gpu_runtime(ModelHost& host, int gpu, const model::RuntimeOptions& ro
     cuda::CudaModelOpsOptions go;
     go.device = gpu;
     go.max_tokens = std::max(ro.prefill_chunk_tokens, ro.max_batch);
-    go.max_hidden = lim.max_cols;
-    go.max_ffn = lim.max_ffn;
-    go.max_experts = lim.max_experts;
-    go.max_k = lim.max_k;
+    go.fit(lim);
     auto ops = std::make_unique<cuda::CudaModelOps>(go);
     const cuda::DeviceInfo info = cuda::device_info(gpu);  // after the KV and the workspaces
     model::PlacementBudget b;
@@ -121,10 +118,7 @@ ModelFactory real_model_factory() {
         oo.pin = false;  // the attention pool pins; the expert pool shares the cores
         oo.max_tokens = std::max(ro.prefill_chunk_tokens, ro.max_batch);
         const model::OpLimits lim = model::op_limits(c);
-        oo.max_hidden = lim.max_cols;
-        oo.max_ffn = lim.max_ffn;
-        oo.max_experts = lim.max_experts;
-        oo.max_k = lim.max_k;
+        oo.fit(lim);
         ro.kv_dtype = kv_dtype_of(p, c);  // the engine was built with it
         status("starting the model runtime");
         try {

@@ -158,10 +158,7 @@ int run(int argc, char** argv) {
     co.pin = false;
     co.max_tokens = std::max<std::size_t>(512, eo.max_batch);
     const model::OpLimits lim = model::op_limits(cfg);
-    co.max_hidden = lim.max_cols;
-    co.max_ffn = lim.max_ffn;
-    co.max_experts = lim.max_experts;
-    co.max_k = lim.max_k;
+    co.fit(lim);
     cpu::CpuModelOps ops(co);
     model::RuntimeOptions ro;
     ro.kv_dtype = eo.geometry.dtype;

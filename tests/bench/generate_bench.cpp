@@ -341,17 +341,11 @@ int run_generate(int argc, char** argv) {
         const model::OpLimits lim = model::op_limits(c);
         cpu::CpuModelOpsOptions co;
         co.max_tokens = std::max<std::size_t>(512, max_batch);
-        co.max_hidden = lim.max_cols;
-        co.max_ffn = lim.max_ffn;
-        co.max_experts = lim.max_experts;
-        co.max_k = lim.max_k;
+        co.fit(lim);
         s.cpu_ops = std::make_unique<cpu::CpuModelOps>(co);
         cuda::CudaModelOpsOptions go;
         go.max_tokens = co.max_tokens;
-        go.max_hidden = lim.max_cols;
-        go.max_ffn = lim.max_ffn;
-        go.max_experts = lim.max_experts;
-        go.max_k = lim.max_k;
+        go.fit(lim);
         s.gpu_ops = std::make_unique<cuda::CudaModelOps>(go);
         // T: an open block per sequence, every layer; the engine's staging and partial states
         // (tens of MiB); G: a quarter of what the weights that must stay leave.

@@ -136,10 +136,7 @@ int run_model_decode(int argc, char** argv) {
         co.threads = o.threads;
         co.max_tokens = std::max<std::size_t>(512, max_batch);
         const model::OpLimits lim = model::op_limits(c);
-        co.max_hidden = lim.max_cols;
-        co.max_ffn = lim.max_ffn;
-        co.max_experts = lim.max_experts;
-        co.max_k = lim.max_k;
+        co.fit(lim);
         auto cpu_ops = std::make_unique<cpu::CpuModelOps>(co);
         model::ModelOps* ops = cpu_ops.get();
         model::RuntimeWeights rw;
@@ -149,10 +146,7 @@ int run_model_decode(int argc, char** argv) {
         if (gpu) {
             cuda::CudaModelOpsOptions go;
             go.max_tokens = co.max_tokens;
-            go.max_hidden = lim.max_cols;
-            go.max_ffn = lim.max_ffn;
-            go.max_experts = lim.max_experts;
-            go.max_k = lim.max_k;
+            go.fit(lim);
             gpu_ops = std::make_unique<cuda::CudaModelOps>(go);
             std::vector<std::vector<std::uint8_t>> on(m->weights().layers.size());
             for (std::size_t l = 0; l < on.size(); ++l) {

@@ -45,10 +45,7 @@ struct GpuRuntime {
         const model::OpLimits lim = model::op_limits(m.config());
         cuda::CudaModelOpsOptions co;
         co.max_tokens = std::max(chunk, max_batch);
-        co.max_hidden = lim.max_cols;
-        co.max_ffn = lim.max_ffn;
-        co.max_experts = lim.max_experts;
-        co.max_k = lim.max_k;
+        co.fit(lim);
         ops = std::make_unique<cuda::CudaModelOps>(co);
         host_ops = std::make_unique<cpu::CpuModelOps>(cpu_ops_options(m.config(), co.max_tokens));
         const auto mask = split_mask(m);

@@ -114,10 +114,7 @@ inline cpu::CpuModelOpsOptions cpu_ops_options(const model::ModelConfig& c,
     co.threads = 2;
     co.max_tokens = max_tokens;
     const model::OpLimits lim = model::op_limits(c);
-    co.max_hidden = lim.max_cols;
-    co.max_ffn = lim.max_ffn;
-    co.max_experts = lim.max_experts;
-    co.max_k = lim.max_k;
+    co.fit(lim);
     return co;
 }
 

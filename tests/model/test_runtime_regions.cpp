@@ -83,10 +83,7 @@ TEST_CASE("the runtime with the KV in T, G, P and U reproduces transformers' log
         co.threads = 2;
         co.max_tokens = 32;
         const model::OpLimits lim = model::op_limits(m->config());
-        co.max_hidden = lim.max_cols;
-        co.max_ffn = lim.max_ffn;
-        co.max_experts = lim.max_experts;
-        co.max_k = lim.max_k;
+        co.fit(lim);
         cpu::CpuModelOps ops(co);
         model::RuntimeOptions ro;
         ro.prefill_chunk_tokens = 32;

@@ -17,6 +17,7 @@
 #include <memory>
 #include <optional>
 
+#include "writescope/core/model/model.hpp"
 #include "writescope/core/model/model_ops.hpp"
 #include "writescope/cpu/cpu_isa.hpp"
 
@@ -36,6 +37,14 @@ struct CpuModelOpsOptions {
     // grants the tile state; columns a multiple of 32) when a GEMM has at least this many
     // tokens; 0: never.
     std::size_t amx_min_tokens = 4;
+    // Sized for a model's widest shapes (model::op_limits): hidden, FFN, experts per call and
+    // per token.
+    void fit(const model::OpLimits& lim) noexcept {
+        max_hidden = lim.max_cols;
+        max_ffn = lim.max_ffn;
+        max_experts = lim.max_experts;
+        max_k = lim.max_k;
+    }
 };
 
 class CpuModelOps final : public model::ModelOps {

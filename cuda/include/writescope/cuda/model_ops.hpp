@@ -37,6 +37,7 @@
 #include <span>
 #include <vector>
 
+#include "writescope/core/model/model.hpp"
 #include "writescope/core/model/model_ops.hpp"
 #include "writescope/cuda/device.hpp"
 
@@ -51,6 +52,14 @@ struct CudaModelOpsOptions {
     std::size_t max_experts = 256;      // most experts of one moe call (and of one route call)
     std::size_t max_k = 8;              // most experts per token
     std::size_t max_rotary_dim = 1024;  // widest rotary dim with a host inv_freq
+    // Sized for a model's widest shapes (model::op_limits): hidden, FFN, experts per call and
+    // per token.
+    void fit(const model::OpLimits& lim) noexcept {
+        max_hidden = lim.max_cols;
+        max_ffn = lim.max_ffn;
+        max_experts = lim.max_experts;
+        max_k = lim.max_k;
+    }
 };
 
 class CudaModelOps final : public model::ModelOps {
