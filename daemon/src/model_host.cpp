@@ -29,7 +29,8 @@ constexpr std::uint64_t kVramReserve = 1ull << 30;
 // The GPU model runtime over `engine` (a GPU engine): the placement, the device weights, the
 // ops; host_ops runs the experts left in host memory. Throws model::PlacementError when the GPU
 // memory left cannot hold the weights that must be there.
-void start_gpu_runtime(ModelHost& host, int gpu, const model::RuntimeOptions& ro, Engine& engine) {
+void start_gpu_runtime(ModelHost& host, int gpu, const model::RuntimeOptions& ro, Engine& engine,
+                       const ExpertHistory& history) {
     const model::Model& m = *host.model;
     const model::OpLimits lim = model::op_limits(m.config());
     cuda::CudaModelOpsOptions go;
@@ -132,7 +133,7 @@ ModelFactory real_model_factory() {
                 host->host_ops = std::move(ops);
                 start_gpu_runtime(
                     *host, p.hardware.gpu.choice == GpuChoice::index ? p.hardware.gpu.index : 0, ro,
-                    engine);
+                    engine, history);
             }
 #else
             (void)history;
