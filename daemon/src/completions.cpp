@@ -748,44 +748,23 @@ json models_json(const ServiceView& v) {
     return {{"object", "list"}, {"data", std::move(data)}};
 }
 
-// Routed (token, expert) slots since start, and the share of them that went to GPU-resident
-// experts (none without a GPU placement or before any routing).
-struct ExpertHits {
-    std::uint64_t routed = 0, on_gpu = 0;
-    std::optional<double> rate() const {
-        if (!routed) return std::nullopt;
-        return static_cast<double>(on_gpu) / static_cast<double>(routed);
-    }
-};
-ExpertHits expert_hits(const ModelPlacement& p, const std::optional<model::SchedulerStats>& s) {
-    ExpertHits h;
-    if (!s) return h;
-    const auto& counts = s->expert_heat.counts;
-    for (std::size_t l = 0; l < counts.size(); ++l)
-        for (std::size_t e = 0; e < counts[l].size(); ++e) {
-            h.routed += counts[l][e];
-            if (p.gpu && l < p.on_gpu.size() && e < p.on_gpu[l].size() && p.on_gpu[l][e])
-                h.on_gpu += counts[l][e];
-        }
-    return h;
-}
-
-// Where the model runs: "cpu", or the GPU's share (bytes per class, experts per layer, the hit
-// rate of the GPU-resident experts so far).
-json placement_json(const ModelPlacement& p, const ExpertHits& hits) {
-    if (!p.gpu) return {{"device", "cpu"}, {"routed_slots", hits.routed}};
-    const auto rate = hits.rate();
+// Where the model runs: "cpu", or the GPU's share (bytes per class, experts per layer) and the
+// hit rate of the GPU-resident experts over the routing since start (null before any).
+json placement_json(const ModelPlacement& p, const std::optional<model::SchedulerStats>& s) {
+    const std::uint64_t routed = s ? s->expert_heat.total() : 0;
+    if (!p.gpu) return {{"device", "cpu"}, {"routed_slots", routed}};
+    const model::Placement& pl = p.plan;
     return {{"device", "gpu"},
-            {"routed_slots", hits.routed},
-            {"gpu_expert_hit_rate", rate ? json(*rate) : json(nullptr)},
+            {"routed_slots", routed},
+            {"gpu_expert_hit_rate", routed ? json(pl.hit_rate(s->expert_heat)) : json(nullptr)},
             {"gpu_kernel", p.gpu_kernel},
             {"vram_budget_bytes", p.vram_budget},
-            {"always_gpu_bytes", p.always_gpu_bytes},
-            {"gpu_expert_bytes", p.gpu_expert_bytes},
-            {"host_expert_bytes", p.host_expert_bytes},
-            {"gpu_experts", p.gpu_experts},
-            {"host_experts", p.host_experts},
-            {"gpu_experts_per_layer", p.gpu_experts_per_layer},
+            {"always_gpu_bytes", pl.always_gpu_bytes},
+            {"gpu_expert_bytes", pl.gpu_expert_bytes},
+            {"host_expert_bytes", pl.host_expert_bytes},
+            {"gpu_experts", pl.gpu_experts},
+            {"host_experts", pl.host_experts},
+            {"gpu_experts_per_layer", pl.gpu_experts_per_layer},
             {"summary", p.summary}};
 }
 
@@ -806,7 +785,7 @@ json served_model_json(const ServiceView& v) {
             {"prefill_chunk_tokens", m.prefill_chunk_tokens},
             {"expert_kernel", m.kernel},
             {"expert_threads", m.expert_threads},
-            {"placement", placement_json(m.placement, expert_hits(m.placement, v.scheduler))},
+            {"placement", placement_json(m.placement, v.scheduler)},
             {"load_seconds", m.load_seconds},
             {"tokenizer", m.tokenizer ? json{{"path", m.tokenizer_path},
                                              {"vocab_size", m.tokenizer_vocab},
@@ -873,14 +852,13 @@ std::string scheduler_metrics_text(const ServiceView& v) {
     };
     one("writescope_generation_tokens_total", "counter", "Tokens generated (completion tokens).",
         static_cast<double>(s.tokens_generated));
-    const ExpertHits hits = expert_hits(v.model.placement, v.scheduler);
+    const std::uint64_t routed = s.expert_heat.total();
     one("writescope_expert_routed_slots_total", "counter",
-        "Routed (token, expert) slots of the MoE layers since start.",
-        static_cast<double>(hits.routed));
+        "Routed (token, expert) slots of the MoE layers since start.", static_cast<double>(routed));
     if (v.model.placement.gpu)
         one("writescope_expert_gpu_slots_total", "counter",
             "Routed slots whose expert is resident on the GPU (the placement's hits).",
-            static_cast<double>(hits.on_gpu));
+            static_cast<double>(v.model.placement.plan.hits(s.expert_heat)));
     one("writescope_prompt_tokens_total", "counter", "Prompt tokens prefilled.",
         static_cast<double>(s.prompt_tokens));
     one("writescope_prefill_chunks_total", "counter", "Prompt chunks computed.",

@@ -43,22 +43,13 @@ void start_gpu_runtime(ModelHost& host, int gpu, const model::RuntimeOptions& ro
     b.vram_bytes = info.free_bytes > kVramReserve ? info.free_bytes - kVramReserve : 0;
     b.kv_g_share = 0;  // the engine's G is its own budget (hardware.vram_kv_budget)
     const model::ExpertHeat heat = history ? history(host.heat_key) : model::ExpertHeat{};
-    std::uint64_t routed = 0;
-    for (const auto& layer : heat.counts)
-        for (const auto c : layer)
-            routed += c;
+    const std::uint64_t routed = heat.total();
     const model::Placement pl = model::plan_placement(m, b, routed ? &heat : nullptr);
     auto weights = std::make_shared<cuda::DeviceModelWeights>(m, &pl.on_gpu);
     ModelPlacement& p = host.placement;
     p.gpu = true;
+    p.plan = pl;
     p.vram_budget = b.vram_bytes;
-    p.always_gpu_bytes = pl.always_gpu_bytes;
-    p.gpu_expert_bytes = pl.gpu_expert_bytes;
-    p.host_expert_bytes = pl.host_expert_bytes;
-    p.gpu_experts = pl.gpu_experts;
-    p.host_experts = pl.host_experts;
-    p.gpu_experts_per_layer = pl.gpu_experts_per_layer;
-    p.on_gpu = pl.on_gpu;
     // The engine's T and G are its own budget: the summary names the weights only.
     p.summary = fmt::format(
         "weights {} always on the GPU, {} of {} routed experts ({}) on the "

@@ -24,14 +24,10 @@ namespace writescope::daemon {
 // what the placement put on the GPU, the rest of the routed experts in host memory.
 struct ModelPlacement {
     bool gpu = false;
-    std::uint64_t vram_budget = 0;       // what the weights could take (free memory less a reserve)
-    std::uint64_t always_gpu_bytes = 0;  // embeddings, attention, routers, norms, head, shared
-    std::uint64_t gpu_expert_bytes = 0, host_expert_bytes = 0;
-    std::size_t gpu_experts = 0, host_experts = 0;
-    std::vector<std::size_t> gpu_experts_per_layer;
-    std::vector<std::vector<std::uint8_t>> on_gpu;  // [layer][expert]
-    std::string summary;                            // Placement::summary()
-    std::string gpu_kernel;                         // the GPU ops ("cublas-sm90")
+    model::Placement plan;  // what plan_placement decided (bytes per class, experts per layer)
+    std::uint64_t vram_budget = 0;  // what the weights could take (free memory less a reserve)
+    std::string summary;            // the weights' part of it, for the log and status
+    std::string gpu_kernel;         // the GPU ops ("cublas-sm90")
 };
 
 struct ModelHost {

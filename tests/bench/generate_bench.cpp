@@ -156,20 +156,23 @@ void fill(Engine& e, model::Runtime& rt, const std::vector<std::uint64_t>& ids, 
         store_from_f32(k.data(), i, geo.dtype, d(rng));
     for (std::size_t i = 0; i < v.size() / es; ++i)
         store_from_f32(v.data(), i, geo.dtype, d(rng));
+    const std::size_t tail = context % chunk;
+    std::vector<std::byte> k_tail(std::max<std::size_t>(1, L * tail * k_row)),
+        v_tail(std::max<std::size_t>(1, L * tail * v_row));
+    for (std::size_t l = 0; l < L && tail; ++l) {
+        std::memcpy(k_tail.data() + l * tail * k_row, k.data() + l * chunk * k_row, tail * k_row);
+        if (v_row)
+            std::memcpy(v_tail.data() + l * tail * v_row, v.data() + l * chunk * v_row,
+                        tail * v_row);
+    }
     for (const std::uint64_t id : ids) {
         const Admission a = rt.admit(id, context + steps + 2);
         if (!a.ok) throw std::runtime_error("admission: " + a.error);
-        for (std::size_t first = 0; first < context; first += chunk) {
-            const std::size_t n = std::min(chunk, context - first);
-            // Layer-major (L, n, ...): the first n rows of each layer's chunk-sized slice.
-            std::vector<std::byte> kk(L * n * k_row), vv(std::max<std::size_t>(1, L * n * v_row));
-            for (std::size_t l = 0; l < L; ++l) {
-                std::memcpy(kk.data() + l * n * k_row, k.data() + l * chunk * k_row, n * k_row);
-                if (v_row)
-                    std::memcpy(vv.data() + l * n * v_row, v.data() + l * chunk * v_row, n * v_row);
-            }
-            e.prefill(id, n, kk.data(), v_row ? vv.data() : nullptr);
-        }
+        // Whole chunks straight from k and v (layer-major (L, chunk, ...)); the shorter last
+        // one from k_tail and v_tail, laid out once for its rows.
+        for (std::size_t first = 0; first + chunk <= context; first += chunk)
+            e.prefill(id, chunk, k.data(), v_row ? v.data() : nullptr);
+        if (tail) e.prefill(id, tail, k_tail.data(), v_row ? v_tail.data() : nullptr);
     }
 }
 

@@ -276,11 +276,7 @@ TEST_CASE("greedy completions are the reference tokens whole and streamed and th
             const writescope::model::ExpertHeat kept =
                 writescope::daemon::Store::open(tmp.path() / "state")
                     ->expert_heat(writescope::daemon::expert_heat_key(loaded->config()));
-            std::uint64_t stored = 0;
-            for (const auto& layer : kept.counts)
-                for (const auto c : layer)
-                    stored += c;
-            CHECK(stored == routed);
+            CHECK(kept.total() == routed);
         }
     }
 }

@@ -99,12 +99,7 @@ TEST_CASE("the runtime with experts split keeps transformers' greedy tokens and 
             CHECK(err[i].rel() <= tolerance(ref));
         }
         // The routing counted as without the split: k slots per token per MoE layer.
-        const model::ExpertHeat heat = s.runtime->take_expert_heat();
-        std::uint64_t routed = 0;
-        for (const auto& layer : heat.counts)
-            for (const auto c : layer)
-                routed += c;
-        CHECK(routed > 0);
+        CHECK(s.runtime->take_expert_heat().total() > 0);
     }
 }
 

@@ -46,14 +46,25 @@ void ExpertHeat::add(const ExpertHeat& o) {
     }
 }
 
-double Placement::hit_rate(const ExpertHeat& heat) const noexcept {
-    std::uint64_t all = 0, hit = 0;
+std::uint64_t ExpertHeat::total() const noexcept {
+    std::uint64_t n = 0;
+    for (const auto& layer : counts)
+        for (const std::uint64_t c : layer)
+            n += c;
+    return n;
+}
+
+std::uint64_t Placement::hits(const ExpertHeat& heat) const noexcept {
+    std::uint64_t hit = 0;
     for (std::size_t l = 0; l < heat.counts.size() && l < on_gpu.size(); ++l)
-        for (std::size_t e = 0; e < heat.counts[l].size() && e < on_gpu[l].size(); ++e) {
-            all += heat.counts[l][e];
+        for (std::size_t e = 0; e < heat.counts[l].size() && e < on_gpu[l].size(); ++e)
             if (on_gpu[l][e]) hit += heat.counts[l][e];
-        }
-    return all ? static_cast<double>(hit) / static_cast<double>(all) : 0.0;
+    return hit;
+}
+
+double Placement::hit_rate(const ExpertHeat& heat) const noexcept {
+    const std::uint64_t all = heat.total();
+    return all ? static_cast<double>(hits(heat)) / static_cast<double>(all) : 0.0;
 }
 
 std::string Placement::summary() const {

@@ -37,6 +37,7 @@ struct ExpertHeat {
     // A table of zeros shaped for m (every MoE layer, every expert).
     static ExpertHeat zeros(const Model& m);
     void add(const ExpertHeat& other);
+    std::uint64_t total() const noexcept;  // every routed (token, expert) slot
 };
 
 struct Placement {
@@ -46,7 +47,8 @@ struct Placement {
     std::size_t gpu_experts = 0, host_experts = 0;
     std::vector<std::vector<std::uint8_t>> on_gpu;  // [layer][expert]: resident on the GPU
     std::vector<std::size_t> gpu_experts_per_layer;
-    // The share of routed (token, expert) pairs that `heat` sends to GPU-resident experts.
+    // The routed (token, expert) pairs of `heat` that go to GPU-resident experts, and their share.
+    std::uint64_t hits(const ExpertHeat& heat) const noexcept;
     double hit_rate(const ExpertHeat& heat) const noexcept;
     // "weights 1.2 GiB always on the GPU, T 64 MiB, G 2.0 GiB, 3072 of 6144 experts (9.1 GiB)
     // on the GPU, 3072 (9.1 GiB) in host memory".
