@@ -108,6 +108,15 @@ void Event::wait_on(const Stream& s) const {
                               static_cast<cudaEvent_t>(handle_), 0),
           "cudaStreamWaitEvent");
 }
+void Event::record(void* stream) {
+    check(cudaEventRecord(static_cast<cudaEvent_t>(handle_), static_cast<cudaStream_t>(stream)),
+          "cudaEventRecord");
+}
+void Event::wait_on(void* stream) const {
+    check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), static_cast<cudaEvent_t>(handle_),
+                              0),
+          "cudaStreamWaitEvent");
+}
 void Event::synchronize() {
     check(cudaEventSynchronize(static_cast<cudaEvent_t>(handle_)), "cudaEventSynchronize");
 }

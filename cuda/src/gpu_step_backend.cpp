@@ -86,7 +86,20 @@ struct GpuStepBackend::Impl {
     bool uses_mma = false;  // the tensor-core kernels run (decode_attention_uses_mma)
 
     Stream compute, copy;
-    Event start, attn_done, done, copy_start, copy_end;
+    // The events of one layer's launch: its start, the end of its attention (its own parts
+    // merged), the result, and the P stream's copies; and what it streamed.
+    struct Marks {
+        Event start, attn_done, done, copy_start, copy_end;
+        std::uint64_t p_bytes = 0;
+        bool any_copy = false;
+    };
+    Marks host_marks;  // launch() and finish(): the host-memory contract, one layer at a time
+    // launch_device(): one per layer launched since the last take_device_timings (grown on the
+    // first step, then reused), the model's readiness, and q's copy down for the CPU.
+    std::vector<std::unique_ptr<Marks>> device_marks;
+    std::size_t device_pending = 0;
+    Event model_ready{false}, q_ready{false};
+    bool q_down = false;
     std::vector<std::unique_ptr<Event>> slot_ready, slot_free;
     char* staging = nullptr;
 
@@ -238,6 +251,7 @@ struct GpuStepBackend::Impl {
         if (launched) throw std::logic_error("GpuStepBackend::set_work between launch and finish");
         settle();  // after a launch that failed before its finish
         work_set = false;
+        device_pending = 0;  // a step aborted before its timings were taken
         nseq = seqs.size();
         if (nseq > o.max_seqs)
             throw std::length_error("GPU step: " + std::to_string(nseq) + " sequences, sized for " +
@@ -373,16 +387,18 @@ struct GpuStepBackend::Impl {
         work_set = true;
     }
 
-    void launch(std::size_t layer, const void* q, NewTokens fresh) {
+    void check_launch(NewTokens fresh) {
         if (launched) throw std::logic_error("GpuStepBackend::launch twice without finish");
         if (!work_set) throw std::logic_error("GpuStepBackend::launch before set_work");
         if (fresh.k && !append_ok)
             throw std::logic_error("GPU step: new tokens for a work set without open blocks");
         settle();  // after a launch that failed before its finish
-        // Enqueue: q (and a decode step's new tokens) up, the metadata too at the first layer
-        // after set_work (it is the same in every layer: in-place addresses are layer 0's,
-        // offset by the layer in the kernel), the new tokens into T, in-place attention, then
-        // the P stream.
+    }
+
+    // The host-memory contract: q (and a decode step's new tokens) up through the pinned
+    // mirror, then the layer.
+    void launch(std::size_t layer, const void* q, NewTokens fresh) {
+        check_launch(fresh);
         const auto& g = o.geometry;
         const std::size_t es = dtype_bytes(g.dtype);
         const std::size_t q_bytes = nseq * qh * dk * es;
@@ -392,9 +408,52 @@ struct GpuStepBackend::Impl {
         if (k_bytes) std::memcpy(h_q->data() + q_bytes, fresh.k, k_bytes);
         if (v_bytes) std::memcpy(h_q->data() + q_bytes + k_bytes, fresh.v, v_bytes);
         enqueued = true;
-        start.record(compute);
-        start.wait_on(copy);
+        host_marks.start.record(compute);
+        host_marks.start.wait_on(copy);
         copy_async(d_q, h_q->data(), q_bytes + k_bytes + v_bytes, compute);
+        enqueue(layer, d_q,
+                NewTokens{fresh.k ? d_q + q_bytes : nullptr,
+                          v_bytes ? d_q + q_bytes + k_bytes : nullptr},
+                host_marks);
+    }
+
+    // The device-side contract: q and the new tokens are read where the model wrote them, after
+    // what its stream holds now; q comes down for the CPU when asked.
+    void launch_device(std::size_t layer, const void* q, NewTokens fresh, void* stream,
+                       bool q_to_host) {
+        check_launch(fresh);
+        if (!q || !stream) throw std::invalid_argument("GPU step: device q and stream needed");
+        if (fresh.k && !o.geometry.mla && !fresh.v)
+            throw std::invalid_argument("GPU step: the new tokens' V is missing");
+        if (device_pending == device_marks.size())
+            device_marks.push_back(std::make_unique<Marks>());
+        Marks& m = *device_marks[device_pending];
+        enqueued = true;
+        model_ready.record(stream);
+        model_ready.wait_on(compute);
+        m.start.record(compute);
+        m.start.wait_on(copy);
+        q_down = q_to_host;
+        if (q_to_host) {
+            // First on the copy stream: ahead of this layer's P chunks.
+            copy_async(h_q->data(), q, nseq * qh * dk * dtype_bytes(o.geometry.dtype), copy);
+            q_ready.record(copy);
+        }
+        enqueue(layer, q, fresh, m);
+        ++device_pending;
+    }
+
+    const void* host_q() {
+        if (!launched || !q_down) throw std::logic_error("GPU step: no q is coming down");
+        q_ready.synchronize();
+        return h_q->data();
+    }
+
+    // The layer after its inputs: the metadata at the first layer after set_work (the same in
+    // every layer: in-place addresses are layer 0's, offset by the layer in the kernel), the new
+    // tokens into T, in-place attention, then the P stream, then the GPU's parts merged.
+    void enqueue(std::size_t layer, const void* q, NewTokens fresh, Marks& mk) {
+        const auto& g = o.geometry;
         if (!meta_uploaded && meta_used > 0) copy_async(d_meta, h_meta->data(), meta_used, compute);
         meta_uploaded = true;
         const std::ptrdiff_t meta_shift = d_meta - h_meta->data();
@@ -403,8 +462,8 @@ struct GpuStepBackend::Impl {
             ap.geo = g;
             ap.block_tokens = static_cast<std::int32_t>(o.block_tokens);
             ap.num_seqs = static_cast<std::int32_t>(nseq);
-            ap.k_new = d_q + q_bytes;
-            ap.v_new = v_bytes ? d_q + q_bytes + k_bytes : nullptr;
+            ap.k_new = fresh.k;
+            ap.v_new = g.mla ? nullptr : fresh.v;
             ap.t_blocks =
                 reinterpret_cast<void* const*>(reinterpret_cast<char*>(m_append_ptrs) + meta_shift);
             ap.t_pos = reinterpret_cast<const std::int32_t*>(reinterpret_cast<char*>(m_append_pos) +
@@ -416,7 +475,7 @@ struct GpuStepBackend::Impl {
         DecodeAttnParams p;
         p.geo = g;
         p.block_tokens = static_cast<std::int32_t>(o.block_tokens);
-        p.q = d_q;
+        p.q = q;
         const std::ptrdiff_t shift = meta_shift;
         p.block_ptrs =
             reinterpret_cast<const void* const*>(reinterpret_cast<char*>(m_ptrs) + shift);
@@ -438,9 +497,9 @@ struct GpuStepBackend::Impl {
             ++registered;
         }
 
-        p_bytes = 0;
-        any_copy = !chunks.empty();
-        if (any_copy) copy_start.record(copy);
+        mk.p_bytes = 0;
+        mk.any_copy = !chunks.empty();
+        if (mk.any_copy) mk.copy_start.record(copy);
         for (std::size_t c = 0; c < chunks.size(); ++c) {
             const ChunkMark& ch = chunks[c];
             if (c >= o.staging_slots) slot_free[ch.slot]->wait_on(copy);
@@ -449,7 +508,7 @@ struct GpuStepBackend::Impl {
                 const void* src = r.pageable ? static_cast<const void*>(r.pageable)
                                              : pinned->block(layer, r.p_slot);
                 copy_async(staging + r.dst, src, r.blocks * block_bytes, copy);
-                p_bytes += r.blocks * block_bytes;
+                mk.p_bytes += r.blocks * block_bytes;
             }
             slot_ready[ch.slot]->record(copy);
             slot_ready[ch.slot]->wait_on(compute);
@@ -458,11 +517,11 @@ struct GpuStepBackend::Impl {
             decode_attention(p, compute.handle());
             slot_free[ch.slot]->record(compute);
         }
-        if (any_copy) copy_end.record(copy);
+        if (mk.any_copy) mk.copy_end.record(copy);
         // The GPU's parts merged per row right away (they do not wait for the CPU): finish()
         // then has one small kernel left.
         merge_gpu_parts(merge_params(), compute.handle());
-        attn_done.record(compute);
+        mk.attn_done.record(compute);
         launched = true;
     }
 
@@ -495,43 +554,87 @@ struct GpuStepBackend::Impl {
         return {base, base + rows * dv, rows, dv};
     }
 
-    GpuLayerTiming finish(ConstStateView cpu_part, StateView out) {
-        if (!launched) throw std::logic_error("GpuStepBackend::finish without launch");
-        launched = false;
+    // The CPU partials where the final merge reads them (mapped); rows checked.
+    void set_ext(ConstStateView cpu_part, MergeParams& mp) {
         const std::size_t rows = nseq * qh;
-        if (out.rows != rows || out.dim != dv)
-            throw std::invalid_argument("GPU step: output shape does not match the batch");
-        const bool ext = cpu_part.o != nullptr;
+        if (!cpu_part.o) return;
+        if (cpu_part.rows != rows || cpu_part.dim != dv)
+            throw std::invalid_argument("GPU step: CPU partials do not match the batch");
         float* h_ext_o = reinterpret_cast<float*>(h_ext->data());
         float* h_ext_lse = h_ext_o + rows * dv;
-        MergeParams mp = merge_params();
-        if (ext) {
-            if (cpu_part.rows != rows || cpu_part.dim != dv)
-                throw std::invalid_argument("GPU step: CPU partials do not match the batch");
-            // Written in place by the CPU when it used cpu_partial_buffer(): no copy then. The
-            // merge reads them across PCIe.
-            if (cpu_part.o != h_ext_o) std::memcpy(h_ext_o, cpu_part.o, rows * dv * sizeof(float));
-            if (cpu_part.lse != h_ext_lse)
-                std::memcpy(h_ext_lse, cpu_part.lse, rows * sizeof(float));
-            mp.ext_o = m_ext;
-            mp.ext_lse = m_ext + rows * dv;
-        }
+        // Written in place by the CPU when it used cpu_partial_buffer(): no copy then. The
+        // merge reads them across PCIe.
+        if (cpu_part.o != h_ext_o) std::memcpy(h_ext_o, cpu_part.o, rows * dv * sizeof(float));
+        if (cpu_part.lse != h_ext_lse) std::memcpy(h_ext_lse, cpu_part.lse, rows * sizeof(float));
+        mp.ext_o = m_ext;
+        mp.ext_lse = m_ext + rows * dv;
+    }
+
+    static GpuLayerTiming timing_of(Marks& m) {
+        GpuLayerTiming t;
+        t.attention_seconds = m.attn_done.elapsed_ms_since(m.start) * 1e-3;
+        t.merge_seconds = m.done.elapsed_ms_since(m.attn_done) * 1e-3;
+        t.total_seconds = m.done.elapsed_ms_since(m.start) * 1e-3;
+        t.p_bytes = m.p_bytes;
+        t.p_copy_seconds = m.any_copy ? m.copy_end.elapsed_ms_since(m.copy_start) * 1e-3 : 0.0;
+        return t;
+    }
+
+    void check_finish(StateView out) {
+        if (!launched) throw std::logic_error("GpuStepBackend::finish without launch");
+        launched = false;
+        if (out.rows != nseq * qh || out.dim != dv)
+            throw std::invalid_argument("GPU step: output shape does not match the batch");
+    }
+
+    GpuLayerTiming finish(ConstStateView cpu_part, StateView out) {
+        check_finish(out);
+        const std::size_t rows = nseq * qh;
+        MergeParams mp = merge_params();  // into h_out
+        set_ext(cpu_part, mp);
         merge_with_ext(mp, compute.handle());  // writes the result into h_out
-        done.record(compute);
-        done.synchronize();
+        host_marks.done.record(compute);
+        host_marks.done.synchronize();
         enqueued = false;
         unregister_pageable();
         check_last_error("GPU decode step");
         const float* ho = reinterpret_cast<const float*>(h_out->data());
         std::memcpy(out.o, ho, rows * dv * sizeof(float));
         std::memcpy(out.lse, ho + rows * dv, rows * sizeof(float));
-        GpuLayerTiming t;
-        t.attention_seconds = attn_done.elapsed_ms_since(start) * 1e-3;
-        t.merge_seconds = done.elapsed_ms_since(attn_done) * 1e-3;
-        t.total_seconds = done.elapsed_ms_since(start) * 1e-3;
-        t.p_bytes = p_bytes;
-        t.p_copy_seconds = any_copy ? copy_end.elapsed_ms_since(copy_start) * 1e-3 : 0.0;
-        return t;
+        return timing_of(host_marks);
+    }
+
+    void finish_device(ConstStateView cpu_part, StateView out, void* stream) {
+        if (device_pending == 0 || !launched)
+            throw std::logic_error("GpuStepBackend::finish_device without launch_device");
+        check_finish(out);
+        MergeParams mp = merge_params();
+        mp.out_o = out.o;
+        mp.out_lse = out.lse;
+        set_ext(cpu_part, mp);
+        merge_with_ext(mp, compute.handle());
+        Marks& m = *device_marks[device_pending - 1];
+        m.done.record(compute);
+        m.done.wait_on(stream);
+        // A monolithic launch's pageable ranges stay locked until the device is done with them.
+        if (registered > 0) {
+            m.done.synchronize();
+            unregister_pageable();
+        }
+    }
+
+    std::size_t take_device_timings(std::span<GpuLayerTiming> out) {
+        if (launched) throw std::logic_error("GPU step: timings taken before the finish");
+        const std::size_t n = device_pending;
+        device_pending = 0;
+        if (n == 0) return 0;
+        device_marks[n - 1]->done.synchronize();
+        enqueued = false;
+        check_last_error("GPU decode step");
+        const std::size_t k = std::min(n, out.size());
+        for (std::size_t i = 0; i < k; ++i)
+            out[i] = timing_of(*device_marks[i]);
+        return k;
     }
 };
 
@@ -559,6 +662,23 @@ StateView GpuStepBackend::cpu_partial_buffer(std::size_t rows) noexcept {
 
 GpuLayerTiming GpuStepBackend::finish(ConstStateView cpu_part, StateView out) {
     return impl_->finish(cpu_part, out);
+}
+
+void GpuStepBackend::launch_device(std::size_t layer, const void* q, NewTokens fresh, void* stream,
+                                   bool q_to_host) {
+    impl_->launch_device(layer, q, fresh, stream, q_to_host);
+}
+
+const void* GpuStepBackend::host_q() {
+    return impl_->host_q();
+}
+
+void GpuStepBackend::finish_device(ConstStateView cpu_part, StateView out, void* stream) {
+    impl_->finish_device(cpu_part, out, stream);
+}
+
+std::size_t GpuStepBackend::take_device_timings(std::span<GpuLayerTiming> out) {
+    return impl_->take_device_timings(out);
 }
 
 std::uint64_t GpuStepBackend::device_bytes(const GpuStepOptions& opts) {

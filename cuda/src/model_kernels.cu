@@ -202,6 +202,15 @@ __global__ void route_kernel(RouteArgs a) {
     }
 }
 
+__global__ void count_ids_kernel(const std::int32_t* ids, std::size_t n, std::size_t bins,
+                                 std::uint32_t* counts) {
+    for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
+        const std::int32_t e = ids[i];
+        if (e >= 0 && static_cast<std::size_t>(e) < bins) atomicAdd(counts + e, 1u);
+    }
+}
+
 }  // namespace
 
 void launch_to_dtype(const float* x, std::size_t n, DType t, void* y, void* stream) {
@@ -221,6 +230,12 @@ void launch_rms_norm(const float* w, const float* x, std::size_t rows, std::size
 
 void launch_rotary(const RotaryArgs& a, void* stream) {
     rotary_kernel<<<grid_for(a.tokens * (a.dim / 2)), kBlock, 0, as_stream(stream)>>>(a);
+}
+
+void launch_count_ids(const std::int32_t* ids, std::size_t n, std::size_t bins,
+                      std::uint32_t* counts, void* stream) {
+    if (n == 0) return;
+    count_ids_kernel<<<grid_for(n), kBlock, 0, as_stream(stream)>>>(ids, n, bins, counts);
 }
 
 void launch_add(float* y, const float* x, std::size_t n, void* stream) {

@@ -49,9 +49,10 @@ struct RouteArgs {
 void launch_route(const RouteArgs& a, void* stream);
 
 // The (token, slot) pairs grouped by expert (a counting sort, token order within an expert),
-// one block: meta (experts + 2) int32 receives the exclusive prefix of the pair counts
-// (meta[e] = first sorted pair of expert e, meta[experts] = pairs kept) and, at
-// meta[experts + 1], −1 or an out-of-range expert index seen. pair_token (pairs kept): the
+// one block: meta (2 · experts + 3) int32 receives the exclusive prefix of the pair counts
+// (meta[e] = first sorted pair of expert e, meta[experts] = pairs kept), at meta[experts + 1]
+// −1 or an out-of-range expert index seen, at meta[experts + 2] the number of experts with
+// pairs and from meta[experts + 3] on those experts in order. pair_token (pairs kept): the
 // token of each sorted pair; pair_of (n · k): the sorted position of (t, j), −1 for a skipped
 // slot.
 void launch_group_pairs(const std::int32_t* expert, std::size_t n, std::size_t k,
@@ -66,8 +67,37 @@ void launch_gather(const float* x, std::size_t hidden, const std::int32_t* pair_
 void launch_swiglu(const float* g, const float* u, std::size_t count, DType t, void* h,
                    void* stream);
 
+// counts[ids[i]] += 1 for each i < n with 0 <= ids[i] < bins (atomics).
+void launch_count_ids(const std::int32_t* ids, std::size_t n, std::size_t bins,
+                      std::uint32_t* counts, void* stream);
+
 // y (n, hidden) += Σ_j weight[t, j] · partial[pair_of[t, j]] in slot order (skipping −1).
+// bad (device, may be null): the grouping's out-of-range index (meta + experts + 1); when it is
+// ≥ 0 y is left alone and, if *report (host-mapped) is still −1, the index is written there.
 void launch_combine(const float* partial, std::size_t hidden, const std::int32_t* pair_of,
-                    const float* weight, std::size_t n, std::size_t k, float* y, void* stream);
+                    const float* weight, std::size_t n, std::size_t k, float* y, void* stream,
+                    const std::int32_t* bad = nullptr, std::int32_t* report = nullptr);
+
+// The routed experts of a small batch without the host (expert_gemv.cu): after
+// launch_group_pairs, CTA row j serves the j-th expert with pairs (meta's list), so the grid
+// is sized by min(experts, max_pairs) and nothing waits for the counts. Every expert of the
+// span has weights of one shape and dtype (checked by the caller) in 16-byte aligned rows
+// (expert_gemv_fits).
+struct ExpertGemvArgs {
+    const void* const* gate;         // (experts) device pointers: (ffn, hidden)
+    const void* const* up;           // (experts): (ffn, hidden)
+    const void* const* down;         // (experts): (hidden, ffn)
+    const std::int32_t* meta;        // launch_group_pairs' meta
+    const std::int32_t* pair_token;  // launch_group_pairs' pair_token
+    std::size_t experts, hidden, ffn;
+    std::size_t max_pairs;  // n · k: a bound on the pairs and on the experts with pairs
+    DType dtype;
+    const float* x;  // (n, hidden) fp32: the inputs, rounded to dtype as they are read
+    void* h;         // (max_pairs, ffn) in dtype: silu(gate · x) · (up · x)
+    float* partial;  // (max_pairs, hidden) fp32: down · h
+};
+bool expert_gemv_fits(std::size_t hidden, std::size_t ffn, DType dtype) noexcept;
+void launch_expert_gate_up(const ExpertGemvArgs& a, void* stream);
+void launch_expert_down(const ExpertGemvArgs& a, void* stream);
 
 }  // namespace writescope::cuda::detail

@@ -2,11 +2,14 @@
 // workspaces, the cuBLAS GEMMs, and the launches of the kernels of model_kernels.cu and
 // moe_kernels.cu.
 //
-// moe needs the pair count of every expert on the host to size each expert's GEMMs: the
-// grouping kernel writes the offsets (experts + 2 int32, a few hundred bytes) and they are
-// copied down into pinned memory once per call, with one wait on the stream. Grouped GEMMs
-// with device-side sizes (and so CUDA-graph capture of moe) are the next step; the wait is the
-// price of plain cublasGemmEx calls today.
+// moe has two paths. Up to kGemvTokens tokens (decode steps), with every expert of the span
+// on the device in one shape: the expert GEMV kernels (expert_gemv.cu) serve the experts with
+// pairs straight from the grouping's device-side list, and nothing waits for the host; an
+// out-of-range expert index then leaves y alone and is reported (std::out_of_range) by the
+// next call that waits for the stream. Otherwise (prompt chunks, host-resident experts in the
+// span) cuBLAS GEMMs per expert: the pair count of every expert is needed on the host to size
+// them, so the grouping kernel's offsets (a few hundred bytes) come down into pinned memory
+// once per call, with one wait on the stream.
 #include "writescope/cuda/model_ops.hpp"
 
 #include <cublas_v2.h>
@@ -17,6 +20,8 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "model_kernels.hpp"
 
@@ -24,6 +29,9 @@ namespace writescope::cuda {
 namespace {
 
 constexpr std::size_t kCublasWorkspace = std::size_t{32} << 20;  // Hopper's recommended size
+// Most tokens of a moe call on the expert GEMV path: beyond, an expert's weights are read once
+// per 8 of its tokens there, and the GEMMs win.
+constexpr std::size_t kGemvTokens = 64;
 
 void check(cudaError_t e, const char* what) {
     if (e == cudaSuccess) return;
@@ -118,6 +126,16 @@ struct CudaModelOps::Impl {
     struct PinnedDel {
         void operator()(std::int32_t* p) const noexcept { cudaFreeHost(p); }
     };
+    // The device pointers of one span of experts for the GEMV path (built at its first call,
+    // then reused while the span holds the same weights), or why it cannot take that path.
+    struct ExpertTable {
+        std::vector<model::FfnWeights> experts;  // what it was built from
+        DevMem ptrs;                             // (3, experts) device pointers: gate, up, down
+        bool ok = false;
+        std::size_t hidden = 0, ffn = 0;
+        DType dtype = DType::bf16;
+    };
+    std::unordered_map<const model::FfnWeights*, ExpertTable> tables;
     std::unique_ptr<CUstream_st, StreamDel> stream_owner;
     std::unique_ptr<cublasContext, BlasDel> blas_owner;
     cudaStream_t stream = nullptr;
@@ -132,10 +150,14 @@ struct CudaModelOps::Impl {
     DevMem g, u;     // (max_pairs, max_ffn) fp32: gate and up of each pair
     DevMem h;        // (max_pairs, max_ffn) × 4 bytes: silu(g)·u in the weight dtype
     DevMem pair_token, pair_of;  // (max_pairs) int32: token of each sorted pair; pair of (t, j)
-    DevMem meta;                 // (max_experts + 2) int32: offsets, pairs, bad index
-    DevMem inv_freq;             // (max_rotary_dim / 2) fp32: a host rotary table copied up
+    DevMem meta;  // (2 max_experts + 3) int32: offsets, pairs, bad index, the experts with pairs
+    DevMem inv_freq;  // (max_rotary_dim / 2) fp32: a host rotary table copied up
     std::unique_ptr<std::int32_t, PinnedDel> meta_owner;
     std::int32_t* meta_host = nullptr;  // pinned copy of meta (max_experts + 2)
+    // Host-mapped: an out-of-range expert index the GEMV path met (−1: none), read after waits.
+    std::unique_ptr<std::int32_t, PinnedDel> bad_owner;
+    volatile std::int32_t* bad_host = nullptr;
+    std::int32_t* bad_dev = nullptr;
 
     explicit Impl(const CudaModelOpsOptions& o)
         : opts(o), max_width(std::max(o.max_hidden, o.max_ffn)), max_pairs(o.max_tokens * o.max_k) {
@@ -164,12 +186,20 @@ struct CudaModelOps::Impl {
         h = take(max_pairs * o.max_ffn * 4, "moe SwiGLU workspace");
         pair_token = take(max_pairs * 4, "moe pair workspace");
         pair_of = take(max_pairs * 4, "moe pair workspace");
-        meta = take((o.max_experts + 2) * 4, "moe offsets");
+        meta = take((2 * o.max_experts + 3) * 4, "moe offsets");
         inv_freq = take(o.max_rotary_dim / 2 * 4, "rotary table");
         void* pinned = nullptr;
         check(cudaMallocHost(&pinned, (o.max_experts + 2) * 4), "cudaMallocHost");
         meta_host = static_cast<std::int32_t*>(pinned);
         meta_owner.reset(meta_host);
+        void* mapped = nullptr;
+        check(cudaHostAlloc(&mapped, 4, cudaHostAllocMapped), "cudaHostAlloc");
+        bad_owner.reset(static_cast<std::int32_t*>(mapped));
+        bad_host = static_cast<std::int32_t*>(mapped);
+        *bad_host = -1;
+        void* dev = nullptr;
+        check(cudaHostGetDevicePointer(&dev, mapped, 0), "cudaHostGetDevicePointer");
+        bad_dev = static_cast<std::int32_t*>(dev);
     }
     ~Impl() {
         if (stream) cudaStreamSynchronize(stream);  // before the workspaces are freed
@@ -209,7 +239,65 @@ struct CudaModelOps::Impl {
 
     void moe(std::span<const model::FfnWeights> experts, const float* x, std::size_t n,
              const model::MoeRouting& routing, float* y);
+    const ExpertTable& table_for(std::span<const model::FfnWeights> experts);
+
+    // After a wait on the stream: an expert index the GEMV path refused.
+    void check_reported() const {
+        const std::int32_t bad = *bad_host;
+        if (bad < 0) return;
+        *bad_host = -1;
+        throw std::out_of_range("CudaModelOps::moe: expert index " + std::to_string(bad) +
+                                " out of range (a call since the last wait; y was left alone)");
+    }
 };
+
+const CudaModelOps::Impl::ExpertTable& CudaModelOps::Impl::table_for(
+    std::span<const model::FfnWeights> experts) {
+    const auto same = [](const model::FfnWeights& a, const model::FfnWeights& b) {
+        const auto eq = [](const model::Matrix& x, const model::Matrix& y) {
+            return x.data == y.data && x.rows == y.rows && x.cols == y.cols && x.dtype == y.dtype;
+        };
+        return eq(a.gate, b.gate) && eq(a.up, b.up) && eq(a.down, b.down);
+    };
+    const auto it = tables.find(experts.data());
+    if (it != tables.end() && it->second.experts.size() == experts.size() &&
+        std::equal(experts.begin(), experts.end(), it->second.experts.begin(), same))
+        return it->second;
+    if (tables.size() >= 4096) tables.clear();  // spans of weights long gone
+    ExpertTable& t = tables[experts.data()];
+    t = ExpertTable{};
+    t.experts.assign(experts.begin(), experts.end());
+    const std::size_t ne = experts.size();
+    if (ne == 0 || !experts[0].gate.data) return t;
+    t.hidden = experts[0].gate.cols;
+    t.ffn = experts[0].gate.rows;
+    t.dtype = experts[0].gate.dtype;
+    const auto fits = [&](const model::Matrix& mx, std::size_t rows, std::size_t cols) {
+        return mx.data && mx.rows == rows && mx.cols == cols && mx.dtype == t.dtype &&
+               reinterpret_cast<std::uintptr_t>(mx.data) % 16 == 0;
+    };
+    std::vector<const void*> host(3 * ne);
+    for (std::size_t e = 0; e < ne; ++e) {
+        const model::FfnWeights& f = experts[e];
+        if (!fits(f.gate, t.ffn, t.hidden) || !fits(f.up, t.ffn, t.hidden) ||
+            !fits(f.down, t.hidden, t.ffn))
+            return t;  // host-resident or mixed experts: the GEMM path checks what is routed
+        host[e] = f.gate.data;
+        host[ne + e] = f.up.data;
+        host[2 * ne + e] = f.down.data;
+    }
+    if (t.hidden > opts.max_hidden || t.ffn > opts.max_ffn ||
+        !detail::expert_gemv_fits(t.hidden, t.ffn, t.dtype))
+        return t;
+    t.ptrs = DevMem(3 * ne * sizeof(void*), "moe expert table");
+    bytes += 3 * ne * sizeof(void*);
+    check(cudaMemcpyAsync(t.ptrs.p, host.data(), 3 * ne * sizeof(void*), cudaMemcpyHostToDevice,
+                          stream),
+          "moe expert table");
+    check(cudaStreamSynchronize(stream), "moe expert table");  // once per span: host freed next
+    t.ok = true;
+    return t;
+}
 
 void CudaModelOps::Impl::moe(std::span<const model::FfnWeights> experts, const float* x,
                              std::size_t n, const model::MoeRouting& routing, float* y) {
@@ -221,12 +309,31 @@ void CudaModelOps::Impl::moe(std::span<const model::FfnWeights> experts, const f
         too_large("moe", "the number of experts", ne, "max_experts", opts.max_experts);
     use();
     auto* off = meta.as<std::int32_t>();
+    const ExpertTable* gemv = n <= kGemvTokens ? &table_for(experts) : nullptr;
+    if (gemv && !gemv->ok) gemv = nullptr;
     detail::launch_group_pairs(routing.expert, n, k, ne, off, pair_token.as<std::int32_t>(),
                                pair_of.as<std::int32_t>(), stream);
     launched("moe: grouping kernel");
+    if (gemv) {
+        // Nothing waits: the kernels read the counts where the grouping wrote them.
+        const auto* p = gemv->ptrs.as<const void*>();
+        detail::ExpertGemvArgs a{
+            p,  p + ne,       p + 2 * ne,    off,   pair_token.as<std::int32_t>(),
+            ne, gemv->hidden, gemv->ffn,     n * k, gemv->dtype,
+            x,  h.p,          xg.as<float>()};
+        detail::launch_expert_gate_up(a, stream);
+        launched("moe: expert gate/up kernel");
+        detail::launch_expert_down(a, stream);
+        launched("moe: expert down kernel");
+        detail::launch_combine(xg.as<float>(), gemv->hidden, pair_of.as<std::int32_t>(),
+                               routing.weight, n, k, y, stream, off + ne + 1, bad_dev);
+        launched("moe: combine kernel");
+        return;
+    }
     check(cudaMemcpyAsync(meta_host, off, (ne + 2) * 4, cudaMemcpyDeviceToHost, stream),
           "moe: copying the expert counts");
     check(cudaStreamSynchronize(stream), "moe: grouping");
+    check_reported();
 
     // Check every expert that gets tokens before anything is written: a refused call leaves y.
     if (meta_host[ne + 1] >= 0) {
@@ -401,6 +508,13 @@ void CudaModelOps::to_dtype(const float* x, std::size_t n, DType t, void* y) {
     launched("to_dtype kernel");
 }
 
+void CudaModelOps::count_ids(const std::int32_t* ids, std::size_t n, std::size_t bins,
+                             std::uint32_t* counts) {
+    impl_->use();
+    detail::launch_count_ids(ids, n, bins, counts, impl_->stream);
+    launched("count_ids");
+}
+
 void CudaModelOps::copy_2d(const float* src, std::size_t src_stride, float* dst,
                            std::size_t dst_stride, std::size_t rows, std::size_t cols) {
     if (rows == 0 || cols == 0) return;
@@ -437,6 +551,7 @@ void CudaModelOps::download(void* host_dst, const void* src, std::size_t bytes) 
     impl_->use();
     check(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, impl_->stream), "download");
     check(cudaStreamSynchronize(impl_->stream), "download");
+    impl_->check_reported();
 }
 std::size_t CudaModelOps::max_tokens() const noexcept {
     return impl_->opts.max_tokens;
@@ -447,11 +562,15 @@ const char* CudaModelOps::kernel_name() const noexcept {
 int CudaModelOps::threads() const noexcept {
     return impl_->sm_count;
 }
+int CudaModelOps::device() const noexcept {
+    return impl_->opts.device;
+}
 void* CudaModelOps::stream() const noexcept {
     return impl_->stream;
 }
 void CudaModelOps::synchronize() const {
     check(cudaStreamSynchronize(impl_->stream), "stream");
+    impl_->check_reported();
 }
 std::size_t CudaModelOps::workspace_bytes() const noexcept {
     return impl_->bytes;

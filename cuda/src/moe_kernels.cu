@@ -38,15 +38,17 @@ __global__ void group_pairs_kernel(const std::int32_t* __restrict__ expert, std:
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        int off = 0;
+        int off = 0, active = 0;
         for (int e = 0; e < E; ++e) {
             const int c = cnt[e];
             cnt[e] = off;
             meta[e] = off;
             off += c;
+            if (c > 0) meta[E + 3 + active++] = e;  // the experts with pairs, in order
         }
         meta[E] = off;
         meta[E + 1] = bad;
+        meta[E + 2] = active;
     }
     __syncthreads();
     for (std::size_t base = 0; base < pairs; base += blockDim.x) {
@@ -94,7 +96,12 @@ __global__ void swiglu_kernel(const float* __restrict__ g, const float* __restri
 __global__ void combine_kernel(const float* __restrict__ partial, std::size_t hidden,
                                const std::int32_t* __restrict__ pair_of,
                                const float* __restrict__ weight, std::size_t n, std::size_t k,
-                               float* __restrict__ y) {
+                               float* __restrict__ y, const std::int32_t* bad,
+                               std::int32_t* report) {
+    if (bad && *bad >= 0) {
+        if (report && blockIdx.x == 0 && threadIdx.x == 0) atomicCAS(report, -1, *bad);
+        return;
+    }
     for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n * hidden;
          i += std::size_t{gridDim.x} * blockDim.x) {
         const std::size_t t = i / hidden, c = i % hidden;
@@ -131,9 +138,10 @@ void launch_swiglu(const float* g, const float* u, std::size_t count, DType t, v
 }
 
 void launch_combine(const float* partial, std::size_t hidden, const std::int32_t* pair_of,
-                    const float* weight, std::size_t n, std::size_t k, float* y, void* stream) {
-    combine_kernel<<<grid_for(n * hidden), kBlock, 0, as_stream(stream)>>>(partial, hidden, pair_of,
-                                                                           weight, n, k, y);
+                    const float* weight, std::size_t n, std::size_t k, float* y, void* stream,
+                    const std::int32_t* bad, std::int32_t* report) {
+    combine_kernel<<<grid_for(n * hidden), kBlock, 0, as_stream(stream)>>>(
+        partial, hidden, pair_of, weight, n, k, y, bad, report);
 }
 
 }  // namespace writescope::cuda::detail

@@ -4,7 +4,9 @@
 //     not fit on the CPU) over a GPU engine splitting spilled attention by the roofline policy;
 //   gpu-only:   the same runtime and placement, the engine attending every spilled block on the
 //     GPU (P streamed over PCIe; U, which the GPU cannot read, still on the CPU);
-//   cpu-only:   everything on the CPU (the CPU-only product).
+//   cpu-only:   everything on the CPU (the CPU-only product);
+//   writescope-all-gpu (asked for with --modes): writescope with every expert on the GPU,
+//     outside the budget: the tracked A and the deployed r without the CPU's expert traffic.
 // The model is cut to --layers (default 2 of 48/32/27: the host holds the full models' random
 // weights only for a long generation) and the VRAM budget (--vram, default 32 GiB) is scaled by
 // the same fraction, all but what does not grow with the layers (embeddings, head, workspaces);
@@ -19,8 +21,11 @@
 // bandwidth measured in this run (the CPU reading while the copy engine streams pinned memory):
 // the limit of that step, and the step's efficiency against it; prefill tokens/s (a prompt of
 // --prefill tokens through the runtime); peak VRAM, pinned and host memory. --json writes the
-// records (docs/perf/generate-*.json). --aggregate SEQxCTX: one more run holding SEQ sequences
-// of CTX tokens each, decoding.
+// records (docs/perf/generate-*.json). layer_ms: one more decode step, profiled
+// (Runtime::profile_layers: the ops waited for around the attention and each side's experts),
+// split into attention, GPU experts, CPU experts and the rest, ms per layer; the parts run one
+// after another in it, so they add up to more than an unprofiled step's layer. --aggregate SEQxCTX:
+// one more run holding SEQ sequences of CTX tokens each, decoding.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -89,6 +94,8 @@ struct ModelSetup {
     std::unique_ptr<cuda::CudaModelOps> gpu_ops;
     model::Placement placement;
     std::unique_ptr<cuda::DeviceModelWeights> dev;
+    // Mode writescope-all-gpu: every expert on the GPU (outside the budget; made when asked).
+    std::unique_ptr<cuda::DeviceModelWeights> dev_all;
     double scale = 1;  // layers / full layers
     std::uint64_t vram = 0, t_bytes = 0, engine_vram = 0;
     Calibration calibration;
@@ -103,6 +110,11 @@ struct Run {
     double host_bytes = 0, limit_ms = 0, efficiency = 0, r = 0;
     std::size_t in_g = 0, in_p = 0, in_u = 0;
     double pinned_gib = 0, vram_gib = 0;
+    // One more step with the parts of each layer waited for (Runtime::profile_layers), ms per
+    // layer: they run one after another there, so they add up to more than a step's layer.
+    double prof_attention_ms = 0, prof_gpu_experts_ms = 0, prof_cpu_experts_ms = 0,
+           prof_rest_ms = 0;
+    double tracked_a = 0, tracked_b = 0;  // the engine's tracked A and B after the steps, s/token
 };
 
 EngineOptions engine_options(const ModelSetup& s, const std::string& mode, std::size_t batch,
@@ -117,11 +129,12 @@ EngineOptions engine_options(const ModelSetup& s, const std::string& mode, std::
     const std::uint64_t all = batch * per_seq_blocks * B * g.bytes_per_token();
     if (mode == "cpu-only") {
         eo.gpu_index = -1;
+        eo.mode = "cpu-only";
         eo.host_kv_bytes = all + (64u << 20);
         return eo;
     }
     eo.gpu_index = 0;
-    eo.mode = mode;
+    eo.mode = mode == "writescope-all-gpu" ? "writescope" : mode;
     eo.vram_kv_bytes = s.engine_vram;
     // Either host region may take all of the spill (the router's share decides).
     eo.pinned_kv_bytes = all + (256u << 20);
@@ -136,6 +149,10 @@ std::unique_ptr<model::Runtime> runtime_for(ModelSetup& s, Engine& e, const std:
     ro.max_batch = batch;
     ro.prefill_chunk_tokens = 512;
     if (mode == "cpu-only") return model::make_runtime(*s.m, *s.cpu_ops, e, ro);
+    if (mode == "writescope-all-gpu") {
+        if (!s.dev_all) s.dev_all = std::make_unique<cuda::DeviceModelWeights>(*s.m, nullptr);
+        return model::make_runtime(*s.m, *s.gpu_ops, e, ro, {&s.dev_all->weights(), nullptr});
+    }
     return model::make_runtime(*s.m, *s.gpu_ops, e, ro, {&s.dev->weights(), s.cpu_ops.get()});
 }
 
@@ -216,7 +233,9 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
             const StepReport rep = rt->last_step();
             const model::ExpertHeat heat = rt->take_expert_heat();
             double experts_host = 0;
-            if (mode != "cpu-only") {
+            if (mode == "writescope-all-gpu") {
+                // Every expert on the GPU: the host serves only the spilled KV.
+            } else if (mode != "cpu-only") {
                 for (std::size_t l = 0; l < heat.counts.size(); ++l)
                     for (std::size_t x = 0; x < heat.counts[l].size(); ++x)
                         if (heat.counts[l][x] && !s.placement.on_gpu[l][x])
@@ -231,6 +250,24 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
             host_b.push_back(spilled + experts_host);
             r.r = rep.r;
         }
+        // The profiled step: each part waited for (after the timed steps: it perturbs nothing
+        // they measured).
+        for (auto& t : toks)
+            t = static_cast<std::int32_t>(rng() % V);
+        rt->profile_layers(true);
+        rt->decode(ids, toks, logits.data());
+        rt->profile_layers(false);
+        const model::LayerTimes lt = rt->last_layer_times();
+        const double per_layer = 1e3 / static_cast<double>(L);
+        const bool gpu_runtime = mode != "cpu-only";
+        r.prof_attention_ms = lt.attention * per_layer;
+        r.prof_gpu_experts_ms = gpu_runtime ? lt.ops_experts * per_layer : 0.0;
+        r.prof_cpu_experts_ms = (gpu_runtime ? lt.host_experts : lt.ops_experts) * per_layer;
+        r.prof_rest_ms =
+            std::max(0.0, (lt.total - lt.attention - lt.ops_experts - lt.host_experts) * per_layer);
+        const EngineStatus after = e->status();
+        r.tracked_a = after.a;
+        r.tracked_b = after.b;
         std::sort(step_s.begin(), step_s.end());
         const double med = step_s[step_s.size() / 2];
         double attn = 0, hb = 0;
@@ -251,9 +288,11 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
             mode == "cpu-only"
                 ? 0
                 : gib(engine_options(s, mode, batch, context, o.steps, o.block).pinned_kv_bytes);
+        const cuda::DeviceModelWeights* dw =
+            mode == "writescope-all-gpu" ? s.dev_all.get() : s.dev.get();
         r.vram_gib = mode == "cpu-only"
                          ? 0
-                         : gib(s.dev->bytes() + s.engine_vram + s.gpu_ops->workspace_bytes());
+                         : gib(dw->bytes() + s.engine_vram + s.gpu_ops->workspace_bytes());
         for (const auto id : ids)
             rt->release(id);
         r.ok = true;
@@ -416,9 +455,13 @@ int run_generate(int argc, char** argv) {
                     std::printf(
                         "  %-10s ctx %6zu batch %2zu: %8.1f tok/s, %7.2f ms/step; per layer "
                         "attention %.3f ms, rest %.3f ms; blocks G %zu P %zu U %zu, r %.2f; "
-                        "host %.2f GB/step -> limit %.2f ms, efficiency %.2f\n",
+                        "host %.2f GB/step -> limit %.2f ms, efficiency %.2f\n"
+                        "  %-10s   profiled step, ms per layer: attention %.3f, GPU experts %.3f, "
+                        "CPU experts %.3f, rest %.3f; tracked A %.3g us/token, B %.3g us/token\n",
                         mode.c_str(), context, batch, r.tok_s, r.step_ms, r.attention_ms, r.rest_ms,
-                        r.in_g, r.in_p, r.in_u, r.r, r.host_bytes / 1e9, r.limit_ms, r.efficiency);
+                        r.in_g, r.in_p, r.in_u, r.r, r.host_bytes / 1e9, r.limit_ms, r.efficiency,
+                        "", r.prof_attention_ms, r.prof_gpu_experts_ms, r.prof_cpu_experts_ms,
+                        r.prof_rest_ms, r.tracked_a * 1e6, r.tracked_b * 1e6);
                 }
                 double best_single = 0;
                 for (const char* m : {"gpu-only", "cpu-only"})
@@ -449,13 +492,31 @@ int run_generate(int argc, char** argv) {
                     j << ws.efficiency;
                 else
                     j << "null";
+                // layer_ms: the profiled step's parts (each waited for); the unprofiled steps'
+                // attention and rest beside it.
                 j << ", \"layer_ms\": ";
                 if (ws.ok)
-                    j << "{\"attention\": " << ws.attention_ms
-                      << ", \"gpu_experts\": null, \"cpu_experts\": null, \"rest\": " << ws.rest_ms
+                    j << "{\"attention\": " << ws.prof_attention_ms
+                      << ", \"gpu_experts\": " << ws.prof_gpu_experts_ms
+                      << ", \"cpu_experts\": " << ws.prof_cpu_experts_ms
+                      << ", \"rest\": " << ws.prof_rest_ms << "}";
+                else
+                    j << "null";
+                j << ", \"step_layer_ms\": ";
+                if (ws.ok)
+                    j << "{\"attention\": " << ws.attention_ms << ", \"rest\": " << ws.rest_ms
                       << "}";
                 else
                     j << "null";
+                j << ", \"tracked_a\": " << ws.tracked_a << ", \"tracked_b\": " << ws.tracked_b;
+                if (runs.count("writescope-all-gpu") && runs["writescope-all-gpu"].ok) {
+                    const Run& ag = runs["writescope-all-gpu"];
+                    j << ", \"all_gpu_experts\": {\"tok_s\": " << ag.tok_s
+                      << ", \"tracked_a\": " << ag.tracked_a << ", \"r\": " << ag.r
+                      << ", \"layer_ms\": {\"attention\": " << ag.prof_attention_ms
+                      << ", \"gpu_experts\": " << ag.prof_gpu_experts_ms
+                      << ", \"rest\": " << ag.prof_rest_ms << "}}";
+                }
                 j << ", \"host_bytes_per_step\": " << ws.host_bytes
                   << ", \"limit_ms\": " << ws.limit_ms << ", \"step_ms\": " << ws.step_ms
                   << ", \"r\": " << ws.r << ", \"blocks\": {\"G\": " << ws.in_g

@@ -39,7 +39,8 @@ struct Options {
     std::size_t steps = 16;
     std::size_t threads = 0;
     std::string json;
-    double gpu = -1;  // < 0: CPU only; else the share of each layer's routed experts on the GPU
+    double gpu = -1;      // < 0: CPU only; else the share of each layer's routed experts on the GPU
+    bool staged = false;  // --staged: the engine's side through host memory every layer
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -86,10 +87,13 @@ int run_model_decode(int argc, char** argv) {
             o.json = next();
         else if (a == "--gpu")
             o.gpu = std::stod(next());
+        else if (a == "--staged")
+            o.staged = true;
         else if (a == "--help") {
             std::printf(
                 "writescope-bench model-decode [--models a,b] [--layers 2] [--batch 1,4,16]\n"
-                "  [--context 1024] [--steps 16] [--threads N] [--gpu SHARE] [--json FILE]\n");
+                "  [--context 1024] [--steps 16] [--threads N] [--gpu SHARE [--staged]] [--json "
+                "FILE]\n");
             return 0;
         } else
             throw std::invalid_argument("unknown option " + a);
@@ -169,7 +173,12 @@ int run_model_decode(int argc, char** argv) {
         ro.kv_dtype = g.dtype;
         ro.max_batch = max_batch;
         ro.prefill_chunk_tokens = 512;
+        ro.device_attention = !o.staged;
         const auto rt = model::make_runtime(*m, *ops, *engine, ro, rw);
+        if (gpu)
+            std::printf("%s: attention %s\n", name.c_str(),
+                        rt->device_attention() ? "device-side (q, K/V and states stay on the GPU)"
+                                               : "staged through host memory every layer");
 
         // The read ceiling with the expert pool's thread count, over 2 GiB.
         cpu::WorkerPoolOptions po;
@@ -220,21 +229,25 @@ int run_model_decode(int argc, char** argv) {
                                static_cast<double>(g.bytes_per_token());
             const double gbs = (wb + kvb) / med / 1e9;
             std::printf(
-                "%-16s %d of %d layers, batch %2zu: %8.2f ms/step, %7.1f tokens/s; reads %7.1f MB "
+                "%-16s %d of %d layers, batch %2zu: %8.2f ms/step (%.3f per layer), %7.1f "
+                "tokens/s; "
+                "reads %7.1f MB "
                 "weights + %6.1f MB KV per step = %6.1f GB/s = %.2f of the read bandwidth "
                 "(%.1f GB/s); prompts stored at %.0f tokens/s; load %.1f s\n",
                 name.c_str(), c.num_layers, m->full_layers(), batch, med * 1e3,
-                static_cast<double>(batch) / med, wb / 1e6, kvb / 1e6, gbs, gbs / read_gbs,
-                read_gbs, static_cast<double>(batch * o.context) / prefill_s, load_s);
-            char row[512];
+                med * 1e3 / c.num_layers, static_cast<double>(batch) / med, wb / 1e6, kvb / 1e6,
+                gbs, gbs / read_gbs, read_gbs, static_cast<double>(batch * o.context) / prefill_s,
+                load_s);
+            char row[640];
             std::snprintf(row, sizeof row,
                           "{\"model\": \"%s\", \"layers\": %d, \"batch\": %zu, \"context\": %zu, "
                           "\"step_ms\": %.4f, \"tokens_per_s\": %.3f, \"weight_bytes\": %.0f, "
                           "\"kv_bytes\": %.0f, \"gbs\": %.3f, \"read_gbs\": %.3f, "
-                          "\"ratio\": %.4f, \"kernel\": \"%s\", \"gpu_experts\": %.2f}",
+                          "\"ratio\": %.4f, \"kernel\": \"%s\", \"gpu_experts\": %.2f, "
+                          "\"device_attention\": %s}",
                           name.c_str(), c.num_layers, batch, o.context, med * 1e3,
                           static_cast<double>(batch) / med, wb, kvb, gbs, read_gbs, gbs / read_gbs,
-                          ops->kernel_name(), o.gpu);
+                          ops->kernel_name(), o.gpu, rt->device_attention() ? "true" : "false");
             rows.push_back(row);
             for (std::uint64_t id : ids)
                 rt->release(id);

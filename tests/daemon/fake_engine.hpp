@@ -151,7 +151,8 @@ class FakeEngine final : public Engine {
                        const void*, StateView) override {
         throw std::logic_error("the fake engine attends nothing");
     }
-    void attend_layer(std::size_t, const void*, NewTokens, StateView) override {
+    using Engine::attend_layer;
+    void attend_layer(std::size_t, const void*, NewTokens, StateView, void*) override {
         throw std::logic_error("FakeEngine: no decode steps");
     }
     StepReport end_step() override { throw std::logic_error("FakeEngine: no decode steps"); }

@@ -169,7 +169,9 @@ TEST_CASE("GPU linear matches the CPU and the fp64 reference", "[gpu]") {
             const HostMatrix w(s.rows, s.cols, d, rng());
             cuda::DeviceWeights dw;
             const model::Matrix wd = dw.upload(w.m);
-            for (std::size_t n : {1u, 4u, 16u, 300u}) {
+            // Up to 64 tokens the expert GEMV kernels run (no wait on the host), beyond them the
+            // per-expert GEMMs.
+            for (std::size_t n : {1u, 4u, 16u, 64u, 300u}) {
                 const auto x = random_floats(n * s.cols, -1.0f, 1.0f, rng);
                 std::vector<float> yc(n * s.rows);
                 cpu_ops().linear(w.m, x.data(), n, yc.data());
@@ -386,11 +388,30 @@ TEST_CASE("GPU moe refuses a bad expert index and leaves y alone", "[gpu]") {
     const std::vector<float> wt{0.5f, 0.5f, 0.5f, 0.5f};
     const auto xd = to_device(x), exd = to_device(ex), wtd = to_device(wt);
     auto yd = to_device(y0);
+    // Two tokens take the GEMV path: nothing waits there, so the refusal comes with the next
+    // wait on the stream, and y is left alone.
     REQUIRE_THROWS_AS(
-        gpu_ops().moe(experts, dptr<float>(xd), 2, {dptr<std::int32_t>(exd), dptr<float>(wtd), 2},
-                      dptr<float>(yd)),
+        (gpu_ops().moe(experts, dptr<float>(xd), 2, {dptr<std::int32_t>(exd), dptr<float>(wtd), 2},
+                       dptr<float>(yd)),
+         gpu_ops().synchronize()),
         std::out_of_range);
     REQUIRE(to_host<float>(yd, 16) == y0);
+    gpu_ops().synchronize();  // reported once
+    // 100 tokens take the GEMM path, which refuses at the call.
+    {
+        const auto x100 = random_floats(100 * 8, -1, 1, rng);
+        std::vector<std::int32_t> ex100(200, 0);
+        ex100[77] = 2;
+        const std::vector<float> wt100(200, 0.5f);
+        const auto x100d = to_device(x100), ex100d = to_device(ex100), wt100d = to_device(wt100);
+        const auto y100 = random_floats(100 * 8, -1, 1, rng);
+        auto y100d = to_device(y100);
+        REQUIRE_THROWS_AS(
+            gpu_ops().moe(experts, dptr<float>(x100d), 100,
+                          {dptr<std::int32_t>(ex100d), dptr<float>(wt100d), 2}, dptr<float>(y100d)),
+            std::out_of_range);
+        REQUIRE(to_host<float>(y100d, 100 * 8) == y100);
+    }
     // Every slot skipped: nothing to do.
     const auto skip = to_device(std::vector<std::int32_t>{-1, -1, -1, -1});
     gpu_ops().moe(experts, dptr<float>(xd), 2, {dptr<std::int32_t>(skip), dptr<float>(wtd), 2},

@@ -56,6 +56,10 @@ class CountingOps final : public model::ModelOps {
                  std::size_t cols) override {
         inner_.copy_2d(src, ss, dst, ds, rows, cols);
     }
+    void count_ids(const std::int32_t* ids, std::size_t n, std::size_t bins,
+                   std::uint32_t* counts) override {
+        inner_.count_ids(ids, n, bins, counts);
+    }
     bool host_memory() const noexcept override { return host_; }
     void* allocate(std::size_t bytes) override { return inner_.allocate(bytes); }
     void deallocate(void* p) noexcept override { inner_.deallocate(p); }

@@ -28,11 +28,12 @@ bool keep_expert(std::size_t layer, std::size_t e) {
     return layer != 1 && (layer + e) % 2 == 0;
 }
 
-Setup make_setup(const model::Model& m, std::size_t chunk, bool split, std::size_t max_batch = 4) {
+Setup make_setup(const model::Model& m, std::size_t chunk, bool split, std::size_t max_batch = 4,
+                 bool apart = true) {
     Setup s;
     s.engine = small_engine(m, 16, max_batch);
     const auto co = cpu_ops_options(m.config(), std::max(chunk, max_batch));
-    s.ops = std::make_unique<CountingOps>(co, /*host_memory=*/false);
+    s.ops = std::make_unique<CountingOps>(co, /*host_memory=*/!apart);
     s.weights = split ? without_experts(m, keep_expert) : m.weights();
     if (split) s.host_ops = std::make_unique<CountingOps>(co, /*host_memory=*/true);
     model::RuntimeOptions ro;
@@ -101,6 +102,56 @@ TEST_CASE("the runtime with experts split keeps transformers' greedy tokens and 
         // The routing counted as without the split: k slots per token per MoE layer.
         CHECK(s.runtime->take_expert_heat().total() > 0);
     }
+}
+
+TEST_CASE("the routing counted in the ops' memory equals the host's count", "[model]") {
+    // Ops apart from host memory count the routing where it is (count_ids) and read it once per
+    // forward pass; host ops count it on the host per layer. Heat and weight bytes must agree.
+    for (const std::string& name : reference_model_names()) {
+        const auto dir = models_dir() / name;
+        const Reference ref = read_reference(dir);
+        const auto m = model::load_model_dir(dir);
+        if (m->config().num_experts == 0) continue;
+        for (const bool split : {false, true}) {
+            Setup apart = make_setup(*m, 7, split);
+            Setup host = make_setup(*m, 7, split, 4, /*apart=*/false);
+            std::uint64_t bytes_apart = 0, bytes_host = 0;
+            for (const ReferencePrompt& p : ref.prompts) {
+                greedy(*apart.runtime, p.ids, 3);
+                bytes_apart += apart.runtime->last_weight_bytes();
+                greedy(*host.runtime, p.ids, 3);
+                bytes_host += host.runtime->last_weight_bytes();
+            }
+            const model::ExpertHeat a = apart.runtime->take_expert_heat();
+            const model::ExpertHeat h = host.runtime->take_expert_heat();
+            INFO(name << (split ? " split" : ""));
+            CHECK(a.total() > 0);
+            CHECK(a.counts == h.counts);
+            CHECK(bytes_apart == bytes_host);
+            // Taken: nothing left until the next forward pass.
+            CHECK(apart.runtime->take_expert_heat().total() == 0);
+        }
+    }
+}
+
+TEST_CASE("a profiled decode step measures its parts and computes the same tokens", "[model]") {
+    const auto dir = models_dir() / "qwen3-moe-tiny";
+    const Reference ref = read_reference(dir);
+    const auto m = model::load_model_dir(dir);
+    Setup plain = make_setup(*m, 16, /*split=*/true);
+    Setup profiled = make_setup(*m, 16, /*split=*/true);
+    CHECK(profiled.runtime->last_layer_times().total == 0);
+    profiled.runtime->profile_layers(true);
+    const ReferencePrompt& p = ref.prompts[0];
+    const auto a = greedy(*plain.runtime, p.ids, 4);
+    const auto b = greedy(*profiled.runtime, p.ids, 4);
+    CHECK(a == b);
+    const model::LayerTimes t = profiled.runtime->last_layer_times();
+    CHECK(t.attention > 0);
+    CHECK(t.ops_experts > 0);   // the experts kept in the ops' memory, and the dense layers
+    CHECK(t.host_experts > 0);  // layer 1's experts are all on the host ops
+    CHECK(t.total >= t.attention + t.ops_experts + t.host_experts);
+    CHECK(plain.runtime->last_layer_times().total == 0);  // not profiled: nothing measured
 }
 
 TEST_CASE("a runtime refuses weights it cannot run", "[model]") {

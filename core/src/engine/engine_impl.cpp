@@ -373,13 +373,16 @@ void EngineImpl::begin_step(std::span<const std::uint64_t> seq_ids) {
     // The split: the mode's plan, except that the trackers may ask for a probe share after a
     // run of steps at one end (PolicyTrackers::deploy); then that share, as static:R.
     const PlanCosts costs = trackers_.plan_costs();
-    const StepPlan* plan = &exec_->plan(seq_ids, mode_, costs, true);  // checks ids and room
+    // (Planned without laying out the work: that happens once, for the plan that runs.)
+    const StepPlan* plan = &exec_->plan(seq_ids, mode_, costs, true, false);  // checks ids, room
     if (parts_.gpu && mode_.kind == ModeKind::writescope && plan->totals().spilled_tokens > 0) {
         const double planned = plan->totals().cpu_share;
         const double d = trackers_.deploy(planned);
         if (d != planned)
-            plan = &exec_->plan(seq_ids, ExecutionMode{ModeKind::static_split, d}, costs, true);
+            plan =
+                &exec_->plan(seq_ids, ExecutionMode{ModeKind::static_split, d}, costs, true, false);
     }
+    exec_->build();
     const StepTotals& t = plan->totals();
     std::uint64_t p_to_cpu = 0;
     for (std::size_t i = 0; i < plan->num_seqs(); ++i)
@@ -387,6 +390,7 @@ void EngineImpl::begin_step(std::span<const std::uint64_t> seq_ids) {
     step_cpu_p_tokens_ = static_cast<double>(p_to_cpu * parts_.kv.block_tokens);
     step_cpu_u_tokens_ = static_cast<double>(t.cpu_spilled_tokens) - step_cpu_p_tokens_;
     step_ = {};
+    device_layer_seconds_.clear();
     step_.sequences = seq_ids.size();
     step_.r = t.spilled_tokens > 0 ? t.cpu_share : (parts_.gpu ? 0.0 : 1.0);
     step_ids_.assign(seq_ids.begin(), seq_ids.end());
@@ -505,7 +509,19 @@ void EngineImpl::prefill(std::uint64_t seq_id, std::size_t n, const void* k, con
     }
 }
 
-void EngineImpl::attend_layer(std::size_t layer, const void* q, NewTokens fresh, StateView out) {
+bool EngineImpl::device_side() const noexcept {
+    return parts_.gpu && parts_.gpu->device_side();
+}
+
+int EngineImpl::gpu_device() const noexcept {
+    return parts_.gpu ? opts_.gpu_index : -1;
+}
+
+void EngineImpl::attend_layer(std::size_t layer, const void* q, NewTokens fresh, StateView out,
+                              void* device_stream) {
+    if (device_stream && !device_side())
+        throw std::invalid_argument(
+            "attend_layer: device memory given to an engine whose attention reads host memory");
     {
         std::lock_guard lock(mu_);
         if (!stepping_) throw std::logic_error("attend_layer: no decode step is open");
@@ -527,9 +543,12 @@ void EngineImpl::attend_layer(std::size_t layer, const void* q, NewTokens fresh,
     // This layer of the blocks sealed so far must have landed (U laid out) before either
     // engine reads it; later layers are still being laid out meanwhile.
     parts_.sealer->wait_layer(layer);
-    const LayerStepResult r = exec_->run_layer(layer, q, out, fresh);
+    const LayerStepResult r = exec_->run_layer(layer, q, out, fresh, device_stream);
     std::lock_guard lock(mu_);
-    step_.seconds += r.step_seconds;
+    if (device_stream)
+        device_layer_seconds_.push_back(r.step_seconds);  // the GPU's at end_step
+    else
+        step_.seconds += r.step_seconds;
     step_.cpu_seconds += r.cpu_seconds;
     step_.gpu_seconds += r.gpu.attention_seconds;
     step_.cpu_spilled_tokens = r.cpu_spilled_tokens;
@@ -557,6 +576,18 @@ StepReport EngineImpl::end_step() {
         step_.sealed_g += m.kind == MoveKind::remap;
         step_.sealed_p += m.kind == MoveKind::copy_to_pinned;
         step_.sealed_u += m.kind == MoveKind::pack_to_unpinned;
+    }
+    if (!device_layer_seconds_.empty()) {
+        // The layers attended on the device side: the GPU's timings, now that they are done.
+        // A layer lasted until both the host's part (the CPU's share) and the GPU's ended.
+        device_timings_.resize(device_layer_seconds_.size());
+        const std::size_t n = parts_.gpu->take_device_timings(device_timings_);
+        for (std::size_t i = 0; i < device_layer_seconds_.size(); ++i) {
+            const double gpu = i < n ? device_timings_[i].total_seconds : 0.0;
+            step_.seconds += std::max(device_layer_seconds_[i], gpu);
+            if (i < n) step_.gpu_seconds += device_timings_[i].attention_seconds;
+        }
+        device_layer_seconds_.clear();
     }
     step_.layers = layers;
     const double L = static_cast<double>(layers);

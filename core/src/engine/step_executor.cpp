@@ -95,7 +95,7 @@ void StepExecutor::ensure_tables(std::size_t seqs, std::size_t blocks) {
 
 const StepPlan& StepExecutor::plan(std::span<const std::uint64_t> seq_ids,
                                    const ExecutionMode& mode, const PlanCosts& costs,
-                                   bool pending_token) {
+                                   bool pending_token, bool build) {
     if (seq_ids.size() > cfg_.max_seqs)
         throw std::length_error("step of " + std::to_string(seq_ids.size()) +
                                 " sequences; the executor is sized for " +
@@ -132,8 +132,13 @@ const StepPlan& StepExecutor::plan(std::span<const std::uint64_t> seq_ids,
     po.mode = mode;
     po.costs = costs;
     plan_step(std::span<const SequenceBlocks>(batch_.data(), nseq_), po, plan_);
-    build_work(gpu_ != nullptr && mode.kind == ModeKind::monolithic);
+    monolithic_ = gpu_ != nullptr && mode.kind == ModeKind::monolithic;
+    if (build) build_work(monolithic_);
     return plan_;
+}
+
+void StepExecutor::build() {
+    build_work(monolithic_);
 }
 
 void StepExecutor::build_work(bool monolithic) {
@@ -218,7 +223,7 @@ void StepExecutor::write_fresh_host(std::size_t layer, NewTokens fresh) {
 }
 
 LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateView out,
-                                        NewTokens fresh) {
+                                        NewTokens fresh, void* device_stream) {
     LayerStepResult r = counts_;
     const std::size_t rows = nseq_ * qh_;
     if (out.rows != rows || out.dim != dv_)
@@ -230,10 +235,34 @@ LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateV
                      : "run_layer: new tokens given for a step planned without them");
     if (fresh.k && !cache_.config().geometry.mla && !fresh.v)
         throw std::invalid_argument("run_layer: the new tokens' V is missing");
+    if (device_stream && !(gpu_ && gpu_->device_side()))
+        throw std::invalid_argument(
+            "run_layer: device memory given to an engine without a GPU "
+            "backend that reads it");
     const double t0 = steady_seconds();
     // Without a GPU the open blocks are host memory: the new rows go there now, before the CPU
     // reads them. The GPU backend writes them on its stream, ahead of its attention.
     if (fresh.k && !gpu_) write_fresh_host(layer, fresh);
+    if (monolithic_) {
+        // The baseline's gather: each sequence's GPU share of this layer into its one cache.
+        const std::size_t bytes = pinned_->slot_bytes();
+        for (std::size_t i = 0; i < nseq_; ++i) {
+            auto* dst = static_cast<char*>(mono_[i].data());
+            for (std::size_t k = mono_begin_[i]; k < mono_begin_[i + 1]; ++k, dst += bytes)
+                std::memcpy(dst, pinned_->block(layer, gpu_p_slots_[k]), bytes);
+        }
+    }
+
+    if (device_stream) {
+        // q is the model's, on the device: the GPU's side goes first (it reads q where it is),
+        // and its first copy brings q down for the CPU's share.
+        gpu_->launch_device(layer, q, fresh, device_stream, cpu_any_);
+        r.gpu_launch_seconds = steady_seconds() - t0;
+        if (cpu_any_) q = gpu_->host_q();
+    }
+    // The CPU side is timed from when its q is at hand (the model's own work before it is not
+    // the CPU's attention).
+    const double t_cpu = device_stream ? steady_seconds() : t0;
 
     // The CPU's blocks at this layer's addresses.
     for (std::size_t i = 0; i < nseq_; ++i) {
@@ -253,33 +282,31 @@ LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateV
                     break;
             }
         }
-        cpu_work_[i] = {static_cast<const char*>(q) + i * q_row_bytes_,
+        cpu_work_[i] = {cpu_any_ ? static_cast<const char*>(q) + i * q_row_bytes_ : nullptr,
                         std::span<const CpuBlock>(cpu_blocks_.data() + b0, b1 - b0)};
-    }
-
-    if (monolithic_) {
-        // The baseline's gather: each sequence's GPU share of this layer into its one cache.
-        const std::size_t bytes = pinned_->slot_bytes();
-        for (std::size_t i = 0; i < nseq_; ++i) {
-            auto* dst = static_cast<char*>(mono_[i].data());
-            for (std::size_t k = mono_begin_[i]; k < mono_begin_[i + 1]; ++k, dst += bytes)
-                std::memcpy(dst, pinned_->block(layer, gpu_p_slots_[k]), bytes);
-        }
     }
 
     // With a GPU the CPU writes its partials where the GPU side's last merge reads them (sized
     // for max_seqs, checked at construction); without one, its result is the output.
     const StateView cpu_part = gpu_ ? gpu_->cpu_partial_buffer(rows) : out;
+    const ConstStateView cpu_done =
+        cpu_any_ ? ConstStateView{cpu_part.o, cpu_part.lse, rows, dv_} : ConstStateView{};
+    if (device_stream) {
+        if (cpu_any_) {
+            cpu_.attend(std::span<const CpuSeqWork>(cpu_work_.data(), nseq_), cpu_part);
+            r.cpu_seconds = steady_seconds() - t_cpu;
+        }
+        gpu_->finish_device(cpu_done, out, device_stream);
+        r.step_seconds = steady_seconds() - t0;
+        return r;
+    }
     const EnginesStarted e = start_engines(cpu_, gpu_, layer, q, fresh,
                                            std::span<const CpuSeqWork>(cpu_work_.data(), nseq_),
                                            cpu_any_, cpu_part, cfg_.overlap_gpu_launch, t0);
     r.cpu_seconds = e.cpu_seconds;
     r.gpu_launch_seconds = e.gpu_launch_seconds;
     if (!gpu_ && !cpu_any_) clear_states(out);
-    if (gpu_) {
-        r.gpu = gpu_->finish(
-            cpu_any_ ? ConstStateView{cpu_part.o, cpu_part.lse, rows, dv_} : ConstStateView{}, out);
-    }
+    if (gpu_) r.gpu = gpu_->finish(cpu_done, out);
     r.step_seconds = steady_seconds() - t0;
     return r;
 }

@@ -12,6 +12,7 @@
 #include "writescope/core/model/model.hpp"
 #include "writescope/core/model/model_ops.hpp"
 #include "writescope/core/model/placement.hpp"
+#include "writescope/core/model/runtime.hpp"
 
 namespace writescope::model::detail {
 
@@ -30,7 +31,7 @@ class Architecture {
     // h (n, hidden) += the layer's MLP or MoE block of xn (n, hidden).
     virtual void feed_forward(std::size_t layer, const float* xn, std::size_t n, float* h) = 0;
     // Bytes of feed-forward weights read since the last call (FeedForward::take_bytes).
-    virtual std::uint64_t take_ffn_bytes() noexcept = 0;
+    virtual std::uint64_t take_ffn_bytes() = 0;
     // Tokens routed to each expert since the last call (FeedForward::take_heat).
     virtual ExpertHeat take_heat() = 0;
 };
@@ -47,6 +48,14 @@ struct Binding {
     ModelOps* host_ops = nullptr;
     DType kv_dtype = DType::bf16;
     std::size_t max_tokens = 1;
+    // The runtime's profile (RuntimeOptions::profile_layers): while `on`, the feed-forward
+    // blocks wait for the ops around each side's experts and add their seconds to `times`.
+    struct Profile* profile = nullptr;
+};
+
+struct Profile {
+    bool on = false;
+    LayerTimes times;
 };
 
 std::unique_ptr<Architecture> make_qwen3_moe(const Binding& b);

@@ -114,7 +114,7 @@ class DeepseekV2 final : public Architecture {
     void feed_forward(std::size_t layer, const float* xn, std::size_t n, float* h) override {
         ffn_.run(layer, xn, n, h);
     }
-    std::uint64_t take_ffn_bytes() noexcept override { return ffn_.take_bytes(); }
+    std::uint64_t take_ffn_bytes() override { return ffn_.take_bytes(); }
     ExpertHeat take_heat() override { return ffn_.take_heat(); }
 
   private:

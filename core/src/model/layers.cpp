@@ -1,10 +1,30 @@
 #include "layers.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <stdexcept>
 #include <string>
 
 namespace writescope::model::detail {
+
+namespace {
+
+// Runs f; with a profile, waits for `ops` before and after and adds the seconds to its part.
+template <class F>
+void timed(Profile* profile, const ModelOps& ops, double LayerTimes::*part, F&& f) {
+    if (!profile || !profile->on) {
+        f();
+        return;
+    }
+    ops.synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    ops.synchronize();
+    profile->times.*part +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
 
 OpsRotary::OpsRotary(const RopeConfig& rope, ModelOps& ops) : host_(rope), table_(host_.table()) {
     if (ops.host_memory()) return;
@@ -61,6 +81,7 @@ FeedForward::FeedForward(const Binding& b)
       w_(b.weights),
       ops_(b.ops),
       host_ops_(b.host_ops),
+      profile_(b.profile),
       routing_(routing_params(b.model.config())) {
     const auto& c = m_.config();
     const auto& host = m_.weights().layers;
@@ -109,6 +130,14 @@ FeedForward::FeedForward(const Binding& b)
     }
     seen_.assign(E, 0);
     heat_ = ExpertHeat::zeros(m_);
+    if (!ops_.host_memory()) {
+        // The routing is counted where it is: per layer and expert, cumulative (mod 2^32), read
+        // once per forward pass (collect).
+        bins_ = E;
+        counts_ops_ = OpsBuffer<std::uint32_t>(ops_, host.size() * E);
+        counts_now_.assign(host.size() * E, 0);
+        counts_seen_.assign(host.size() * E, 0);
+    }
     ones_ = OpsBuffer<float>(ops_, std::vector<float>(max_tokens, 1.0f));
     zeros_ = OpsBuffer<std::int32_t>(ops_, max_tokens);  // zeroed
 }
@@ -118,7 +147,8 @@ void FeedForward::run(std::size_t layer, const float* xn, std::size_t n, float* 
     const LayerWeights& L = w_.layers[layer];
     const MoeRouting single{zeros_.data(), ones_.data(), 1};
     if (!L.moe) {
-        ops_.moe(std::span<const FfnWeights>(&L.mlp, 1), xn, n, single, h);
+        timed(profile_, ops_, &LayerTimes::ops_experts,
+              [&] { ops_.moe(std::span<const FfnWeights>(&L.mlp, 1), xn, n, single, h); });
         bytes_ += L.mlp.bytes();
         return;
     }
@@ -126,30 +156,34 @@ void FeedForward::run(std::size_t layer, const float* xn, std::size_t n, float* 
     ops_.linear(router, xn, n, logits_.data());
     ops_.route(routing_, logits_.data(), n, experts_.data(), weights_.data());
     const std::size_t k = static_cast<std::size_t>(c.experts_per_token);
-    // The host sees the routing to count it (and to split it): a copy down unless the ops
-    // compute in host memory.
-    const std::int32_t* ids = experts_.data();
     if (!ops_.host_memory()) {
-        experts_.download(std::span<std::int32_t>(experts_host_.data(), n * k));
-        ids = experts_host_.data();
+        // Counted in the ops' memory: no copy down (run_split brings the routing down itself).
+        ops_.count_ids(experts_.data(), n * k, bins_, counts_ops_.data() + layer * bins_);
+        uncollected_ = true;
     }
     if (layer_split_[layer]) {
         run_split(layer, xn, n, h);
     } else {
-        ops_.moe(L.experts, xn, n, MoeRouting{experts_.data(), weights_.data(), k}, h);
+        timed(profile_, ops_, &LayerTimes::ops_experts, [&] {
+            ops_.moe(L.experts, xn, n, MoeRouting{experts_.data(), weights_.data(), k}, h);
+        });
     }
-    std::fill(seen_.begin(), seen_.end(), std::uint8_t{0});
-    for (std::size_t i = 0; i < n * k; ++i) {
-        const std::int32_t e = ids[i];
-        if (e >= 0) ++heat_.counts[layer][static_cast<std::size_t>(e)];
-        if (e >= 0 && !seen_[static_cast<std::size_t>(e)]) {
-            seen_[static_cast<std::size_t>(e)] = 1;
-            bytes_ += m_.weights().layers[layer].experts[static_cast<std::size_t>(e)].bytes();
+    if (ops_.host_memory()) {
+        const std::int32_t* ids = experts_.data();
+        std::fill(seen_.begin(), seen_.end(), std::uint8_t{0});
+        for (std::size_t i = 0; i < n * k; ++i) {
+            const std::int32_t e = ids[i];
+            if (e >= 0) ++heat_.counts[layer][static_cast<std::size_t>(e)];
+            if (e >= 0 && !seen_[static_cast<std::size_t>(e)]) {
+                seen_[static_cast<std::size_t>(e)] = 1;
+                bytes_ += m_.weights().layers[layer].experts[static_cast<std::size_t>(e)].bytes();
+            }
         }
     }
     bytes_ += router.bytes();
     if (L.shared.gate) {
-        ops_.moe(std::span<const FfnWeights>(&L.shared, 1), xn, n, single, h);
+        timed(profile_, ops_, &LayerTimes::ops_experts,
+              [&] { ops_.moe(std::span<const FfnWeights>(&L.shared, 1), xn, n, single, h); });
         bytes_ += L.shared.bytes();
     }
 }
@@ -162,9 +196,11 @@ void FeedForward::run_split(std::size_t layer, const float* xn, std::size_t n, f
     const std::size_t k = static_cast<std::size_t>(c.experts_per_token);
     const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
     const std::vector<std::uint8_t>& on_host = on_host_[layer];
-    const std::int32_t* ids = ops_.host_memory()
-                                  ? experts_.data()
-                                  : static_cast<const std::int32_t*>(experts_host_.data());
+    const std::int32_t* ids = experts_.data();
+    if (!ops_.host_memory()) {
+        experts_.download(std::span<std::int32_t>(experts_host_.data(), n * k));
+        ids = experts_host_.data();
+    }
     bool any_host = false, any_ops = false;
     for (std::size_t i = 0; i < n * k; ++i) {
         const std::int32_t e = ids[i];
@@ -185,8 +221,10 @@ void FeedForward::run_split(std::size_t layer, const float* xn, std::size_t n, f
     }
     if (any_ops) {
         split_ops_.upload(std::span<const std::int32_t>(split_host_.data(), n * k));
-        ops_.moe(w_.layers[layer].experts, xn, n, MoeRouting{split_ops_.data(), weights_.data(), k},
-                 h);
+        timed(profile_, ops_, &LayerTimes::ops_experts, [&] {
+            ops_.moe(w_.layers[layer].experts, xn, n,
+                     MoeRouting{split_ops_.data(), weights_.data(), k}, h);
+        });
     }
     if (!any_host) return;
     for (std::size_t i = 0; i < n * k; ++i) {
@@ -194,13 +232,39 @@ void FeedForward::run_split(std::size_t layer, const float* xn, std::size_t n, f
         split_host_[i] = e >= 0 && on_host[static_cast<std::size_t>(e)] ? e : -1;
     }
     std::fill_n(y_host_.begin(), n * hidden, 0.0f);
-    host_ops_->moe(m_.weights().layers[layer].experts, x, n, MoeRouting{split_host_.data(), wts, k},
-                   y_host_.data());
+    timed(profile_, *host_ops_, &LayerTimes::host_experts, [&] {
+        host_ops_->moe(m_.weights().layers[layer].experts, x, n,
+                       MoeRouting{split_host_.data(), wts, k}, y_host_.data());
+    });
     y_ops_.upload(std::span<const float>(y_host_.data(), n * hidden));
     ops_.add(h, y_ops_.data(), n * hidden);
 }
 
+void FeedForward::collect() {
+    if (!uncollected_) return;
+    uncollected_ = false;
+    // Each expert routed to since the last collect counts its bytes once: collect runs once per
+    // forward pass (take_bytes), the unit of last_weight_bytes.
+    counts_ops_.download(std::span<std::uint32_t>(counts_now_));
+    const auto& layers = m_.weights().layers;
+    for (std::size_t l = 0; l < layers.size(); ++l)
+        for (std::size_t e = 0; e < layers[l].experts.size() && e < bins_; ++e) {
+            const std::size_t i = l * bins_ + e;
+            const std::uint32_t d = counts_now_[i] - counts_seen_[i];  // mod 2^32
+            if (d == 0) continue;
+            heat_.counts[l][e] += d;
+            bytes_ += layers[l].experts[e].bytes();
+        }
+    std::swap(counts_seen_, counts_now_);
+}
+
+std::uint64_t FeedForward::take_bytes() {
+    collect();
+    return std::exchange(bytes_, 0);
+}
+
 ExpertHeat FeedForward::take_heat() {
+    collect();
     ExpertHeat out = ExpertHeat::zeros(m_);
     std::swap(out, heat_);
     return out;

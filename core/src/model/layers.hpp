@@ -60,17 +60,20 @@ class FeedForward {
     void run(std::size_t layer, const float* xn, std::size_t n, float* h);
     // Bytes of routed and shared expert (or dense MLP) weights the calls since the last take
     // read: each expert a call routes a token to counts once.
-    std::uint64_t take_bytes() noexcept { return std::exchange(bytes_, 0); }
+    std::uint64_t take_bytes();
     // Tokens routed to each expert since the last take (the placement's routing frequencies).
     ExpertHeat take_heat();
 
   private:
     void run_split(std::size_t layer, const float* xn, std::size_t n, float* h);
+    // Ops not in host memory: the counts since the last collect into heat_ and bytes_.
+    void collect();
 
     const Model& m_;
     const ModelWeights& w_;
     ModelOps& ops_;
     ModelOps* host_ops_;
+    Profile* profile_;  // while on: the experts' seconds, each side waited for
     // The routers in fp32 (docs/design.md section 5: routers in fp32), one per layer (empty for
     // dense layers).
     std::vector<OpsBuffer<float>> routers_;
@@ -87,6 +90,12 @@ class FeedForward {
     OpsBuffer<float> y_ops_;
     std::vector<float> x_host_, y_host_;
     std::vector<std::uint8_t> seen_;  // per expert: routed to in this call
+    // Ops not in host memory: the routing's counts there (layers × bins_, cumulative mod 2^32),
+    // and on the host the last read and the one before.
+    std::size_t bins_ = 0;
+    OpsBuffer<std::uint32_t> counts_ops_;
+    std::vector<std::uint32_t> counts_now_, counts_seen_;
+    bool uncollected_ = false;
     RoutingParams routing_;
     std::uint64_t bytes_ = 0;
     ExpertHeat heat_;
@@ -107,7 +116,7 @@ class StandardArchitecture final : public Architecture {
     void feed_forward(std::size_t layer, const float* xn, std::size_t n, float* h) override {
         ffn_.run(layer, xn, n, h);
     }
-    std::uint64_t take_ffn_bytes() noexcept override { return ffn_.take_bytes(); }
+    std::uint64_t take_ffn_bytes() override { return ffn_.take_bytes(); }
     ExpertHeat take_heat() override { return ffn_.take_heat(); }
 
   private:

@@ -5,6 +5,7 @@
 #include "writescope/core/model/runtime.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -18,6 +19,11 @@
 
 namespace writescope::model {
 namespace {
+
+double now_seconds() noexcept {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
 
 using detail::Architecture;
 
@@ -61,7 +67,8 @@ class RuntimeImpl final : public Runtime {
             throw std::invalid_argument("model " + c.name +
                                         ": the embeddings, the final norm and the head must be "
                                         "in the ops' memory");
-        arch_ = make_architecture({model, w_, ops, rw.host_ops, opts.kv_dtype, rows_});
+        arch_ = make_architecture({model, w_, ops, rw.host_ops, opts.kv_dtype, rows_, &profile_});
+        profile_.on = opts.profile_layers;
         const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
         const std::size_t es = dtype_bytes(opts.kv_dtype);
         const std::size_t qh = static_cast<std::size_t>(geometry_.num_q_heads);
@@ -96,6 +103,8 @@ class RuntimeImpl final : public Runtime {
             head_rows_ = std::max<std::size_t>(1, opts.max_batch);
             logits_ = OpsBuffer<float>(ops, head_rows_ * static_cast<std::size_t>(c.vocab_size));
         }
+        device_attention_ = opts.device_attention && !host_ && engine.device_side() &&
+                            ops.stream_handle() && ops.device() == engine.gpu_device();
         // What every forward pass reads besides the feed-forward weights.
         const ModelWeights& w = w_;
         fixed_bytes_ = w.lm_head.bytes();
@@ -106,6 +115,9 @@ class RuntimeImpl final : public Runtime {
     }
     std::uint64_t last_weight_bytes() const noexcept override { return last_bytes_; }
     StepReport last_step() const override { return last_step_; }
+    bool device_attention() const noexcept override { return device_attention_; }
+    LayerTimes last_layer_times() const override { return last_times_; }
+    void profile_layers(bool on) override { profile_.on = on; }
     ExpertHeat take_expert_heat() override { return arch_->take_heat(); }
 
     const ModelConfig& config() const noexcept override { return model_.config(); }
@@ -181,6 +193,10 @@ class RuntimeImpl final : public Runtime {
         const ModelConfig& c = model_.config();
         const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
         detail::check_token_ids(tokens, vocab_size());
+        const bool profile = profile_.on;
+        LayerTimes& times = profile_.times;
+        times = {};
+        const double t_step = profile ? now_seconds() : 0.0;
         const std::int64_t* pos = inputs(tokens, n);
         ops_.embed(w_.embed, host_ ? tokens.data() : ids_.data(), n, h_.data());
         engine_.begin_step(seq_ids);
@@ -189,10 +205,29 @@ class RuntimeImpl final : public Runtime {
                 const LayerWeights& L = w_.layers[l];
                 ops_.rms_norm(L.input_norm, h_.data(), n, hidden, eps_, xn_.data());
                 arch_->attention_in(l, xn_.data(), n, pos, q_.data(), k_.data(), v_.data());
-                const Staged e = to_engine(n, n, 0);
-                engine_.attend_layer(l, e.q, NewTokens{e.k, geometry_.mla ? nullptr : e.v},
-                                     e.states);
-                from_engine(n);
+                double t_attn = 0;
+                if (profile) {
+                    ops_.synchronize();
+                    t_attn = now_seconds();
+                }
+                if (device_attention_) {
+                    // In place, ordered on the ops' stream: no host round trip.
+                    const std::size_t rows = n * static_cast<std::size_t>(geometry_.num_q_heads);
+                    engine_.attend_layer(l, q_.data(),
+                                         NewTokens{k_.data(), geometry_.mla ? nullptr : v_.data()},
+                                         StateView{o_.data(), lse_.data(), rows,
+                                                   static_cast<std::size_t>(geometry_.head_dim_v)},
+                                         ops_.stream_handle());
+                } else {
+                    const Staged e = to_engine(n, n, 0);
+                    engine_.attend_layer(l, e.q, NewTokens{e.k, geometry_.mla ? nullptr : e.v},
+                                         e.states);
+                    from_engine(n);
+                }
+                if (profile) {
+                    ops_.synchronize();
+                    times.attention += now_seconds() - t_attn;
+                }
                 finish_layer(l, n, hidden);
             }
             last_step_ = engine_.end_step();
@@ -204,6 +239,10 @@ class RuntimeImpl final : public Runtime {
             ++held_[seq_ids[i]];
         head(0, n, logits);
         last_bytes_ = fixed_bytes_ + arch_->take_ffn_bytes();
+        if (profile) {
+            times.total = now_seconds() - t_step;
+            last_times_ = times;
+        }
     }
 
   private:
@@ -319,12 +358,15 @@ class RuntimeImpl final : public Runtime {
     ModelOps& ops_;
     Engine& engine_;
     RuntimeOptions opts_;
-    bool host_ = true;  // the ops compute in host memory
+    bool host_ = true;               // the ops compute in host memory
+    bool device_attention_ = false;  // decode hands the engine device memory (same GPU)
     KvGeometry geometry_;
     std::unique_ptr<Architecture> arch_;
     std::size_t chunk_ = 0, rows_ = 0, k_row_ = 0, v_row_ = 0;
     std::uint64_t fixed_bytes_ = 0, last_bytes_ = 0;
     StepReport last_step_;
+    detail::Profile profile_;  // profile_layers: on, and the step being run
+    LayerTimes last_times_;
     float eps_ = 1e-6f;
     std::map<std::uint64_t, std::size_t> held_;  // tokens each admitted sequence holds
     OpsBuffer<float> h_, xn_, tmp_, o_, lse_;

@@ -454,6 +454,13 @@ void CpuModelOps::route(const model::RoutingParams& p, const float* logits, std:
 void CpuModelOps::to_dtype(const float* x, std::size_t n, DType t, void* y) {
     detail::to_dtype(x, n, t, y);
 }
+void CpuModelOps::count_ids(const std::int32_t* ids, std::size_t n, std::size_t bins,
+                            std::uint32_t* counts) {
+    for (std::size_t i = 0; i < n; ++i)
+        if (ids[i] >= 0 && static_cast<std::size_t>(ids[i]) < bins)
+            ++counts[static_cast<std::size_t>(ids[i])];
+}
+
 void CpuModelOps::copy_2d(const float* src, std::size_t src_stride, float* dst,
                           std::size_t dst_stride, std::size_t rows, std::size_t cols) {
     detail::copy_2d(src, src_stride, dst, dst_stride, rows, cols);

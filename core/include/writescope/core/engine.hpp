@@ -170,7 +170,21 @@ class Engine {
     // attended on the GPU (docs/gpu-runtime.md).
     virtual void attend_prompt(std::uint64_t seq_id, std::size_t layer, std::size_t m,
                                const void* q, const void* k, const void* v, StateView out) = 0;
-    virtual void attend_layer(std::size_t layer, const void* q, NewTokens fresh, StateView out) = 0;
+    // attend_layer with device_stream (the device-side contract, docs/gpu-runtime.md): q,
+    // fresh and out are device memory of the engine's GPU (gpu_device()), written and read by
+    // the work on that stream (an opaque cudaStream_t there: the model's). The engine orders the
+    // layer after what the stream holds, brings q down itself for the CPU's share, merges on
+    // the device into out and makes the stream wait for that: the call returns without waiting
+    // for the GPU (only the CPU's share waits, for its q), and out is ready for what the model
+    // enqueues next. Needs device_side(); std::invalid_argument otherwise.
+    virtual void attend_layer(std::size_t layer, const void* q, NewTokens fresh, StateView out,
+                              void* device_stream) = 0;
+    void attend_layer(std::size_t layer, const void* q, NewTokens fresh, StateView out) {
+        attend_layer(layer, q, fresh, out, nullptr);
+    }
+    // Whether attend_layer takes device memory, and the GPU it is on (-1: none).
+    virtual bool device_side() const noexcept { return false; }
+    virtual int gpu_device() const noexcept { return -1; }
     virtual StepReport end_step() = 0;
     virtual void abort_step() = 0;
 };

@@ -59,7 +59,11 @@ class EngineImpl final : public Engine {
     void release(std::uint64_t seq_id) override;
     void begin_step(std::span<const std::uint64_t> seq_ids) override;
     void prefill(std::uint64_t seq_id, std::size_t n, const void* k, const void* v) override;
-    void attend_layer(std::size_t layer, const void* q, NewTokens fresh, StateView out) override;
+    using Engine::attend_layer;
+    void attend_layer(std::size_t layer, const void* q, NewTokens fresh, StateView out,
+                      void* device_stream) override;
+    bool device_side() const noexcept override;
+    int gpu_device() const noexcept override;
     void attend_prompt(std::uint64_t seq_id, std::size_t layer, std::size_t m, const void* q,
                        const void* k, const void* v, StateView out) override;
     StepReport end_step() override;
@@ -96,6 +100,10 @@ class EngineImpl final : public Engine {
     std::vector<SealMove> step_moves_;  // end_step's seals (kept for its capacity)
     std::size_t layers_done_ = 0;
     StepReport step_;  // what the layers measured so far (times summed)
+    // The step's layers attended on the device side: their host seconds, until end_step reads
+    // the GPU's timings of them (GpuAttentionBackend::take_device_timings).
+    std::vector<double> device_layer_seconds_;
+    std::vector<GpuLayerTiming> device_timings_;
     double step_cpu_u_tokens_ = 0, step_cpu_p_tokens_ = 0;  // per layer, from the plan
     // A prompt being written (prefill, without mu_): steps, calibration and its release wait.
     bool storing_ = false;

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <stdexcept>
 #include <string>
 
 #include "writescope/core/attention_state.hpp"
@@ -113,6 +114,39 @@ class GpuAttentionBackend {
     virtual std::string kernel_name() const { return {}; }
     // Whether that is the tensor-core kernel (false: the slower fallback).
     virtual bool tensor_cores() const noexcept { return false; }
+
+    // The device-side contract (docs/gpu-runtime.md): the model computes on this backend's GPU,
+    // so q, the new tokens and the output are device memory there, and a layer's work is
+    // ordered on the model's stream (an opaque cudaStream_t of that device) without a host
+    // synchronisation. Backends without it say so here and throw std::logic_error below.
+    virtual bool device_side() const noexcept { return false; }
+    // Enqueues one layer like launch(), after the work `stream` holds now (q and the new K/V are
+    // written by it), reading q and the new tokens in place. With q_to_host, q also comes down
+    // into pinned host memory for the CPU's share (host_q()). Returns at once.
+    virtual void launch_device(std::size_t layer, const void* q, NewTokens fresh, void* stream,
+                               bool q_to_host) {
+        (void)layer, (void)q, (void)fresh, (void)stream, (void)q_to_host;
+        throw std::logic_error("this GPU backend has no device-side contract");
+    }
+    // Waits until the last launch_device's q is in host memory and returns it: (seqs,
+    // num_q_heads, head_dim_k) in the KV dtype, valid until the next launch.
+    virtual const void* host_q() { throw std::logic_error("no device-side launch"); }
+    // Enqueues the final merge of the last launch_device with the CPU's partial states (host,
+    // as finish(); null o for none) into out (device memory), and makes `stream` wait for it:
+    // what the model enqueues on it next reads the merged states. Returns at once; the timings
+    // wait for take_device_timings(). The CPU partials are read by the device until then: write
+    // the next ones only after a later host_q() (which the model's stream orders after this
+    // merge) or take_device_timings().
+    virtual void finish_device(ConstStateView cpu_part, StateView out, void* stream) {
+        (void)cpu_part, (void)out, (void)stream;
+        throw std::logic_error("this GPU backend has no device-side contract");
+    }
+    // Waits for every layer launched on the device side since the last call and writes their
+    // timings, in launch order, into out (at most out.size(); the count is returned).
+    virtual std::size_t take_device_timings(std::span<GpuLayerTiming> out) {
+        (void)out;
+        return 0;
+    }
 };
 
 // Performs the data movement of sealed blocks (kv_cache.hpp's SealMove) on a backend's memory:

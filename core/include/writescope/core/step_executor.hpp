@@ -69,16 +69,27 @@ class StepExecutor {
     // pending_token: a decode step, whose new token (one per sequence, not appended to the cache
     // yet) run_layer writes into the open block before attending; the open block always has a
     // free row for it (a block is sealed the moment it fills).
+    // build false: only the plan, for a caller that may plan again before the step runs; then
+    // build() lays out the work of the last plan (the CPU's lists, the GPU backend's set_work)
+    // once, before the first run_layer.
     const StepPlan& plan(std::span<const std::uint64_t> seq_ids, const ExecutionMode& mode,
-                         const PlanCosts& costs, bool pending_token = false);
+                         const PlanCosts& costs, bool pending_token = false, bool build = true);
+    void build();
     const StepPlan& current_plan() const noexcept { return plan_; }
 
     // Runs one layer of the planned step. q: (seqs, num_q_heads, head_dim_k) in the KV dtype,
     // host. out: rows = seqs × num_q_heads, dim = head_dim_v (final, merged states). fresh: the
     // pending tokens' K and V of this layer (a plan with pending_token needs them in every
     // layer; one without takes none), written into the open blocks before either engine reads.
-    LayerStepResult run_layer(std::size_t layer, const void* q, StateView out,
-                              NewTokens fresh = {});
+    //
+    // device_stream (the device-side contract, GpuAttentionBackend::launch_device): q, fresh and
+    // out are device memory of the GPU backend's device, written and read by work on that
+    // stream (an opaque cudaStream_t). The GPU side is enqueued after it, q comes down for the
+    // CPU's share, and the merged states land in out in the stream's order: nothing waits for
+    // the GPU but the CPU's q. The GPU timings of such layers are read at the step's end
+    // (GpuAttentionBackend::take_device_timings); r.gpu is zero.
+    LayerStepResult run_layer(std::size_t layer, const void* q, StateView out, NewTokens fresh = {},
+                              void* device_stream = nullptr);
 
     // Bytes of ordinary pageable host memory held for the monolithic baseline (one cache per
     // sequence, grown by plan() to the largest share it gave the GPU; 0 in the other modes).

@@ -68,6 +68,8 @@ class CpuModelOps final : public model::ModelOps {
     void to_dtype(const float* x, std::size_t n, DType t, void* y) override;
     void copy_2d(const float* src, std::size_t src_stride, float* dst, std::size_t dst_stride,
                  std::size_t rows, std::size_t cols) override;
+    void count_ids(const std::int32_t* ids, std::size_t n, std::size_t bins,
+                   std::uint32_t* counts) override;
     bool host_memory() const noexcept override { return true; }
     void* allocate(std::size_t bytes) override;
     void deallocate(void* p) noexcept override;

@@ -58,6 +58,9 @@ class Event {
     Event& operator=(const Event&) = delete;
     void record(const Stream& s);
     void wait_on(const Stream& s) const;  // makes s wait for this event
+    // The same on a stream of another owner (an opaque cudaStream_t: the model's).
+    void record(void* stream);
+    void wait_on(void* stream) const;
     void synchronize();
     // Milliseconds from `start` to this event (both recorded and complete).
     float elapsed_ms_since(const Event& start) const;

@@ -48,6 +48,12 @@ class GpuStepBackend final : public GpuAttentionBackend {
     void launch(std::size_t layer, const void* q, NewTokens fresh) override;
     StateView cpu_partial_buffer(std::size_t rows) noexcept override;
     GpuLayerTiming finish(ConstStateView cpu_part, StateView out) override;
+    bool device_side() const noexcept override { return true; }
+    void launch_device(std::size_t layer, const void* q, NewTokens fresh, void* stream,
+                       bool q_to_host) override;
+    const void* host_q() override;
+    void finish_device(ConstStateView cpu_part, StateView out, void* stream) override;
+    std::size_t take_device_timings(std::span<GpuLayerTiming> out) override;
     // "tensor cores (mma.sync)", or "SIMT (<why the tensor-core kernel does not run>)".
     std::string kernel_name() const override;
     bool tensor_cores() const noexcept override;

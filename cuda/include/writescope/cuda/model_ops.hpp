@@ -87,6 +87,8 @@ class CudaModelOps final : public model::ModelOps {
     void to_dtype(const float* x, std::size_t n, DType t, void* y) override;
     void copy_2d(const float* src, std::size_t src_stride, float* dst, std::size_t dst_stride,
                  std::size_t rows, std::size_t cols) override;
+    void count_ids(const std::int32_t* ids, std::size_t n, std::size_t bins,
+                   std::uint32_t* counts) override;
     // Device memory (cudaMalloc, zeroed); upload and download are copies on stream() (download
     // waits for it; upload from pageable memory is staged by the driver before it returns).
     bool host_memory() const noexcept override { return false; }
@@ -94,6 +96,8 @@ class CudaModelOps final : public model::ModelOps {
     void deallocate(void* p) noexcept override;
     void upload(void* dst, const void* host_src, std::size_t bytes) override;
     void download(void* host_dst, const void* src, std::size_t bytes) override;
+    int device() const noexcept override;
+    void* stream_handle() const noexcept override { return stream(); }
     std::size_t max_tokens() const noexcept override;
     const char* kernel_name() const noexcept override;  // "cublas-sm90" and the like
     int threads() const noexcept override;              // the GPU's multiprocessors
@@ -101,7 +105,7 @@ class CudaModelOps final : public model::ModelOps {
     // The cudaStream_t every op is enqueued on.
     void* stream() const noexcept;
     // Waits for the stream; throws std::runtime_error on an asynchronous CUDA error.
-    void synchronize() const;
+    void synchronize() const override;
     // Device bytes of the workspaces (cuBLAS's included).
     std::size_t workspace_bytes() const noexcept;
 

@@ -61,7 +61,10 @@ class ModelOps {
 
     // y (n, hidden) += Σ_j weight[t, j] · FFN_{expert[t, j]}(x[t]) for every token t; x (n,
     // hidden). Experts are run once each over the tokens routed to them (the weights are read
-    // once per call). A dense MLP is one expert with weight 1 for every token.
+    // once per call). A dense MLP is one expert with weight 1 for every token. An expert index
+    // out of range throws std::out_of_range with y as it was: at the call, or, for ops that
+    // do not wait for the device there (CudaModelOps with few tokens), at the next call that
+    // waits for it (download).
     virtual void moe(std::span<const FfnWeights> experts, const float* x, std::size_t n,
                      const MoeRouting& routing, float* y) = 0;
 
@@ -87,6 +90,10 @@ class ModelOps {
     // dst[r · dst_stride + c] = src[r · src_stride + c] for r < rows, c < cols (per-head slices).
     virtual void copy_2d(const float* src, std::size_t src_stride, float* dst,
                          std::size_t dst_stride, std::size_t rows, std::size_t cols) = 0;
+    // counts[ids[i]] += 1 (mod 2^32) for each i < n with 0 ≤ ids[i] < bins: the routing's
+    // histogram, kept in the ops' memory so that counting it costs no copy down per layer.
+    virtual void count_ids(const std::int32_t* ids, std::size_t n, std::size_t bins,
+                           std::uint32_t* counts) = 0;
 
     // The memory the operations compute in. host_memory(): the CPU may read and write it (then
     // upload and download are copies the caller may skip).
@@ -100,6 +107,13 @@ class ModelOps {
     virtual void upload(void* dst, const void* host_src, std::size_t bytes) = 0;
     // Ops memory → host, after the work enqueued before it; the bytes are there when it returns.
     virtual void download(void* host_dst, const void* src, std::size_t bytes) = 0;
+    // Where the ops enqueue their work when it is not the host's: the GPU (-1: none) and the
+    // stream every op is ordered on there (an opaque cudaStream_t; null for host ops). An engine
+    // on that GPU attends the runtime's device memory on that stream (Engine::attend_layer).
+    virtual int device() const noexcept { return -1; }
+    virtual void* stream_handle() const noexcept { return nullptr; }
+    // Waits until the work enqueued so far is done (nothing to wait for on the host).
+    virtual void synchronize() const {}
 
     // Largest n the implementation was sized for (it allocates nothing for n up to this).
     virtual std::size_t max_tokens() const noexcept = 0;

@@ -27,6 +27,22 @@ struct RuntimeOptions {
     std::size_t prefill_chunk_tokens = 512;  // most prompt tokens computed in one forward pass
     std::size_t max_batch = 64;              // most sequences in one decode step
     DType kv_dtype = DType::bf16;            // the dtype the engine was built with
+    // With ops on the engine's GPU, decode steps hand the engine device memory on the ops'
+    // stream (Engine::attend_layer's device-side contract). False: q, the new K/V and the
+    // states go through host memory every layer (what the benchmark compares it against).
+    bool device_attention = true;
+    // Measures the parts of each decode step's layers (last_layer_times): the ops are waited
+    // for around the engine's attention and around each side's experts, so the parts run one
+    // after another instead of overlapping. A measurement for benchmarks, not a way to run.
+    bool profile_layers = false;
+};
+
+// Seconds of the last decode step, summed over its layers (RuntimeOptions::profile_layers):
+// the engine's attention; the feed-forward blocks on the runtime's ops (routed experts resident
+// there, shared experts, dense MLPs) and the routed experts on the host ops (the CPU's share
+// of a GPU runtime); and the whole step (the rest is total minus the three).
+struct LayerTimes {
+    double attention = 0, ops_experts = 0, host_experts = 0, total = 0;
 };
 
 class Runtime {
@@ -68,6 +84,11 @@ class Runtime {
     virtual std::uint64_t last_weight_bytes() const noexcept { return 0; }
     // What the engine reported for the last decode step's attention (Engine::end_step).
     virtual StepReport last_step() const { return {}; }
+    // Decode steps attend on the device side (RuntimeOptions::device_attention took effect).
+    virtual bool device_attention() const noexcept { return false; }
+    virtual LayerTimes last_layer_times() const { return {}; }
+    // Turns RuntimeOptions::profile_layers on or off for the next decode steps.
+    virtual void profile_layers(bool on) { (void)on; }
     // Tokens routed to each expert of each layer since the last call (prompts and steps): the
     // routing frequencies the placement puts the hottest experts on the GPU by.
     virtual ExpertHeat take_expert_heat() { return {}; }

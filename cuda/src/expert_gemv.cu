@@ -1,0 +1,229 @@
+// The routed experts of a small batch without the host (model_kernels.hpp, ExpertGemvArgs):
+// after the grouping kernel, one CTA row per active expert reads the expert's weights once and
+// multiplies them with the few inputs routed to it, so no kernel needs a count on the host and
+// a decode step's MoE layer has no synchronisation (and can be captured in a CUDA graph).
+//
+// Each warp owns one output row: its lanes stream the row in 16-byte pieces and keep one fp32
+// sum per routed input (at most kTokens at once; more are taken in further passes over the
+// row, which the L1/L2 then serve), reduced across the warp at the end. The inputs are rounded
+// to the weight dtype as they are read (the gather's rounding: core/dtype.hpp's nearest even),
+// the SwiGLU is applied in fp32 and rounded to the weight dtype before the down projection,
+// the down partials stay fp32 for the combine in slot order: the numerics of the GEMM path.
+#include "model_device.cuh"
+#include "model_kernels.hpp"
+
+namespace writescope::cuda::detail {
+namespace {
+
+constexpr int kWarps = 4;   // warps (output rows) per CTA
+constexpr int kTokens = 8;  // routed inputs one pass over a row serves
+
+// 16 bytes of weights as fp32: 8 bf16/fp16 or 4 fp32 elements.
+template <DType D>
+struct Vec;
+template <>
+struct Vec<DType::bf16> {
+    static constexpr int N = 8;
+    __device__ static void load(const void* p, float (&f)[N]) {
+        const uint4 v = *static_cast<const uint4*>(p);
+        const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            f[2 * i] = __uint_as_float(w[i] << 16);
+            f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        }
+    }
+    __device__ static float round(float x) {
+        return from_bf16_bits(to_bf16_bits(x));
+    }
+};
+template <>
+struct Vec<DType::f16> {
+    static constexpr int N = 8;
+    __device__ static void load(const void* p, float (&f)[N]) {
+        const uint4 v = *static_cast<const uint4*>(p);
+        const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            f[2 * i] = from_f16_bits(static_cast<std::uint16_t>(w[i] & 0xffffu));
+            f[2 * i + 1] = from_f16_bits(static_cast<std::uint16_t>(w[i] >> 16));
+        }
+    }
+    __device__ static float round(float x) {
+        return from_f16_bits(to_f16_bits(x));
+    }
+};
+template <>
+struct Vec<DType::f32> {
+    static constexpr int N = 4;
+    __device__ static void load(const void* p, float (&f)[N]) {
+        const float4 v = *static_cast<const float4*>(p);
+        f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
+    }
+    __device__ static float round(float x) { return x; }
+};
+
+__device__ inline float warp_sum(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+// What one warp computes: output row `row` (of `rows`) of expert e, for its pairs [first,
+// first + count). The CTA row's expert is the blockIdx.y-th with pairs; false when there is
+// none, the row is past the end, or the routing named an expert out of range (then nothing is
+// computed, and the combine leaves y alone).
+struct WarpWork {
+    int e, first, count;
+    std::size_t row;
+};
+__device__ inline bool warp_work(const ExpertGemvArgs& a, std::size_t rows, WarpWork& w) {
+    const int E = static_cast<int>(a.experts);
+    if (a.meta[E + 1] >= 0 || static_cast<int>(blockIdx.y) >= a.meta[E + 2]) return false;
+    w.e = a.meta[E + 3 + blockIdx.y];
+    w.first = a.meta[w.e];
+    w.count = a.meta[w.e + 1] - w.first;
+    w.row = static_cast<std::size_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+    return w.count > 0 && w.row < rows;
+}
+
+// h[pair, row] = round(silu(gate_row · x) · (up_row · x)) for the expert's pairs.
+template <DType D>
+__global__ void __launch_bounds__(kWarps * 32) gate_up_kernel(const ExpertGemvArgs a) {
+    using V = Vec<D>;
+    WarpWork w;
+    if (!warp_work(a, a.ffn, w)) return;
+    const int lane = threadIdx.x % 32, first = w.first, count = w.count;
+    const std::size_t row = w.row;
+    const std::size_t H = a.hidden, es = dtype_bytes(D);
+    const auto* gate = static_cast<const char*>(a.gate[w.e]) + row * H * es;
+    const auto* up = static_cast<const char*>(a.up[w.e]) + row * H * es;
+    for (int t0 = 0; t0 < count; t0 += kTokens) {
+        const int nt = min(kTokens, count - t0);
+        const float* x[kTokens];
+#pragma unroll
+        for (int t = 0; t < kTokens; ++t)
+            x[t] = a.x + static_cast<std::size_t>(a.pair_token[first + t0 + min(t, nt - 1)]) * H;
+        float sg[kTokens] = {}, su[kTokens] = {};
+        for (std::size_t c = static_cast<std::size_t>(lane) * V::N; c < H; c += 32 * V::N) {
+            float wg[V::N], wu[V::N];
+            V::load(gate + c * es, wg);
+            V::load(up + c * es, wu);
+#pragma unroll
+            for (int t = 0; t < kTokens; ++t) {
+                if (t >= nt) break;
+                const float4* xp = reinterpret_cast<const float4*>(x[t] + c);
+                float xv[V::N];
+#pragma unroll
+                for (int q = 0; q < V::N / 4; ++q) {
+                    const float4 f = xp[q];
+                    xv[4 * q] = V::round(f.x), xv[4 * q + 1] = V::round(f.y);
+                    xv[4 * q + 2] = V::round(f.z), xv[4 * q + 3] = V::round(f.w);
+                }
+#pragma unroll
+                for (int i = 0; i < V::N; ++i) {
+                    sg[t] = fmaf(wg[i], xv[i], sg[t]);
+                    su[t] = fmaf(wu[i], xv[i], su[t]);
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < kTokens; ++t) {
+            if (t >= nt) break;
+            const float g = warp_sum(sg[t]), u = warp_sum(su[t]);
+            if (lane == 0) {
+                const float silu = __fdiv_rn(g, __fadd_rn(1.0f, expf(-g)));
+                dev_store_rounded(a.h, static_cast<std::size_t>(first + t0 + t) * a.ffn + row, D,
+                                  __fmul_rn(silu, u));
+            }
+        }
+    }
+}
+
+// partial[pair, row] = down_row · h[pair] (fp32) for the expert's pairs.
+template <DType D>
+__global__ void __launch_bounds__(kWarps * 32) down_kernel(const ExpertGemvArgs a) {
+    using V = Vec<D>;
+    WarpWork w;
+    if (!warp_work(a, a.hidden, w)) return;
+    const int lane = threadIdx.x % 32, first = w.first, count = w.count;
+    const std::size_t row = w.row;
+    const std::size_t F = a.ffn, es = dtype_bytes(D);
+    const auto* down = static_cast<const char*>(a.down[w.e]) + row * F * es;
+    const auto* h = static_cast<const char*>(a.h);
+    for (int t0 = 0; t0 < count; t0 += kTokens) {
+        const int nt = min(kTokens, count - t0);
+        float s[kTokens] = {};
+        for (std::size_t c = static_cast<std::size_t>(lane) * V::N; c < F; c += 32 * V::N) {
+            float w[V::N];
+            V::load(down + c * es, w);
+#pragma unroll
+            for (int t = 0; t < kTokens; ++t) {
+                if (t >= nt) break;
+                float hv[V::N];
+                V::load(h + (static_cast<std::size_t>(first + t0 + t) * F + c) * es, hv);
+#pragma unroll
+                for (int i = 0; i < V::N; ++i)
+                    s[t] = fmaf(w[i], hv[i], s[t]);
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < kTokens; ++t) {
+            if (t >= nt) break;
+            const float v = warp_sum(s[t]);
+            if (lane == 0) a.partial[static_cast<std::size_t>(first + t0 + t) * a.hidden + row] = v;
+        }
+    }
+}
+
+template <template <DType> class K>
+void launch_for(const ExpertGemvArgs& a, std::size_t rows, void* stream) {
+    const std::size_t active = std::min(a.experts, a.max_pairs);
+    if (active == 0 || rows == 0) return;
+    const dim3 grid(static_cast<unsigned>((rows + kWarps - 1) / kWarps),
+                    static_cast<unsigned>(active));
+    switch (a.dtype) {
+        case DType::bf16:
+            K<DType::bf16>::launch(grid, a, stream);
+            break;
+        case DType::f16:
+            K<DType::f16>::launch(grid, a, stream);
+            break;
+        case DType::f32:
+            K<DType::f32>::launch(grid, a, stream);
+            break;
+    }
+}
+
+template <DType D>
+struct GateUp {
+    static void launch(dim3 grid, const ExpertGemvArgs& a, void* stream) {
+        gate_up_kernel<D><<<grid, kWarps * 32, 0, as_stream(stream)>>>(a);
+    }
+};
+template <DType D>
+struct Down {
+    static void launch(dim3 grid, const ExpertGemvArgs& a, void* stream) {
+        down_kernel<D><<<grid, kWarps * 32, 0, as_stream(stream)>>>(a);
+    }
+};
+
+}  // namespace
+
+bool expert_gemv_fits(std::size_t hidden, std::size_t ffn, DType dtype) noexcept {
+    // Rows in whole 16-byte pieces (the loads), the inputs in whole float4s.
+    const std::size_t es = dtype_bytes(dtype);
+    return hidden > 0 && ffn > 0 && (hidden * es) % 16 == 0 && (ffn * es) % 16 == 0 &&
+           hidden % 4 == 0;
+}
+
+void launch_expert_gate_up(const ExpertGemvArgs& a, void* stream) {
+    launch_for<GateUp>(a, a.ffn, stream);
+}
+
+void launch_expert_down(const ExpertGemvArgs& a, void* stream) {
+    launch_for<Down>(a, a.hidden, stream);
+}
+
+}  // namespace writescope::cuda::detail

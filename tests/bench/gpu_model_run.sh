@@ -1,0 +1,46 @@
+#!/bin/bash
+# Builds and runs the GPU model tests and the GPU runtime's decode benchmark on the lent GPU
+# machine, logs under $OUT. Run from the repository root after `source .devdeps/unpack-deps.sh`.
+#   PHASES: any of "test decode generate" (default "test decode")
+#   DECODE_ARGS: extra arguments for model-decode (default: the three models, context 1024)
+#   GENERATE_ARGS: arguments for generate
+# Times on the H200 machine: build ~90 s, tests ~2 min, decode ~1 min per mode.
+set -u
+OUT=${OUT:-/tmp/ws-out}
+mkdir -p "$OUT"
+PHASES=${PHASES:-"test decode"}
+B=${BUILD_DIR:-/tmp/ws-gpu-build}
+t0=$(date +%s)
+if ! cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWRITESCOPE_BUILD_DAEMON=OFF \
+    -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/build.log" 2>&1 ||
+   ! ninja -C "$B" test-gpu test-gpu-model-ops test-gpu-runtime writescope-bench \
+    >> "$OUT/build.log" 2>&1; then
+  grep -E "error|warning" "$OUT/build.log" | head -30
+  tail -10 "$OUT/build.log"
+  exit 1
+fi
+echo "built in $(( $(date +%s) - t0 )) s"
+BENCH="$B/tests/bench/writescope-bench"
+if [[ $PHASES == *test* ]]; then
+  for t in test-gpu-model-ops test-gpu-runtime test-gpu; do
+    "$B/tests/gpu/$t" > "$OUT/$t.txt" 2>&1
+    echo "$t rc=$?"
+    tail -n 2 "$OUT/$t.txt"
+  done
+fi
+if [[ $PHASES == *decode* ]]; then
+  for mode in "--gpu 1" "--gpu 1 --staged" "--gpu 0.5"; do
+    tag=$(echo "$mode" | tr -d ' -' )
+    # shellcheck disable=SC2086
+    "$BENCH" model-decode $mode ${DECODE_ARGS:-} --json "$OUT/model-decode-$tag.json" \
+      > "$OUT/model-decode-$tag.txt" 2>&1
+    echo "model-decode $mode rc=$?"
+    grep -E "ms/step|attention" "$OUT/model-decode-$tag.txt"
+  done
+fi
+if [[ $PHASES == *generate* ]]; then
+  # shellcheck disable=SC2086
+  "$BENCH" generate ${GENERATE_ARGS:-} > "$OUT/generate.txt" 2>&1
+  echo "generate rc=$?"
+  tail -n 40 "$OUT/generate.txt"
+fi
