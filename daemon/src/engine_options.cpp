@@ -190,6 +190,14 @@ EngineOptions engine_options_unplaced(const Profile& p, const MachineInfo& m,
             break;
     }
     o.vram_kv_bytes = o.gpu_index >= 0 ? p.hardware.vram_kv_budget : 0;
+    // One VRAM budget: the KV's part is inside it (the weights take what it leaves).
+    if (o.gpu_index >= 0 && p.hardware.vram_budget != 0 &&
+        p.hardware.vram_kv_budget > p.hardware.vram_budget)
+        fail(source, "hardware.vram_kv_budget",
+             fmt::format("{} is more than hardware.vram_budget ({}), which holds it: lower it, "
+                         "or raise vram_budget",
+                         format_size(p.hardware.vram_kv_budget),
+                         format_size(p.hardware.vram_budget)));
     // What "auto" host budgets grant: the KV of kv.max_batch sequences that reach the model's
     // context (whole blocks), less what the GPU holds. Either host region may end up holding all
     // of the spill (the router's CPU share decides), so each gets all of it, within its cap.

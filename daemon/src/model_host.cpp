@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <span>
 #include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -23,13 +27,102 @@ namespace {
 
 #if WRITESCOPE_HAVE_CUDA_MODEL
 // GPU memory left for what is not the weights once they are placed: the runtime's activations
-// (OpsBuffer), cuBLAS's and the driver's own allocations.
+// (OpsBuffer), cuBLAS's and the driver's own allocations. Inside hardware.vram_budget.
 constexpr std::uint64_t kVramReserve = 1ull << 30;
 
+// The weights' part of the one VRAM budget: hardware.vram_budget less the KV's part (the
+// engine's T, G and staging: hardware.vram_kv_budget, taken already), the ops' workspaces and
+// the reserve; and never more than the GPU has free now, less the reserve. "auto": what is free.
+struct WeightBudget {
+    std::uint64_t bytes = 0;
+    std::string origin;  // how it was reached, for the log and a refusal
+};
+WeightBudget weight_budget(const Profile& p, std::uint64_t free_now, std::uint64_t workspace) {
+    const std::uint64_t physical = free_now > kVramReserve ? free_now - kVramReserve : 0;
+    if (p.hardware.vram_budget == 0)
+        return {physical, fmt::format("hardware.vram_budget \"auto\": {} free after the KV's {} "
+                                      "and the workspaces, less {}",
+                                      format_size_human(free_now),
+                                      format_size_human(p.hardware.vram_kv_budget),
+                                      format_size_human(kVramReserve))};
+    const std::uint64_t taken = p.hardware.vram_kv_budget + workspace + kVramReserve;
+    const std::uint64_t left = p.hardware.vram_budget > taken ? p.hardware.vram_budget - taken : 0;
+    return {std::min(left, physical),
+            fmt::format("hardware.vram_budget {} less the KV's {} (hardware.vram_kv_budget), the "
+                        "workspaces' {} and {} reserved{}",
+                        format_size_human(p.hardware.vram_budget),
+                        format_size_human(p.hardware.vram_kv_budget), format_size_human(workspace),
+                        format_size_human(kVramReserve),
+                        left > physical ? fmt::format(", within the {} the GPU has free",
+                                                      format_size_human(free_now))
+                                        : std::string())};
+}
+
+// A first start has no routing history to place experts by: the runtime starts with them in
+// layer order, this prompt measures which ones the model routes to, and the placement is made
+// again from that. Text of several kinds (prose, code, numbers, a list), tokenized by the
+// model's tokenizer; a model without one (the built-in models) reads fixed pseudo-random ids.
+constexpr std::size_t kWarmupTokens = 512;
+constexpr std::string_view kWarmupText =
+    "The committee met on Tuesday to review the budget for the coming year. Revenue grew by "
+    "4.2 percent, while costs for energy and transport rose faster than expected.\n"
+    "def mean(values):\n    return sum(values) / len(values) if values else 0.0\n"
+    "Steps: 1. Preheat the oven to 180 degrees. 2. Mix the flour, sugar and eggs. 3. Bake for "
+    "25 minutes.\nQ: What is the capital of Australia? A: Canberra, not Sydney.\n"
+    "In 1905 Einstein published four papers that changed physics: on the photoelectric "
+    "effect, Brownian motion, special relativity and the equivalence of mass and energy.\n";
+
+std::vector<std::int32_t> warmup_prompt(const ModelHost& host) {
+    const auto vocab = static_cast<std::uint64_t>(host.model->config().vocab_size);
+    std::vector<std::int32_t> ids;
+    if (host.text.tokenizer) {
+        while (ids.size() < kWarmupTokens) {
+            const auto more = host.text.tokenizer->encode(kWarmupText, ids.empty());
+            if (more.empty()) break;
+            ids.insert(ids.end(), more.begin(), more.end());
+        }
+        std::erase_if(
+            ids, [&](std::int32_t t) { return t < 0 || static_cast<std::uint64_t>(t) >= vocab; });
+    }
+    if (ids.empty()) {
+        std::uint64_t x = 0x9e3779b97f4a7c15ull;
+        for (std::size_t i = 0; i < kWarmupTokens; ++i) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            ids.push_back(static_cast<std::int32_t>((x >> 33) % vocab));
+        }
+    }
+    ids.resize(std::min(ids.size(), kWarmupTokens));
+    return ids;
+}
+
+// The routing of the warm-up prompt (one sequence, prefilled and released); empty when the
+// engine cannot admit it.
+model::ExpertHeat measure_routing(model::Runtime& rt, std::span<const std::int32_t> prompt) {
+    constexpr std::uint64_t kWarmupId = ~std::uint64_t{0};
+    rt.take_expert_heat();
+    const Admission a = rt.admit(kWarmupId, prompt.size() + 1);
+    if (!a.ok) {
+        log_notice("model.placement",
+                   "the routing warm-up was not admitted ({}): experts stay in "
+                   "layer order",
+                   a.error);
+        return {};
+    }
+    try {
+        rt.prefill(kWarmupId, prompt, nullptr);
+    } catch (...) {
+        rt.release(kWarmupId);
+        throw;
+    }
+    rt.release(kWarmupId);
+    return rt.take_expert_heat();
+}
+
 // The GPU model runtime over `engine` (a GPU engine): the placement, the device weights, the
-// ops; host_ops runs the experts left in host memory. Throws model::PlacementError when the GPU
-// memory left cannot hold the weights that must be there.
-void start_gpu_runtime(ModelHost& host, int gpu, const model::RuntimeOptions& ro, Engine& engine,
+// ops; host_ops runs the experts left in host memory. Throws model::PlacementError when the
+// weights' part of hardware.vram_budget cannot hold the weights that must be there.
+void start_gpu_runtime(ModelHost& host, const Profile& prof, int gpu,
+                       const model::RuntimeOptions& ro, Engine& engine,
                        const ExpertHistory& history) {
     const model::Model& m = *host.model;
     const model::OpLimits lim = model::op_limits(m.config());
@@ -39,18 +132,54 @@ void start_gpu_runtime(ModelHost& host, int gpu, const model::RuntimeOptions& ro
     go.fit(lim);
     auto ops = std::make_unique<cuda::CudaModelOps>(go);
     const cuda::DeviceInfo info = cuda::device_info(gpu);  // after the KV and the workspaces
+    const WeightBudget wb = weight_budget(prof, info.free_bytes, ops->workspace_bytes());
     model::PlacementBudget b;
-    b.vram_bytes = info.free_bytes > kVramReserve ? info.free_bytes - kVramReserve : 0;
-    b.kv_g_share = 0;  // the engine's G is its own budget (hardware.vram_kv_budget)
+    b.vram_bytes = wb.bytes;
+    b.kv_g_share = 0;  // the KV's part was taken by the engine (hardware.vram_kv_budget)
+    const auto place = [&](const model::ExpertHeat* heat) {
+        try {
+            return model::plan_placement(m, b, heat);
+        } catch (const model::PlacementError& e) {
+            throw model::PlacementError(
+                fmt::format("{} (the weights' part: {})", e.what(), wb.origin));
+        }
+    };
     const model::ExpertHeat heat = history ? history(host.heat_key) : model::ExpertHeat{};
-    const std::uint64_t routed = heat.total();
-    const model::Placement pl = model::plan_placement(m, b, routed ? &heat : nullptr);
+    std::uint64_t routed = heat.total();
+    std::string order = routed ? fmt::format("hottest first by {} routed slots of history", routed)
+                               : std::string("in layer order (no routing history yet)");
+    model::Placement pl = place(routed ? &heat : nullptr);
     auto weights = std::make_shared<cuda::DeviceModelWeights>(m, &pl.on_gpu);
+    auto runtime =
+        model::make_runtime(m, *ops, engine, ro, {&weights->weights(), host.host_ops.get()});
+    if (!routed && pl.host_experts > 0) {
+        // A first start: the routing is measured now, and the experts placed by it.
+        const auto t0 = std::chrono::steady_clock::now();
+        const std::vector<std::int32_t> prompt = warmup_prompt(host);
+        const model::ExpertHeat measured = measure_routing(*runtime, prompt);
+        if (measured.total() > 0) {
+            model::Placement again = place(&measured);
+            if (again.on_gpu != pl.on_gpu) {
+                runtime.reset();  // before its weights, which it reads
+                weights.reset();
+                weights = std::make_shared<cuda::DeviceModelWeights>(m, &again.on_gpu);
+                runtime = model::make_runtime(m, *ops, engine, ro,
+                                              {&weights->weights(), host.host_ops.get()});
+            }
+            pl = std::move(again);
+            routed = measured.total();
+            order = fmt::format(
+                "hottest first by {} routed slots measured at start (a {}-token warm-up "
+                "prompt{}, {:.1f} s)",
+                routed, prompt.size(), host.text.tokenizer ? "" : " of fixed ids",
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+    }
     ModelPlacement& p = host.placement;
     p.gpu = true;
     p.plan = pl;
     p.vram_budget = b.vram_bytes;
-    // The engine's T and G are its own budget: the summary names the weights only.
+    // The engine's T and G are the KV's part of the budget: the summary names the weights.
     p.summary = fmt::format(
         "weights {} always on the GPU, {} of {} routed experts ({}) on the "
         "GPU, {} ({}) in host memory",
@@ -58,16 +187,11 @@ void start_gpu_runtime(ModelHost& host, int gpu, const model::RuntimeOptions& ro
         format_size_human(pl.gpu_expert_bytes), pl.host_experts,
         format_size_human(pl.host_expert_bytes));
     p.gpu_kernel = ops->kernel_name();
-    host.runtime =
-        model::make_runtime(m, *ops, engine, ro, {&weights->weights(), host.host_ops.get()});
+    host.runtime = std::move(runtime);
     host.device_weights = std::move(weights);
     host.ops = std::move(ops);
-    log_info("model.placement",
-             "GPU {} model runtime ({}): {} (of {} the KV left free, less {}); experts {}", gpu,
-             p.gpu_kernel, p.summary, format_size_human(info.free_bytes),
-             format_size_human(kVramReserve),
-             routed ? fmt::format("hottest first by {} routed slots of history", routed)
-                    : std::string("in layer order (no routing history yet)"));
+    log_info("model.placement", "GPU {} model runtime ({}): {} (in {} of {}); experts {}", gpu,
+             p.gpu_kernel, p.summary, format_size_human(wb.bytes), wb.origin, order);
 }
 #endif
 
@@ -123,8 +247,8 @@ ModelFactory real_model_factory() {
                 status("placing the weights on the GPU");
                 host->host_ops = std::move(ops);
                 start_gpu_runtime(
-                    *host, p.hardware.gpu.choice == GpuChoice::index ? p.hardware.gpu.index : 0, ro,
-                    engine, history);
+                    *host, p, p.hardware.gpu.choice == GpuChoice::index ? p.hardware.gpu.index : 0,
+                    ro, engine, history);
             }
 #else
             (void)history;

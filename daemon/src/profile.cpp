@@ -428,10 +428,39 @@ const std::vector<KeyDef>& key_table() {
                  }
                  return {};
              }});
+        t.push_back({"hardware", "vram_budget", "\"auto\"",
+                     "GPU memory writescope takes in all (a size, or \"auto\": what the GPU has "
+                     "free at start-up less 1GiB for the driver and the runtime's activations): "
+                     "the KV's part (vram_kv_budget) and, where the daemon runs the model on the "
+                     "GPU, the weights in the rest: those that must be there first, then routed "
+                     "experts hottest first; the experts that do not fit run on the CPU. A "
+                     "budget too small for what must be on the GPU stops the start naming the "
+                     "sizes; unused without a GPU",
+                     false,
+                     [](const toml::node& n, Profile& p) -> std::string {
+                         if (n.is_string() && *n.value<std::string>() == "auto") {
+                             p.hardware.vram_budget = 0;
+                             return {};
+                         }
+                         std::uint64_t v = 0;
+                         if (auto e = read_size(n, v); !e.empty()) return e + " (or \"auto\")";
+                         if (v < (1ull << 20) || v > (1ull << 50))
+                             return fmt::format(
+                                 "{} is out of range: expected 1MiB..1PiB, or "
+                                 "\"auto\"",
+                                 format_size(v));
+                         p.hardware.vram_budget = v;
+                         return {};
+                     },
+                     [](const Profile& p) {
+                         return p.hardware.vram_budget ? quote(format_size(p.hardware.vram_budget))
+                                                       : quote("auto");
+                     }});
         t.push_back(size_key(
             "hardware", "vram_kv_budget", "\"16GiB\"",
             "GPU memory for the KV cache: open tail blocks (T), resident blocks "
-            "(G) and the staging ring (0B to 1PiB); unused without a GPU (status shows 0)",
+            "(G) and the staging ring (0B to 1PiB), the KV's part of vram_budget; unused "
+            "without a GPU (status shows 0)",
             false, [](Profile & p) -> auto& { return p.hardware.vram_kv_budget; }, 0, 1ull << 50));
         t.push_back(host_budget_key(
             "hardware", "pinned_kv_budget", "\"auto\"",

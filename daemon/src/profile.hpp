@@ -48,6 +48,10 @@ struct Profile {
     struct Hardware {
         GpuSelector gpu;
         std::uint64_t vram_kv_budget = 0;  // bytes of GPU memory for T + G + staging
+        // Bytes of GPU memory writescope takes in all: the KV's part above and, with the GPU
+        // model runtime, the weights and its workspaces in the rest. 0: "auto" (what the GPU
+        // has free at start-up, less a reserve).
+        std::uint64_t vram_budget = 0;
         HostBudget pinned_kv_budget;       // P region (pinned host memory)
         HostBudget host_kv_budget;         // U region (ordinary host memory)
         int attention_threads = 0;         // 0: one per online core

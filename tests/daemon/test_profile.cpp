@@ -329,6 +329,40 @@ TEST_CASE("default host budgets are what the model needs, within a share of the 
     CHECK(loaded.hardware.host_kv_budget.automatic);
 }
 
+TEST_CASE("one VRAM budget holds the KV's part", "[unit][daemon][profile]") {
+    CHECK(default_profile().hardware.vram_budget == 0);  // "auto"
+    Profile p = parse_profile("[hardware]\nvram_budget = \"24GiB\"\n", "t");
+    CHECK(p.hardware.vram_budget == 24ull << 30);
+    CHECK(parse_profile(render_profile_toml(p, false), "render").hardware.vram_budget == 24ull
+                                                                                             << 30);
+    CHECK(parse_profile("[hardware]\nvram_budget = \"auto\"\n", "t").hardware.vram_budget == 0);
+    auto i = only_issue("[hardware]\nvram_budget = \"lots\"\n");
+    CHECK(i.key == "hardware.vram_budget");
+    CHECK_THAT(i.message, Catch::Contains("auto"));
+    i = only_issue("[hardware]\nvram_budget = \"1KiB\"\n");
+    CHECK_THAT(i.message, Catch::Contains("out of range"));
+    if (build_has_cuda()) {
+        // With a GPU the KV's part must fit in the budget.
+        MachineInfo one = machine_without_gpu();
+        one.gpu_driver_loaded = true;
+        one.gpu_driver = "580.65.06";
+        one.gpus = {{"0000:01:00.0", "NVIDIA H200", "GPU-a"}};
+        p = default_profile();
+        p.hardware.gpu = {GpuChoice::index, 0};
+        p.hardware.vram_budget = 8ull << 30;  // below the default 16 GiB of KV
+        try {
+            engine_options_from_profile(p, one, "t");
+            FAIL("accepted");
+        } catch (const ProfileError& e) {
+            REQUIRE(e.issues().size() == 1);
+            CHECK(e.issues()[0].key == "hardware.vram_kv_budget");
+            CHECK_THAT(e.issues()[0].message, Catch::Contains("hardware.vram_budget"));
+        }
+        p.hardware.vram_budget = 24ull << 30;
+        CHECK(engine_options_from_profile(p, one, "t").vram_kv_bytes == 16ull << 30);
+    }
+}
+
 TEST_CASE(
     "a GPU index past the GPUs the driver lists is refused, and is said to be unchecked "
     "without a driver",
