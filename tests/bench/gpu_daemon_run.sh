@@ -6,6 +6,9 @@
 # library's fetch-deps.sh) with the text layer's libraries too: fetch-deps.sh libpcre2-dev
 # libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libicu-dev libicu72
 #   MODEL: the built-in preset (default qwen3-30b-a3b); LAYERS (default 2); TOKENS (default 64)
+#   VRAM_BUDGET, VRAM_KV_BUDGET: hardware.vram_budget and vram_kv_budget (default: the
+#   profile's); a small VRAM_BUDGET leaves experts on the CPU (and a first start measures the
+#   routing). RESTARTS: start the daemon this many times over the same state (default 1).
 set -u
 OUT=${OUT:-/tmp/ws-out}
 mkdir -p "$OUT"
@@ -32,7 +35,14 @@ cat > "$S/profile.toml" <<TOML
 source = "$MODEL"
 layers = $LAYERS
 TOML
+if [[ -n ${VRAM_BUDGET:-} || -n ${VRAM_KV_BUDGET:-} ]]; then
+  echo "[hardware]" >> "$S/profile.toml"
+  [[ -n ${VRAM_BUDGET:-} ]] && echo "vram_budget = \"$VRAM_BUDGET\"" >> "$S/profile.toml"
+  [[ -n ${VRAM_KV_BUDGET:-} ]] && echo "vram_kv_budget = \"$VRAM_KV_BUDGET\"" >> "$S/profile.toml"
+fi
 CTL="$B/daemon/writescopectl --socket $S/writescoped.sock"
+for run in $(seq 1 "${RESTARTS:-1}"); do
+echo "start $run"
 "$B/daemon/writescoped" --config "$S/profile.toml" --state-dir "$S" --socket "$S/writescoped.sock" \
   > "$OUT/daemon.log" 2>&1 &
 pid=$!
@@ -54,3 +64,5 @@ $CTL --json status > "$OUT/daemon-status-after.json" 2>&1
 kill -TERM $pid; wait $pid
 echo "daemon exit $?"
 grep -E "model\.|engine\.|error|warning" "$OUT/daemon.log" | head -20
+mv "$OUT/daemon.log" "$OUT/daemon-$run.log"
+done
