@@ -202,6 +202,17 @@ __global__ void route_kernel(RouteArgs a) {
     }
 }
 
+__global__ void gather_heads_kernel(const float* __restrict__ x, std::size_t heads, std::size_t n,
+                                    std::size_t cols, std::size_t x_ld, std::size_t x_head, DType t,
+                                    void* __restrict__ y) {
+    const std::size_t total = heads * n * cols;
+    for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < total;
+         i += std::size_t{gridDim.x} * blockDim.x) {
+        const std::size_t j = i % cols, row = i / cols, tok = row % n, h = row / n;
+        dev_store_rounded(y, i, t, x[tok * x_ld + h * x_head + j]);
+    }
+}
+
 __global__ void count_ids_kernel(const std::int32_t* ids, std::size_t n, std::size_t bins,
                                  std::uint32_t* counts) {
     for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
@@ -230,6 +241,12 @@ void launch_rms_norm(const float* w, const float* x, std::size_t rows, std::size
 
 void launch_rotary(const RotaryArgs& a, void* stream) {
     rotary_kernel<<<grid_for(a.tokens * (a.dim / 2)), kBlock, 0, as_stream(stream)>>>(a);
+}
+
+void launch_gather_heads(const float* x, std::size_t heads, std::size_t n, std::size_t cols,
+                         std::size_t x_ld, std::size_t x_head, DType t, void* y, void* stream) {
+    gather_heads_kernel<<<grid_for(heads * n * cols), kBlock, 0, as_stream(stream)>>>(
+        x, heads, n, cols, x_ld, x_head, t, y);
 }
 
 void launch_count_ids(const std::int32_t* ids, std::size_t n, std::size_t bins,

@@ -11,6 +11,11 @@
 
 namespace writescope::cuda::detail {
 
+// y[(h·n + t)·cols + j] in dtype t = x[t·x_ld + h·x_head + j] rounded (heads × n × cols): the
+// heads' inputs of linear_heads, compact.
+void launch_gather_heads(const float* x, std::size_t heads, std::size_t n, std::size_t cols,
+                         std::size_t x_ld, std::size_t x_head, DType t, void* y, void* stream);
+
 // y (n) in dtype t = x (n) fp32 rounded to nearest even (a copy for fp32).
 void launch_to_dtype(const float* x, std::size_t n, DType t, void* y, void* stream);
 

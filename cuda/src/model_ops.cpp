@@ -237,6 +237,52 @@ struct CudaModelOps::Impl {
         gemm(w, xin, n, y, w.rows);
     }
 
+    void linear_heads(const model::Matrix& w, const model::HeadsLayout& l, const float* x,
+                      std::size_t n, float* y) {
+        if (n == 0 || w.rows == 0 || l.heads == 0) return;
+        if (n > opts.max_tokens) too_large("linear_heads", "n", n, "max_tokens", opts.max_tokens);
+        if (!w.data && w.cols)
+            throw std::invalid_argument("CudaModelOps::linear_heads: no weight data");
+        use();
+        const float one = 1.0f, zero = 0.0f;
+        const cudaDataType_t t = cuda_type(w.dtype);
+        const std::size_t es = dtype_bytes(w.dtype);
+        // fp32 weights read the inputs where they are; others read them rounded, compact, as
+        // many heads at a time as the linear workspace holds.
+        const std::size_t group =
+            w.dtype == DType::f32
+                ? l.heads
+                : std::min(l.heads,
+                           std::max<std::size_t>(1, opts.max_tokens * max_width /
+                                                        (n * std::max<std::size_t>(w.cols, 1))));
+        if (w.dtype != DType::f32 && n * w.cols > opts.max_tokens * max_width)
+            too_large("linear_heads", "n · cols", n * w.cols, "max_tokens · max_width",
+                      opts.max_tokens * max_width);
+        for (std::size_t h0 = 0; h0 < l.heads; h0 += group) {
+            const std::size_t count = std::min(group, l.heads - h0);
+            const void* b = x + h0 * l.x_head;
+            long long ldb = static_cast<long long>(l.x_ld),
+                      stride_b = static_cast<long long>(l.x_head);
+            if (w.dtype != DType::f32) {
+                detail::launch_gather_heads(x + h0 * l.x_head, count, n, w.cols, l.x_ld, l.x_head,
+                                            w.dtype, xq.p, stream);
+                launched("linear_heads: gather kernel");
+                b = xq.p;
+                ldb = static_cast<long long>(w.cols);
+                stride_b = static_cast<long long>(n * w.cols);
+            }
+            check(cublasGemmStridedBatchedEx(
+                      blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(w.rows), static_cast<int>(n),
+                      static_cast<int>(w.cols), &one,
+                      static_cast<const char*>(w.data) + h0 * l.w_stride * es, t,
+                      static_cast<int>(w.cols), static_cast<long long>(l.w_stride), b, t,
+                      static_cast<int>(ldb), stride_b, &zero, y + h0 * l.y_head, CUDA_R_32F,
+                      static_cast<int>(l.y_ld), static_cast<long long>(l.y_head),
+                      static_cast<int>(count), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                  "cublasGemmStridedBatchedEx");
+        }
+    }
+
     void moe(std::span<const model::FfnWeights> experts, const float* x, std::size_t n,
              const model::MoeRouting& routing, float* y);
     const ExpertTable& table_for(std::span<const model::FfnWeights> experts);
@@ -409,6 +455,10 @@ CudaModelOps::~CudaModelOps() = default;
 
 void CudaModelOps::linear(const model::Matrix& w, const float* x, std::size_t n, float* y) {
     impl_->linear(w, x, n, y);
+}
+void CudaModelOps::linear_heads(const model::Matrix& w, const model::HeadsLayout& l, const float* x,
+                                std::size_t n, float* y) {
+    impl_->linear_heads(w, l, x, n, y);
 }
 void CudaModelOps::moe(std::span<const model::FfnWeights> experts, const float* x, std::size_t n,
                        const model::MoeRouting& routing, float* y) {

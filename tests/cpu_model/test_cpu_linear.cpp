@@ -1,5 +1,6 @@
 // CpuModelOps::linear of every ISA this CPU runs, every weight dtype, decode and prefill token
 // counts and odd shapes, against the fp64 reference of the numerics contract.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
@@ -97,6 +98,40 @@ TEST_CASE("linear on one thread and on many give the same bits", "[unit][model]"
             many.linear(w.view(), x.data(), n, b.data());
             INFO(one.kernel_name() << " n " << n);
             REQUIRE(a == b);
+        }
+    }
+}
+
+TEST_CASE("linear_heads is linear of each head's rows", "[unit][model]") {
+    auto rng = test::seeded_rng("cpu linear_heads");
+    CpuModelOps ops(options(cpu::detected_isa(), 2));
+    // 3 heads of (37, 45) in one (3·50, 45) matrix; inputs 48 apart in rows of 150, outputs 40
+    // apart in rows of 125 (gaps between heads are left alone).
+    for (DType d : kDtypes) {
+        const test::RandomMatrix all(150, 45, d, 1, rng);
+        model::Matrix w = all.view();
+        w.rows = 37;
+        const model::HeadsLayout l{3, 50 * 45, 150, 48, 125, 40};
+        for (std::size_t n : {1, 7, 130}) {
+            const auto x = test::random_floats(n * 150, -1.0f, 1.0f, rng);
+            std::vector<float> y(n * 125, 9.0f);
+            ops.linear_heads(w, l, x.data(), n, y.data());
+            for (std::size_t h = 0; h < 3; ++h) {
+                std::vector<float> xh(n * 45), yh(n * 37);
+                for (std::size_t t = 0; t < n; ++t)
+                    std::copy_n(x.data() + t * 150 + h * 48, 45, xh.data() + t * 45);
+                model::Matrix wh = w;
+                wh.data = static_cast<const std::byte*>(w.data) + h * 50 * 45 * dtype_bytes(d);
+                ops.linear(wh, xh.data(), n, yh.data());
+                for (std::size_t t = 0; t < n; ++t)
+                    for (std::size_t r = 0; r < 37; ++r) {
+                        INFO("head " << h << " token " << t << " row " << r << " n " << n);
+                        REQUIRE(y[t * 125 + h * 40 + r] == yh[t * 37 + r]);
+                    }
+            }
+            for (std::size_t t = 0; t < n; ++t)
+                for (std::size_t c = 0; c < 125; ++c)
+                    if (c % 40 >= 37 || c >= 120) REQUIRE(y[t * 125 + c] == 9.0f);
         }
     }
 }

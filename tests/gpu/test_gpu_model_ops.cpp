@@ -169,9 +169,7 @@ TEST_CASE("GPU linear matches the CPU and the fp64 reference", "[gpu]") {
             const HostMatrix w(s.rows, s.cols, d, rng());
             cuda::DeviceWeights dw;
             const model::Matrix wd = dw.upload(w.m);
-            // Up to 64 tokens the expert GEMV kernels run (no wait on the host), beyond them the
-            // per-expert GEMMs.
-            for (std::size_t n : {1u, 4u, 16u, 64u, 300u}) {
+            for (std::size_t n : {1u, 4u, 16u, 300u}) {
                 const auto x = random_floats(n * s.cols, -1.0f, 1.0f, rng);
                 std::vector<float> yc(n * s.rows);
                 cpu_ops().linear(w.m, x.data(), n, yc.data());
@@ -287,6 +285,73 @@ void moe_reference(const MoeShape& s, DType d, const std::vector<HostMatrix>& ga
 
 }  // namespace
 
+TEST_CASE("GPU linear_heads matches the CPU and the fp64 reference", "[gpu]") {
+    if (!have_gpu()) FAIL("no GPU: run the gpu label only on a GPU machine");
+    auto rng = test::seeded_rng("gpu model linear_heads");
+    // MLA's absorbed projections (DeepSeek-V2-Lite: W_UKᵀ fp32 over q_nope, W_UV over the
+    // states, the heads interleaved in their rows), and an odd shape with gaps between heads.
+    struct Shape {
+        const char* what;
+        std::size_t heads, rows, cols, w_stride, x_ld, x_head, y_ld, y_head;
+    };
+    const Shape shapes[] = {
+        {"uk (16, 512, 128)", 16, 512, 128, 512 * 128, 16 * 192, 192, 16 * 576, 576},
+        {"uv (16, 128, 512)", 16, 128, 512, 256 * 512, 16 * 512, 512, 16 * 128, 128},
+        {"odd (5, 37, 19)", 5, 37, 19, 41 * 19, 5 * 23 + 3, 23, 5 * 40 + 1, 40}};
+    for (const auto& s : shapes)
+        for (DType d : {DType::bf16, DType::f32}) {
+            // All heads' weights in one matrix of w_stride elements per head.
+            const HostMatrix all(s.heads * s.w_stride / s.cols, s.cols, d, rng());
+            cuda::DeviceWeights dw;
+            const model::Matrix alld = dw.upload(all.m);
+            model::Matrix w = all.m, wd = alld;
+            w.rows = wd.rows = s.rows;
+            const model::HeadsLayout l{s.heads, s.w_stride, s.x_ld, s.x_head, s.y_ld, s.y_head};
+            for (std::size_t n : {1u, 16u, 300u}) {
+                const auto x = random_floats(n * s.x_ld, -1.0f, 1.0f, rng);
+                std::vector<float> yc(n * s.y_ld, 7.0f);
+                cpu_ops().linear_heads(w, l, x.data(), n, yc.data());
+                const auto xd = to_device(x);
+                auto yd = to_device(std::vector<float>(n * s.y_ld, 7.0f));
+                gpu_ops().linear_heads(wd, l, dptr<float>(xd), n, dptr<float>(yd));
+                const auto yg = to_host<float>(yd, n * s.y_ld);
+                double worst = 0, worst_cpu = 0;
+                for (std::size_t t : ref_tokens(n, double(s.heads * s.rows * s.cols), 4e7, rng))
+                    for (std::size_t h = 0; h < s.heads; ++h)
+                        for (std::size_t r = 0; r < s.rows; ++r) {
+                            double y = 0, a = 0;
+                            for (std::size_t c = 0; c < s.cols; ++c) {
+                                const double p = all.at(h * s.w_stride / s.cols + r, c) *
+                                                 round_to(x[t * s.x_ld + h * s.x_head + c], d);
+                                y += p;
+                                a += std::fabs(p);
+                            }
+                            const std::size_t o = t * s.y_ld + h * s.y_head + r;
+                            worst = std::max(worst, std::fabs(yg[o] - y) / a);
+                            worst_cpu = std::max(worst_cpu, std::fabs(yc[o] - y) / a);
+                        }
+                // Elements outside every head's output are left as they were.
+                std::size_t kept = 0, outside = 0;
+                for (std::size_t i = 0; i < n * s.y_ld; ++i) {
+                    const std::size_t col = i % s.y_ld;
+                    bool inside = false;
+                    for (std::size_t h = 0; h < s.heads; ++h)
+                        inside = inside || (col >= h * s.y_head && col < h * s.y_head + s.rows);
+                    if (inside) continue;
+                    ++outside;
+                    kept += yg[i] == 7.0f;
+                }
+                const double bound = (static_cast<double>(s.cols) + 2) * kU;
+                std::printf(
+                    "linear_heads %-18s %s n=%3zu: |gpu-fp64|/scale %.2e (cpu %.2e, bound %.1e)\n",
+                    s.what, name(d), n, worst, worst_cpu, bound);
+                REQUIRE(worst <= bound);
+                REQUIRE(worst_cpu <= bound);
+                REQUIRE(kept == outside);
+            }
+        }
+}
+
 TEST_CASE("GPU moe matches the CPU and the fp64 reference", "[gpu]") {
     if (!have_gpu()) FAIL("no GPU: run the gpu label only on a GPU machine");
     auto rng = test::seeded_rng("gpu model moe");
@@ -312,7 +377,9 @@ TEST_CASE("GPU moe matches the CPU and the fp64 reference", "[gpu]") {
                 host_experts.push_back({gate[q].m, up[q].m, down[q].m});
                 dev_experts.push_back(dev_sets[q]);
             }
-            for (std::size_t n : {1u, 4u, 16u, 300u}) {
+            // Up to 64 tokens the expert GEMV kernels run (no wait on the host), beyond them the
+            // per-expert GEMMs.
+            for (std::size_t n : {1u, 4u, 16u, 64u, 300u}) {
                 const std::size_t H = s.hidden, k = s.k;
                 // x of the scale an RMSNorm output has; routing: k distinct experts per token.
                 const auto x = random_floats(n * H, -1.0f, 1.0f, rng);

@@ -56,6 +56,10 @@ class CountingOps final : public model::ModelOps {
                  std::size_t cols) override {
         inner_.copy_2d(src, ss, dst, ds, rows, cols);
     }
+    void linear_heads(const model::Matrix& w, const model::HeadsLayout& l, const float* x,
+                      std::size_t n, float* y) override {
+        inner_.linear_heads(w, l, x, n, y);
+    }
     void count_ids(const std::int32_t* ids, std::size_t n, std::size_t bins,
                    std::uint32_t* counts) override {
         inner_.count_ids(ids, n, bins, counts);

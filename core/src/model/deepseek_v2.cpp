@@ -56,8 +56,7 @@ class DeepseekV2 final : public Architecture {
                                max_tokens * static_cast<std::size_t>(std::max(1, c.q_lora_rank)));
         lat_buf_ = OpsBuffer<float>(ops_, max_tokens * lat_);
         q_eng_ = OpsBuffer<float>(ops_, max_tokens * H_ * lat_);
-        head_in_ = OpsBuffer<float>(ops_, max_tokens * std::max(rank_, nope_));
-        head_out_ = OpsBuffer<float>(ops_, max_tokens * std::max(rank_, vd_));
+        head_in_ = OpsBuffer<float>(ops_, max_tokens * rank_);
         attn_ = OpsBuffer<float>(ops_, max_tokens * H_ * vd_);
     }
 
@@ -82,15 +81,11 @@ class DeepseekV2 final : public Architecture {
         ops_.copy_2d(head_in_.data(), rank_, lat_buf_.data(), lat_, n, rank_);
         ops_.rotary(rope_.table(), lat_buf_.data(), n, 1, lat_, rank_, pos);
         ops_.rotary(rope_.table(), q_.data(), n, H_, qk_, nope_, pos);
-        // The absorbed query: per head [W_UKᵀ q_nope | q_pe].
-        for (std::size_t h = 0; h < H_; ++h) {
-            ops_.copy_2d(q_.data() + h * qk_, H_ * qk_, head_in_.data(), nope_, n, nope_);
-            const Matrix uk{uk_t_[layer].data() + h * rank_ * nope_, DType::f32, rank_, nope_};
-            ops_.linear(uk, head_in_.data(), n, head_out_.data());
-            ops_.copy_2d(head_out_.data(), rank_, q_eng_.data() + h * lat_, H_ * lat_, n, rank_);
-            ops_.copy_2d(q_.data() + h * qk_ + nope_, H_ * qk_, q_eng_.data() + h * lat_ + rank_,
-                         H_ * lat_, n, rot_);
-        }
+        // The absorbed query: per head [W_UKᵀ q_nope | q_pe], every head in one call each.
+        const Matrix uk{uk_t_[layer].data(), DType::f32, rank_, nope_};
+        ops_.linear_heads(uk, HeadsLayout{H_, rank_ * nope_, H_ * qk_, qk_, H_ * lat_, lat_},
+                          q_.data(), n, q_eng_.data());
+        ops_.copy_2d(q_.data() + nope_, qk_, q_eng_.data() + rank_, lat_, n * H_, rot_);
         ops_.to_dtype(q_eng_.data(), n * H_ * lat_, kv_, q);
         ops_.to_dtype(lat_buf_.data(), n * lat_, kv_, k);
     }
@@ -99,15 +94,12 @@ class DeepseekV2 final : public Architecture {
         const LayerWeights& L = w_.layers[layer];
         const Matrix& kvb = L.kv_b_proj;
         const std::size_t es = dtype_bytes(kvb.dtype);
-        for (std::size_t h = 0; h < H_; ++h) {
-            ops_.copy_2d(states + h * rank_, H_ * rank_, head_in_.data(), rank_, n, rank_);
-            // W_UV of head h: rows [h·(nope + v) + nope, + v) of kv_b_proj.
-            const Matrix uv{
-                static_cast<const char*>(kvb.data) + (h * (nope_ + vd_) + nope_) * rank_ * es,
-                kvb.dtype, vd_, rank_};
-            ops_.linear(uv, head_in_.data(), n, head_out_.data());
-            ops_.copy_2d(head_out_.data(), vd_, attn_.data() + h * vd_, H_ * vd_, n, vd_);
-        }
+        // W_UV of head h: rows [h·(nope + v) + nope, + v) of kv_b_proj; every head in one call.
+        const Matrix uv{static_cast<const char*>(kvb.data) + nope_ * rank_ * es, kvb.dtype, vd_,
+                        rank_};
+        ops_.linear_heads(uv,
+                          HeadsLayout{H_, (nope_ + vd_) * rank_, H_ * rank_, rank_, H_ * vd_, vd_},
+                          states, n, attn_.data());
         ops_.linear(L.o_proj, attn_.data(), n, out);
     }
 
@@ -126,7 +118,7 @@ class DeepseekV2 final : public Architecture {
     FeedForward ffn_;
     std::size_t H_ = 0, nope_ = 0, rot_ = 0, vd_ = 0, rank_ = 0, qk_ = 0, lat_ = 0;
     std::vector<OpsBuffer<float>> uk_t_;  // per layer: (heads, rank, nope) fp32
-    OpsBuffer<float> q_, qa_, lat_buf_, q_eng_, head_in_, head_out_, attn_;
+    OpsBuffer<float> q_, qa_, lat_buf_, q_eng_, head_in_, attn_;
 };
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "elementwise.hpp"
 #include "gemm_api.hpp"
@@ -104,6 +105,7 @@ struct CpuModelOps::Impl {
     };
     std::unique_ptr<Used[]> used;          // (max_experts + 1) experts with tokens, and a sentinel
     std::unique_ptr<std::byte[]> amx_buf;  // per worker: round_up(max_width, 32) · 32 bytes
+    std::vector<float> heads_x, heads_y;   // linear_heads: one head's rows, compact
     std::size_t amx_stride = 0;
 
     explicit Impl(const CpuModelOpsOptions& o)
@@ -423,6 +425,24 @@ CpuModelOps::~CpuModelOps() = default;
 
 void CpuModelOps::linear(const model::Matrix& w, const float* x, std::size_t n, float* y) {
     impl_->linear(w, x, n, y);
+}
+void CpuModelOps::linear_heads(const model::Matrix& w, const model::HeadsLayout& l, const float* x,
+                               std::size_t n, float* y) {
+    if (n == 0 || w.rows == 0 || l.heads == 0) return;
+    std::vector<float>& xh = impl_->heads_x;
+    std::vector<float>& yh = impl_->heads_y;
+    xh.resize(n * w.cols);
+    yh.resize(n * w.rows);
+    const std::size_t es = dtype_bytes(w.dtype);
+    for (std::size_t h = 0; h < l.heads; ++h) {
+        for (std::size_t t = 0; t < n; ++t)
+            std::copy_n(x + t * l.x_ld + h * l.x_head, w.cols, xh.data() + t * w.cols);
+        model::Matrix wh = w;
+        wh.data = static_cast<const std::byte*>(w.data) + h * l.w_stride * es;
+        impl_->linear(wh, xh.data(), n, yh.data());
+        for (std::size_t t = 0; t < n; ++t)
+            std::copy_n(yh.data() + t * w.rows, w.rows, y + t * l.y_ld + h * l.y_head);
+    }
 }
 void CpuModelOps::moe(std::span<const model::FfnWeights> experts, const float* x, std::size_t n,
                       const model::MoeRouting& routing, float* y) {

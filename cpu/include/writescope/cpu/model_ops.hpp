@@ -53,6 +53,9 @@ class CpuModelOps final : public model::ModelOps {
     ~CpuModelOps() override;
 
     void linear(const model::Matrix& w, const float* x, std::size_t n, float* y) override;
+    // Head by head through linear(), over compact copies of each head's rows.
+    void linear_heads(const model::Matrix& w, const model::HeadsLayout& l, const float* x,
+                      std::size_t n, float* y) override;
     void moe(std::span<const model::FfnWeights> experts, const float* x, std::size_t n,
              const model::MoeRouting& routing, float* y) override;
     void embed(const model::Matrix& table, const std::int32_t* ids, std::size_t n,

@@ -72,6 +72,10 @@ class CudaModelOps final : public model::ModelOps {
     CudaModelOps& operator=(const CudaModelOps&) = delete;
 
     void linear(const model::Matrix& w, const float* x, std::size_t n, float* y) override;
+    // One strided batched GEMM (the inputs rounded to the weight dtype into the linear
+    // workspace first, as many heads at a time as it holds).
+    void linear_heads(const model::Matrix& w, const model::HeadsLayout& l, const float* x,
+                      std::size_t n, float* y) override;
     void moe(std::span<const model::FfnWeights> experts, const float* x, std::size_t n,
              const model::MoeRouting& routing, float* y) override;
     void embed(const model::Matrix& table, const std::int32_t* ids, std::size_t n,

@@ -46,6 +46,16 @@ struct RoutingParams {
 
 // Routing of n tokens to k experts each: expert[t·k + j] is an index into the experts span (−1:
 // no expert, skipped), weight[t·k + j] its fp32 combine weight.
+// Where linear_heads finds each head's weight, input and output: head h's weight is the call's
+// matrix with its data w_stride elements on per head; its input row t at x[t·x_ld + h·x_head]
+// (w.cols elements), its output row t at y[t·y_ld + h·y_head] (w.rows elements).
+struct HeadsLayout {
+    std::size_t heads = 1;
+    std::size_t w_stride = 0;
+    std::size_t x_ld = 0, x_head = 0;
+    std::size_t y_ld = 0, y_head = 0;
+};
+
 struct MoeRouting {
     const std::int32_t* expert = nullptr;  // (n, k)
     const float* weight = nullptr;         // (n, k)
@@ -58,6 +68,11 @@ class ModelOps {
 
     // y (n, w.rows) = x (n, w.cols) · wᵀ. y does not alias x.
     virtual void linear(const Matrix& w, const float* x, std::size_t n, float* y) = 0;
+
+    // For every head h of the layout: y_h (n, w.rows) = x_h (n, w.cols) · W_hᵀ, each as linear()
+    // computes it (MLA's per-head absorbed projections in one call). y does not alias x.
+    virtual void linear_heads(const Matrix& w, const HeadsLayout& l, const float* x, std::size_t n,
+                              float* y) = 0;
 
     // y (n, hidden) += Σ_j weight[t, j] · FFN_{expert[t, j]}(x[t]) for every token t; x (n,
     // hidden). Experts are run once each over the tokens routed to them (the weights are read
