@@ -104,8 +104,8 @@ struct DecodeRun {
 template <class ModeOf, class Retarget>
 DecodeRun run_decode_steps(StepFixture& fx, StepExecutor& exec, SealMover& sealer,
                            const std::vector<std::uint64_t>& ids, std::size_t steps,
-                           std::mt19937_64& rng, double tol, ModeOf&& mode_of,
-                           Retarget&& retarget) {
+                           std::mt19937_64& rng, double tol, ModeOf&& mode_of, Retarget&& retarget,
+                           void* device_stream = nullptr) {
     DecodeRun run;
     const auto layers = static_cast<std::size_t>(fx.g.num_layers);
     for (std::size_t step = 0; step < steps; ++step) {
@@ -117,7 +117,7 @@ DecodeRun run_decode_steps(StepFixture& fx, StepExecutor& exec, SealMover& seale
             const auto [rel, lerr] =
                 check_decode_layer(fx, ids, layer, q.data(), random_fresh(fx.g, ids.size(), rng),
                                    [&](StateView out, NewTokens fresh) {
-                                       exec.run_layer(layer, q.data(), out, fresh);
+                                       exec.run_layer(layer, q.data(), out, fresh, device_stream);
                                    });
             run.worst = std::max(run.worst, rel);
             run.worst_lse = std::max(run.worst_lse, lerr);

@@ -33,6 +33,10 @@ class HostGpuBackend final : public GpuAttentionBackend {
 
     // What the executor did, for the test to check.
     std::size_t set_work_calls = 0, launches = 0, finishes = 0, appends = 0;
+    // The device-side contract, emulated: "device memory" is host memory and the stream an
+    // opaque token that must come back unchanged.
+    std::size_t device_launches = 0, q_downs = 0, device_finishes = 0;
+    void* expected_stream = nullptr;
     std::size_t cpu_parts_in_place = 0;  // finish() found the CPU partials in our buffer
     std::size_t last_layer = 0;
     bool fail_launch = false;  // launch() throws, as a CUDA error would
@@ -137,6 +141,36 @@ class HostGpuBackend final : public GpuAttentionBackend {
         return t;
     }
 
+    bool device_side() const noexcept override { return true; }
+    void launch_device(std::size_t layer, const void* q, NewTokens fresh, void* stream,
+                       bool q_to_host) override {
+        if (!stream || stream != expected_stream) throw std::logic_error("not the model's stream");
+        launch(layer, q, fresh);
+        ++device_launches;
+        q_down_ = q_to_host;
+    }
+    const void* host_q() override {
+        if (!launched_ || !q_down_) throw std::logic_error("host_q without q coming down");
+        ++q_downs;
+        return q_.data();  // a copy, as the pinned one would be
+    }
+    void finish_device(ConstStateView cpu_part, StateView out, void* stream) override {
+        if (stream != expected_stream) throw std::logic_error("not the model's stream");
+        ++device_finishes;
+        GpuLayerTiming t = finish(cpu_part, out);
+        t.attention_seconds = t.total_seconds = 1e-6;  // what the events would say
+        pending_.push_back(t);
+    }
+    std::size_t take_device_timings(std::span<GpuLayerTiming> out) override {
+        if (launched_) throw std::logic_error("timings taken before the finish");
+        const std::size_t n = std::min(out.size(), pending_.size());
+        std::copy_n(pending_.begin(), n, out.begin());
+        const std::size_t all = pending_.size();
+        pending_.clear();
+        return std::min(n, all);
+    }
+    std::size_t device_timings_pending() const noexcept { return pending_.size(); }
+
   private:
     struct Work {
         std::vector<std::uint32_t> pool_slots;
@@ -156,6 +190,8 @@ class HostGpuBackend final : public GpuAttentionBackend {
     std::vector<std::byte> q_;
     std::vector<std::vector<std::byte>> snapshot_;  // the pageable caches at launch()
     bool launched_ = false;
+    bool q_down_ = false;
+    std::vector<GpuLayerTiming> pending_;
 };
 
 }  // namespace writescope::test

@@ -25,7 +25,9 @@ TEST_CASE("decode steps write, attend, append and seal every token exactly (exec
           "[unit][engine]") {
     auto rng = test::seeded_rng("decode steps through the executor");
     for (const char* preset : {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"})
-        for (const bool with_gpu : {false, true}) {
+        for (const int variant : {0, 1, 2}) {
+            // 0: CPU only; 1: hybrid, host memory; 2: hybrid through the device-side contract.
+            const bool with_gpu = variant > 0, device = variant == 2;
             const auto g = test::small_geometry(preset, 2);
             const std::size_t B = 16, max_seqs = 3, steps = 40;
             cpu::CpuAttention cpu(g, B, 2, false, max_seqs);
@@ -51,6 +53,8 @@ TEST_CASE("decode steps write, attend, append and seal every token exactly (exec
                 ids.push_back(id);
             }
             test::HostGpuBackend gpu(g, B, *pool, mem.pinned.get(), max_seqs * g.num_q_heads);
+            int stream_token = 0;
+            if (device) gpu.expected_stream = &stream_token;
             StepExecutor exec({max_seqs}, cache, *pool, mem.pinned.get(), mem.unpinned.get(), cpu,
                               with_gpu ? &gpu : nullptr);
             HostSealMover sealer(*pool, mem.pinned.get(), mem.unpinned.get(),
@@ -63,16 +67,68 @@ TEST_CASE("decode steps write, attend, append and seal every token exactly (exec
                 [&](std::size_t) {
                     if (with_gpu && rng() % 5 == 0)
                         cache.set_target_r(std::uniform_real_distribution<double>(0, 1)(rng));
-                });
+                },
+                device ? &stream_token : nullptr);
             std::printf(
                 "[engine] decode %-16s %s: %zu steps, sealed %zu to G, %zu to P, %zu to U; worst "
                 "rel err vs fp64 %.3e, lse %.3e\n",
-                preset, with_gpu ? "hybrid (host GPU side)" : "CPU only              ", steps,
-                run.seals[0], run.seals[1], run.seals[2], run.worst, run.worst_lse);
+                preset,
+                device     ? "hybrid, device-side   "
+                : with_gpu ? "hybrid (host GPU side)"
+                           : "CPU only              ",
+                steps, run.seals[0], run.seals[1], run.seals[2], run.worst, run.worst_lse);
             // 40 steps of 3 sequences with blocks of 16 seal at least 6 blocks.
             REQUIRE(run.seals[0] + run.seals[1] + run.seals[2] >= 6);
             if (with_gpu) REQUIRE(gpu.appends == 2 * steps);
+            if (device) {
+                // Every layer through the contract; q came down only where the CPU had a share
+                // (some layers of the static:0.5 steps at least), and every layer's timing is
+                // waiting to be taken.
+                REQUIRE(gpu.device_launches == 2 * steps);
+                REQUIRE(gpu.device_finishes == 2 * steps);
+                REQUIRE(gpu.q_downs > 0);
+                REQUIRE(gpu.q_downs <= gpu.device_launches);
+                REQUIRE(gpu.device_timings_pending() == 2 * steps);
+            }
         }
+}
+
+TEST_CASE("a step planned twice lays out its work once", "[unit][engine]") {
+    auto rng = test::seeded_rng("plan twice, build once");
+    const auto g = test::small_geometry("qwen3-30b-a3b", 2);
+    const std::size_t B = 16, max_seqs = 2;
+    cpu::CpuAttention cpu(g, B, 2, false, max_seqs);
+    KvCacheConfig cfg;
+    cfg.geometry = g;
+    cfg.block_tokens = B;
+    cfg.t_slots = max_seqs;
+    cfg.g_slots = 4;
+    cfg.pinned_bytes = 8ull << 20;
+    cfg.host_bytes = 16ull << 20;
+    cfg.u_block_bytes = cpu.packed_block_bytes();
+    cfg.target_r = 0.5;
+    HostKvMemory mem = HostKvMemory::create(cfg);
+    KvCache cache(cfg, mem.pinned->slab_slots());
+    auto fx = test::StepFixture::on_host(g, B, cache, *mem.gpu_pool, mem.pinned.get(),
+                                         mem.unpinned.get(), cpu);
+    const std::vector<std::uint64_t> ids{1, 2};
+    for (auto id : ids)
+        REQUIRE(fx.add_sequence(id, 5 * B, 6 * B, rng));
+    test::HostGpuBackend gpu(g, B, *mem.gpu_pool, mem.pinned.get(), max_seqs * g.num_q_heads);
+    StepExecutor exec({max_seqs}, cache, *mem.gpu_pool, mem.pinned.get(), mem.unpinned.get(), cpu,
+                      &gpu);
+    exec.plan(ids, parse_execution_mode("writescope"), test::random_plan_costs(rng), true, false);
+    exec.plan(ids, parse_execution_mode("static:0.3"), test::random_plan_costs(rng), true, false);
+    CHECK(gpu.set_work_calls == 0);
+    exec.build();
+    CHECK(gpu.set_work_calls == 1);
+    // The work laid out is the last plan's: its layer attends exactly.
+    const auto q = fx.random_q(ids.size(), rng);
+    const auto [rel, lerr] = test::check_decode_layer(
+        fx, ids, 0, q.data(), test::random_fresh(g, ids.size(), rng),
+        [&](StateView out, NewTokens fresh) { exec.run_layer(0, q.data(), out, fresh); });
+    CHECK(rel < 1e-5);
+    CHECK(lerr < 1e-5);
 }
 
 TEST_CASE("a decode step's new tokens are refused where the plan has no room for them",
@@ -102,6 +158,31 @@ TEST_CASE("a decode step's new tokens are refused where the plan has no room for
     REQUIRE_THROWS_WITH(exec.run_layer(0, q.data(), out, {k.data(), v.data()}),
                         Catch::Contains("planned without them"));
     REQUIRE_NOTHROW(exec.run_layer(0, q.data(), out));
+    // Device memory needs a GPU backend that reads it.
+    int stream = 0;
+    REQUIRE_THROWS_WITH(exec.run_layer(0, q.data(), out, {}, &stream),
+                        Catch::Contains("device memory"));
+}
+
+TEST_CASE("a CPU-only engine refuses device memory and says it has no device side",
+          "[unit][engine]") {
+    const EngineOptions o = test::cpu_engine_options("qwen3-30b-a3b", 2, 16ull << 20, 2);
+    auto e = Engine::create(o);
+    CHECK_FALSE(e->device_side());
+    CHECK(e->gpu_device() == -1);
+    REQUIRE(e->admit(1, 8).ok);
+    const std::uint64_t ids[] = {1};
+    e->begin_step(ids);
+    const auto& g = o.geometry;
+    std::vector<std::byte> q(g.num_q_heads * g.head_dim_k * 2), k(4 * 128 * 2), v(4 * 128 * 2);
+    std::vector<float> out_o(g.num_q_heads * 128), lse(g.num_q_heads);
+    const StateView out{out_o.data(), lse.data(), static_cast<std::size_t>(g.num_q_heads), 128};
+    int stream = 0;
+    REQUIRE_THROWS_AS(e->attend_layer(0, q.data(), {k.data(), v.data()}, out, &stream),
+                      std::invalid_argument);
+    // Refused before anything ran: the step goes on through host memory.
+    REQUIRE_NOTHROW(e->attend_layer(0, q.data(), {k.data(), v.data()}, out));
+    e->abort_step();
 }
 
 TEST_CASE("the CPU-only engine runs decode steps: exact outputs, seals into U, trackers fed",
