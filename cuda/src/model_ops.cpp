@@ -136,6 +136,12 @@ struct CudaModelOps::Impl {
         DType dtype = DType::bf16;
     };
     std::unordered_map<const model::FfnWeights*, ExpertTable> tables;
+    // Recordings: instantiated graphs, destroyed with the ops.
+    struct GraphDel {
+        void operator()(cudaGraphExec_t g) const noexcept { cudaGraphExecDestroy(g); }
+    };
+    std::vector<std::unique_ptr<CUgraphExec_st, GraphDel>> graphs;
+    bool recording = false;
     std::unique_ptr<CUstream_st, StreamDel> stream_owner;
     std::unique_ptr<cublasContext, BlasDel> blas_owner;
     cudaStream_t stream = nullptr;
@@ -612,6 +618,40 @@ const char* CudaModelOps::kernel_name() const noexcept {
 int CudaModelOps::threads() const noexcept {
     return impl_->sm_count;
 }
+void CudaModelOps::begin_record() {
+    if (impl_->recording) throw std::logic_error("CudaModelOps: already recording");
+    impl_->use();
+    check(cudaStreamBeginCapture(impl_->stream, cudaStreamCaptureModeThreadLocal),
+          "cudaStreamBeginCapture");
+    impl_->recording = true;
+}
+std::size_t CudaModelOps::end_record() {
+    if (!impl_->recording) throw std::logic_error("CudaModelOps: not recording");
+    impl_->recording = false;
+    cudaGraph_t graph = nullptr;
+    check(cudaStreamEndCapture(impl_->stream, &graph), "cudaStreamEndCapture");
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    check(e, "cudaGraphInstantiate");
+    impl_->graphs.emplace_back(exec);
+    return impl_->graphs.size() - 1;
+}
+void CudaModelOps::cancel_record() noexcept {
+    if (!impl_->recording) return;
+    impl_->recording = false;
+    cudaGraph_t graph = nullptr;
+    if (cudaStreamEndCapture(impl_->stream, &graph) == cudaSuccess && graph)
+        cudaGraphDestroy(graph);
+    cudaGetLastError();  // the capture's error is the caller's, reported already
+}
+void CudaModelOps::replay(std::size_t recording) {
+    if (recording >= impl_->graphs.size())
+        throw std::out_of_range("CudaModelOps::replay: no recording " + std::to_string(recording));
+    impl_->use();
+    check(cudaGraphLaunch(impl_->graphs[recording].get(), impl_->stream), "cudaGraphLaunch");
+}
+
 int CudaModelOps::device() const noexcept {
     return impl_->opts.device;
 }

@@ -41,6 +41,7 @@ struct Options {
     std::string json;
     double gpu = -1;      // < 0: CPU only; else the share of each layer's routed experts on the GPU
     bool staged = false;  // --staged: the engine's side through host memory every layer
+    bool graphs = true;   // --no-graphs: every kernel launched, no recordings
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -89,10 +90,13 @@ int run_model_decode(int argc, char** argv) {
             o.gpu = std::stod(next());
         else if (a == "--staged")
             o.staged = true;
+        else if (a == "--no-graphs")
+            o.graphs = false;
         else if (a == "--help") {
             std::printf(
                 "writescope-bench model-decode [--models a,b] [--layers 2] [--batch 1,4,16]\n"
-                "  [--context 1024] [--steps 16] [--threads N] [--gpu SHARE [--staged]] [--json "
+                "  [--context 1024] [--steps 16] [--threads N] [--gpu SHARE [--staged] "
+                "[--no-graphs]] [--json "
                 "FILE]\n");
             return 0;
         } else
@@ -174,11 +178,14 @@ int run_model_decode(int argc, char** argv) {
         ro.max_batch = max_batch;
         ro.prefill_chunk_tokens = 512;
         ro.device_attention = !o.staged;
+        ro.cuda_graphs = o.graphs;
         const auto rt = model::make_runtime(*m, *ops, *engine, ro, rw);
         if (gpu)
-            std::printf("%s: attention %s\n", name.c_str(),
+            std::printf("%s: attention %s; %s\n", name.c_str(),
                         rt->device_attention() ? "device-side (q, K/V and states stay on the GPU)"
-                                               : "staged through host memory every layer");
+                                               : "staged through host memory every layer",
+                        rt->records_decode() ? "decode segments replayed as CUDA graphs"
+                                             : "every kernel launched");
 
         // The read ceiling with the expert pool's thread count, over 2 GiB.
         cpu::WorkerPoolOptions po;
@@ -244,10 +251,11 @@ int run_model_decode(int argc, char** argv) {
                           "\"step_ms\": %.4f, \"tokens_per_s\": %.3f, \"weight_bytes\": %.0f, "
                           "\"kv_bytes\": %.0f, \"gbs\": %.3f, \"read_gbs\": %.3f, "
                           "\"ratio\": %.4f, \"kernel\": \"%s\", \"gpu_experts\": %.2f, "
-                          "\"device_attention\": %s}",
+                          "\"device_attention\": %s, \"cuda_graphs\": %s}",
                           name.c_str(), c.num_layers, batch, o.context, med * 1e3,
                           static_cast<double>(batch) / med, wb, kvb, gbs, read_gbs, gbs / read_gbs,
-                          ops->kernel_name(), o.gpu, rt->device_attention() ? "true" : "false");
+                          ops->kernel_name(), o.gpu, rt->device_attention() ? "true" : "false",
+                          rt->records_decode() ? "true" : "false");
             rows.push_back(row);
             for (std::uint64_t id : ids)
                 rt->release(id);

@@ -40,7 +40,7 @@ struct GpuRuntime {
     std::unique_ptr<model::Runtime> runtime;
 
     GpuRuntime(const model::Model& m, std::size_t chunk, bool split, std::unique_ptr<Engine> e,
-               std::size_t max_batch = 4, bool device_attention = true)
+               std::size_t max_batch = 4, bool device_attention = true, bool graphs = true)
         : engine(std::move(e)) {
         const model::OpLimits lim = model::op_limits(m.config());
         cuda::CudaModelOpsOptions co;
@@ -55,6 +55,7 @@ struct GpuRuntime {
         ro.max_batch = max_batch;
         ro.kv_dtype = m.config().dtype;
         ro.device_attention = device_attention;
+        ro.cuda_graphs = graphs;
         runtime = model::make_runtime(m, *ops, *engine, ro, {&weights->weights(), host_ops.get()});
     }
 };
@@ -217,6 +218,30 @@ TEST_CASE(
             "logit difference %.3g (bound 1e-6 relative)\n",
             c.name.c_str(), err_staged);
         CHECK(err_staged / scale <= 1e-6);
+        // Every expert on the GPU: the decode segments are recorded and replayed (CUDA graphs)
+        // from the second step; the same logits as launching every kernel.
+        GpuRuntime graphs(*m, 64, /*split=*/false, gpu_engine(*m, B, /*g_blocks=*/2, 2), 2);
+        GpuRuntime launches(*m, 64, /*split=*/false, gpu_engine(*m, B, /*g_blocks=*/2, 2), 2, true,
+                            /*graphs=*/false);
+        CHECK(graphs.runtime->records_decode());
+        CHECK_FALSE(launches.runtime->records_decode());
+        CHECK_FALSE(g.runtime->records_decode());  // split experts wait for their routing
+        const std::vector<float> replayed = run_all(*graphs.runtime, ids, 20);
+        const std::vector<float> launched = run_all(*launches.runtime, ids, 20);
+        double err_graphs = 0, err_all_gpu = 0;
+        for (std::size_t i = 0; i < ref.size(); ++i) {
+            err_graphs =
+                std::max(err_graphs, std::abs(static_cast<double>(replayed[i]) - launched[i]));
+            err_all_gpu =
+                std::max(err_all_gpu, std::abs(static_cast<double>(replayed[i]) - ref[i]));
+        }
+        std::printf(
+            "[gpu] runtime %-36s all experts on the GPU: CUDA graphs vs every kernel "
+            "launched: largest logit difference %.3g (bound 1e-6 relative); vs the CPU "
+            "runtime %.3g (relative %.3g)\n",
+            c.name.c_str(), err_graphs, err_all_gpu, err_all_gpu / scale);
+        CHECK(err_graphs / scale <= 1e-6);
+        CHECK(err_all_gpu / scale <= 1e-2);
         const StepReport last = g.runtime->last_step();
         CHECK(last.seconds > 0);
         CHECK(last.gpu_seconds > 0);  // the GPU's timings of the device-side layers were read

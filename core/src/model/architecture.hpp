@@ -32,6 +32,11 @@ class Architecture {
     virtual void feed_forward(std::size_t layer, const float* xn, std::size_t n, float* h) = 0;
     // Bytes of feed-forward weights read since the last call (FeedForward::take_bytes).
     virtual std::uint64_t take_ffn_bytes() = 0;
+    // What every forward pass of the feed-forward blocks reads whatever the routing.
+    virtual std::uint64_t ffn_fixed_bytes() const noexcept = 0;
+    // Whether the layers' work on the ops may be recorded and replayed (nothing in them waits
+    // for the device or crosses to the host).
+    virtual bool records_safely() const noexcept = 0;
     // Tokens routed to each expert since the last call (FeedForward::take_heat).
     virtual ExpertHeat take_heat() = 0;
 };

@@ -107,6 +107,8 @@ class DeepseekV2 final : public Architecture {
         ffn_.run(layer, xn, n, h);
     }
     std::uint64_t take_ffn_bytes() override { return ffn_.take_bytes(); }
+    std::uint64_t ffn_fixed_bytes() const noexcept override { return ffn_.fixed_bytes(); }
+    bool records_safely() const noexcept override { return ffn_.records_safely(); }
     ExpertHeat take_heat() override { return ffn_.take_heat(); }
 
   private:

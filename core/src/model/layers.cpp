@@ -149,7 +149,6 @@ void FeedForward::run(std::size_t layer, const float* xn, std::size_t n, float* 
     if (!L.moe) {
         timed(profile_, ops_, &LayerTimes::ops_experts,
               [&] { ops_.moe(std::span<const FfnWeights>(&L.mlp, 1), xn, n, single, h); });
-        bytes_ += L.mlp.bytes();
         return;
     }
     const Matrix router{routers_[layer].data(), DType::f32, L.router.rows, L.router.cols};
@@ -159,7 +158,6 @@ void FeedForward::run(std::size_t layer, const float* xn, std::size_t n, float* 
     if (!ops_.host_memory()) {
         // Counted in the ops' memory: no copy down (run_split brings the routing down itself).
         ops_.count_ids(experts_.data(), n * k, bins_, counts_ops_.data() + layer * bins_);
-        uncollected_ = true;
     }
     if (layer_split_[layer]) {
         run_split(layer, xn, n, h);
@@ -180,11 +178,9 @@ void FeedForward::run(std::size_t layer, const float* xn, std::size_t n, float* 
             }
         }
     }
-    bytes_ += router.bytes();
     if (L.shared.gate) {
         timed(profile_, ops_, &LayerTimes::ops_experts,
               [&] { ops_.moe(std::span<const FfnWeights>(&L.shared, 1), xn, n, single, h); });
-        bytes_ += L.shared.bytes();
     }
 }
 
@@ -240,9 +236,24 @@ void FeedForward::run_split(std::size_t layer, const float* xn, std::size_t n, f
     ops_.add(h, y_ops_.data(), n * hidden);
 }
 
+std::uint64_t FeedForward::fixed_bytes() const noexcept {
+    std::uint64_t b = 0;
+    for (std::size_t l = 0; l < w_.layers.size(); ++l) {
+        const LayerWeights& L = w_.layers[l];
+        if (!L.moe) {
+            b += L.mlp.bytes();
+            continue;
+        }
+        b += L.router.rows * L.router.cols * sizeof(float);  // the fp32 router the ops read
+        if (L.shared.gate) b += L.shared.bytes();
+    }
+    return b;
+}
+
 void FeedForward::collect() {
-    if (!uncollected_) return;
-    uncollected_ = false;
+    // Also after steps replayed from a recording (no run() call saw them): the counts are
+    // read whenever the ops keep them.
+    if (ops_.host_memory() || bins_ == 0) return;
     // Each expert routed to since the last collect counts its bytes once: collect runs once per
     // forward pass (take_bytes), the unit of last_weight_bytes.
     counts_ops_.download(std::span<std::uint32_t>(counts_now_));

@@ -3,6 +3,7 @@
 // weights live in the ops' memory (OpsBuffer); the weights are the binding's views.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -61,8 +62,16 @@ class FeedForward {
     // Bytes of routed and shared expert (or dense MLP) weights the calls since the last take
     // read: each expert a call routes a token to counts once.
     std::uint64_t take_bytes();
+    // Bytes every forward pass reads whatever the routing: dense MLPs, the fp32 routers, the
+    // shared experts (the runtime counts them with the attention's).
+    std::uint64_t fixed_bytes() const noexcept;
     // Tokens routed to each expert since the last take (the placement's routing frequencies).
     ExpertHeat take_heat();
+    // No layer splits its experts with the host ops (whose split waits for the routing): the
+    // block's work on the ops can be recorded and replayed (ModelOps::begin_record).
+    bool records_safely() const noexcept {
+        return std::find(layer_split_.begin(), layer_split_.end(), 1) == layer_split_.end();
+    }
 
   private:
     void run_split(std::size_t layer, const float* xn, std::size_t n, float* h);
@@ -95,7 +104,6 @@ class FeedForward {
     std::size_t bins_ = 0;
     OpsBuffer<std::uint32_t> counts_ops_;
     std::vector<std::uint32_t> counts_now_, counts_seen_;
-    bool uncollected_ = false;
     RoutingParams routing_;
     std::uint64_t bytes_ = 0;
     ExpertHeat heat_;
@@ -117,6 +125,8 @@ class StandardArchitecture final : public Architecture {
         ffn_.run(layer, xn, n, h);
     }
     std::uint64_t take_ffn_bytes() override { return ffn_.take_bytes(); }
+    std::uint64_t ffn_fixed_bytes() const noexcept override { return ffn_.fixed_bytes(); }
+    bool records_safely() const noexcept override { return ffn_.records_safely(); }
     ExpertHeat take_heat() override { return ffn_.take_heat(); }
 
   private:

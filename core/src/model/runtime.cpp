@@ -112,10 +112,14 @@ class RuntimeImpl final : public Runtime {
             for (const Matrix* mtx : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.q_a_proj,
                                       &L.q_b_proj, &L.kv_a_proj, &L.kv_b_proj})
                 fixed_bytes_ += mtx->data ? mtx->bytes() : 0;
+        fixed_bytes_ += arch_->ffn_fixed_bytes();
+        graphs_ =
+            opts.cuda_graphs && device_attention_ && ops.can_record() && arch_->records_safely();
     }
     std::uint64_t last_weight_bytes() const noexcept override { return last_bytes_; }
     StepReport last_step() const override { return last_step_; }
     bool device_attention() const noexcept override { return device_attention_; }
+    bool records_decode() const noexcept override { return graphs_; }
     LayerTimes last_layer_times() const override { return last_times_; }
     void profile_layers(bool on) override { profile_.on = on; }
     ExpertHeat take_expert_heat() override { return arch_->take_heat(); }
@@ -198,13 +202,21 @@ class RuntimeImpl final : public Runtime {
         times = {};
         const double t_step = profile ? now_seconds() : 0.0;
         const std::int64_t* pos = inputs(tokens, n);
-        ops_.embed(w_.embed, host_ ? tokens.data() : ids_.data(), n, h_.data());
+        const std::size_t layers = static_cast<std::size_t>(c.num_layers);
+        // The ops' work between the engine's layers, in layers + 1 segments: recorded at this
+        // batch size's second step and replayed from then on (graphs_), else run.
+        Segments seg(*this, graphs_ && !profile ? &recordings_[n] : nullptr, layers + 1);
+        const auto pre = [&](std::size_t l) {
+            ops_.rms_norm(w_.layers[l].input_norm, h_.data(), n, hidden, eps_, xn_.data());
+            arch_->attention_in(l, xn_.data(), n, pos, q_.data(), k_.data(), v_.data());
+        };
         engine_.begin_step(seq_ids);
         try {
-            for (std::size_t l = 0; l < static_cast<std::size_t>(c.num_layers); ++l) {
-                const LayerWeights& L = w_.layers[l];
-                ops_.rms_norm(L.input_norm, h_.data(), n, hidden, eps_, xn_.data());
-                arch_->attention_in(l, xn_.data(), n, pos, q_.data(), k_.data(), v_.data());
+            seg.run(0, [&] {
+                ops_.embed(w_.embed, host_ ? tokens.data() : ids_.data(), n, h_.data());
+                pre(0);
+            });
+            for (std::size_t l = 0; l < layers; ++l) {
                 double t_attn = 0;
                 if (profile) {
                     ops_.synchronize();
@@ -228,8 +240,12 @@ class RuntimeImpl final : public Runtime {
                     ops_.synchronize();
                     times.attention += now_seconds() - t_attn;
                 }
-                finish_layer(l, n, hidden);
+                seg.run(l + 1, [&] {
+                    finish_layer(l, n, hidden);
+                    if (l + 1 < layers) pre(l + 1);
+                });
             }
+            seg.done();
             last_step_ = engine_.end_step();
         } catch (...) {
             engine_.abort_step();
@@ -246,6 +262,64 @@ class RuntimeImpl final : public Runtime {
     }
 
   private:
+    // The recordings of one batch size's decode segments (RuntimeOptions::cuda_graphs).
+    struct Recording {
+        std::vector<std::size_t> ids;  // one per segment once recorded
+        std::size_t steps = 0;         // steps run at this size
+        bool failed = false;           // a segment could not be recorded: run from now on
+    };
+    // One decode step's segments: replayed when recorded, recorded when this is the batch
+    // size's second step (the first one runs, so that what the calls set up once, as the GPU
+    // experts' tables, is done before a recording), else run. A segment whose recording fails
+    // (a call that waits for the host) is run instead and the size is not recorded again.
+    class Segments {
+      public:
+        Segments(RuntimeImpl& rt, Recording* rec, std::size_t count)
+            : rt_(rt), rec_(rec), count_(count) {
+            if (!rec_ || rec_->failed) {
+                rec_ = nullptr;
+                return;
+            }
+            replay_ = rec_->ids.size() == count_;
+            record_ = !replay_ && rec_->steps >= 1;
+            if (record_) rec_->ids.clear();
+        }
+        template <class Body>
+        void run(std::size_t i, Body&& body) {
+            if (replay_) {
+                rt_.ops_.replay(rec_->ids[i]);
+                return;
+            }
+            if (!record_) {
+                body();
+                return;
+            }
+            rt_.ops_.begin_record();
+            try {
+                body();
+                rec_->ids.push_back(rt_.ops_.end_record());
+            } catch (...) {
+                rt_.ops_.cancel_record();
+                rec_->failed = true;
+                rec_->ids.clear();
+                record_ = false;
+                body();  // run for real what could not be recorded
+                return;
+            }
+            rt_.ops_.replay(rec_->ids.back());
+        }
+        // After the last segment: the step counts towards recording this size.
+        void done() {
+            if (rec_) ++rec_->steps;
+        }
+
+      private:
+        RuntimeImpl& rt_;
+        Recording* rec_;
+        std::size_t count_;
+        bool replay_ = false, record_ = false;
+    };
+
     // After the engine's attention of layer l over n rows: output projection, residual, norm,
     // feed-forward (into the residual).
     void finish_layer(std::size_t l, std::size_t n, std::size_t hidden) {
@@ -360,6 +434,8 @@ class RuntimeImpl final : public Runtime {
     RuntimeOptions opts_;
     bool host_ = true;               // the ops compute in host memory
     bool device_attention_ = false;  // decode hands the engine device memory (same GPU)
+    bool graphs_ = false;            // decode segments recorded and replayed (cuda_graphs)
+    std::map<std::size_t, Recording> recordings_;  // per batch size
     KvGeometry geometry_;
     std::unique_ptr<Architecture> arch_;
     std::size_t chunk_ = 0, rows_ = 0, k_row_ = 0, v_row_ = 0;

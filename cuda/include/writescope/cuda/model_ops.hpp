@@ -101,6 +101,12 @@ class CudaModelOps final : public model::ModelOps {
     void upload(void* dst, const void* host_src, std::size_t bytes) override;
     void download(void* host_dst, const void* src, std::size_t bytes) override;
     int device() const noexcept override;
+    // Recordings are CUDA graphs of the stream (thread-local capture), instantiated once.
+    bool can_record() const noexcept override { return true; }
+    void begin_record() override;
+    std::size_t end_record() override;
+    void cancel_record() noexcept override;
+    void replay(std::size_t recording) override;
     void* stream_handle() const noexcept override { return stream(); }
     std::size_t max_tokens() const noexcept override;
     const char* kernel_name() const noexcept override;  // "cublas-sm90" and the like

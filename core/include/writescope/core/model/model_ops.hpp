@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <stdexcept>
 
 #include "writescope/core/model/weights.hpp"
 
@@ -129,6 +130,21 @@ class ModelOps {
     virtual void* stream_handle() const noexcept { return nullptr; }
     // Waits until the work enqueued so far is done (nothing to wait for on the host).
     virtual void synchronize() const {}
+
+    // Recordings (CUDA graphs on a GPU): between begin_record() and end_record() the calls are
+    // recorded instead of run; replay(id) runs the recording again, with the pointers and sizes
+    // of its calls (what they point at may change between replays). Recorded calls must not
+    // cross to or wait for the host (no upload, download or synchronize, no moe that waits for
+    // its counts): one that does throws, and the recording must then be abandoned with
+    // cancel_record(). Ops that run at once (the CPU's) have none: can_record() false.
+    virtual bool can_record() const noexcept { return false; }
+    virtual void begin_record() { throw std::logic_error("these ops cannot record"); }
+    virtual std::size_t end_record() { throw std::logic_error("these ops cannot record"); }
+    virtual void cancel_record() noexcept {}
+    virtual void replay(std::size_t recording) {
+        (void)recording;
+        throw std::logic_error("these ops cannot record");
+    }
 
     // Largest n the implementation was sized for (it allocates nothing for n up to this).
     virtual std::size_t max_tokens() const noexcept = 0;

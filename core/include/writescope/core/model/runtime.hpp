@@ -35,6 +35,11 @@ struct RuntimeOptions {
     // for around the engine's attention and around each side's experts, so the parts run one
     // after another instead of overlapping. A measurement for benchmarks, not a way to run.
     bool profile_layers = false;
+    // With device-side attention, ops that record (CUDA graphs) and no layer splitting its
+    // experts with the host: the ops' work of a decode step between the engine's layers is
+    // recorded at a batch size's second step and replayed from then on (one launch per segment
+    // instead of one per kernel). False: every kernel launched (the benchmark's comparison).
+    bool cuda_graphs = true;
 };
 
 // Seconds of the last decode step, summed over its layers (RuntimeOptions::profile_layers):
@@ -86,6 +91,8 @@ class Runtime {
     virtual StepReport last_step() const { return {}; }
     // Decode steps attend on the device side (RuntimeOptions::device_attention took effect).
     virtual bool device_attention() const noexcept { return false; }
+    // Decode steps replay recordings (RuntimeOptions::cuda_graphs took effect).
+    virtual bool records_decode() const noexcept { return false; }
     virtual LayerTimes last_layer_times() const { return {}; }
     // Turns RuntimeOptions::profile_layers on or off for the next decode steps.
     virtual void profile_layers(bool on) { (void)on; }
