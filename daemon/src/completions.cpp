@@ -765,6 +765,7 @@ json placement_json(const ModelPlacement& p, const std::optional<model::Schedule
             {"gpu_experts", pl.gpu_experts},
             {"host_experts", pl.host_experts},
             {"gpu_experts_per_layer", pl.gpu_experts_per_layer},
+            {"decode", {{"device_attention", p.device_attention}, {"cuda_graphs", p.cuda_graphs}}},
             {"summary", p.summary}};
 }
 

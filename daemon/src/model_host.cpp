@@ -187,6 +187,8 @@ void start_gpu_runtime(ModelHost& host, const Profile& prof, int gpu,
         format_size_human(pl.gpu_expert_bytes), pl.host_experts,
         format_size_human(pl.host_expert_bytes));
     p.gpu_kernel = ops->kernel_name();
+    p.device_attention = runtime->device_attention();
+    p.cuda_graphs = runtime->records_decode();
     host.runtime = std::move(runtime);
     host.device_weights = std::move(weights);
     host.ops = std::move(ops);

@@ -28,6 +28,10 @@ struct ModelPlacement {
     std::uint64_t vram_budget = 0;  // what the weights could take (free memory less a reserve)
     std::string summary;            // the weights' part of it, for the log and status
     std::string gpu_kernel;         // the GPU ops ("cublas-sm90")
+    // How decode steps run on the GPU: the engine attends the runtime's device memory
+    // (Runtime::device_attention), and the ops' work between layers replays CUDA graphs
+    // (Runtime::records_decode; not where experts are split with the CPU).
+    bool device_attention = false, cuda_graphs = false;
 };
 
 struct ModelHost {

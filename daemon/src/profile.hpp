@@ -52,10 +52,10 @@ struct Profile {
         // model runtime, the weights and its workspaces in the rest. 0: "auto" (what the GPU
         // has free at start-up, less a reserve).
         std::uint64_t vram_budget = 0;
-        HostBudget pinned_kv_budget;       // P region (pinned host memory)
-        HostBudget host_kv_budget;         // U region (ordinary host memory)
-        int attention_threads = 0;         // 0: one per online core
-        int expert_threads = 0;            // 0: as many as attention_threads
+        HostBudget pinned_kv_budget;  // P region (pinned host memory)
+        HostBudget host_kv_budget;    // U region (ordinary host memory)
+        int attention_threads = 0;    // 0: one per online core
+        int expert_threads = 0;       // 0: as many as attention_threads
         bool pin_threads = true;
     } hardware;
     struct Model {

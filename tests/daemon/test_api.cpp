@@ -157,6 +157,11 @@ TEST_CASE("routes answer after boot and errors keep the shape", "[unit][daemon][
                                "GPU expert hit rate 0.750"));
     gst["model"]["placement"]["gpu_expert_hit_rate"] = nullptr;
     CHECK_THAT(render_status(gst), Catch::Contains("GPU expert hit rate none yet"));
+    // How its decode steps run.
+    CHECK_THAT(render_status(gst),
+               Catch::Contains("decode: attention through host memory, kernels launched one"));
+    gst["model"]["placement"]["decode"] = {{"device_attention", true}, {"cuda_graphs", true}};
+    CHECK_THAT(render_status(gst), Catch::Contains("decode: attention device-side, CUDA graphs"));
     CHECK(st["store"]["in_memory"] == false);
 
     const auto cal = h.get("/v1/calibration");

@@ -159,8 +159,15 @@ void FeedForward::run(std::size_t layer, const float* xn, std::size_t n, float* 
         // Counted in the ops' memory: no copy down (run_split brings the routing down itself).
         ops_.count_ids(experts_.data(), n * k, bins_, counts_ops_.data() + layer * bins_);
     }
+    // The shared experts go on the ops as soon as the routed ones there are enqueued: with a
+    // split, before the host's experts run, so that the device computes them meanwhile.
+    const auto shared = [&] {
+        if (!L.shared.gate) return;
+        timed(profile_, ops_, &LayerTimes::ops_experts,
+              [&] { ops_.moe(std::span<const FfnWeights>(&L.shared, 1), xn, n, single, h); });
+    };
     if (layer_split_[layer]) {
-        run_split(layer, xn, n, h);
+        run_split(layer, xn, n, h, shared);
     } else {
         timed(profile_, ops_, &LayerTimes::ops_experts, [&] {
             ops_.moe(L.experts, xn, n, MoeRouting{experts_.data(), weights_.data(), k}, h);
@@ -178,16 +185,14 @@ void FeedForward::run(std::size_t layer, const float* xn, std::size_t n, float* 
             }
         }
     }
-    if (L.shared.gate) {
-        timed(profile_, ops_, &LayerTimes::ops_experts,
-              [&] { ops_.moe(std::span<const FfnWeights>(&L.shared, 1), xn, n, single, h); });
-    }
+    if (!layer_split_[layer]) shared();
 }
 
 // Experts split between the ops' memory and host memory: the ops run the slots of resident
 // experts (the others masked to −1) and, meanwhile, host_ops the rest over the hidden rows
 // brought down once; their sum goes up once and into h.
-void FeedForward::run_split(std::size_t layer, const float* xn, std::size_t n, float* h) {
+void FeedForward::run_split(std::size_t layer, const float* xn, std::size_t n, float* h,
+                            FunctionRef<void()> after_ops) {
     const auto& c = m_.config();
     const std::size_t k = static_cast<std::size_t>(c.experts_per_token);
     const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
@@ -222,6 +227,7 @@ void FeedForward::run_split(std::size_t layer, const float* xn, std::size_t n, f
                      MoeRouting{split_ops_.data(), weights_.data(), k}, h);
         });
     }
+    after_ops();
     if (!any_host) return;
     for (std::size_t i = 0; i < n * k; ++i) {
         const std::int32_t e = ids[i];

@@ -11,6 +11,7 @@
 
 #include "architecture.hpp"
 #include "blocks.hpp"
+#include "writescope/core/function_ref.hpp"
 #include "writescope/core/model/ops_buffer.hpp"
 #include "writescope/core/model/placement.hpp"
 
@@ -74,7 +75,9 @@ class FeedForward {
     }
 
   private:
-    void run_split(std::size_t layer, const float* xn, std::size_t n, float* h);
+    // after_ops: enqueued on the ops once their routed experts are, before the host's run.
+    void run_split(std::size_t layer, const float* xn, std::size_t n, float* h,
+                   FunctionRef<void()> after_ops);
     // Ops not in host memory: the counts since the last collect into heat_ and bytes_.
     void collect();
 
