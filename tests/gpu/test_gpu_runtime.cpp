@@ -228,6 +228,8 @@ TEST_CASE(
         CHECK_FALSE(g.runtime->records_decode());  // split experts wait for their routing
         const std::vector<float> replayed = run_all(*graphs.runtime, ids, 20);
         const std::vector<float> launched = run_all(*launches.runtime, ids, 20);
+        CHECK(graphs.runtime->decode_recordings() == 1);  // batch 1, recorded and replayed
+        CHECK(launches.runtime->decode_recordings() == 0);
         double err_graphs = 0, err_all_gpu = 0;
         for (std::size_t i = 0; i < ref.size(); ++i) {
             err_graphs =

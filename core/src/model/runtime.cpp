@@ -120,6 +120,14 @@ class RuntimeImpl final : public Runtime {
     StepReport last_step() const override { return last_step_; }
     bool device_attention() const noexcept override { return device_attention_; }
     bool records_decode() const noexcept override { return graphs_; }
+    std::size_t decode_recordings() const noexcept override {
+        std::size_t n = 0;
+        for (const auto& entry : recordings_)
+            n +=
+                !entry.second.failed &&
+                entry.second.ids.size() == static_cast<std::size_t>(model_.config().num_layers) + 1;
+        return n;
+    }
     LayerTimes last_layer_times() const override { return last_times_; }
     void profile_layers(bool on) override { profile_.on = on; }
     ExpertHeat take_expert_heat() override { return arch_->take_heat(); }

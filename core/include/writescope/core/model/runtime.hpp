@@ -93,6 +93,8 @@ class Runtime {
     virtual bool device_attention() const noexcept { return false; }
     // Decode steps replay recordings (RuntimeOptions::cuda_graphs took effect).
     virtual bool records_decode() const noexcept { return false; }
+    // Batch sizes whose decode segments are recorded and replayed now (0 without recordings).
+    virtual std::size_t decode_recordings() const noexcept { return 0; }
     virtual LayerTimes last_layer_times() const { return {}; }
     // Turns RuntimeOptions::profile_layers on or off for the next decode steps.
     virtual void profile_layers(bool on) { (void)on; }
