@@ -132,6 +132,10 @@ struct GpuStepBackend::Impl {
     std::size_t nseq = 0, nitems = 0, inplace_items = 0;
     bool work_set = false, meta_uploaded = false, launched = false, any_copy = false;
     bool enqueued = false;  // a launch's work may be in flight (until finish() waited for it)
+    // Device-side layers finished on the host whose work may still run on the streams (until
+    // take_device_timings waits for it): the next layer's launch is ordered after it by the
+    // streams, but a new step's set_work and the destructor wait for it.
+    bool inflight = false;
     std::uint64_t p_bytes = 0;
 
     std::vector<std::int32_t> counts;  // per (seq, kv head), reserved once
@@ -203,25 +207,27 @@ struct GpuStepBackend::Impl {
     }
 
     ~Impl() {
-        settle();
+        settle(true);
         for (void* p : {static_cast<void*>(staging), static_cast<void*>(d_meta),
                         static_cast<void*>(d_q), static_cast<void*>(d_part_o),
                         static_cast<void*>(d_part_lse), static_cast<void*>(d_merge_scratch)})
             pool.free(p);
     }
 
-    // After a launch that did not reach its finish (it threw, or finish threw before waiting):
-    // its copies and kernels may still read the pinned q and metadata, the pageable ranges and
-    // the pool memory. Waits for both streams before any of it is rewritten, unlocked or freed;
-    // then unlocks the ranges a monolithic launch locked.
-    void settle() noexcept {
-        if (enqueued) {
+    // After a launch that did not reach its finish (it threw, or finish threw before waiting),
+    // and with `everything` also after device-side layers whose timings were not taken (a step
+    // aborted, the backend destroyed): their copies and kernels may still read the pinned q
+    // and metadata, the pageable ranges and the pool memory. Waits for both streams before any
+    // of it is rewritten, unlocked or freed; then unlocks the ranges a monolithic launch locked.
+    void settle(bool everything = false) noexcept {
+        if (enqueued || (everything && inflight)) {
             try {
                 copy.synchronize();
                 compute.synchronize();
             } catch (...) {  // a failed stream: nothing is in flight on it any more
             }
             enqueued = false;
+            inflight = false;
         }
         unregister_pageable();
     }
@@ -249,7 +255,7 @@ struct GpuStepBackend::Impl {
 
     void set_work(std::span<const GpuSeqWork> seqs) {
         if (launched) throw std::logic_error("GpuStepBackend::set_work between launch and finish");
-        settle();  // after a launch that failed before its finish
+        settle(true);  // after a launch that failed before its finish, or an aborted step
         work_set = false;
         device_pending = 0;  // a step aborted before its timings were taken
         nseq = seqs.size();
@@ -616,6 +622,10 @@ struct GpuStepBackend::Impl {
         Marks& m = *device_marks[device_pending - 1];
         m.done.record(compute);
         m.done.wait_on(stream);
+        // Finished on the host: the next layer's launch is ordered after this one by the
+        // streams, without waiting for it here.
+        enqueued = false;
+        inflight = true;
         // A monolithic launch's pageable ranges stay locked until the device is done with them.
         if (registered > 0) {
             m.done.synchronize();
@@ -630,6 +640,7 @@ struct GpuStepBackend::Impl {
         if (n == 0) return 0;
         device_marks[n - 1]->done.synchronize();
         enqueued = false;
+        inflight = false;
         check_last_error("GPU decode step");
         const std::size_t k = std::min(n, out.size());
         for (std::size_t i = 0; i < k; ++i)

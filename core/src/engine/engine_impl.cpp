@@ -564,6 +564,19 @@ StepReport EngineImpl::end_step() {
     if (layers_done_ != layers)
         throw std::logic_error("end_step: " + std::to_string(layers_done_) + " of " +
                                std::to_string(layers) + " layers attended");
+    if (!device_layer_seconds_.empty()) {
+        // The layers attended on the device side: the GPU's timings, now that they are done
+        // (first: an error of the device's work throws here, before the tokens are appended).
+        // A layer lasted until both the host's part (the CPU's share) and the GPU's ended.
+        device_timings_.resize(device_layer_seconds_.size());
+        const std::size_t n = parts_.gpu->take_device_timings(device_timings_);
+        for (std::size_t i = 0; i < device_layer_seconds_.size(); ++i) {
+            const double gpu = i < n ? device_timings_[i].total_seconds : 0.0;
+            step_.seconds += std::max(device_layer_seconds_[i], gpu);
+            if (i < n) step_.gpu_seconds += device_timings_[i].attention_seconds;
+        }
+        device_layer_seconds_.clear();
+    }
     // The tokens join the cache; blocks that filled are sealed where the router sends them.
     // (begin_step checked the room, and release() refuses the step's sequences meanwhile.)
     std::vector<SealMove>& moves = step_moves_;  // reused: no allocation in steady state
@@ -576,18 +589,6 @@ StepReport EngineImpl::end_step() {
         step_.sealed_g += m.kind == MoveKind::remap;
         step_.sealed_p += m.kind == MoveKind::copy_to_pinned;
         step_.sealed_u += m.kind == MoveKind::pack_to_unpinned;
-    }
-    if (!device_layer_seconds_.empty()) {
-        // The layers attended on the device side: the GPU's timings, now that they are done.
-        // A layer lasted until both the host's part (the CPU's share) and the GPU's ended.
-        device_timings_.resize(device_layer_seconds_.size());
-        const std::size_t n = parts_.gpu->take_device_timings(device_timings_);
-        for (std::size_t i = 0; i < device_layer_seconds_.size(); ++i) {
-            const double gpu = i < n ? device_timings_[i].total_seconds : 0.0;
-            step_.seconds += std::max(device_layer_seconds_[i], gpu);
-            if (i < n) step_.gpu_seconds += device_timings_[i].attention_seconds;
-        }
-        device_layer_seconds_.clear();
     }
     step_.layers = layers;
     const double L = static_cast<double>(layers);
