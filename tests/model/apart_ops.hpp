@@ -5,7 +5,12 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "writescope/core/model/model.hpp"
 #include "writescope/core/model/model_ops.hpp"
@@ -13,75 +18,136 @@
 
 namespace writescope::test {
 
+// What a GPU's ops would add, emulated on the host (all optional): a stream token the engine
+// must be handed back (Engine::attend_layer's device side), and recordings: while recording,
+// every op is kept as a call to replay instead of run, and what a GPU could not record throws
+// (a copy to or from the host, a wait, and moe over more than moe_record_max tokens, as the GEMM
+// path's wait for its counts).
+struct DeviceEmulation {
+    void* stream = nullptr;
+    bool record = false;
+    std::size_t moe_record_max = 64;
+};
+
 class CountingOps final : public model::ModelOps {
   public:
-    CountingOps(const cpu::CpuModelOpsOptions& o, bool host_memory)
-        : inner_(o), host_(host_memory) {}
+    CountingOps(const cpu::CpuModelOpsOptions& o, bool host_memory, DeviceEmulation dev = {})
+        : inner_(o), host_(host_memory), dev_(dev) {}
 
     std::size_t uploads = 0, downloads = 0, moe_calls = 0, moe_tokens = 0;
+    std::size_t recorded_calls = 0, replays = 0;
 
     void linear(const model::Matrix& w, const float* x, std::size_t n, float* y) override {
-        inner_.linear(w, x, n, y);
+        op([=, this] { inner_.linear(w, x, n, y); });
     }
     void moe(std::span<const model::FfnWeights> experts, const float* x, std::size_t n,
              const model::MoeRouting& routing, float* y) override {
-        ++moe_calls;
-        moe_tokens += n;
-        inner_.moe(experts, x, n, routing, y);
+        if (cur_ && n > dev_.moe_record_max)
+            throw std::runtime_error("CountingOps: moe over " + std::to_string(n) +
+                                     " tokens waits for its counts: it cannot be recorded");
+        op([=, this] {
+            ++moe_calls;
+            moe_tokens += n;
+            inner_.moe(experts, x, n, routing, y);
+        });
     }
     void embed(const model::Matrix& t, const std::int32_t* ids, std::size_t n,
                float* out) override {
-        inner_.embed(t, ids, n, out);
+        op([=, this] { inner_.embed(t, ids, n, out); });
     }
     void rms_norm(const model::Vector& w, const float* x, std::size_t rows, std::size_t dim,
                   float eps, float* y) override {
-        inner_.rms_norm(w, x, rows, dim, eps, y);
+        op([=, this] { inner_.rms_norm(w, x, rows, dim, eps, y); });
     }
     void rotary(const model::RotaryTable& t, float* x, std::size_t tokens, std::size_t heads,
                 std::size_t stride, std::size_t offset, const std::int64_t* pos) override {
-        inner_.rotary(t, x, tokens, heads, stride, offset, pos);
+        op([=, this] { inner_.rotary(t, x, tokens, heads, stride, offset, pos); });
     }
-    void add(float* y, const float* x, std::size_t n) override { inner_.add(y, x, n); }
+    void add(float* y, const float* x, std::size_t n) override {
+        op([=, this] { inner_.add(y, x, n); });
+    }
     void add_bias(float* y, const model::Vector& b, std::size_t rows) override {
-        inner_.add_bias(y, b, rows);
+        op([=, this] { inner_.add_bias(y, b, rows); });
     }
     void route(const model::RoutingParams& p, const float* logits, std::size_t n,
                std::int32_t* experts, float* weights) override {
-        inner_.route(p, logits, n, experts, weights);
+        op([=, this] { inner_.route(p, logits, n, experts, weights); });
     }
     void to_dtype(const float* x, std::size_t n, DType t, void* y) override {
-        inner_.to_dtype(x, n, t, y);
+        op([=, this] { inner_.to_dtype(x, n, t, y); });
     }
     void copy_2d(const float* src, std::size_t ss, float* dst, std::size_t ds, std::size_t rows,
                  std::size_t cols) override {
-        inner_.copy_2d(src, ss, dst, ds, rows, cols);
+        op([=, this] { inner_.copy_2d(src, ss, dst, ds, rows, cols); });
     }
     void linear_heads(const model::Matrix& w, const model::HeadsLayout& l, const float* x,
                       std::size_t n, float* y) override {
-        inner_.linear_heads(w, l, x, n, y);
+        op([=, this] { inner_.linear_heads(w, l, x, n, y); });
     }
     void count_ids(const std::int32_t* ids, std::size_t n, std::size_t bins,
                    std::uint32_t* counts) override {
-        inner_.count_ids(ids, n, bins, counts);
+        op([=, this] { inner_.count_ids(ids, n, bins, counts); });
     }
     bool host_memory() const noexcept override { return host_; }
     void* allocate(std::size_t bytes) override { return inner_.allocate(bytes); }
     void deallocate(void* p) noexcept override { inner_.deallocate(p); }
     void upload(void* dst, const void* src, std::size_t bytes) override {
+        not_recording("upload");
         ++uploads;
         inner_.upload(dst, src, bytes);
     }
     void download(void* dst, const void* src, std::size_t bytes) override {
+        not_recording("download");
         ++downloads;
         inner_.download(dst, src, bytes);
+    }
+    void synchronize() const override { not_recording("synchronize"); }
+    void* stream_handle() const noexcept override { return dev_.stream; }
+    bool can_record() const noexcept override { return dev_.record; }
+    void begin_record() override {
+        if (!dev_.record || cur_) throw std::logic_error("CountingOps: cannot begin a recording");
+        cur_ = &recordings_.emplace_back();
+    }
+    std::size_t end_record() override {
+        if (!cur_) throw std::logic_error("CountingOps: not recording");
+        cur_ = nullptr;
+        return recordings_.size() - 1;
+    }
+    void cancel_record() noexcept override {
+        if (!cur_) return;
+        cur_ = nullptr;
+        recordings_.pop_back();
+    }
+    void replay(std::size_t recording) override {
+        ++replays;
+        for (const auto& call : recordings_.at(recording))
+            call();
     }
     std::size_t max_tokens() const noexcept override { return inner_.max_tokens(); }
     const char* kernel_name() const noexcept override { return inner_.kernel_name(); }
     int threads() const noexcept override { return inner_.threads(); }
 
   private:
+    template <class F>
+    void op(F&& f) {
+        if (!cur_) {
+            f();
+            return;
+        }
+        cur_->emplace_back(std::forward<F>(f));
+        ++recorded_calls;
+    }
+    void not_recording(const char* what) const {
+        if (cur_)
+            throw std::runtime_error(std::string("CountingOps: ") + what +
+                                     " crosses to the host: it cannot be recorded");
+    }
+
     cpu::CpuModelOps inner_;
     bool host_;
+    DeviceEmulation dev_;
+    std::vector<std::vector<std::function<void()>>> recordings_;
+    std::vector<std::function<void()>>* cur_ = nullptr;
 };
 
 // The model's weights with the routed experts where keep(layer, expert) is false left out (null
