@@ -213,7 +213,15 @@ class RuntimeImpl final : public Runtime {
         const std::size_t layers = static_cast<std::size_t>(c.num_layers);
         // The ops' work between the engine's layers, in layers + 1 segments: recorded at this
         // batch size's second step and replayed from then on (graphs_), else run.
-        Segments seg(*this, graphs_ && !profile ? &recordings_[n] : nullptr, layers + 1);
+        Recording* rec = nullptr;
+        if (graphs_ && !profile) {
+            const auto it = recordings_.find(n);
+            if (it != recordings_.end())
+                rec = &it->second;
+            else if (recordings_.size() < kMaxRecordedBatches)
+                rec = &recordings_[n];
+        }
+        Segments seg(*this, rec, layers + 1);
         const auto pre = [&](std::size_t l) {
             ops_.rms_norm(w_.layers[l].input_norm, h_.data(), n, hidden, eps_, xn_.data());
             arch_->attention_in(l, xn_.data(), n, pos, q_.data(), k_.data(), v_.data());
@@ -443,7 +451,10 @@ class RuntimeImpl final : public Runtime {
     bool host_ = true;               // the ops compute in host memory
     bool device_attention_ = false;  // decode hands the engine device memory (same GPU)
     bool graphs_ = false;            // decode segments recorded and replayed (cuda_graphs)
-    std::map<std::size_t, Recording> recordings_;  // per batch size
+    // Per batch size, for at most kMaxRecordedBatches sizes (the first ones seen; the others
+    // launch every call): each recording holds an instantiated graph per segment on the device.
+    static constexpr std::size_t kMaxRecordedBatches = 16;
+    std::map<std::size_t, Recording> recordings_;
     KvGeometry geometry_;
     std::unique_ptr<Architecture> arch_;
     std::size_t chunk_ = 0, rows_ = 0, k_row_ = 0, v_row_ = 0;

@@ -38,7 +38,8 @@ struct RuntimeOptions {
     // With device-side attention, ops that record (CUDA graphs) and no layer splitting its
     // experts with the host: the ops' work of a decode step between the engine's layers is
     // recorded at a batch size's second step and replayed from then on (one launch per segment
-    // instead of one per kernel). False: every kernel launched (the benchmark's comparison).
+    // instead of one per kernel), for the first 16 batch sizes seen (each recording holds a
+    // graph per layer on the device). False: every kernel launched (the benchmark's comparison).
     bool cuda_graphs = true;
 };
 
