@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -82,7 +83,7 @@ FeedForward::FeedForward(const Binding& b)
       ops_(b.ops),
       host_ops_(b.host_ops),
       profile_(b.profile),
-      routing_(routing_params(b.model.config())) {
+      routing_params_(routing_params(b.model.config())) {
     const auto& c = m_.config();
     const auto& host = m_.weights().layers;
     const std::size_t max_tokens = b.max_tokens;
@@ -115,13 +116,20 @@ FeedForward::FeedForward(const Binding& b)
             }
     }
     const std::size_t k = static_cast<std::size_t>(std::max(1, c.experts_per_token));
+    k_ = k;
     logits_ = OpsBuffer<float>(ops_, max_tokens * E);
-    weights_ = OpsBuffer<float>(ops_, max_tokens * k);
-    experts_ = OpsBuffer<std::int32_t>(ops_, max_tokens * k);
     experts_host_.resize(max_tokens * k);
     weights_host_.resize(max_tokens * k);
-    if (std::find(layer_split_.begin(), layer_split_.end(), 1) != layer_split_.end()) {
-        const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
+    const bool any_split =
+        std::find(layer_split_.begin(), layer_split_.end(), 1) != layer_split_.end();
+    const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
+    // The routing of a call of n tokens: its experts (n·k int32), their weights (n·k fp32) and,
+    // for a split, the hidden rows beside them (n·hidden fp32), one after the other, so that one
+    // copy brings all three down.
+    route_buf_ = OpsBuffer<std::byte>(
+        ops_, (2 * max_tokens * k + (any_split ? max_tokens * hidden : 0)) * 4);
+    if (any_split) {
+        route_host_.resize(route_buf_.size());
         split_host_.resize(max_tokens * k);
         split_ops_ = OpsBuffer<std::int32_t>(ops_, max_tokens * k);
         y_ops_ = OpsBuffer<float>(ops_, max_tokens * hidden);
@@ -153,11 +161,13 @@ void FeedForward::run(std::size_t layer, const float* xn, std::size_t n, float* 
     }
     const Matrix router{routers_[layer].data(), DType::f32, L.router.rows, L.router.cols};
     ops_.linear(router, xn, n, logits_.data());
-    ops_.route(routing_, logits_.data(), n, experts_.data(), weights_.data());
     const std::size_t k = static_cast<std::size_t>(c.experts_per_token);
+    std::int32_t* const expert_ids = route_experts(n);
+    float* const expert_weights = route_weights(n);
+    ops_.route(routing_params_, logits_.data(), n, expert_ids, expert_weights);
     if (!ops_.host_memory()) {
         // Counted in the ops' memory: no copy down (run_split brings the routing down itself).
-        ops_.count_ids(experts_.data(), n * k, bins_, counts_ops_.data() + layer * bins_);
+        ops_.count_ids(expert_ids, n * k, bins_, counts_ops_.data() + layer * bins_);
     }
     // The shared experts go on the ops as soon as the routed ones there are enqueued: with a
     // split, before the host's experts run, so that the device computes them meanwhile.
@@ -170,11 +180,11 @@ void FeedForward::run(std::size_t layer, const float* xn, std::size_t n, float* 
         run_split(layer, xn, n, h, shared);
     } else {
         timed(profile_, ops_, &LayerTimes::ops_experts, [&] {
-            ops_.moe(L.experts, xn, n, MoeRouting{experts_.data(), weights_.data(), k}, h);
+            ops_.moe(L.experts, xn, n, MoeRouting{expert_ids, expert_weights, k}, h);
         });
     }
     if (ops_.host_memory()) {
-        const std::int32_t* ids = experts_.data();
+        const std::int32_t* ids = expert_ids;
         std::fill(seen_.begin(), seen_.end(), std::uint8_t{0});
         for (std::size_t i = 0; i < n * k; ++i) {
             const std::int32_t e = ids[i];
@@ -197,10 +207,22 @@ void FeedForward::run_split(std::size_t layer, const float* xn, std::size_t n, f
     const std::size_t k = static_cast<std::size_t>(c.experts_per_token);
     const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
     const std::vector<std::uint8_t>& on_host = on_host_[layer];
-    const std::int32_t* ids = experts_.data();
+    const std::int32_t* ids = route_experts(n);
+    const float* wts = route_weights(n);
+    const float* x = xn;
     if (!ops_.host_memory()) {
-        experts_.download(std::span<std::int32_t>(experts_host_.data(), n * k));
+        // One copy down for the host's side: the routing, its weights and the hidden rows,
+        // copied beside them first. They come down before the resident experts are enqueued,
+        // so that the two sides run at the same time.
+        ops_.copy_2d(xn, n * hidden, route_rows(n), n * hidden, 1, n * hidden);
+        const std::size_t words = n * k, bytes = (2 * words + n * hidden) * 4;
+        ops_.download(route_host_.data(), route_buf_.data(), bytes);
+        std::memcpy(experts_host_.data(), route_host_.data(), words * 4);
+        std::memcpy(weights_host_.data(), route_host_.data() + words * 4, words * 4);
+        std::memcpy(x_host_.data(), route_host_.data() + 2 * words * 4, n * hidden * 4);
         ids = experts_host_.data();
+        wts = weights_host_.data();
+        x = x_host_.data();
     }
     bool any_host = false, any_ops = false;
     for (std::size_t i = 0; i < n * k; ++i) {
@@ -210,21 +232,11 @@ void FeedForward::run_split(std::size_t layer, const float* xn, std::size_t n, f
         any_ops |= e >= 0 && !host;
         split_host_[i] = host ? -1 : e;
     }
-    // The host's inputs come down before the resident experts are enqueued, so that the two
-    // sides run at the same time.
-    const float* x = xn;
-    const float* wts = weights_.data();
-    if (any_host && !ops_.host_memory()) {
-        ops_.download(x_host_.data(), xn, n * hidden * sizeof(float));
-        weights_.download(std::span<float>(weights_host_.data(), n * k));
-        x = x_host_.data();
-        wts = weights_host_.data();
-    }
     if (any_ops) {
         split_ops_.upload(std::span<const std::int32_t>(split_host_.data(), n * k));
         timed(profile_, ops_, &LayerTimes::ops_experts, [&] {
             ops_.moe(w_.layers[layer].experts, xn, n,
-                     MoeRouting{split_ops_.data(), weights_.data(), k}, h);
+                     MoeRouting{split_ops_.data(), route_weights(n), k}, h);
         });
     }
     after_ops();

@@ -89,8 +89,23 @@ class FeedForward {
     // The routers in fp32 (docs/design.md section 5: routers in fp32), one per layer (empty for
     // dense layers).
     std::vector<OpsBuffer<float>> routers_;
-    OpsBuffer<float> logits_, weights_, ones_;
-    OpsBuffer<std::int32_t> experts_, zeros_;
+    OpsBuffer<float> logits_, ones_;
+    OpsBuffer<std::int32_t> zeros_;
+    // A call's routing in the ops' memory: experts (n·k int32), weights (n·k fp32) and, for a
+    // split, the hidden rows (n·hidden fp32), one after the other (route_experts and the like);
+    // its copy on the host (a split's one download).
+    OpsBuffer<std::byte> route_buf_;
+    std::vector<std::byte> route_host_;
+    std::int32_t* route_experts(std::size_t) const noexcept {
+        return reinterpret_cast<std::int32_t*>(route_buf_.data());
+    }
+    float* route_weights(std::size_t n) const noexcept {
+        return reinterpret_cast<float*>(route_buf_.data() + n * k_ * 4);
+    }
+    float* route_rows(std::size_t n) const noexcept {
+        return reinterpret_cast<float*>(route_buf_.data() + 2 * n * k_ * 4);
+    }
+    std::size_t k_ = 1;  // experts per token
     // The routing on the host (counted; split when some experts are host-resident).
     std::vector<std::int32_t> experts_host_;
     std::vector<float> weights_host_;
@@ -107,7 +122,7 @@ class FeedForward {
     std::size_t bins_ = 0;
     OpsBuffer<std::uint32_t> counts_ops_;
     std::vector<std::uint32_t> counts_now_, counts_seen_;
-    RoutingParams routing_;
+    RoutingParams routing_params_;
     std::uint64_t bytes_ = 0;
     ExpertHeat heat_;
 };
