@@ -115,6 +115,7 @@ struct Run {
     double prof_attention_ms = 0, prof_gpu_experts_ms = 0, prof_cpu_experts_ms = 0,
            prof_rest_ms = 0;
     double tracked_a = 0, tracked_b = 0;  // the engine's tracked A and B after the steps, s/token
+    bool device_attention = false, cuda_graphs = false;  // how the runtime's decode ran
 };
 
 EngineOptions engine_options(const ModelSetup& s, const std::string& mode, std::size_t batch,
@@ -267,6 +268,8 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
             std::max(0.0, (lt.total - lt.attention - lt.ops_experts - lt.host_experts) * per_layer);
         const EngineStatus after = e->status();
         r.tracked_a = after.a;
+        r.device_attention = rt->device_attention();
+        r.cuda_graphs = rt->decode_recordings() > 0;
         r.tracked_b = after.b;
         std::sort(step_s.begin(), step_s.end());
         const double med = step_s[step_s.size() / 2];
@@ -508,7 +511,10 @@ int run_generate(int argc, char** argv) {
                       << "}";
                 else
                     j << "null";
-                j << ", \"tracked_a\": " << ws.tracked_a << ", \"tracked_b\": " << ws.tracked_b;
+                j << ", \"tracked_a\": " << ws.tracked_a << ", \"tracked_b\": " << ws.tracked_b
+                  << ", \"decode\": {\"device_attention\": "
+                  << (ws.device_attention ? "true" : "false")
+                  << ", \"cuda_graphs\": " << (ws.cuda_graphs ? "true" : "false") << "}";
                 if (runs.count("writescope-all-gpu") && runs["writescope-all-gpu"].ok) {
                     const Run& ag = runs["writescope-all-gpu"];
                     j << ", \"all_gpu_experts\": {\"tok_s\": " << ag.tok_s
