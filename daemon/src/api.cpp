@@ -144,7 +144,10 @@ json engine_status_json(const ServiceView& v) {
           {"gpu_kernel", v.engine.gpu ? json(v.engine.gpu_kernel) : json(nullptr)},
           {"attention_threads", v.engine.attention_threads}}},
         {"budgets",
-         {{"vram_kv_bytes", v.engine_options.vram_kv_bytes},
+         {{"vram_bytes", v.engine_options.gpu_index >= 0 && v.profile.hardware.vram_budget
+                             ? json(v.profile.hardware.vram_budget)
+                             : json(nullptr)},
+          {"vram_kv_bytes", v.engine_options.vram_kv_bytes},
           {"pinned_kv_bytes", v.engine_options.pinned_kv_bytes},
           {"host_kv_bytes", v.engine_options.host_kv_bytes}}},
         {"regions", std::move(regions)},

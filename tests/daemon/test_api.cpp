@@ -138,6 +138,7 @@ TEST_CASE("routes answer after boot and errors keep the shape", "[unit][daemon][
     CHECK_THAT(render_status(st), Catch::Contains("CPU only; CPU kernel fake"));
     // Without a GPU there is no VRAM budget, and the open tails are in host memory.
     CHECK(st["budgets"]["vram_kv_bytes"] == 0);
+    CHECK(st["budgets"]["vram_bytes"].is_null());
     CHECK_THAT(render_status(st), Catch::Contains("host (open tails)"));
     CHECK_THAT(render_status(st), !Catch::Contains("GPU (open tails)"));
     // With a GPU, writescopectl shows which attention kernel it runs.
