@@ -18,41 +18,38 @@ namespace {
 constexpr int kWarps = 4;   // warps (output rows) per CTA
 constexpr int kTokens = 8;  // routed inputs one pass over a row serves
 
-// 16 bytes of weights as fp32: 8 bf16/fp16 or 4 fp32 elements.
+// 16 bytes of weights as fp32: 8 bf16/fp16 or 4 fp32 elements; and an input rounded to the
+// weight dtype.
+template <class Bits>  // a 16-bit dtype's conversions (model_device.cuh)
+struct Vec16 {
+    static constexpr int N = 8;
+    __device__ static void load(const void* p, float (&f)[N]) {
+        const uint4 v = *static_cast<const uint4*>(p);
+        const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            f[2 * i] = Bits::from(static_cast<std::uint16_t>(w[i] & 0xffffu));
+            f[2 * i + 1] = Bits::from(static_cast<std::uint16_t>(w[i] >> 16));
+        }
+    }
+    __device__ static float round(float x) {
+        return Bits::from(Bits::to(x));
+    }
+};
+struct Bf16Bits {
+    __device__ static float from(std::uint16_t h) { return from_bf16_bits(h); }
+    __device__ static std::uint16_t to(float x) { return to_bf16_bits(x); }
+};
+struct F16Bits {
+    __device__ static float from(std::uint16_t h) { return from_f16_bits(h); }
+    __device__ static std::uint16_t to(float x) { return to_f16_bits(x); }
+};
 template <DType D>
 struct Vec;
 template <>
-struct Vec<DType::bf16> {
-    static constexpr int N = 8;
-    __device__ static void load(const void* p, float (&f)[N]) {
-        const uint4 v = *static_cast<const uint4*>(p);
-        const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            f[2 * i] = __uint_as_float(w[i] << 16);
-            f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-        }
-    }
-    __device__ static float round(float x) {
-        return from_bf16_bits(to_bf16_bits(x));
-    }
-};
+struct Vec<DType::bf16> : Vec16<Bf16Bits> {};
 template <>
-struct Vec<DType::f16> {
-    static constexpr int N = 8;
-    __device__ static void load(const void* p, float (&f)[N]) {
-        const uint4 v = *static_cast<const uint4*>(p);
-        const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            f[2 * i] = from_f16_bits(static_cast<std::uint16_t>(w[i] & 0xffffu));
-            f[2 * i + 1] = from_f16_bits(static_cast<std::uint16_t>(w[i] >> 16));
-        }
-    }
-    __device__ static float round(float x) {
-        return from_f16_bits(to_f16_bits(x));
-    }
-};
+struct Vec<DType::f16> : Vec16<F16Bits> {};
 template <>
 struct Vec<DType::f32> {
     static constexpr int N = 4;
@@ -62,13 +59,6 @@ struct Vec<DType::f32> {
     }
     __device__ static float round(float x) { return x; }
 };
-
-__device__ inline float warp_sum(float v) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, off);
-    return v;
-}
 
 // What one warp computes: output row `row` (of `rows`) of expert e, for its pairs [first,
 // first + count). The CTA row's expert is the blockIdx.y-th with pairs; false when there is

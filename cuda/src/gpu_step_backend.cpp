@@ -429,8 +429,6 @@ struct GpuStepBackend::Impl {
                        bool q_to_host) {
         check_launch(fresh);
         if (!q || !stream) throw std::invalid_argument("GPU step: device q and stream needed");
-        if (fresh.k && !o.geometry.mla && !fresh.v)
-            throw std::invalid_argument("GPU step: the new tokens' V is missing");
         if (device_pending == device_marks.size())
             device_marks.push_back(std::make_unique<Marks>());
         Marks& m = *device_marks[device_pending];

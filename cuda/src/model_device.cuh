@@ -27,6 +27,15 @@ inline unsigned grid_for(std::size_t n, int block = kBlock) noexcept {
     return static_cast<unsigned>(std::clamp<std::size_t>(b, 1, std::size_t{65535} * 16));
 }
 
+// The sum over a warp's 32 lanes, every lane gets it.
+template <class T>
+__device__ inline T warp_sum(T v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 // fp32 → bf16 bits, nearest even, NaN kept quiet (the CPU's f32_to_bf16, bit for bit).
 __device__ inline std::uint16_t to_bf16_bits(float f) {
     std::uint32_t u = __float_as_uint(f);

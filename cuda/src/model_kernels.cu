@@ -10,12 +10,6 @@
 namespace writescope::cuda::detail {
 namespace {
 
-__device__ inline double warp_sum(double v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 __device__ inline float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)

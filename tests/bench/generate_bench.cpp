@@ -73,10 +73,6 @@ struct Options {
     std::string json;
 };
 
-double since(std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
 double peak_host_gib() {
     rusage u{};
     getrusage(RUSAGE_SELF, &u);
@@ -230,7 +226,7 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
                 t = static_cast<std::int32_t>(rng() % V);
             const auto t0 = std::chrono::steady_clock::now();
             rt->decode(ids, toks, logits.data());
-            const double dt = since(t0);
+            const double dt = seconds_since(t0);
             const StepReport rep = rt->last_step();
             const model::ExpertHeat heat = rt->take_expert_heat();
             double experts_host = 0;
@@ -271,8 +267,7 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
         r.device_attention = rt->device_attention();
         r.cuda_graphs = rt->decode_recordings() > 0;
         r.tracked_b = after.b;
-        std::sort(step_s.begin(), step_s.end());
-        const double med = step_s[step_s.size() / 2];
+        const double med = median(step_s);
         double attn = 0, hb = 0;
         for (std::size_t i = 0; i < attn_s.size(); ++i) {
             attn += attn_s[i];
@@ -420,7 +415,7 @@ int run_generate(int argc, char** argv) {
             "\n%s: %d of %d layers (per-layer budgets scaled by %.3f: VRAM %.2f GiB for %.0f), "
             "generated in %.1f s; placement: %s\n",
             name.c_str(), c.num_layers, full_layers, s.scale, gib(s.vram), o.vram_gib,
-            since(t_load), s.placement.summary().c_str());
+            seconds_since(t_load), s.placement.summary().c_str());
 
         // Prefill through the runtime, per mode, at the first batch size.
         std::map<std::string, double> prefill_tok_s;
@@ -436,7 +431,7 @@ int run_generate(int argc, char** argv) {
                 if (!rt->admit(next_id, o.prefill + 2).ok) throw std::runtime_error("admission");
                 const auto t0 = std::chrono::steady_clock::now();
                 rt->prefill(next_id, prompt, logits.data());
-                prefill_tok_s[mode] = static_cast<double>(o.prefill) / since(t0);
+                prefill_tok_s[mode] = static_cast<double>(o.prefill) / seconds_since(t0);
                 rt->release(next_id++);
             } catch (const std::exception& ex) {
                 std::printf("  prefill %s: %s\n", mode.c_str(), ex.what());

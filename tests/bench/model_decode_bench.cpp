@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "read_bandwidth.hpp"
 #include "writescope/core/engine.hpp"
 #include "writescope/core/model/model.hpp"
@@ -44,22 +45,6 @@ struct Options {
     bool graphs = true;   // --no-graphs: every kernel launched, no recordings
 };
 
-std::vector<std::string> split(const std::string& s) {
-    std::vector<std::string> out;
-    std::size_t p = 0;
-    while (p <= s.size()) {
-        const std::size_t q = s.find(',', p);
-        out.push_back(s.substr(p, q == std::string::npos ? std::string::npos : q - p));
-        if (q == std::string::npos) break;
-        p = q + 1;
-    }
-    return out;
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t) {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-}
-
 }  // namespace
 
 int run_model_decode(int argc, char** argv) {
@@ -71,12 +56,12 @@ int run_model_decode(int argc, char** argv) {
             return argv[++i];
         };
         if (a == "--models")
-            o.models = split(next());
+            o.models = split_names(next());
         else if (a == "--layers")
             o.layers = std::stoi(next());
         else if (a == "--batch") {
             o.batches.clear();
-            for (const auto& b : split(next()))
+            for (const auto& b : split_names(next()))
                 o.batches.push_back(std::stoul(b));
         } else if (a == "--context")
             o.context = std::stoul(next());

@@ -21,6 +21,26 @@
 
 using namespace writescope;
 
+namespace {
+
+// A cache over host memory for max_seqs sequences: U only, or (with_gpu) 4 G blocks, P and U
+// with the routing aiming at half on the CPU.
+KvCacheConfig host_config(const KvGeometry& g, std::size_t B, std::size_t max_seqs,
+                          const cpu::CpuAttention& cpu, bool with_gpu) {
+    KvCacheConfig cfg;
+    cfg.geometry = g;
+    cfg.block_tokens = B;
+    cfg.t_slots = max_seqs;
+    cfg.g_slots = with_gpu ? 4 : 0;
+    cfg.pinned_bytes = with_gpu ? 8ull << 20 : 0;
+    cfg.host_bytes = 16ull << 20;
+    cfg.u_block_bytes = cpu.packed_block_bytes();
+    cfg.target_r = with_gpu ? 0.5 : 1.0;
+    return cfg;
+}
+
+}  // namespace
+
 TEST_CASE("decode steps write, attend, append and seal every token exactly (executor)",
           "[unit][engine]") {
     auto rng = test::seeded_rng("decode steps through the executor");
@@ -31,15 +51,7 @@ TEST_CASE("decode steps write, attend, append and seal every token exactly (exec
             const auto g = test::small_geometry(preset, 2);
             const std::size_t B = 16, max_seqs = 3, steps = 40;
             cpu::CpuAttention cpu(g, B, 2, false, max_seqs);
-            KvCacheConfig cfg;
-            cfg.geometry = g;
-            cfg.block_tokens = B;
-            cfg.t_slots = max_seqs;
-            cfg.g_slots = with_gpu ? 4 : 0;
-            cfg.pinned_bytes = with_gpu ? 8ull << 20 : 0;
-            cfg.host_bytes = 16ull << 20;
-            cfg.u_block_bytes = cpu.packed_block_bytes();
-            cfg.target_r = with_gpu ? 0.5 : 1.0;
+            const KvCacheConfig cfg = host_config(g, B, max_seqs, cpu, with_gpu);
             HostKvMemory mem = HostKvMemory::create(cfg);
             KvCache cache(cfg, mem.pinned ? mem.pinned->slab_slots() : 0);
             RegionMemory* pool = mem.gpu_pool.get();
@@ -98,15 +110,7 @@ TEST_CASE("a step planned twice lays out its work once", "[unit][engine]") {
     const auto g = test::small_geometry("qwen3-30b-a3b", 2);
     const std::size_t B = 16, max_seqs = 2;
     cpu::CpuAttention cpu(g, B, 2, false, max_seqs);
-    KvCacheConfig cfg;
-    cfg.geometry = g;
-    cfg.block_tokens = B;
-    cfg.t_slots = max_seqs;
-    cfg.g_slots = 4;
-    cfg.pinned_bytes = 8ull << 20;
-    cfg.host_bytes = 16ull << 20;
-    cfg.u_block_bytes = cpu.packed_block_bytes();
-    cfg.target_r = 0.5;
+    const KvCacheConfig cfg = host_config(g, B, max_seqs, cpu, /*with_gpu=*/true);
     HostKvMemory mem = HostKvMemory::create(cfg);
     KvCache cache(cfg, mem.pinned->slab_slots());
     auto fx = test::StepFixture::on_host(g, B, cache, *mem.gpu_pool, mem.pinned.get(),

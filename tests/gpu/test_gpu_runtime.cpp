@@ -20,15 +20,11 @@ using namespace writescope::test;
 
 namespace {
 
-bool keep_expert(std::size_t layer, std::size_t e) {
-    return layer != 1 && (layer + e) % 2 == 0;
-}
-
 std::vector<std::vector<std::uint8_t>> split_mask(const model::Model& m) {
     std::vector<std::vector<std::uint8_t>> on(m.weights().layers.size());
     for (std::size_t l = 0; l < on.size(); ++l)
         for (std::size_t e = 0; e < m.weights().layers[l].experts.size(); ++e)
-            on[l].push_back(keep_expert(l, e) ? 1 : 0);
+            on[l].push_back(split_keeps(l, e) ? 1 : 0);
     return on;
 }
 
@@ -160,22 +156,6 @@ model::ModelConfig gpu_attention_shape(const std::string& name) {
     return c;
 }
 
-// Every position's logits of `ids`: prefilled, then the last `decode` of them one step at a time.
-std::vector<float> run_all(model::Runtime& rt, const std::vector<std::int32_t>& ids,
-                           std::size_t decode) {
-    const std::size_t V = rt.vocab_size(), n = ids.size() - decode;
-    const Admission a = rt.admit(1, ids.size());
-    INFO(a.error);
-    REQUIRE(a.ok);
-    std::vector<float> logits(ids.size() * V);
-    rt.prefill(1, std::span<const std::int32_t>(ids.data(), n), logits.data(), true);
-    const std::uint64_t id = 1;
-    for (std::size_t s = 0; s < decode; ++s)
-        rt.decode(std::span<const std::uint64_t>(&id, 1),
-                  std::span<const std::int32_t>(&ids[n + s], 1), logits.data() + (n + s) * V);
-    return logits;
-}
-
 }  // namespace
 
 TEST_CASE(
@@ -203,9 +183,9 @@ TEST_CASE(
         CHECK(g.runtime->device_attention());
         CHECK_FALSE(staged.runtime->device_attention());
         CpuRuntime cpu(*m, 64, B, 2);
-        const std::vector<float> ours = run_all(*g.runtime, ids, 20);
-        const std::vector<float> via_host = run_all(*staged.runtime, ids, 20);
-        const std::vector<float> ref = run_all(*cpu.runtime, ids, 20);
+        const std::vector<float> ours = all_logits(*g.runtime, ids, 20);
+        const std::vector<float> via_host = all_logits(*staged.runtime, ids, 20);
+        const std::vector<float> ref = all_logits(*cpu.runtime, ids, 20);
         double err = 0, scale = 0, err_staged = 0;
         for (std::size_t i = 0; i < ref.size(); ++i) {
             err = std::max(err, std::abs(static_cast<double>(ours[i]) - ref[i]));
@@ -226,8 +206,8 @@ TEST_CASE(
         CHECK(graphs.runtime->records_decode());
         CHECK_FALSE(launches.runtime->records_decode());
         CHECK_FALSE(g.runtime->records_decode());  // split experts wait for their routing
-        const std::vector<float> replayed = run_all(*graphs.runtime, ids, 20);
-        const std::vector<float> launched = run_all(*launches.runtime, ids, 20);
+        const std::vector<float> replayed = all_logits(*graphs.runtime, ids, 20);
+        const std::vector<float> launched = all_logits(*launches.runtime, ids, 20);
         CHECK(graphs.runtime->decode_recordings() == 1);  // batch 1, recorded and replayed
         CHECK(launches.runtime->decode_recordings() == 0);
         double err_graphs = 0, err_all_gpu = 0;

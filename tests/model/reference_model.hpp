@@ -182,6 +182,27 @@ inline Errors teacher_forced(model::Runtime& rt, const ReferencePrompt& p, std::
     return e;
 }
 
+// Every position's logits of `ids` on a runtime, as sequence `id`: prefilled (every position),
+// then the last `decode` of them one decode step at a time. The sequence stays admitted.
+inline std::vector<float> all_logits(model::Runtime& rt, const std::vector<std::int32_t>& ids,
+                                     std::size_t decode, std::uint64_t id = 1) {
+    const std::size_t V = rt.vocab_size(), n = ids.size() - decode;
+    const Admission a = rt.admit(id, ids.size());
+    if (!a.ok) throw std::runtime_error("all_logits: not admitted: " + a.error);
+    std::vector<float> logits(ids.size() * V);
+    rt.prefill(id, std::span<const std::int32_t>(ids.data(), n), logits.data(), true);
+    for (std::size_t s = 0; s < decode; ++s)
+        rt.decode(std::span<const std::uint64_t>(&id, 1),
+                  std::span<const std::int32_t>(&ids[n + s], 1), logits.data() + (n + s) * V);
+    return logits;
+}
+
+// The routed experts the split tests keep in the runtime's ops (the others host-resident):
+// every other one, shifted by layer, and none of layer 1.
+inline bool split_keeps(std::size_t layer, std::size_t e) {
+    return layer != 1 && (layer + e) % 2 == 0;
+}
+
 // Greedy decoding on a runtime: the prompt, then `count` tokens each the argmax of the last
 // logits. Releases the sequence.
 inline std::vector<std::int32_t> greedy(model::Runtime& rt, std::span<const std::int32_t> prompt,

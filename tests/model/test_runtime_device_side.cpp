@@ -41,22 +41,6 @@ struct DeviceSide {
     }
 };
 
-// Prompt 0 prefilled, then its greedy continuation teacher-forced one token per step: the
-// logits of every position.
-std::vector<float> teacher_forced_logits(model::Runtime& rt, const ReferencePrompt& p,
-                                         std::uint64_t id) {
-    const std::size_t V = rt.vocab_size();
-    REQUIRE(rt.admit(id, p.ids.size() + p.greedy.size()).ok);
-    std::vector<float> logits((p.ids.size() + p.greedy.size() - 1) * V);
-    rt.prefill(id, p.ids, logits.data(), true);
-    for (std::size_t g = 0; g + 1 < p.greedy.size(); ++g)
-        rt.decode(std::span<const std::uint64_t>(&id, 1),
-                  std::span<const std::int32_t>(&p.greedy[g], 1),
-                  logits.data() + (p.ids.size() + g) * V);
-    REQUIRE(rt.release(id));
-    return logits;
-}
-
 }  // namespace
 
 TEST_CASE("the runtime's device-side decode, recorded and replayed, keeps transformers' logits",
@@ -74,8 +58,13 @@ TEST_CASE("the runtime's device-side decode, recorded and replayed, keeps transf
         CHECK_FALSE(plain.runtime->records_decode());
         const ReferencePrompt& p = ref.prompts[0];
         REQUIRE(p.greedy.size() >= 4);  // a first step run, a second recorded, then replays
-        const std::vector<float> ours = teacher_forced_logits(*rec.runtime, p, 1);
-        const std::vector<float> launched = teacher_forced_logits(*plain.runtime, p, 1);
+        // The prompt, then its greedy continuation teacher-forced one token per step.
+        std::vector<std::int32_t> forced = p.ids;
+        forced.insert(forced.end(), p.greedy.begin(), p.greedy.end() - 1);
+        const std::vector<float> ours = all_logits(*rec.runtime, forced, p.greedy.size() - 1);
+        const std::vector<float> launched = all_logits(*plain.runtime, forced, p.greedy.size() - 1);
+        REQUIRE(rec.runtime->release(1));
+        REQUIRE(plain.runtime->release(1));
         CHECK(ours == launched);
         double err = 0, scale = 0;
         for (std::size_t r = 0; r < ours.size() / V; ++r)

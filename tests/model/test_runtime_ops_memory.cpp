@@ -23,18 +23,13 @@ struct Setup {
     std::unique_ptr<model::Runtime> runtime;
 };
 
-// Experts kept in the ops' memory: every other one, shifted by layer, and none of layer 1.
-bool keep_expert(std::size_t layer, std::size_t e) {
-    return layer != 1 && (layer + e) % 2 == 0;
-}
-
 Setup make_setup(const model::Model& m, std::size_t chunk, bool split, std::size_t max_batch = 4,
                  bool apart = true) {
     Setup s;
     s.engine = small_engine(m, 16, max_batch);
     const auto co = cpu_ops_options(m.config(), std::max(chunk, max_batch));
     s.ops = std::make_unique<CountingOps>(co, /*host_memory=*/!apart);
-    s.weights = split ? without_experts(m, keep_expert) : m.weights();
+    s.weights = split ? without_experts(m, split_keeps) : m.weights();
     if (split) s.host_ops = std::make_unique<CountingOps>(co, /*host_memory=*/true);
     model::RuntimeOptions ro;
     ro.prefill_chunk_tokens = chunk;
@@ -163,7 +158,7 @@ TEST_CASE("a runtime refuses weights it cannot run", "[model]") {
     ro.max_batch = 2;
     ro.kv_dtype = m->config().dtype;
     // An expert left out with no host ops to run it.
-    const model::ModelWeights no_expert = without_experts(*m, keep_expert);
+    const model::ModelWeights no_expert = without_experts(*m, split_keeps);
     CHECK_THROWS_WITH(model::make_runtime(*m, ops, *engine, ro, {&no_expert, nullptr}),
                       Catch::Contains("no host ops"));
     // A dense MLP or the head left out.

@@ -519,9 +519,6 @@ int EngineImpl::gpu_device() const noexcept {
 
 void EngineImpl::attend_layer(std::size_t layer, const void* q, NewTokens fresh, StateView out,
                               void* device_stream) {
-    if (device_stream && !device_side())
-        throw std::invalid_argument(
-            "attend_layer: device memory given to an engine whose attention reads host memory");
     {
         std::lock_guard lock(mu_);
         if (!stepping_) throw std::logic_error("attend_layer: no decode step is open");

@@ -13,6 +13,7 @@
 #include "writescope/core/model/model_ops.hpp"
 #include "writescope/core/model/placement.hpp"
 #include "writescope/core/model/runtime.hpp"
+#include "writescope/core/step_executor.hpp"
 
 namespace writescope::model::detail {
 
@@ -62,6 +63,20 @@ struct Profile {
     bool on = false;
     LayerTimes times;
 };
+
+// Runs f; with a profile on, waits for `ops` before and after and adds the seconds to its part.
+template <class F>
+void timed(Profile* profile, const ModelOps& ops, double LayerTimes::*part, F&& f) {
+    if (!profile || !profile->on) {
+        f();
+        return;
+    }
+    ops.synchronize();
+    const double t0 = steady_seconds();
+    f();
+    ops.synchronize();
+    profile->times.*part += steady_seconds() - t0;
+}
 
 std::unique_ptr<Architecture> make_qwen3_moe(const Binding& b);
 std::unique_ptr<Architecture> make_mixtral(const Binding& b);

@@ -1,31 +1,11 @@
 #include "layers.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 
 namespace writescope::model::detail {
-
-namespace {
-
-// Runs f; with a profile, waits for `ops` before and after and adds the seconds to its part.
-template <class F>
-void timed(Profile* profile, const ModelOps& ops, double LayerTimes::*part, F&& f) {
-    if (!profile || !profile->on) {
-        f();
-        return;
-    }
-    ops.synchronize();
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    ops.synchronize();
-    profile->times.*part +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
 
 OpsRotary::OpsRotary(const RopeConfig& rope, ModelOps& ops) : host_(rope), table_(host_.table()) {
     if (ops.host_memory()) return;
@@ -118,8 +98,6 @@ FeedForward::FeedForward(const Binding& b)
     const std::size_t k = static_cast<std::size_t>(std::max(1, c.experts_per_token));
     k_ = k;
     logits_ = OpsBuffer<float>(ops_, max_tokens * E);
-    experts_host_.resize(max_tokens * k);
-    weights_host_.resize(max_tokens * k);
     const bool any_split =
         std::find(layer_split_.begin(), layer_split_.end(), 1) != layer_split_.end();
     const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
@@ -130,17 +108,18 @@ FeedForward::FeedForward(const Binding& b)
         ops_, (2 * max_tokens * k + (any_split ? max_tokens * hidden : 0)) * 4);
     if (any_split) {
         route_host_.resize(route_buf_.size());
+        experts_host_.resize(max_tokens * k);
+        weights_host_.resize(max_tokens * k);
         split_host_.resize(max_tokens * k);
         split_ops_ = OpsBuffer<std::int32_t>(ops_, max_tokens * k);
         y_ops_ = OpsBuffer<float>(ops_, max_tokens * hidden);
         x_host_.resize(max_tokens * hidden);
         y_host_.resize(max_tokens * hidden);
     }
-    seen_.assign(E, 0);
     heat_ = ExpertHeat::zeros(m_);
-    if (!ops_.host_memory()) {
-        // The routing is counted where it is: per layer and expert, cumulative (mod 2^32), read
-        // once per forward pass (collect).
+    if (std::any_of(host.begin(), host.end(), [](const LayerWeights& L) { return L.moe; })) {
+        // The routing is counted where it is (count_ids: no copy down per layer): per layer and
+        // expert, cumulative (mod 2^32), read once per forward pass (collect).
         bins_ = E;
         counts_ops_ = OpsBuffer<std::uint32_t>(ops_, host.size() * E);
         counts_now_.assign(host.size() * E, 0);
@@ -162,13 +141,10 @@ void FeedForward::run(std::size_t layer, const float* xn, std::size_t n, float* 
     const Matrix router{routers_[layer].data(), DType::f32, L.router.rows, L.router.cols};
     ops_.linear(router, xn, n, logits_.data());
     const std::size_t k = static_cast<std::size_t>(c.experts_per_token);
-    std::int32_t* const expert_ids = route_experts(n);
+    std::int32_t* const expert_ids = route_experts();
     float* const expert_weights = route_weights(n);
     ops_.route(routing_params_, logits_.data(), n, expert_ids, expert_weights);
-    if (!ops_.host_memory()) {
-        // Counted in the ops' memory: no copy down (run_split brings the routing down itself).
-        ops_.count_ids(expert_ids, n * k, bins_, counts_ops_.data() + layer * bins_);
-    }
+    ops_.count_ids(expert_ids, n * k, bins_, counts_ops_.data() + layer * bins_);
     // The shared experts go on the ops as soon as the routed ones there are enqueued: with a
     // split, before the host's experts run, so that the device computes them meanwhile.
     const auto shared = [&] {
@@ -183,18 +159,6 @@ void FeedForward::run(std::size_t layer, const float* xn, std::size_t n, float* 
             ops_.moe(L.experts, xn, n, MoeRouting{expert_ids, expert_weights, k}, h);
         });
     }
-    if (ops_.host_memory()) {
-        const std::int32_t* ids = expert_ids;
-        std::fill(seen_.begin(), seen_.end(), std::uint8_t{0});
-        for (std::size_t i = 0; i < n * k; ++i) {
-            const std::int32_t e = ids[i];
-            if (e >= 0) ++heat_.counts[layer][static_cast<std::size_t>(e)];
-            if (e >= 0 && !seen_[static_cast<std::size_t>(e)]) {
-                seen_[static_cast<std::size_t>(e)] = 1;
-                bytes_ += m_.weights().layers[layer].experts[static_cast<std::size_t>(e)].bytes();
-            }
-        }
-    }
     if (!layer_split_[layer]) shared();
 }
 
@@ -207,7 +171,7 @@ void FeedForward::run_split(std::size_t layer, const float* xn, std::size_t n, f
     const std::size_t k = static_cast<std::size_t>(c.experts_per_token);
     const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
     const std::vector<std::uint8_t>& on_host = on_host_[layer];
-    const std::int32_t* ids = route_experts(n);
+    const std::int32_t* ids = route_experts();
     const float* wts = route_weights(n);
     const float* x = xn;
     if (!ops_.host_memory()) {
@@ -269,9 +233,8 @@ std::uint64_t FeedForward::fixed_bytes() const noexcept {
 }
 
 void FeedForward::collect() {
-    // Also after steps replayed from a recording (no run() call saw them): the counts are
-    // read whenever the ops keep them.
-    if (ops_.host_memory() || bins_ == 0) return;
+    // Also after steps replayed from a recording (no run() call saw them).
+    if (bins_ == 0) return;
     // Each expert routed to since the last collect counts its bytes once: collect runs once per
     // forward pass (take_bytes), the unit of last_weight_bytes.
     counts_ops_.download(std::span<std::uint32_t>(counts_now_));
@@ -293,7 +256,7 @@ std::uint64_t FeedForward::take_bytes() {
 }
 
 ExpertHeat FeedForward::take_heat() {
-    collect();
+    // (Every forward pass ends in take_bytes, which collected what it routed.)
     ExpertHeat out = ExpertHeat::zeros(m_);
     std::swap(out, heat_);
     return out;

@@ -78,7 +78,7 @@ class FeedForward {
     // after_ops: enqueued on the ops once their routed experts are, before the host's run.
     void run_split(std::size_t layer, const float* xn, std::size_t n, float* h,
                    FunctionRef<void()> after_ops);
-    // Ops not in host memory: the counts since the last collect into heat_ and bytes_.
+    // The counts since the last collect into heat_ and bytes_ (one copy down).
     void collect();
 
     const Model& m_;
@@ -96,7 +96,7 @@ class FeedForward {
     // its copy on the host (a split's one download).
     OpsBuffer<std::byte> route_buf_;
     std::vector<std::byte> route_host_;
-    std::int32_t* route_experts(std::size_t) const noexcept {
+    std::int32_t* route_experts() const noexcept {
         return reinterpret_cast<std::int32_t*>(route_buf_.data());
     }
     float* route_weights(std::size_t n) const noexcept {
@@ -106,7 +106,7 @@ class FeedForward {
         return reinterpret_cast<float*>(route_buf_.data() + 2 * n * k_ * 4);
     }
     std::size_t k_ = 1;  // experts per token
-    // The routing on the host (counted; split when some experts are host-resident).
+    // A split's routing on the host.
     std::vector<std::int32_t> experts_host_;
     std::vector<float> weights_host_;
     // Host-resident experts: per layer, which are; the split's buffers.
@@ -116,9 +116,8 @@ class FeedForward {
     OpsBuffer<std::int32_t> split_ops_;
     OpsBuffer<float> y_ops_;
     std::vector<float> x_host_, y_host_;
-    std::vector<std::uint8_t> seen_;  // per expert: routed to in this call
-    // Ops not in host memory: the routing's counts there (layers × bins_, cumulative mod 2^32),
-    // and on the host the last read and the one before.
+    // The routing's counts in the ops' memory (layers × bins_, cumulative mod 2^32; none for a
+    // model without MoE layers), and on the host the last read and the one before.
     std::size_t bins_ = 0;
     OpsBuffer<std::uint32_t> counts_ops_;
     std::vector<std::uint32_t> counts_now_, counts_seen_;

@@ -5,7 +5,6 @@
 #include "writescope/core/model/runtime.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -19,11 +18,6 @@
 
 namespace writescope::model {
 namespace {
-
-double now_seconds() noexcept {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
 
 using detail::Architecture;
 
@@ -208,7 +202,7 @@ class RuntimeImpl final : public Runtime {
         const bool profile = profile_.on;
         LayerTimes& times = profile_.times;
         times = {};
-        const double t_step = profile ? now_seconds() : 0.0;
+        const double t_step = profile ? steady_seconds() : 0.0;
         const std::int64_t* pos = inputs(tokens, n);
         const std::size_t layers = static_cast<std::size_t>(c.num_layers);
         // The ops' work between the engine's layers, in layers + 1 segments: recorded at this
@@ -233,29 +227,23 @@ class RuntimeImpl final : public Runtime {
                 pre(0);
             });
             for (std::size_t l = 0; l < layers; ++l) {
-                double t_attn = 0;
-                if (profile) {
-                    ops_.synchronize();
-                    t_attn = now_seconds();
-                }
-                if (device_attention_) {
-                    // In place, ordered on the ops' stream: no host round trip.
-                    const std::size_t rows = n * static_cast<std::size_t>(geometry_.num_q_heads);
-                    engine_.attend_layer(l, q_.data(),
-                                         NewTokens{k_.data(), geometry_.mla ? nullptr : v_.data()},
-                                         StateView{o_.data(), lse_.data(), rows,
-                                                   static_cast<std::size_t>(geometry_.head_dim_v)},
-                                         ops_.stream_handle());
-                } else {
-                    const Staged e = to_engine(n, n, 0);
-                    engine_.attend_layer(l, e.q, NewTokens{e.k, geometry_.mla ? nullptr : e.v},
-                                         e.states);
-                    from_engine(n);
-                }
-                if (profile) {
-                    ops_.synchronize();
-                    times.attention += now_seconds() - t_attn;
-                }
+                detail::timed(&profile_, ops_, &LayerTimes::attention, [&] {
+                    if (device_attention_) {
+                        // In place, ordered on the ops' stream: no host round trip.
+                        const std::size_t rows =
+                            n * static_cast<std::size_t>(geometry_.num_q_heads);
+                        engine_.attend_layer(
+                            l, q_.data(), NewTokens{k_.data(), geometry_.mla ? nullptr : v_.data()},
+                            StateView{o_.data(), lse_.data(), rows,
+                                      static_cast<std::size_t>(geometry_.head_dim_v)},
+                            ops_.stream_handle());
+                    } else {
+                        const Staged e = to_engine(n, n, 0);
+                        engine_.attend_layer(l, e.q, NewTokens{e.k, geometry_.mla ? nullptr : e.v},
+                                             e.states);
+                        from_engine(n);
+                    }
+                });
                 seg.run(l + 1, [&] {
                     finish_layer(l, n, hidden);
                     if (l + 1 < layers) pre(l + 1);
@@ -272,7 +260,7 @@ class RuntimeImpl final : public Runtime {
         head(0, n, logits);
         last_bytes_ = fixed_bytes_ + arch_->take_ffn_bytes();
         if (profile) {
-            times.total = now_seconds() - t_step;
+            times.total = steady_seconds() - t_step;
             last_times_ = times;
         }
     }
