@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "prompt_attention.hpp"
 #include "writescope/cuda/attention.hpp"
 
 namespace writescope::cuda {
@@ -157,6 +158,9 @@ struct GpuStepBackend::Impl {
     };
     std::vector<Range> pageable;  // page-locked in launch(), unlocked in finish()
     std::size_t registered = 0;   // pageable ranges page-locked now
+    // Prompt chunks attended on the device (null: max_prompt_tokens 0). On the same streams
+    // and ring.
+    std::unique_ptr<PromptAttention> prompt;
 
     Impl(const GpuStepOptions& opts, DevicePool& pl, DeviceRegionMemory& gp, PinnedRegionMemory* pn)
         : o(opts), pool(pl), gpu_pool(gp), pinned(pn) {
@@ -204,9 +208,15 @@ struct GpuStepBackend::Impl {
         runs.reserve(max_blocks + max_blocks / chunk_blocks + 2);
         chunks.reserve(max_blocks / chunk_blocks + 2);
         pageable.reserve(o.max_seqs);
+        if (o.max_prompt_tokens > 0)
+            prompt = std::make_unique<PromptAttention>(
+                o, PromptShared{pool, gpu_pool, pinned, compute, copy, staging, chunk_blocks,
+                                o.staging_chunk_bytes, o.staging_slots, slot_ready, slot_free,
+                                sm_count});
     }
 
     ~Impl() {
+        if (prompt) prompt->settle();
         settle(true);
         for (void* p : {static_cast<void*>(staging), static_cast<void*>(d_meta),
                         static_cast<void*>(d_q), static_cast<void*>(d_part_o),
@@ -693,14 +703,43 @@ std::size_t GpuStepBackend::take_device_timings(std::span<GpuLayerTiming> out) {
 std::uint64_t GpuStepBackend::device_bytes(const GpuStepOptions& opts) {
     const Sizes z = sizes_of(opts);
     return pooled(z.slots * z.chunk_bytes) + pooled(z.meta_bytes) + pooled(z.q_bytes) +
-           pooled(z.part_o_bytes) + pooled(z.part_lse_bytes) + pooled(z.merge_scratch_bytes);
+           pooled(z.part_o_bytes) + pooled(z.part_lse_bytes) + pooled(z.merge_scratch_bytes) +
+           PromptAttention::device_bytes(opts);
 }
 
 std::uint64_t GpuStepBackend::pinned_bytes(const GpuStepOptions& opts) {
     const Sizes z = sizes_of(opts);
     // As the constructor allocates them (PinnedBuffer: at least 64 bytes each).
     const auto buf = [](std::size_t b) { return std::max<std::uint64_t>(b, 64); };
-    return buf(z.meta_bytes) + buf(z.q_bytes) + 2 * buf(z.state_bytes);
+    return buf(z.meta_bytes) + buf(z.q_bytes) + 2 * buf(z.state_bytes) +
+           PromptAttention::pinned_bytes(opts);
+}
+
+std::size_t GpuStepBackend::prompt_tokens() const noexcept {
+    return impl_->prompt ? impl_->prompt->max_tokens() : 0;
+}
+
+void GpuStepBackend::launch_prompt(std::size_t layer, std::size_t m, const void* q, const void* k,
+                                   const void* v, const GpuPromptWork& work, void* stream,
+                                   bool q_to_host) {
+    if (!impl_->prompt)
+        throw std::logic_error("this GPU backend was sized for no device-side prompts");
+    if (impl_->launched) throw std::logic_error("GPU prompt: a decode layer is launched");
+    impl_->prompt->launch(layer, m, q, k, v, work, stream, q_to_host);
+}
+
+const void* GpuStepBackend::host_prompt_q() {
+    if (!impl_->prompt) throw std::logic_error("GPU prompt: no q is coming down");
+    return impl_->prompt->host_q();
+}
+
+StateView GpuStepBackend::prompt_cpu_buffer(std::size_t rows) noexcept {
+    return impl_->prompt ? impl_->prompt->cpu_buffer(rows) : StateView{};
+}
+
+void GpuStepBackend::finish_prompt(ConstStateView cpu_part, StateView out, void* stream) {
+    if (!impl_->prompt) throw std::logic_error("GPU prompt: finish without launch");
+    impl_->prompt->finish(cpu_part, out, stream);
 }
 
 bool GpuStepBackend::tensor_cores() const noexcept {

@@ -133,6 +133,7 @@ EngineOptions engine_options(const ModelSetup& s, const std::string& mode, std::
     eo.gpu_index = 0;
     eo.mode = mode == "writescope-all-gpu" ? "writescope" : mode;
     eo.vram_kv_bytes = s.engine_vram;
+    eo.max_prompt_tokens = 512;  // the runtimes' chunk: prompts attended on the GPU
     // Either host region may take all of the spill (the router's share decides).
     eo.pinned_kv_bytes = all + (256u << 20);
     eo.host_kv_bytes = all + (64u << 20);

@@ -3,6 +3,7 @@
 # machine, logs under $OUT. Run from the repository root after `source .devdeps/unpack-deps.sh`.
 #   PHASES: any of "test decode generate" (default "test decode")
 #   DECODE_ARGS: extra arguments for model-decode (default: the three models, context 1024)
+#   DECODE_MODES: ";"-separated model-decode modes (default: device-side, without graphs, staged, half the experts)
 #   GENERATE_ARGS: arguments for generate
 # Times on the H200 machine: build ~90 s, tests ~2 min, decode ~1 min per mode.
 set -u
@@ -29,7 +30,9 @@ if [[ $PHASES == *test* ]]; then
   done
 fi
 if [[ $PHASES == *decode* ]]; then
-  for mode in "--gpu 1" "--gpu 1 --staged" "--gpu 0.5"; do
+  modes=("--gpu 1" "--gpu 1 --no-graphs" "--gpu 1 --staged" "--gpu 0.5")
+  if [[ -n ${DECODE_MODES:-} ]]; then IFS=';' read -r -a modes <<< "$DECODE_MODES"; fi
+  for mode in "${modes[@]}"; do
     tag=$(echo "$mode" | tr -d ' -' )
     # shellcheck disable=SC2086
     "$BENCH" model-decode $mode ${DECODE_ARGS:-} --json "$OUT/model-decode-$tag.json" \

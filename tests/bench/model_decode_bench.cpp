@@ -123,6 +123,8 @@ int run_model_decode(int argc, char** argv) {
         if (gpu) {
             eo.vram_kv_bytes = kv_all + (512u << 20);  // T and G hold it all, with the workspace
             eo.pinned_kv_bytes = 64u << 20;
+            // Prompt chunks attended on the GPU too, except in the staged "before".
+            if (!o.staged) eo.max_prompt_tokens = 512;
         }
         const auto engine = Engine::create(eo);
         cpu::CpuModelOpsOptions co;
@@ -166,9 +168,10 @@ int run_model_decode(int argc, char** argv) {
         ro.cuda_graphs = o.graphs;
         const auto rt = model::make_runtime(*m, *ops, *engine, ro, rw);
         if (gpu)
-            std::printf("%s: attention %s; %s\n", name.c_str(),
+            std::printf("%s: attention %s, prompts attended %s; %s\n", name.c_str(),
                         rt->device_attention() ? "device-side (q, K/V and states stay on the GPU)"
                                                : "staged through host memory every layer",
+                        rt->device_prompts() ? "on the GPU" : "by the CPU",
                         rt->records_decode() ? "decode segments replayed as CUDA graphs"
                                              : "every kernel launched");
 

@@ -147,8 +147,9 @@ class FakeEngine final : public Engine {
     void begin_step(std::span<const std::uint64_t>) override {
         throw std::logic_error("FakeEngine: no decode steps");
     }
+    using Engine::attend_prompt;
     void attend_prompt(std::uint64_t, std::size_t, std::size_t, const void*, const void*,
-                       const void*, StateView) override {
+                       const void*, StateView, void*) override {
         throw std::logic_error("the fake engine attends nothing");
     }
     using Engine::attend_layer;

@@ -2,7 +2,8 @@
 // no GPU (CI): what the executor hands the GPU side (slot lists once per step, a layer and a
 // query per launch, the new tokens of a decode step, pageable monolithic caches, the CPU
 // partials) is recorded and attended with the fp64 reference over host T/G and P memory, then
-// merged with the CPU partials by core's merge. The real kernels have their own tests on the GPU
+// merged with the CPU partials by core's merge; and so are device-side prompt chunks (the T, G
+// and P blocks and the chunk itself, causal). The real kernels have their own tests on the GPU
 // machine (tests/gpu).
 #pragma once
 
@@ -171,6 +172,98 @@ class HostGpuBackend final : public GpuAttentionBackend {
     }
     std::size_t device_timings_pending() const noexcept { return pending_.size(); }
 
+    // Device-side prompts, emulated likewise (prompt_tokens_on_device > 0): what the engine hands
+    // over is recorded at launch_prompt and attended with the fp64 reference at finish_prompt.
+    std::size_t prompt_tokens_on_device = 0;
+    std::size_t prompt_launches = 0, prompt_q_downs = 0, prompt_finishes = 0;
+    std::size_t prompt_cpu_parts = 0;  // finishes that merged CPU partials (a U share)
+    std::size_t prompt_p_blocks = 0;   // P blocks the prompts attended
+    std::size_t prompt_tokens() const noexcept override { return prompt_tokens_on_device; }
+    void launch_prompt(std::size_t layer, std::size_t m, const void* q, const void* k,
+                       const void* v, const GpuPromptWork& work, void* stream,
+                       bool q_to_host) override {
+        if (!stream || stream != expected_stream) throw std::logic_error("not the model's stream");
+        if (m == 0 || m > prompt_tokens_on_device) throw std::invalid_argument("prompt length");
+        if (!work.p_slots.empty() && !pinned_) throw std::logic_error("P blocks without P memory");
+        ++prompt_launches;
+        prompt_launched_ = true;
+        prompt_q_down_ = q_to_host;
+        prompt_layer_ = layer;
+        prompt_m_ = m;
+        const LinearBlockLayout lay = LinearBlockLayout::of(g_, B_);
+        const std::size_t es = dtype_bytes(g_.dtype);
+        const std::size_t qb = m * g_.num_q_heads * g_.head_dim_k * es;
+        prompt_q_.assign(static_cast<const std::byte*>(q), static_cast<const std::byte*>(q) + qb);
+        // The chunk as linear blocks, as the GPU lays it out in its scratch.
+        const std::size_t blocks = (m + B_ - 1) / B_;
+        prompt_chunk_.assign(blocks * block_bytes_, std::byte{0});
+        const std::size_t k_row = lay.row_heads() * lay.dk * es,
+                          v_row = lay.row_heads() * lay.dv * es;
+        for (std::size_t b = 0; b < blocks; ++b) {
+            const std::size_t first = b * B_, count = std::min(B_, m - first);
+            lay.put_rows(es, static_cast<const char*>(k) + first * k_row,
+                         g_.mla ? nullptr : static_cast<const char*>(v) + first * v_row, 0, count,
+                         prompt_chunk_.data() + b * block_bytes_);
+        }
+        prompt_work_ = {
+            {work.pool_slots.begin(), work.pool_slots.end()}, work.has_open, work.open_tokens,
+            {work.p_slots.begin(), work.p_slots.end()},       nullptr,       0};
+    }
+    const void* host_prompt_q() override {
+        if (!prompt_launched_ || !prompt_q_down_) throw std::logic_error("no prompt q coming down");
+        ++prompt_q_downs;
+        return prompt_q_.data();
+    }
+    StateView prompt_cpu_buffer(std::size_t rows) noexcept override {
+        const std::size_t dv = g_.head_dim_v;
+        if (rows > prompt_tokens_on_device * g_.num_q_heads) return {};
+        prompt_ext_.resize(prompt_tokens_on_device * g_.num_q_heads * (dv + 1));
+        return {prompt_ext_.data(), prompt_ext_.data() + rows * dv, rows, dv};
+    }
+    void finish_prompt(ConstStateView cpu_part, StateView out, void* stream) override {
+        if (stream != expected_stream) throw std::logic_error("not the model's stream");
+        if (!prompt_launched_) throw std::logic_error("finish_prompt without launch_prompt");
+        prompt_launched_ = false;
+        ++prompt_finishes;
+        const std::size_t m = prompt_m_, hq = g_.num_q_heads, dv = g_.head_dim_v;
+        const std::size_t rows = m * hq;
+        if (out.rows != rows || out.dim != dv) throw std::invalid_argument("out shape");
+        const Work& w = prompt_work_;
+        std::vector<std::vector<cpu::AttnBlock>> blocks(m);
+        std::vector<cpu::AttnSeq> seqs(m);
+        const std::size_t q_row = hq * g_.head_dim_k * dtype_bytes(g_.dtype);
+        for (std::size_t i = 0; i < m; ++i) {
+            for (std::size_t k = 0; k < w.pool_slots.size(); ++k) {
+                const bool open = w.has_open && k + 1 == w.pool_slots.size();
+                blocks[i].push_back({pool_.block(prompt_layer_, w.pool_slots[k]),
+                                     open ? w.open_tokens : static_cast<std::uint32_t>(B_), false});
+            }
+            for (std::uint32_t s : w.p_slots)
+                blocks[i].push_back(
+                    {pinned_->block(prompt_layer_, s), static_cast<std::uint32_t>(B_), false});
+            const std::size_t own = i / B_;
+            for (std::size_t b = 0; b <= own; ++b)
+                blocks[i].push_back({prompt_chunk_.data() + b * block_bytes_,
+                                     static_cast<std::uint32_t>(b < own ? B_ : i - own * B_ + 1),
+                                     false});
+            seqs[i] = {prompt_q_.data() + i * q_row, blocks[i]};
+        }
+        prompt_p_blocks += w.p_slots.size();
+        std::vector<double> o(rows * dv), lse(rows);
+        cpu::reference_attention(g_, B_, seqs, o, lse);
+        std::vector<float> go(o.begin(), o.end()), gl(lse.begin(), lse.end());
+        const ConstStateView gpu{go.data(), gl.data(), rows, dv};
+        if (cpu_part.o) {
+            if (cpu_part.rows != rows) throw std::invalid_argument("CPU partials' rows");
+            ++prompt_cpu_parts;
+            const ConstStateView parts[] = {gpu, cpu_part};
+            merge_states(parts, out);
+        } else {
+            std::memcpy(out.o, go.data(), go.size() * sizeof(float));
+            std::memcpy(out.lse, gl.data(), gl.size() * sizeof(float));
+        }
+    }
+
   private:
     struct Work {
         std::vector<std::uint32_t> pool_slots;
@@ -192,6 +285,11 @@ class HostGpuBackend final : public GpuAttentionBackend {
     bool launched_ = false;
     bool q_down_ = false;
     std::vector<GpuLayerTiming> pending_;
+    bool prompt_launched_ = false, prompt_q_down_ = false;
+    std::size_t prompt_layer_ = 0, prompt_m_ = 0;
+    std::vector<std::byte> prompt_q_, prompt_chunk_;
+    std::vector<float> prompt_ext_;
+    Work prompt_work_{};
 };
 
 }  // namespace writescope::test

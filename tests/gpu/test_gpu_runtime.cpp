@@ -58,8 +58,9 @@ struct GpuRuntime {
 
 // A GPU engine for the model whose G holds `g_blocks` blocks.
 std::unique_ptr<Engine> gpu_engine(const model::Model& m, std::size_t B, std::size_t g_blocks,
-                                   std::size_t max_batch) {
+                                   std::size_t max_batch, std::size_t prompt_tokens = 0) {
     EngineOptions o;
+    o.max_prompt_tokens = prompt_tokens;
     o.geometry = m.config().kv_geometry(m.config().dtype);
     o.block_tokens = B;
     o.gpu_index = 0;
@@ -198,6 +199,23 @@ TEST_CASE(
             "logit difference %.3g (bound 1e-6 relative)\n",
             c.name.c_str(), err_staged);
         CHECK(err_staged / scale <= 1e-6);
+        CHECK_FALSE(g.runtime->device_prompts());  // its engine attends no prompts on the GPU
+        // Prompt chunks attended on the GPU too (the engine sized for 64-token chunks): the
+        // prompt's later chunks over G, P and U blocks of the earlier ones.
+        GpuRuntime gp(*m, 64, /*split=*/true,
+                      gpu_engine(*m, B, /*g_blocks=*/2, 2, /*prompt_tokens=*/64), 2);
+        CHECK(gp.runtime->device_prompts());
+        const std::vector<float> gpu_prompts = all_logits(*gp.runtime, ids, 20);
+        double err_prompts = 0;
+        for (std::size_t i = 0; i < ref.size(); ++i)
+            err_prompts =
+                std::max(err_prompts, std::abs(static_cast<double>(gpu_prompts[i]) - ref[i]));
+        std::printf(
+            "[gpu] runtime %-36s prompts attended on the GPU: largest logit difference to the "
+            "CPU runtime %.3g (relative %.3g, bound 1e-2)\n",
+            c.name.c_str(), err_prompts, err_prompts / scale);
+        CHECK(err_prompts / scale <= 1e-2);
+        CHECK(gp.runtime->release(1));
         // Every expert on the GPU: the decode segments are recorded and replayed (CUDA graphs)
         // from the second step; the same logits as launching every kernel.
         GpuRuntime graphs(*m, 64, /*split=*/false, gpu_engine(*m, B, /*g_blocks=*/2, 2), 2);

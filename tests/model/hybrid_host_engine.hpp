@@ -17,11 +17,15 @@ namespace writescope::test {
 
 // An engine whose T and G are host memory attended by HostGpuBackend: g_slots sealed blocks
 // resident, P and U for the rest, split toward target_r. device_stream: the token its GPU side
-// expects from a runtime handing it "device" memory (the device-side contract, emulated).
+// expects from a runtime handing it "device" memory (the device-side contract, emulated);
+// prompt_tokens: the longest prompt chunk it attends on that side too (0: the CPU attends them);
+// gpu_out: where to leave the GPU side's address, for a test to read what it was handed.
 inline std::unique_ptr<Engine> hybrid_host_engine(const KvGeometry& g, std::size_t B,
                                                   std::size_t g_slots, double target_r,
                                                   std::size_t max_batch,
-                                                  void* device_stream = nullptr) {
+                                                  void* device_stream = nullptr,
+                                                  std::size_t prompt_tokens = 0,
+                                                  HostGpuBackend** gpu_out = nullptr) {
     EngineOptions o;
     o.geometry = g;
     o.block_tokens = B;
@@ -57,6 +61,8 @@ inline std::unique_ptr<Engine> hybrid_host_engine(const KvGeometry& g, std::size
     auto gpu = std::make_unique<HostGpuBackend>(
         g, B, *pool, mem.pinned.get(), max_batch * static_cast<std::size_t>(g.num_q_heads));
     gpu->expected_stream = device_stream;
+    gpu->prompt_tokens_on_device = prompt_tokens;
+    if (gpu_out) *gpu_out = gpu.get();
     parts.gpu = std::move(gpu);
     parts.gpu_pool = std::move(mem.gpu_pool);
     parts.pinned = std::move(mem.pinned);

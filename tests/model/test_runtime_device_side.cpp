@@ -4,7 +4,9 @@
 // Engine::attend_layer's device-side contract; and with recordings, so that the ops' work
 // between the engine's layers is recorded at a batch size's second step and replayed, and a
 // batch whose experts cannot be recorded runs them instead. The logits must be transformers'
-// and, bit for bit, those of the same runtime launching every call.
+// and, bit for bit, those of the same runtime launching every call. And prompt chunks attended
+// on that side (Engine::attend_prompt with the stream): the GPU side over the chunk, T, G and P,
+// the CPU over U, merged.
 #include <catch2/catch.hpp>
 
 #include <cstdio>
@@ -24,10 +26,12 @@ struct DeviceSide {
     std::unique_ptr<CountingOps> ops;
     std::unique_ptr<model::Runtime> runtime;
 
-    DeviceSide(const model::Model& m, bool record) {
+    HostGpuBackend* gpu = nullptr;
+
+    DeviceSide(const model::Model& m, bool record, std::size_t prompt_tokens = 0) {
         const DType kv = m.config().dtype;
-        engine =
-            hybrid_host_engine(m.config().kv_geometry(kv), 8, /*g_slots=*/3, 0.5, 2, &stream_token);
+        engine = hybrid_host_engine(m.config().kv_geometry(kv), 8, /*g_slots=*/3, 0.5, 2,
+                                    &stream_token, prompt_tokens, &gpu);
         DeviceEmulation dev;
         dev.stream = &stream_token;
         dev.record = record;
@@ -66,14 +70,10 @@ TEST_CASE("the runtime's device-side decode, recorded and replayed, keeps transf
         REQUIRE(rec.runtime->release(1));
         REQUIRE(plain.runtime->release(1));
         CHECK(ours == launched);
-        double err = 0, scale = 0;
+        Errors err;
         for (std::size_t r = 0; r < ours.size() / V; ++r)
-            for (std::size_t v = 0; v < V; ++v) {
-                err = std::max(err,
-                               std::abs(static_cast<double>(ours[r * V + v]) - p.logits.at(r, v)));
-                scale = std::max(scale, std::abs(static_cast<double>(p.logits.at(r, v))));
-            }
-        CHECK(err / scale <= tolerance(ref));
+            err.add(ours.data() + r * V, p.logits, r);
+        CHECK(err.rel() <= tolerance(ref));
         CHECK(rec.runtime->decode_recordings() == 1);
         CHECK(rec.ops->replays > 0);
         CHECK(plain.ops->replays == 0);
@@ -104,6 +104,42 @@ TEST_CASE("the runtime's device-side decode, recorded and replayed, keeps transf
         std::fprintf(stderr,
                      "%-22s device-side decode, recorded: relative logit error %.3g, %zu "
                      "replays of %zu recorded calls\n",
-                     name.c_str(), err / scale, rec.ops->replays, rec.ops->recorded_calls);
+                     name.c_str(), err.rel(), rec.ops->replays, rec.ops->recorded_calls);
+    }
+}
+
+TEST_CASE("device-side prompt chunks over T, G, P and U keep transformers' logits", "[model]") {
+    for (const std::string name : {"qwen3-moe-tiny", "deepseek-v2-tiny-yarn", "mixtral-tiny"}) {
+        const auto dir = models_dir() / name;
+        const Reference ref = read_reference(dir);
+        const auto m = model::load_model_dir(dir);
+        const std::size_t V = static_cast<std::size_t>(m->config().vocab_size);
+        // Chunks of 7 tokens on blocks of 8: every chunk after the first sees stored blocks,
+        // and the later ones blocks in G, P and U (3 G slots, the rest split toward r = 0.5).
+        DeviceSide dev(*m, /*record=*/false, /*prompt_tokens=*/7);
+        INFO(name);
+        REQUIRE(dev.runtime->device_prompts());
+        CHECK(dev.runtime->prefill_chunk_tokens() == 7);
+        const ReferencePrompt& p = ref.prompts[0];
+        std::vector<std::int32_t> forced = p.ids;
+        forced.insert(forced.end(), p.greedy.begin(), p.greedy.end() - 1);
+        const std::vector<float> ours = all_logits(*dev.runtime, forced, p.greedy.size() - 1);
+        REQUIRE(dev.runtime->release(1));
+        const std::size_t layers = static_cast<std::size_t>(m->config().num_layers);
+        const std::size_t chunks = (p.ids.size() + 6) / 7;
+        CHECK(dev.gpu->prompt_launches == chunks * layers);
+        CHECK(dev.gpu->prompt_finishes == chunks * layers);
+        CHECK(dev.gpu->prompt_cpu_parts > 0);  // U blocks: the CPU's share, merged
+        CHECK(dev.gpu->prompt_q_downs == dev.gpu->prompt_cpu_parts);
+        CHECK(dev.gpu->prompt_p_blocks > 0);
+        Errors err;
+        for (std::size_t r = 0; r < ours.size() / V; ++r)
+            err.add(ours.data() + r * V, p.logits, r);
+        CHECK(err.rel() <= tolerance(ref));
+        std::fprintf(stderr,
+                     "%-22s device-side prompts: relative logit error %.3g over %zu chunks, %zu "
+                     "with a CPU share, %zu P blocks\n",
+                     name.c_str(), err.rel(), chunks, dev.gpu->prompt_cpu_parts / layers,
+                     dev.gpu->prompt_p_blocks);
     }
 }

@@ -621,7 +621,8 @@ void EngineImpl::abort_step() {
 namespace writescope {
 
 void EngineImpl::attend_prompt(std::uint64_t seq_id, std::size_t layer, std::size_t m,
-                               const void* q, const void* k, const void* v, StateView out) {
+                               const void* q, const void* k, const void* v, StateView out,
+                               void* device_stream) {
     const auto& g = parts_.kv.geometry;
     const std::size_t qh = static_cast<std::size_t>(g.num_q_heads);
     const std::size_t dv = static_cast<std::size_t>(g.head_dim_v);
@@ -635,6 +636,15 @@ void EngineImpl::attend_prompt(std::uint64_t seq_id, std::size_t layer, std::siz
         throw std::invalid_argument(
             "attend_prompt: the output must be (m × num_q_heads, "
             "head_dim_v)");
+    if (device_stream) {
+        if (!device_side())
+            throw std::invalid_argument(
+                "attend_prompt: device memory, but this engine attends in host memory");
+        if (m > device_prompt_tokens())
+            throw std::invalid_argument("attend_prompt: a chunk of " + std::to_string(m) +
+                                        " tokens on the device, sized for " +
+                                        std::to_string(device_prompt_tokens()));
+    }
     std::vector<BlockRef> table;
     OpenBlock open;
     {
@@ -665,7 +675,20 @@ void EngineImpl::attend_prompt(std::uint64_t seq_id, std::size_t layer, std::siz
         }
     } done{this};
     if (parts_.sealer) parts_.sealer->wait_layer(layer);  // sealed blocks of this layer landed
+    if (device_stream)
+        attend_prompt_device(layer, m, q, k, v, out, table, open, device_stream);
+    else
+        attend_prompt_host(layer, m, q, k, v, out, table, open);
+}
 
+std::size_t EngineImpl::device_prompt_tokens() const noexcept {
+    return device_side() ? parts_.gpu->prompt_tokens() : 0;
+}
+
+void EngineImpl::attend_prompt_host(std::size_t layer, std::size_t m, const void* q, const void* k,
+                                    const void* v, StateView out, std::span<const BlockRef> table,
+                                    const OpenBlock& open) {
+    const auto& g = parts_.kv.geometry;
     const std::size_t B = parts_.kv.block_tokens, es = dtype_bytes(g.dtype);
     const LinearBlockLayout lay = LinearBlockLayout::of(g, B);
     const std::size_t block_bytes = lay.elems() * es;
@@ -680,7 +703,7 @@ void EngineImpl::attend_prompt(std::uint64_t seq_id, std::size_t layer, std::siz
     }
     // The stored blocks every query attends: the sealed ones in their regions, then the rows of
     // the open block. T and G in device memory are brought down for the CPU's kernels (one
-    // copy per block and chunk: the CPU prompt path, until prompts are attended on the GPU).
+    // copy per block and chunk: this is the path of an engine without device-side prompts).
     RegionMemory& pool = *parts_.gpu_pool;
     const bool pool_host = pool.host_accessible();
     prompt_pool_slots_.clear();
@@ -717,23 +740,34 @@ void EngineImpl::attend_prompt(std::uint64_t seq_id, std::size_t layer, std::siz
     }
     if (open.tokens > 0)
         stored.push_back({pool_block(open.t_slot), static_cast<std::uint32_t>(open.tokens), false});
+    attend_prompt_cpu(m, q, stored, prompt_blocks_.data(), out);
+}
 
+void EngineImpl::attend_prompt_cpu(std::size_t m, const void* q, std::span<const CpuBlock> stored,
+                                   const std::byte* chunk_blocks, StateView out) {
+    const auto& g = parts_.kv.geometry;
+    const std::size_t qh = static_cast<std::size_t>(g.num_q_heads);
+    const std::size_t dv = static_cast<std::size_t>(g.head_dim_v);
+    const std::size_t B = parts_.kv.block_tokens, es = dtype_bytes(g.dtype);
+    const std::size_t block_bytes = LinearBlockLayout::of(g, B).elems() * es;
     // Queries in batches the CPU backend is sized for; query i sees the chunk's blocks before
     // its own in full and its own up to itself.
     const std::size_t batch = std::max<std::size_t>(1, opts_.max_batch);
     const std::size_t q_row = qh * static_cast<std::size_t>(g.head_dim_k) * es;
+    std::vector<std::size_t> begin;
     for (std::size_t i0 = 0; i0 < m; i0 += batch) {
         const std::size_t n = std::min(batch, m - i0);
         prompt_refs_.clear();
-        std::vector<std::size_t> begin(n + 1);
+        begin.assign(n + 1, 0);
         for (std::size_t j = 0; j < n; ++j) {
             const std::size_t i = i0 + j, own = i / B;
             begin[j] = prompt_refs_.size();
             prompt_refs_.insert(prompt_refs_.end(), stored.begin(), stored.end());
-            for (std::size_t b = 0; b <= own; ++b)
-                prompt_refs_.push_back({prompt_blocks_.data() + b * block_bytes,
-                                        static_cast<std::uint32_t>(b < own ? B : i - own * B + 1),
-                                        false});
+            if (chunk_blocks)
+                for (std::size_t b = 0; b <= own; ++b)
+                    prompt_refs_.push_back(
+                        {chunk_blocks + b * block_bytes,
+                         static_cast<std::uint32_t>(b < own ? B : i - own * B + 1), false});
         }
         begin[n] = prompt_refs_.size();
         prompt_work_.resize(n);
@@ -744,6 +778,50 @@ void EngineImpl::attend_prompt(std::uint64_t seq_id, std::size_t layer, std::siz
         StateView part{out.o + i0 * qh * dv, out.lse + i0 * qh, n * qh, dv};
         parts_.cpu->attend(std::span<const CpuSeqWork>(prompt_work_.data(), n), part);
     }
+}
+
+void EngineImpl::attend_prompt_device(std::size_t layer, std::size_t m, const void* q,
+                                      const void* k, const void* v, StateView out,
+                                      std::span<const BlockRef> table, const OpenBlock& open,
+                                      void* stream) {
+    const std::size_t B = parts_.kv.block_tokens;
+    prompt_pool_slots_.clear();
+    prompt_p_slots_.clear();
+    prompt_u_blocks_.clear();
+    for (const BlockRef& ref : table) {
+        switch (ref.region) {
+            case Region::G:
+            case Region::T:
+                prompt_pool_slots_.push_back(ref.slot);
+                break;
+            case Region::P:
+                prompt_p_slots_.push_back(ref.slot);
+                break;
+            case Region::U:
+                prompt_u_blocks_.push_back(
+                    {parts_.unpinned->block(layer, ref.slot), static_cast<std::uint32_t>(B), true});
+                break;
+        }
+    }
+    if (open.tokens > 0) prompt_pool_slots_.push_back(open.t_slot);
+    GpuPromptWork work;
+    work.pool_slots = prompt_pool_slots_;
+    work.has_open = open.tokens > 0;
+    work.open_tokens = static_cast<std::uint32_t>(open.tokens);
+    work.p_slots = prompt_p_slots_;
+    GpuAttentionBackend& gpu = *parts_.gpu;
+    const bool cpu_share = !prompt_u_blocks_.empty();
+    gpu.launch_prompt(layer, m, q, k, v, work, stream, cpu_share);
+    if (!cpu_share) {
+        gpu.finish_prompt(ConstStateView{}, out, stream);
+        return;
+    }
+    // The CPU's share: the U blocks, which every query of the chunk sees whole.
+    const std::size_t rows = m * static_cast<std::size_t>(parts_.kv.geometry.num_q_heads);
+    const StateView part = gpu.prompt_cpu_buffer(rows);
+    if (!part.o) throw std::logic_error("attend_prompt: the GPU backend has no CPU buffer");
+    attend_prompt_cpu(m, gpu.host_prompt_q(), prompt_u_blocks_, nullptr, part);
+    gpu.finish_prompt(ConstStateView{part.o, part.lse, part.rows, part.dim}, out, stream);
 }
 
 }  // namespace writescope

@@ -50,7 +50,11 @@ class RuntimeImpl final : public Runtime {
             throw std::invalid_argument("model " + c.name + ": its KV shape is unusable: " + e);
         if (opts.prefill_chunk_tokens == 0 || opts.max_batch == 0)
             throw std::invalid_argument("prefill_chunk_tokens and max_batch must be positive");
+        device_attention_ = opts.device_attention && !host_ && engine.device_side() &&
+                            ops.stream_handle() && ops.device() == engine.gpu_device();
+        device_prompts_ = device_attention_ && engine.device_prompt_tokens() > 0;
         chunk_ = std::min(opts.prefill_chunk_tokens, ops.max_tokens());
+        if (device_prompts_) chunk_ = std::min(chunk_, engine.device_prompt_tokens());
         if (opts.max_batch > ops.max_tokens())
             throw std::invalid_argument("max_batch (" + std::to_string(opts.max_batch) +
                                         ") exceeds the rows the model's ops are sized for (" +
@@ -97,8 +101,6 @@ class RuntimeImpl final : public Runtime {
             head_rows_ = std::max<std::size_t>(1, opts.max_batch);
             logits_ = OpsBuffer<float>(ops, head_rows_ * static_cast<std::size_t>(c.vocab_size));
         }
-        device_attention_ = opts.device_attention && !host_ && engine.device_side() &&
-                            ops.stream_handle() && ops.device() == engine.gpu_device();
         // What every forward pass reads besides the feed-forward weights.
         const ModelWeights& w = w_;
         fixed_bytes_ = w.lm_head.bytes();
@@ -113,6 +115,7 @@ class RuntimeImpl final : public Runtime {
     std::uint64_t last_weight_bytes() const noexcept override { return last_bytes_; }
     StepReport last_step() const override { return last_step_; }
     bool device_attention() const noexcept override { return device_attention_; }
+    bool device_prompts() const noexcept override { return device_prompts_; }
     bool records_decode() const noexcept override { return graphs_; }
     std::size_t decode_recordings() const noexcept override {
         std::size_t n = 0;
@@ -416,10 +419,26 @@ class RuntimeImpl final : public Runtime {
             std::byte* kl = k_.data() + l * m * k_row_;
             std::byte* vl = geometry_.mla ? nullptr : v_.data() + l * m * v_row_;
             arch_->attention_in(l, xn_.data(), m, pos, q_.data(), kl, vl);
-            const Staged e = to_engine(m, m, l * m);
-            engine_.attend_prompt(seq_id, l, m, e.q, e.k, geometry_.mla ? nullptr : e.v, e.states);
-            from_engine(m);
+            if (device_prompts_) {
+                const std::size_t rows = m * static_cast<std::size_t>(geometry_.num_q_heads);
+                engine_.attend_prompt(seq_id, l, m, q_.data(), kl, vl,
+                                      StateView{o_.data(), lse_.data(), rows,
+                                                static_cast<std::size_t>(geometry_.head_dim_v)},
+                                      ops_.stream_handle());
+            } else {
+                const Staged e = to_engine(m, m, l * m);
+                engine_.attend_prompt(seq_id, l, m, e.q, e.k, geometry_.mla ? nullptr : e.v,
+                                      e.states);
+                from_engine(m);
+            }
             finish_layer(l, m, hidden);
+        }
+        if (device_prompts_) {
+            // Every layer's K and V down at once for the engine's prefill (they stayed on the
+            // device for the attention).
+            k_.download(std::span<std::byte>(k_host_.data(), layers * m * k_row_));
+            if (!geometry_.mla)
+                v_.download(std::span<std::byte>(v_host_.data(), layers * m * v_row_));
         }
         const std::byte* k_all = host_ ? k_.data() : k_host_.data();
         const std::byte* v_all = host_ ? v_.data() : v_host_.data();
@@ -438,6 +457,7 @@ class RuntimeImpl final : public Runtime {
     RuntimeOptions opts_;
     bool host_ = true;               // the ops compute in host memory
     bool device_attention_ = false;  // decode hands the engine device memory (same GPU)
+    bool device_prompts_ = false;    // and prompt chunks too
     bool graphs_ = false;            // decode segments recorded and replayed (cuda_graphs)
     // Per batch size, for at most kMaxRecordedBatches sizes (the first ones seen; the others
     // launch every call): each recording holds an instantiated graph per segment on the device.

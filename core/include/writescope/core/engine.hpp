@@ -30,7 +30,10 @@ struct EngineOptions {
     int attention_threads = 0;          // CPU attention threads; 0 = one per online core
     bool pin_threads = true;            // pin attention threads to cores
     std::size_t max_batch = 64;         // most sequences in one step
-    std::string mode = "writescope";    // writescope | gpu-only | cpu-only | static:R | monolithic
+    // Most tokens of one prompt chunk attended on the GPU at once (device-side attend_prompt;
+    // sizes its workspace; 0: prompts are attended by the CPU).
+    std::size_t max_prompt_tokens = 0;
+    std::string mode = "writescope";  // writescope | gpu-only | cpu-only | static:R | monolithic
     // Tracker settings (robust EWMA): smoothing factor and outlier clamp ratio.
     double tracker_alpha = 0.2;
     double tracker_clamp = 3.0;
@@ -166,10 +169,24 @@ class Engine {
     // prefill() with the chunk's KV of every layer afterwards. Memory is bounded by the chunk.
     // Throws like prefill (a step open, a prompt being stored, calibrating, unknown sequence)
     // and std::length_error past the admitted maximum. The CPU attends: T and G blocks in
-    // device memory are copied down for it (RegionMemory::read), a stopgap until prompts are
-    // attended on the GPU (docs/gpu-runtime.md).
+    // device memory are copied down for it (RegionMemory::read); attend_prompt with a device
+    // stream (below) attends on the GPU instead.
+    void attend_prompt(std::uint64_t seq_id, std::size_t layer, std::size_t m, const void* q,
+                       const void* k, const void* v, StateView out) {
+        attend_prompt(seq_id, layer, m, q, k, v, out, nullptr);
+    }
+    // attend_prompt with device_stream (device_side(), m ≤ device_prompt_tokens()): q, k, v and
+    // out are device memory of the engine's GPU, written and read by the work on that stream,
+    // as attend_layer's. The GPU attends the chunk, the sequence's T and G blocks in place and
+    // its P blocks through the staging ring; the CPU attends its U blocks (q comes down for
+    // them, and only then is there a wait); the states merge on the device into out and the
+    // stream waits for that. std::invalid_argument when the engine cannot (device_side() false,
+    // m past device_prompt_tokens()).
     virtual void attend_prompt(std::uint64_t seq_id, std::size_t layer, std::size_t m,
-                               const void* q, const void* k, const void* v, StateView out) = 0;
+                               const void* q, const void* k, const void* v, StateView out,
+                               void* device_stream) = 0;
+    // The most tokens of one prompt chunk attend_prompt attends on the device (0: none).
+    virtual std::size_t device_prompt_tokens() const noexcept { return 0; }
     // attend_layer with device_stream (the device-side contract, docs/gpu-runtime.md): q,
     // fresh and out are device memory of the engine's GPU (gpu_device()), written and read by
     // the work on that stream (an opaque cudaStream_t there: the model's). The engine orders the

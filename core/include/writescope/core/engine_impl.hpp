@@ -64,8 +64,10 @@ class EngineImpl final : public Engine {
                       void* device_stream) override;
     bool device_side() const noexcept override;
     int gpu_device() const noexcept override;
+    using Engine::attend_prompt;
     void attend_prompt(std::uint64_t seq_id, std::size_t layer, std::size_t m, const void* q,
-                       const void* k, const void* v, StateView out) override;
+                       const void* k, const void* v, StateView out, void* device_stream) override;
+    std::size_t device_prompt_tokens() const noexcept override;
     StepReport end_step() override;
     void abort_step() override;
 
@@ -78,6 +80,20 @@ class EngineImpl final : public Engine {
     // Sets the cache's routing target from the mode, the tracked costs and the spilled length
     // held now; mu_ held.
     void retarget_locked();
+    // attend_prompt's two halves, after its checks: the CPU attends every stored block (T and
+    // G brought down when they are device memory), or the GPU attends the chunk, T, G and P and
+    // the CPU only U.
+    void attend_prompt_host(std::size_t layer, std::size_t m, const void* q, const void* k,
+                            const void* v, StateView out, std::span<const BlockRef> table,
+                            const OpenBlock& open);
+    void attend_prompt_device(std::size_t layer, std::size_t m, const void* q, const void* k,
+                              const void* v, StateView out, std::span<const BlockRef> table,
+                              const OpenBlock& open, void* stream);
+    // The CPU's attention of a chunk's m queries (host q) over `stored` blocks, every query
+    // also over the chunk's own linear blocks (chunk_blocks: tokens 0..i for query i) when
+    // chunk_blocks is not null; in batches of max_batch queries.
+    void attend_prompt_cpu(std::size_t m, const void* q, std::span<const CpuBlock> stored,
+                           const std::byte* chunk_blocks, StateView out);
 
     mutable std::mutex mu_;
     EngineOptions opts_;
@@ -108,14 +124,16 @@ class EngineImpl final : public Engine {
     // A prompt being written (prefill, without mu_): steps, calibration and its release wait.
     bool storing_ = false;
     std::uint64_t storing_id_ = 0;
-    std::vector<std::vector<std::byte>> random_blocks_;
+    std::vector<std::vector<std::byte>> random_blocks_;  // linear blocks of random KV values
     // attend_prompt's scratch (kept for its capacity): the chunk as linear blocks, the blocks of
     // each query and the work items.
     std::vector<std::byte> prompt_blocks_;
     std::vector<std::byte> prompt_pool_;  // device T/G blocks brought down for attend_prompt
     std::vector<std::uint32_t> prompt_pool_slots_;
     std::vector<CpuBlock> prompt_refs_;
-    std::vector<CpuSeqWork> prompt_work_;  // linear blocks of random KV values
+    std::vector<CpuSeqWork> prompt_work_;
+    std::vector<std::uint32_t> prompt_p_slots_;  // device-side prompts: the GPU's P share
+    std::vector<CpuBlock> prompt_u_blocks_;      // and the CPU's U share
 };
 
 }  // namespace writescope

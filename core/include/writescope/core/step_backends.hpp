@@ -77,6 +77,17 @@ struct GpuSeqWork {
     std::uint32_t pageable_blocks = 0;
 };
 
+// A prompt chunk's stored context on the GPU side (GpuAttentionBackend::launch_prompt): the
+// sequence's T and G blocks attended in place (the open block, when has_open, last, with
+// open_tokens valid rows; every other one full) and its P blocks streamed through the staging
+// ring (full blocks). Its U blocks are the CPU's share.
+struct GpuPromptWork {
+    std::span<const std::uint32_t> pool_slots;
+    bool has_open = false;
+    std::uint32_t open_tokens = 0;
+    std::span<const std::uint32_t> p_slots;
+};
+
 // Seconds measured on the GPU side of one layer step.
 struct GpuLayerTiming {
     double attention_seconds = 0;  // from the first copy/launch to the end of the GPU attention
@@ -140,6 +151,37 @@ class GpuAttentionBackend {
     virtual void finish_device(ConstStateView cpu_part, StateView out, void* stream) {
         (void)cpu_part, (void)out, (void)stream;
         throw std::logic_error("this GPU backend has no device-side contract");
+    }
+    // Prompts on the device (docs/gpu-runtime.md): the attention of a prompt chunk that is not
+    // stored yet, at one layer, with every input and the output in device memory. The most
+    // tokens one chunk may have here (0: prompts are not attended on the device).
+    virtual std::size_t prompt_tokens() const noexcept { return 0; }
+    // Enqueues, after what `stream` holds now, the attention of m ≤ prompt_tokens() queries
+    // (q (m, num_q_heads, head_dim_k), k (m, num_kv_heads, head_dim_k), v (m, num_kv_heads,
+    // head_dim_v), KV dtype; MLA: k is the latent and v unused): query i attends every block of
+    // `work` and the chunk's tokens 0..i. With q_to_host, q also comes down for the CPU's share
+    // (host_prompt_q()). The work's slots are read now and not kept. Returns at once.
+    virtual void launch_prompt(std::size_t layer, std::size_t m, const void* q, const void* k,
+                               const void* v, const GpuPromptWork& work, void* stream,
+                               bool q_to_host) {
+        (void)layer, (void)m, (void)q, (void)k, (void)v, (void)work, (void)stream, (void)q_to_host;
+        throw std::logic_error("this GPU backend attends no prompts");
+    }
+    // Waits until the last launch_prompt's q is in host memory and returns it (m, num_q_heads,
+    // head_dim_k), valid until the next launch_prompt.
+    virtual const void* host_prompt_q() { throw std::logic_error("no prompt is launched"); }
+    // Host memory for the CPU's partial states of the next finish_prompt (rows × head_dim_v o,
+    // then rows lse; rows at most prompt_tokens() × num_q_heads; empty beyond).
+    virtual StateView prompt_cpu_buffer(std::size_t rows) noexcept {
+        (void)rows;
+        return {};
+    }
+    // Enqueues the merge of the last launch_prompt with the CPU's partial states (host, rows m ×
+    // num_q_heads; null o for none) into out (device, fp32), and makes `stream` wait for it.
+    // Returns at once; the CPU partials are read by the device until the next launch_prompt.
+    virtual void finish_prompt(ConstStateView cpu_part, StateView out, void* stream) {
+        (void)cpu_part, (void)out, (void)stream;
+        throw std::logic_error("this GPU backend attends no prompts");
     }
     // Waits for every layer launched on the device side since the last call and writes their
     // timings, in launch order, into out (at most out.size(); the count is returned).

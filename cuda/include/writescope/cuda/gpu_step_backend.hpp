@@ -34,6 +34,9 @@ struct GpuStepOptions {
     // the pinned rate for DeepSeek-V2-Lite, 2026-11-29).
     std::size_t inplace_item_blocks = 0;
     std::size_t staged_item_blocks = 1;
+    // Most tokens of a prompt chunk attended on the device at once (launch_prompt); sizes the
+    // prompt path's workspace (device_bytes, pinned_bytes). 0: no device-side prompts.
+    std::size_t max_prompt_tokens = 0;
 };
 
 class GpuStepBackend final : public GpuAttentionBackend {
@@ -54,6 +57,13 @@ class GpuStepBackend final : public GpuAttentionBackend {
     const void* host_q() override;
     void finish_device(ConstStateView cpu_part, StateView out, void* stream) override;
     std::size_t take_device_timings(std::span<GpuLayerTiming> out) override;
+    std::size_t prompt_tokens() const noexcept override;
+    void launch_prompt(std::size_t layer, std::size_t m, const void* q, const void* k,
+                       const void* v, const GpuPromptWork& work, void* stream,
+                       bool q_to_host) override;
+    const void* host_prompt_q() override;
+    StateView prompt_cpu_buffer(std::size_t rows) noexcept override;
+    void finish_prompt(ConstStateView cpu_part, StateView out, void* stream) override;
     // "tensor cores (mma.sync)", or "SIMT (<why the tensor-core kernel does not run>)".
     std::string kernel_name() const override;
     bool tensor_cores() const noexcept override;

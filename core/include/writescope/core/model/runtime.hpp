@@ -92,6 +92,9 @@ class Runtime {
     virtual StepReport last_step() const { return {}; }
     // Decode steps attend on the device side (RuntimeOptions::device_attention took effect).
     virtual bool device_attention() const noexcept { return false; }
+    // Prompt chunks attend on the device side too (the engine attends prompts there:
+    // Engine::device_prompt_tokens; the chunk is then at most that many tokens).
+    virtual bool device_prompts() const noexcept { return false; }
     // Decode steps replay recordings (RuntimeOptions::cuda_graphs took effect).
     virtual bool records_decode() const noexcept { return false; }
     // Batch sizes whose decode segments are recorded and replayed now (0 without recordings).

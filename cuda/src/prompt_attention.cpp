@@ -1,0 +1,548 @@
+#include "prompt_attention.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace writescope::cuda {
+
+namespace {
+
+// Work items per (query, KV head) in one round are chosen so that a round has about this many
+// CTAs per SM (the decode kernels run two or three at once on an SM), and at most
+// kMaxItemsPerRow: the merge walks a row's parts in one chain.
+constexpr std::size_t kCtasPerSm = 4;
+constexpr std::size_t kMaxItemsPerRow = 32;
+
+std::size_t div_up(std::size_t a, std::size_t b) {
+    return (a + b - 1) / b;
+}
+
+// The staging ring as GpuStepBackend sizes it (gpu_step_backend.cpp, sizes_of).
+struct Ring {
+    std::size_t chunk_blocks, slots;
+};
+Ring ring_of(const GpuStepOptions& o, std::size_t block_bytes) {
+    return {std::max(o.staging_chunk_bytes, block_bytes) / block_bytes,
+            std::max<std::size_t>(o.staging_slots, 2)};
+}
+
+// Everything the prompt path allocates, derived from the options in one place.
+struct Sizes {
+    std::size_t qmax, kvh, G, qh, dk, dv, es, B, block_bytes;
+    std::size_t scratch_blocks;  // the chunk as linear blocks
+    std::size_t inplace_entries, causal_entries, ring_entries, entries;
+    std::size_t round_items;  // items (and part states) of one round
+    std::size_t sets;         // item sets laid out per chunk: causal, in place, one per ring chunk
+    std::size_t meta_bytes, part_o_bytes, part_lse_bytes, state_bytes;  // device
+    std::size_t q_bytes, ext_bytes;                                     // pinned
+};
+
+std::size_t padded(std::size_t bytes) {
+    return (bytes + 255) & ~std::size_t{255};
+}
+
+Sizes sizes_of(const GpuStepOptions& o, int sm_count) {
+    const auto& g = o.geometry;
+    Sizes z{};
+    z.qmax = o.max_prompt_tokens;
+    z.kvh = static_cast<std::size_t>(g.num_kv_heads);
+    z.G = static_cast<std::size_t>(g.group_size());
+    z.qh = static_cast<std::size_t>(g.num_q_heads);
+    z.dk = static_cast<std::size_t>(g.head_dim_k);
+    z.dv = static_cast<std::size_t>(g.head_dim_v);
+    z.es = dtype_bytes(g.dtype);
+    z.B = o.block_tokens;
+    z.block_bytes = g.bytes_per_token_layer() * o.block_tokens;
+    const Ring ring = ring_of(o, z.block_bytes);
+    z.scratch_blocks = div_up(z.qmax, z.B);
+    z.inplace_entries = o.max_blocks + o.max_seqs;
+    z.causal_entries = z.qmax * z.scratch_blocks;
+    z.ring_entries = ring.slots * ring.chunk_blocks;
+    z.entries = z.inplace_entries + z.causal_entries + z.ring_entries;
+    const std::size_t rows = z.qmax * z.kvh;  // (query, KV head) rows
+    z.round_items = rows + kCtasPerSm * static_cast<std::size_t>(std::max(sm_count, 1));
+    z.sets = 2 + ring.slots + 1;
+    // Carved as PromptAttention::Impl::carve_work does: pointers and valid counts, the append's
+    // destinations, then per set its items, CSR offsets and part lists; the identity CSR first.
+    z.meta_bytes = padded((rows + 1) * 4) + padded(rows * 4) + padded(z.entries * sizeof(void*)) +
+                   padded(z.entries * 4) + padded(z.qmax * sizeof(void*)) + padded(z.qmax * 4) +
+                   z.sets * (padded(z.round_items * sizeof(AttnWorkItem)) + padded((rows + 1) * 4) +
+                             padded(z.round_items * 4));
+    z.part_o_bytes = z.round_items * z.G * z.dv * sizeof(float);
+    z.part_lse_bytes = z.round_items * z.G * sizeof(float);
+    z.state_bytes = z.qmax * z.qh * (z.dv + 1) * sizeof(float);
+    z.q_bytes = z.qmax * z.qh * z.dk * z.es;
+    z.ext_bytes = z.state_bytes;
+    return z;
+}
+
+template <class T>
+T* carve(char*& cursor, std::size_t n) {
+    auto* p = reinterpret_cast<T*>(cursor);
+    cursor += padded(n * sizeof(T));
+    return p;
+}
+
+}  // namespace
+
+struct PromptAttention::Impl {
+    GpuStepOptions o;
+    PromptShared sh;
+    Sizes z;
+    Ring ring;
+
+    // Device memory: the chunk's blocks, the metadata, one round's parts, two running states.
+    char* d_scratch = nullptr;
+    char* d_meta = nullptr;
+    float *d_part_o = nullptr, *d_part_lse = nullptr;
+    float* d_state[2] = {nullptr, nullptr};
+    // Pinned: the metadata's mirror, q coming down, the CPU's partial states (mapped: the last
+    // merge reads them across PCIe).
+    std::unique_ptr<PinnedSlabs> h_meta_slab, h_q_slab, h_ext_slab;
+    char* h_meta = nullptr;
+    char* h_q = nullptr;
+    float* h_ext = nullptr;
+    float* m_ext = nullptr;
+    Event model_ready{false}, start{false}, q_ready{false}, meta_copied{false}, done{false};
+
+    // The identity CSR (row r lists part r): the final merge reads the running state as parts.
+    std::int32_t* m_id_offsets = nullptr;
+    std::int32_t* m_id_items = nullptr;
+    // Per chunk (laid out by build()): block pointers and valid counts (in place: layer 0's
+    // addresses; the chunk's scratch; the ring), the append's destinations, the item sets.
+    const void** m_ptrs = nullptr;
+    std::int32_t* m_valid = nullptr;
+    void** m_append_ptrs = nullptr;
+    std::int32_t* m_append_pos = nullptr;
+    struct Set {
+        AttnWorkItem* items = nullptr;
+        std::int32_t* offsets = nullptr;
+        std::int32_t* part_items = nullptr;
+        std::size_t count = 0;
+    };
+    Set causal, inplace;
+    std::vector<Set> p_sets;  // per ring chunk c < slots, then the last chunk when it is partial
+    char* meta_cursor = nullptr;
+    std::size_t meta_used = 0;
+    // The P stream of the work: copy runs per ring chunk.
+    struct CopyRun {
+        std::uint32_t p_slot;
+        std::size_t blocks, dst;
+    };
+    std::vector<CopyRun> runs;
+    struct Chunk {
+        std::size_t run_begin, run_end, blocks, set;
+    };
+    std::vector<Chunk> chunks;
+
+    // What the laid-out work was built for (reused while the same chunk runs its layers).
+    std::size_t built_m = 0;
+    std::vector<std::uint32_t> built_pool, built_p;
+    bool built_open = false;
+    std::uint32_t built_open_tokens = 0;
+    bool built = false;
+
+    std::size_t n = 0;       // queries of the launched chunk
+    int state = 0;           // the running state after the last round (index into d_state)
+    bool any_round = false;  // a round wrote d_state[state]
+    bool launched = false, q_down = false;
+    bool inflight = false;  // work enqueued and not yet waited for
+
+    Impl(const GpuStepOptions& opts, const PromptShared& shared)
+        : o(opts), sh(shared), z(sizes_of(opts, shared.sm_count)) {
+        ring = ring_of(o, z.block_bytes);
+        if (ring.chunk_blocks != sh.chunk_blocks || ring.slots != sh.slots)
+            throw std::logic_error("prompt attention: the staging ring is not the step's");
+        d_scratch = static_cast<char*>(
+            sh.pool.allocate(z.scratch_blocks * z.block_bytes, "prompt chunk blocks"));
+        d_meta = static_cast<char*>(sh.pool.allocate(z.meta_bytes, "prompt metadata"));
+        d_part_o = static_cast<float*>(sh.pool.allocate(z.part_o_bytes, "prompt partial states"));
+        d_part_lse = static_cast<float*>(sh.pool.allocate(z.part_lse_bytes, "prompt partial lse"));
+        for (float*& s : d_state)
+            s = static_cast<float*>(sh.pool.allocate(z.state_bytes, "prompt running states"));
+        const auto slab = [](std::size_t bytes) {
+            const std::size_t b = std::max<std::size_t>(bytes, 64);
+            return std::make_unique<PinnedSlabs>(b, b);
+        };
+        h_meta_slab = slab(z.meta_bytes);
+        h_q_slab = slab(z.q_bytes);
+        h_ext_slab = slab(z.ext_bytes);
+        h_meta = static_cast<char*>(h_meta_slab->slab(0));
+        h_q = static_cast<char*>(h_q_slab->slab(0));
+        h_ext = static_cast<float*>(h_ext_slab->slab(0));
+        m_ext = static_cast<float*>(mapped_device_pointer(h_ext));
+
+        char* cur = h_meta;
+        const std::size_t rows = z.qmax * z.kvh;
+        m_id_offsets = carve<std::int32_t>(cur, rows + 1);
+        m_id_items = carve<std::int32_t>(cur, rows);
+        for (std::size_t r = 0; r <= rows; ++r)
+            m_id_offsets[r] = static_cast<std::int32_t>(r);
+        for (std::size_t r = 0; r < rows; ++r)
+            m_id_items[r] = static_cast<std::int32_t>(r);
+        meta_cursor = cur;
+        copy_async(d_meta, h_meta, static_cast<std::size_t>(cur - h_meta), sh.compute);
+        sh.compute.synchronize();
+        runs.reserve(z.inplace_entries + 2);
+        chunks.reserve(z.inplace_entries / ring.chunk_blocks + 2);
+    }
+
+    ~Impl() {
+        settle();
+        for (void* p : {static_cast<void*>(d_scratch), static_cast<void*>(d_meta),
+                        static_cast<void*>(d_part_o), static_cast<void*>(d_part_lse),
+                        static_cast<void*>(d_state[0]), static_cast<void*>(d_state[1])})
+            sh.pool.free(p);
+    }
+
+    void settle() noexcept {
+        if (!inflight) return;
+        try {
+            sh.copy.synchronize();
+            sh.compute.synchronize();
+        } catch (...) {  // a failed stream: nothing is in flight on it any more
+        }
+        inflight = false;
+        launched = false;
+    }
+
+    template <class T>
+    T* dev(T* host_ptr) const {
+        return reinterpret_cast<T*>(d_meta + (reinterpret_cast<char*>(host_ptr) - h_meta));
+    }
+
+    // Items per (query, KV head) for a round over `blocks` blocks shared by every query.
+    std::size_t items_per_row(std::size_t blocks) const {
+        const std::size_t rows = n * z.kvh;
+        const std::size_t target = kCtasPerSm * static_cast<std::size_t>(std::max(sh.sm_count, 1));
+        return std::clamp(div_up(target, rows), std::size_t{1}, std::min(kMaxItemsPerRow, blocks));
+    }
+
+    // A set over the same run of `blocks` block entries (from `first`) for every query: rows
+    // in (query, KV head) order, each cut into items_per_row runs; CSR by construction.
+    Set shared_set(char*& cur, std::size_t first, std::size_t blocks) {
+        Set s;
+        const std::size_t k = items_per_row(blocks), per = div_up(blocks, k);
+        const std::size_t rows = n * z.kvh;
+        s.items = carve<AttnWorkItem>(cur, z.round_items);
+        s.offsets = carve<std::int32_t>(cur, rows + 1);
+        s.part_items = carve<std::int32_t>(cur, z.round_items);
+        for (std::size_t q = 0; q < n; ++q)
+            for (std::size_t h = 0; h < z.kvh; ++h) {
+                s.offsets[q * z.kvh + h] = static_cast<std::int32_t>(s.count);
+                for (std::size_t b = 0; b < blocks; b += per) {
+                    s.part_items[s.count] = static_cast<std::int32_t>(s.count);
+                    s.items[s.count++] = {static_cast<std::int32_t>(q),
+                                          static_cast<std::int32_t>(h),
+                                          static_cast<std::int32_t>(first + b),
+                                          static_cast<std::int32_t>(std::min(per, blocks - b))};
+                }
+            }
+        s.offsets[rows] = static_cast<std::int32_t>(s.count);
+        return s;
+    }
+
+    bool same_work(std::size_t m, const GpuPromptWork& w) const {
+        return built && built_m == m && built_open == w.has_open &&
+               built_open_tokens == w.open_tokens && built_p.size() == w.p_slots.size() &&
+               std::equal(built_p.begin(), built_p.end(), w.p_slots.begin()) &&
+               built_pool.size() == w.pool_slots.size() &&
+               std::equal(built_pool.begin(), built_pool.end(), w.pool_slots.begin());
+    }
+
+    // Lays out the chunk's work into the pinned mirror (the previous upload is waited for
+    // first: the mirror is rewritten).
+    void build(std::size_t m, const GpuPromptWork& w) {
+        if (w.pool_slots.size() > z.inplace_entries)
+            throw std::length_error("GPU prompt: " + std::to_string(w.pool_slots.size()) +
+                                    " stored blocks on the GPU, sized for " +
+                                    std::to_string(z.inplace_entries));
+        if (!w.p_slots.empty() && !sh.pinned)
+            throw std::logic_error("GPU prompt: P blocks without a P region");
+        built = false;
+        meta_copied.synchronize();
+        n = m;
+        const auto B = static_cast<std::int32_t>(z.B);
+        char* cur = meta_cursor;
+        m_ptrs = carve<const void*>(cur, z.entries);
+        m_valid = carve<std::int32_t>(cur, z.entries);
+        m_append_ptrs = carve<void*>(cur, z.qmax);
+        m_append_pos = carve<std::int32_t>(cur, z.qmax);
+        // Entries: [in place | the chunk, per query | the ring].
+        const std::size_t S = w.pool_slots.size();
+        for (std::size_t i = 0; i < S; ++i) {
+            m_ptrs[i] = sh.gpu_pool.device_block(0, w.pool_slots[i]);
+            const bool open = w.has_open && i + 1 == S;
+            m_valid[i] = open ? static_cast<std::int32_t>(w.open_tokens) : B;
+        }
+        std::size_t e = z.inplace_entries;
+        const std::size_t rows = n * z.kvh;
+        causal.items = carve<AttnWorkItem>(cur, z.round_items);
+        causal.offsets = carve<std::int32_t>(cur, rows + 1);
+        causal.part_items = carve<std::int32_t>(cur, z.round_items);
+        causal.count = 0;
+        for (std::size_t q = 0; q < n; ++q) {
+            const std::size_t own = q / z.B;
+            const std::size_t first = e;
+            for (std::size_t b = 0; b <= own; ++b, ++e) {
+                m_ptrs[e] = d_scratch + b * z.block_bytes;
+                m_valid[e] = b < own ? B : static_cast<std::int32_t>(q - own * z.B + 1);
+            }
+            m_append_ptrs[q] = d_scratch + own * z.block_bytes;
+            m_append_pos[q] = static_cast<std::int32_t>(q - own * z.B);
+            for (std::size_t h = 0; h < z.kvh; ++h) {
+                causal.offsets[q * z.kvh + h] = static_cast<std::int32_t>(causal.count);
+                causal.part_items[causal.count] = static_cast<std::int32_t>(causal.count);
+                causal.items[causal.count++] = {
+                    static_cast<std::int32_t>(q), static_cast<std::int32_t>(h),
+                    static_cast<std::int32_t>(first), static_cast<std::int32_t>(own + 1)};
+            }
+        }
+        causal.offsets[rows] = static_cast<std::int32_t>(causal.count);
+        inplace = S > 0 ? shared_set(cur, 0, S) : Set{};
+
+        // The P stream: runs of consecutive slots of one slab, cut into ring chunks.
+        const std::size_t ring_base = z.inplace_entries + z.causal_entries;
+        for (std::size_t i = 0; i < z.ring_entries; ++i) {
+            m_ptrs[ring_base + i] = sh.staging + i * z.block_bytes;
+            m_valid[ring_base + i] = B;
+        }
+        runs.clear();
+        chunks.clear();
+        p_sets.clear();
+        const std::size_t slab = sh.pinned ? sh.pinned->slab_slots() : 1;
+        std::size_t in_chunk = 0, run_begin = 0;
+        const auto close_chunk = [&] {
+            chunks.push_back({run_begin, runs.size(), in_chunk, 0});
+            run_begin = runs.size();
+            in_chunk = 0;
+        };
+        for (std::size_t i = 0; i < w.p_slots.size();) {
+            std::size_t run = 1;
+            while (i + run < w.p_slots.size() && w.p_slots[i + run] == w.p_slots[i] + run &&
+                   w.p_slots[i + run] / slab == w.p_slots[i] / slab)
+                ++run;
+            for (std::size_t off = 0; off < run;) {
+                const std::size_t take = std::min(run - off, ring.chunk_blocks - in_chunk);
+                const std::size_t slot = chunks.size() % ring.slots;
+                runs.push_back(
+                    {w.p_slots[i] + static_cast<std::uint32_t>(off), take,
+                     slot * z.block_bytes * ring.chunk_blocks + in_chunk * z.block_bytes});
+                in_chunk += take;
+                off += take;
+                if (in_chunk == ring.chunk_blocks) close_chunk();
+            }
+            i += run;
+        }
+        if (in_chunk > 0) close_chunk();
+        // Item sets: chunk c < slots has its own; a later full chunk reuses its slot's (only
+        // the last chunk can be partial, and it is not among the first `slots` then).
+        for (std::size_t c = 0; c < chunks.size(); ++c) {
+            const std::size_t slot = c % ring.slots;
+            if (c < ring.slots || chunks[c].blocks != ring.chunk_blocks) {
+                chunks[c].set = p_sets.size();
+                p_sets.push_back(
+                    shared_set(cur, ring_base + slot * ring.chunk_blocks, chunks[c].blocks));
+            } else {
+                chunks[c].set = slot;
+            }
+        }
+        meta_used = static_cast<std::size_t>(cur - h_meta);
+        if (meta_used > z.meta_bytes) throw std::logic_error("GPU prompt: metadata overflow");
+        built_m = m;
+        built_pool.assign(w.pool_slots.begin(), w.pool_slots.end());
+        built_p.assign(w.p_slots.begin(), w.p_slots.end());
+        built_open = w.has_open;
+        built_open_tokens = w.open_tokens;
+        built = true;
+    }
+
+    MergeParams merge_base() const {
+        MergeParams mp;
+        mp.num_seqs = static_cast<std::int32_t>(n);
+        mp.num_q_heads = static_cast<std::int32_t>(z.qh);
+        mp.num_kv_heads = static_cast<std::int32_t>(z.kvh);
+        mp.head_dim_v = static_cast<std::int32_t>(z.dv);
+        return mp;
+    }
+
+    // One round: the set's attention into the parts, then merged with the running state.
+    void round(const void* q, const Set& s, std::int64_t block_offset) {
+        if (s.count == 0) return;
+        DecodeAttnParams p;
+        p.geo = o.geometry;
+        p.block_tokens = static_cast<std::int32_t>(z.B);
+        p.q = q;
+        p.block_ptrs = dev(m_ptrs);
+        p.block_offset_bytes = block_offset;
+        p.block_tokens_valid = dev(m_valid);
+        p.items = dev(s.items);
+        p.item_begin = 0;
+        p.item_count = static_cast<std::int32_t>(s.count);
+        p.part_o = d_part_o;
+        p.part_lse = d_part_lse;
+        decode_attention(p, sh.compute.handle());
+        MergeParams mp = merge_base();
+        mp.part_o = d_part_o;
+        mp.part_lse = d_part_lse;
+        mp.part_offsets = dev(s.offsets);
+        mp.part_items = dev(s.part_items);
+        const std::size_t rows = n * z.qh;
+        if (any_round) {
+            mp.ext_o = d_state[state];
+            mp.ext_lse = d_state[state] + rows * z.dv;
+        }
+        const int next = any_round ? 1 - state : state;
+        mp.out_o = d_state[next];
+        mp.out_lse = d_state[next] + rows * z.dv;
+        merge_partials(mp, sh.compute.handle());
+        state = next;
+        any_round = true;
+    }
+
+    void launch(std::size_t layer, std::size_t m, const void* q, const void* k, const void* v,
+                const GpuPromptWork& w, void* stream, bool q_to_host) {
+        const auto& g = o.geometry;
+        if (m == 0 || m > z.qmax)
+            throw std::invalid_argument("GPU prompt: a chunk of " + std::to_string(m) +
+                                        " tokens, sized for " + std::to_string(z.qmax));
+        if (!q || !k || (!g.mla && !v) || !stream)
+            throw std::invalid_argument("GPU prompt: device q, K, V and stream needed");
+        if (launched) settle();  // a launch whose finish never came (the CPU's share threw)
+        inflight = true;
+        model_ready.record(stream);
+        model_ready.wait_on(sh.compute);
+        start.record(sh.compute);
+        start.wait_on(sh.copy);  // after every earlier use of the ring and of the pinned q
+        if (!same_work(m, w)) {
+            build(m, w);
+            copy_async(d_meta + (meta_cursor - h_meta), meta_cursor,
+                       meta_used - static_cast<std::size_t>(meta_cursor - h_meta), sh.compute);
+            meta_copied.record(sh.compute);
+        }
+        n = m;
+        q_down = q_to_host;
+        if (q_to_host) {
+            copy_async(h_q, q, n * z.qh * z.dk * z.es, sh.copy);
+            q_ready.record(sh.copy);
+        }
+        // The chunk's K/V as linear blocks: token i is "sequence" i of the append.
+        AppendParams ap;
+        ap.geo = g;
+        ap.block_tokens = static_cast<std::int32_t>(z.B);
+        ap.num_seqs = static_cast<std::int32_t>(n);
+        ap.k_new = k;
+        ap.v_new = g.mla ? nullptr : v;
+        ap.t_blocks = dev(m_append_ptrs);
+        ap.t_pos = dev(m_append_pos);
+        ap.block_offset_bytes = 0;
+        append_kv(ap, sh.compute.handle());
+
+        any_round = false;
+        state = 0;
+        round(q, causal, 0);
+        round(q, inplace, static_cast<std::int64_t>(layer * sh.gpu_pool.layer_pitch()));
+        for (std::size_t c = 0; c < chunks.size(); ++c) {
+            const Chunk& ch = chunks[c];
+            const std::size_t slot = c % ring.slots;
+            if (c >= ring.slots) sh.slot_free[slot]->wait_on(sh.copy);
+            for (std::size_t r = ch.run_begin; r < ch.run_end; ++r)
+                copy_async(sh.staging + runs[r].dst, sh.pinned->block(layer, runs[r].p_slot),
+                           runs[r].blocks * z.block_bytes, sh.copy);
+            sh.slot_ready[slot]->record(sh.copy);
+            sh.slot_ready[slot]->wait_on(sh.compute);
+            round(q, p_sets[ch.set], 0);
+            sh.slot_free[slot]->record(sh.compute);
+        }
+        launched = true;
+    }
+
+    const void* host_q() {
+        if (!launched || !q_down) throw std::logic_error("GPU prompt: no q is coming down");
+        q_ready.synchronize();
+        return h_q;
+    }
+
+    StateView cpu_buffer(std::size_t rows) noexcept {
+        if (rows > z.qmax * z.qh) return {};
+        return {h_ext, h_ext + rows * z.dv, rows, z.dv};
+    }
+
+    void finish(ConstStateView cpu_part, StateView out, void* stream) {
+        if (!launched) throw std::logic_error("GPU prompt: finish without launch");
+        launched = false;
+        const std::size_t rows = n * z.qh;
+        if (out.rows != rows || out.dim != z.dv || !out.o || !out.lse || !stream)
+            throw std::invalid_argument("GPU prompt: the output does not match the chunk");
+        MergeParams mp = merge_base();
+        mp.part_o = d_state[state];
+        mp.part_lse = d_state[state] + rows * z.dv;
+        mp.part_offsets = dev(m_id_offsets);
+        mp.part_items = dev(m_id_items);
+        if (cpu_part.o) {
+            if (cpu_part.rows != rows || cpu_part.dim != z.dv)
+                throw std::invalid_argument("GPU prompt: CPU partials do not match the chunk");
+            // Written in place by the CPU when it used cpu_buffer(): no copy then.
+            if (cpu_part.o != h_ext) std::memcpy(h_ext, cpu_part.o, rows * z.dv * sizeof(float));
+            if (cpu_part.lse != h_ext + rows * z.dv)
+                std::memcpy(h_ext + rows * z.dv, cpu_part.lse, rows * sizeof(float));
+            mp.ext_o = m_ext;
+            mp.ext_lse = m_ext + rows * z.dv;
+        }
+        mp.out_o = out.o;
+        mp.out_lse = out.lse;
+        merge_partials(mp, sh.compute.handle());
+        done.record(sh.compute);
+        done.wait_on(stream);
+    }
+};
+
+PromptAttention::PromptAttention(const GpuStepOptions& opts, const PromptShared& shared)
+    : qmax_(opts.max_prompt_tokens) {
+    if (qmax_ > 0) impl_ = std::make_unique<Impl>(opts, shared);
+}
+
+PromptAttention::~PromptAttention() = default;
+
+void PromptAttention::launch(std::size_t layer, std::size_t m, const void* q, const void* k,
+                             const void* v, const GpuPromptWork& work, void* stream,
+                             bool q_to_host) {
+    if (!impl_) throw std::logic_error("this GPU backend was sized for no device-side prompts");
+    impl_->launch(layer, m, q, k, v, work, stream, q_to_host);
+}
+
+const void* PromptAttention::host_q() {
+    if (!impl_) throw std::logic_error("GPU prompt: no q is coming down");
+    return impl_->host_q();
+}
+
+StateView PromptAttention::cpu_buffer(std::size_t rows) noexcept {
+    return impl_ ? impl_->cpu_buffer(rows) : StateView{};
+}
+
+void PromptAttention::finish(ConstStateView cpu_part, StateView out, void* stream) {
+    if (!impl_) throw std::logic_error("GPU prompt: finish without launch");
+    impl_->finish(cpu_part, out, stream);
+}
+
+void PromptAttention::settle() noexcept {
+    if (impl_) impl_->settle();
+}
+
+std::uint64_t PromptAttention::device_bytes(const GpuStepOptions& opts) {
+    if (opts.max_prompt_tokens == 0) return 0;
+    const Sizes z = sizes_of(opts, device_info(current_device()).sm_count);
+    return padded(z.scratch_blocks * z.block_bytes) + padded(z.meta_bytes) +
+           padded(z.part_o_bytes) + padded(z.part_lse_bytes) + 2 * padded(z.state_bytes);
+}
+
+std::uint64_t PromptAttention::pinned_bytes(const GpuStepOptions& opts) {
+    if (opts.max_prompt_tokens == 0) return 0;
+    const Sizes z = sizes_of(opts, device_info(current_device()).sm_count);
+    const auto buf = [](std::size_t b) { return std::max<std::uint64_t>(b, 64); };
+    return buf(z.meta_bytes) + buf(z.q_bytes) + buf(z.ext_bytes);
+}
+
+}  // namespace writescope::cuda

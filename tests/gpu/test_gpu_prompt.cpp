@@ -1,0 +1,177 @@
+// Prompt chunks attended on the GPU (Engine::attend_prompt with a device stream): a GPU engine
+// holding a sequence's stored KV in T, G, P and U attends a chunk of new tokens in device memory;
+// the result must equal fp64 attention over every stored token and the chunk's tokens up to each
+// query (causal), as the CPU path (host memory) must.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <thread>
+
+#include "../engine/decode_truth.hpp"
+#include "test_seed.hpp"
+#include "writescope/core/engine.hpp"
+#include "writescope/cpu/reference_attention.hpp"
+#include "writescope/cuda/device.hpp"
+
+using namespace writescope;
+
+namespace {
+
+// fp64 attention of the chunk's m queries: query i over the stored tokens of the truth and the
+// chunk's tokens 0..i (its linear blocks: chunk).
+void prompt_reference(const test::StepFixture& fx, std::uint64_t id, std::size_t layer,
+                      std::size_t m, const std::vector<std::byte>& q,
+                      const std::vector<std::vector<std::byte>>& chunk, std::vector<double>& o,
+                      std::vector<double>& lse) {
+    const auto& g = fx.g;
+    const std::size_t B = fx.B, n = fx.tokens.at(id);
+    const auto& stored = fx.truth.at(id)[layer];
+    std::vector<std::vector<cpu::AttnBlock>> blocks(m);
+    std::vector<cpu::AttnSeq> seqs;
+    const std::size_t q_row = g.num_q_heads * g.head_dim_k * dtype_bytes(g.dtype);
+    for (std::size_t i = 0; i < m; ++i) {
+        for (std::size_t k = 0; k < stored.size(); ++k)
+            blocks[i].push_back({stored[k].data(),
+                                 static_cast<std::uint32_t>(std::min(B, n - std::min(n, k * B))),
+                                 false});
+        const std::size_t own = i / B;
+        for (std::size_t b = 0; b <= own; ++b)
+            blocks[i].push_back({chunk[b].data(),
+                                 static_cast<std::uint32_t>(b < own ? B : i - own * B + 1), false});
+        seqs.push_back({q.data() + i * q_row, blocks[i]});
+    }
+    const std::size_t hq = g.num_q_heads, dv = g.head_dim_v;
+    o.assign(m * hq * dv, 0.0);
+    lse.assign(m * hq, 0.0);
+    // The queries in slices on threads of their own: the reference is scalar fp64.
+    const std::size_t threads = 16, per = (m + threads - 1) / threads;
+    std::vector<std::thread> pool;
+    for (std::size_t i0 = 0; i0 < m; i0 += per)
+        pool.emplace_back([&, i0] {
+            const std::size_t k = std::min(per, m - i0);
+            cpu::reference_attention(g, B, std::span<const cpu::AttnSeq>(seqs).subspan(i0, k),
+                                     std::span<double>(o).subspan(i0 * hq * dv, k * hq * dv),
+                                     std::span<double>(lse).subspan(i0 * hq, k * hq));
+        });
+    for (auto& t : pool)
+        t.join();
+}
+
+}  // namespace
+
+TEST_CASE("prompt chunks attended on the GPU equal fp64 attention over T, G, P, U and the chunk",
+          "[gpu]") {
+    if (cuda::device_count() == 0) FAIL("no GPU");
+    auto rng = test::seeded_rng("gpu prompt attention");
+    for (const char* preset : {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"}) {
+        EngineOptions o;
+        o.geometry = test::small_geometry(preset, 2);
+        if (rng() % 3 == 0) o.geometry.dtype = DType::f16;
+        o.block_tokens = 64;
+        o.gpu_index = 0;
+        o.max_prompt_tokens = 256;
+        // The decode workspace (32 and 56 MB), the prompt workspace (~15 and ~45 MB) and a few
+        // dozen G blocks.
+        o.vram_kv_bytes = o.geometry.mla ? 112ull << 20 : 56ull << 20;
+        o.pinned_kv_bytes = 96ull << 20;
+        o.host_kv_bytes = 96ull << 20;
+        o.attention_threads = 8;
+        o.max_batch = 2;
+        o.mode = "static:0.5";  // the spilled blocks split between P and U
+        auto e = Engine::create(o);
+        // About 8 blocks in G, so that the fp64 reference stays quick: the budget less what
+        // more would take.
+        const std::size_t slot_bytes = o.geometry.bytes_per_token_layer() * o.block_tokens * 2;
+        if (const std::size_t cap =
+                e->status().regions[static_cast<int>(Region::G)].capacity_blocks;
+            cap > 12) {
+            e.reset();
+            o.vram_kv_bytes -= (cap - 8) * slot_bytes;
+            e = Engine::create(o);
+        }
+        REQUIRE(e->device_side());
+        REQUIRE(e->device_prompt_tokens() == 256);
+        const auto& g = o.geometry;
+        const std::size_t B = 64, L = 2;
+        const std::size_t g_cap = e->status().regions[static_cast<int>(Region::G)].capacity_blocks;
+        REQUIRE(g_cap > 0);
+        test::EngineTruth truth(g, B, {1});
+        test::StepFixture& fx = truth.fx;
+        // G fills, then P and U take about 6 blocks each; the open block is partial.
+        const std::size_t n = (g_cap + 12) * B + 1 + rng() % (B - 1);
+        REQUIRE(e->admit(1, n + 3 * 256).ok);
+        const test::Fresh p = test::random_prompt(g, n, rng);
+        e->prefill(1, n, p.k.data(), p.v.data());
+        test::add_prompt_to_truth(fx, 1, p, n);
+        const auto s = e->status();
+        const std::size_t in_g = s.regions[static_cast<int>(Region::G)].used_blocks,
+                          in_p = s.regions[static_cast<int>(Region::P)].used_blocks,
+                          in_u = s.regions[static_cast<int>(Region::U)].used_blocks;
+        INFO(preset << " " << dtype_name(g.dtype) << ": G " << in_g << ", P " << in_p << ", U "
+                    << in_u);
+        REQUIRE(in_g == g_cap);
+        REQUIRE(in_p > 0);
+        REQUIRE(in_u > 0);
+
+        const LinearBlockLayout lay = LinearBlockLayout::of(g, B);
+        const std::size_t es = dtype_bytes(g.dtype);
+        const std::size_t k_row = lay.row_heads() * lay.dk * es,
+                          v_row = lay.row_heads() * lay.dv * es;
+        cuda::Stream stream;
+        double worst = 0, worst_lse = 0, worst_host = 0;
+        for (const std::size_t m : {std::size_t{1}, 1 + rng() % 255, std::size_t{256}}) {
+            const auto q = fx.random_q(m, rng);
+            const test::Fresh c = test::random_fresh(g, m, rng);
+            std::vector<std::vector<std::byte>> chunk((m + B - 1) / B,
+                                                      std::vector<std::byte>(fx.block_bytes()));
+            for (std::size_t t = 0; t < m; ++t)
+                lay.put_rows(
+                    es, reinterpret_cast<const char*>(c.k.data()) + t * k_row,
+                    g.mla ? nullptr : reinterpret_cast<const char*>(c.v.data()) + t * v_row, t % B,
+                    1, chunk[t / B].data());
+            const std::size_t rows = m * g.num_q_heads, dv = g.head_dim_v;
+            cuda::DeviceBuffer dq(q.size()), dk(c.k.size()),
+                dvb(std::max<std::size_t>(1, c.v.size()));
+            cuda::DeviceBuffer d_o(rows * dv * sizeof(float)), d_lse(rows * sizeof(float));
+            dq.upload(q.data(), q.size());
+            dk.upload(c.k.data(), c.k.size());
+            if (!g.mla) dvb.upload(c.v.data(), c.v.size());
+            for (std::size_t layer = 0; layer < L; ++layer) {
+                d_o.fill_bytes(0xff);  // NaN: a row left unwritten shows
+                e->attend_prompt(1, layer, m, dq.data(), dk.data(), g.mla ? nullptr : dvb.data(),
+                                 StateView{static_cast<float*>(d_o.data()),
+                                           static_cast<float*>(d_lse.data()), rows, dv},
+                                 stream.handle());
+                stream.synchronize();
+                std::vector<float> out(rows * dv), lse(rows);
+                d_o.download(out.data(), out.size() * sizeof(float));
+                d_lse.download(lse.data(), lse.size() * sizeof(float));
+                std::vector<float> h_out(rows * dv, NAN), h_lse(rows, NAN);
+                e->attend_prompt(1, layer, m, q.data(), c.k.data(), g.mla ? nullptr : c.v.data(),
+                                 StateView{h_out.data(), h_lse.data(), rows, dv});
+                std::vector<double> ro, rl;
+                prompt_reference(fx, 1, layer, m, q, chunk, ro, rl);
+                const auto [rel, lerr] = test::StepFixture::error(out, lse, ro, rl);
+                const auto [hrel, hlerr] = test::StepFixture::error(h_out, h_lse, ro, rl);
+                std::printf(
+                    "[gpu] prompt %-16s %s layer %zu: chunk of %3zu over %zu stored tokens (G "
+                    "%zu, P %zu, U %zu blocks): GPU rel err vs fp64 %.3e, lse %.3e; CPU path "
+                    "%.3e\n",
+                    preset, dtype_name(g.dtype).data(), layer, m, n, in_g, in_p, in_u, rel, lerr,
+                    hrel);
+                REQUIRE(rel < 2e-5);
+                REQUIRE(lerr < 2e-5);
+                REQUIRE(hrel < 2e-5);
+                REQUIRE(hlerr < 2e-5);
+                worst = std::max(worst, rel);
+                worst_lse = std::max(worst_lse, lerr);
+                worst_host = std::max(worst_host, hrel);
+            }
+        }
+        // The chunk is not stored: the sequence holds what it held.
+        REQUIRE(e->status().regions[static_cast<int>(Region::P)].used_blocks == in_p);
+        std::printf("[gpu] prompt %-16s worst rel err vs fp64 %.3e (lse %.3e), CPU path %.3e\n",
+                    preset, worst, worst_lse, worst_host);
+        e->release(1);
+    }
+}
