@@ -12,7 +12,7 @@ EngineFactory real_engine_factory() {
         // with a device stream): the engine's GPU side sizes that workspace for the runtime's
         // chunk.
         if (o.gpu_index >= 0 && o.max_prompt_tokens == 0)
-            o.max_prompt_tokens = RuntimeOptions{}.prefill_chunk_tokens;
+            o.max_prompt_tokens = model::RuntimeOptions{}.prefill_chunk_tokens;
 #endif
         return Engine::create(o);
     };
