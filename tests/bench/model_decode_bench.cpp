@@ -239,11 +239,14 @@ int run_model_decode(int argc, char** argv) {
                           "\"step_ms\": %.4f, \"tokens_per_s\": %.3f, \"weight_bytes\": %.0f, "
                           "\"kv_bytes\": %.0f, \"gbs\": %.3f, \"read_gbs\": %.3f, "
                           "\"ratio\": %.4f, \"kernel\": \"%s\", \"gpu_experts\": %.2f, "
-                          "\"device_attention\": %s, \"cuda_graphs\": %s}",
+                          "\"device_attention\": %s, \"cuda_graphs\": %s, \"device_prompts\": %s, "
+                          "\"prefill_tok_s\": %.1f}",
                           name.c_str(), c.num_layers, batch, o.context, med * 1e3,
                           static_cast<double>(batch) / med, wb, kvb, gbs, read_gbs, gbs / read_gbs,
                           ops->kernel_name(), o.gpu, rt->device_attention() ? "true" : "false",
-                          rt->records_decode() ? "true" : "false");
+                          rt->records_decode() ? "true" : "false",
+                          rt->device_prompts() ? "true" : "false",
+                          static_cast<double>(batch * o.context) / prefill_s);
             rows.push_back(row);
             for (std::uint64_t id : ids)
                 rt->release(id);
