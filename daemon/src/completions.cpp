@@ -766,6 +766,7 @@ json placement_json(const ModelPlacement& p, const std::optional<model::Schedule
             {"host_experts", pl.host_experts},
             {"gpu_experts_per_layer", pl.gpu_experts_per_layer},
             {"decode", {{"device_attention", p.device_attention}, {"cuda_graphs", p.cuda_graphs}}},
+            {"prefill", {{"device_attention", p.device_prompts}}},
             {"summary", p.summary}};
 }
 

@@ -136,23 +136,25 @@ std::string render_status(const json& s) {
                                  str(hw, "cpu_isa"), u64(hw, "attention_threads"))});
     if (m.contains("placement") && m["placement"].is_object()) {
         const auto& pl = m["placement"];
-        const auto flag = [&](const char* key) {
-            return pl.contains("decode") && pl["decode"].is_object() &&
-                   pl["decode"].contains(key) && pl["decode"][key].is_boolean() &&
-                   pl["decode"][key].get<bool>();
+        const auto flag_of = [&](const char* part, const char* key) {
+            return pl.contains(part) && pl[part].is_object() && pl[part].contains(key) &&
+                   pl[part][key].is_boolean() && pl[part][key].get<bool>();
         };
+        const auto flag = [&](const char* key) { return flag_of("decode", key); };
+        const bool prefill_on_gpu = flag_of("prefill", "device_attention");
         rows.push_back(
             {"runtime",
              str(pl, "device") == "gpu"
                  ? fmt::format(
                        "on the GPU ({}): {}; GPU expert hit rate {}; decode: "
-                       "attention {}, {}",
+                       "attention {}, {}; prompts attended {}",
                        str(pl, "gpu_kernel"), str(pl, "summary"),
                        pl.contains("gpu_expert_hit_rate") && pl["gpu_expert_hit_rate"].is_number()
                            ? ratio(num(pl, "gpu_expert_hit_rate"))
                            : std::string("none yet"),
                        flag("device_attention") ? "device-side" : "through host memory",
-                       flag("cuda_graphs") ? "CUDA graphs" : "kernels launched one by one")
+                       flag("cuda_graphs") ? "CUDA graphs" : "kernels launched one by one",
+                       prefill_on_gpu ? "on the GPU" : "by the CPU")
                  : fmt::format("on the CPU ({} kernels, {} threads)", str(m, "expert_kernel"),
                                u64(m, "expert_threads"))});
     }

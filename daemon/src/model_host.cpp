@@ -189,6 +189,7 @@ void start_gpu_runtime(ModelHost& host, const Profile& prof, int gpu,
     p.gpu_kernel = ops->kernel_name();
     p.device_attention = runtime->device_attention();
     p.cuda_graphs = runtime->records_decode();
+    p.device_prompts = runtime->device_prompts();
     host.runtime = std::move(runtime);
     host.device_weights = std::move(weights);
     host.ops = std::move(ops);

@@ -32,6 +32,9 @@ struct ModelPlacement {
     // (Runtime::device_attention), and the ops' work between layers replays CUDA graphs
     // (Runtime::records_decode; not where experts are split with the CPU).
     bool device_attention = false, cuda_graphs = false;
+    // And prompt chunks: the engine attends them in the runtime's device memory
+    // (Runtime::device_prompts).
+    bool device_prompts = false;
 };
 
 struct ModelHost {

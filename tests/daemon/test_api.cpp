@@ -161,8 +161,12 @@ TEST_CASE("routes answer after boot and errors keep the shape", "[unit][daemon][
     // How its decode steps run.
     CHECK_THAT(render_status(gst),
                Catch::Contains("decode: attention through host memory, kernels launched one"));
+    CHECK_THAT(render_status(gst), Catch::Contains("prompts attended by the CPU"));
     gst["model"]["placement"]["decode"] = {{"device_attention", true}, {"cuda_graphs", true}};
-    CHECK_THAT(render_status(gst), Catch::Contains("decode: attention device-side, CUDA graphs"));
+    gst["model"]["placement"]["prefill"] = {{"device_attention", true}};
+    CHECK_THAT(render_status(gst),
+               Catch::Contains("decode: attention device-side, CUDA graphs; prompts attended on "
+                               "the GPU"));
     CHECK(st["store"]["in_memory"] == false);
 
     const auto cal = h.get("/v1/calibration");
