@@ -6,9 +6,9 @@
 // Per configuration: prompts of --context tokens are stored, then --steps decode steps of
 // --batch sequences run; printed: the prompts' prefill rate, the median ms per step (with CUDA
 // graphs, of the steps after a batch size's first two, which run and record), tokens/s, and the
-// bytes one step reads (weights:
-// attention, norms, head, and each expert routed to once; KV: every sequence's whole context in
-// every layer) ÷ the DRAM read bandwidth measured in the same run with the same threads.
+// bytes one step reads (weights: attention, norms, head, and each expert routed to once; KV:
+// every sequence's whole context in every layer) ÷ the DRAM read bandwidth measured in the same
+// run with the same threads.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
