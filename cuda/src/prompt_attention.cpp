@@ -121,6 +121,10 @@ struct PromptAttention::Impl {
         std::int32_t* offsets = nullptr;
         std::int32_t* part_items = nullptr;
         std::size_t count = 0;
+        // A set every query shares (the stored blocks): the run of block entries and its
+        // splits, which the tiled prompt kernel reads instead of the items.
+        bool shared = false;
+        std::size_t first = 0, blocks = 0, splits = 0, per = 0;
     };
     Set causal, inplace;
     std::vector<Set> p_sets;  // per ring chunk c < slots, then the last chunk when it is partial
@@ -150,9 +154,17 @@ struct PromptAttention::Impl {
     bool launched = false, q_down = false;
     bool inflight = false;  // work enqueued and not yet waited for
 
+    // The shared sets run on the tiled prompt kernel (64/G queries per CTA) where it applies,
+    // else each query as a decode item.
+    bool tiled = false;
+    std::size_t queries_per_cta = 1;
+
     Impl(const GpuStepOptions& opts, const PromptShared& shared)
         : o(opts), sh(shared), z(sizes_of(opts, shared.sm_count)) {
         ring = ring_of(o, z.block_bytes);
+        tiled = prompt_attention_supported(o.geometry, static_cast<int>(z.B));
+        queries_per_cta =
+            tiled ? static_cast<std::size_t>(prompt_attention_queries_per_cta(o.geometry)) : 1;
         if (ring.chunk_blocks != sh.chunk_blocks || ring.slots != sh.slots)
             throw std::logic_error("prompt attention: the staging ring is not the step's");
         d_scratch = static_cast<char*>(
@@ -213,11 +225,15 @@ struct PromptAttention::Impl {
         return reinterpret_cast<T*>(d_meta + (reinterpret_cast<char*>(host_ptr) - h_meta));
     }
 
-    // Items per (query, KV head) for a round over `blocks` blocks shared by every query.
+    // Items (splits) per (query, KV head) for a round over `blocks` blocks shared by every
+    // query: about kCtasPerSm CTAs per SM (a CTA is a query, or 64/G of them on the tiled
+    // kernel), at most kMaxItemsPerRow and what one round's parts hold.
     std::size_t items_per_row(std::size_t blocks) const {
         const std::size_t rows = n * z.kvh;
+        const std::size_t ctas = div_up(n, queries_per_cta) * z.kvh;
         const std::size_t target = kCtasPerSm * static_cast<std::size_t>(std::max(sh.sm_count, 1));
-        return std::clamp(div_up(target, rows), std::size_t{1}, std::min(kMaxItemsPerRow, blocks));
+        const std::size_t most = std::min({kMaxItemsPerRow, blocks, z.round_items / rows});
+        return std::clamp(div_up(target, ctas), std::size_t{1}, std::max<std::size_t>(most, 1));
     }
 
     // A set over the same run of `blocks` block entries (from `first`) for every query: rows
@@ -225,6 +241,11 @@ struct PromptAttention::Impl {
     Set shared_set(char*& cur, std::size_t first, std::size_t blocks) {
         Set s;
         const std::size_t k = items_per_row(blocks), per = div_up(blocks, k);
+        s.shared = true;
+        s.first = first;
+        s.blocks = blocks;
+        s.per = per;
+        s.splits = div_up(blocks, per);
         const std::size_t rows = n * z.kvh;
         s.items = carve<AttnWorkItem>(cur, z.round_items);
         s.offsets = carve<std::int32_t>(cur, rows + 1);
@@ -371,6 +392,29 @@ struct PromptAttention::Impl {
     // One round: the set's attention into the parts, then merged with the running state.
     void round(const void* q, const Set& s, std::int64_t block_offset) {
         if (s.count == 0) return;
+        if (s.shared && tiled) {
+            PromptAttnParams pp;
+            pp.geo = o.geometry;
+            pp.block_tokens = static_cast<std::int32_t>(z.B);
+            pp.q = q;
+            pp.block_ptrs = dev(m_ptrs);
+            pp.block_offset_bytes = block_offset;
+            pp.block_tokens_valid = dev(m_valid);
+            pp.first_block = static_cast<std::int32_t>(s.first);
+            pp.num_blocks = static_cast<std::int32_t>(s.blocks);
+            pp.num_queries = static_cast<std::int32_t>(n);
+            pp.splits = static_cast<std::int32_t>(s.splits);
+            pp.split_blocks = static_cast<std::int32_t>(s.per);
+            pp.part_o = d_part_o;
+            pp.part_lse = d_part_lse;
+            prompt_attention(pp, sh.compute.handle());
+        } else {
+            decode_round(q, s, block_offset);
+        }
+        merge_round(s);
+    }
+
+    void decode_round(const void* q, const Set& s, std::int64_t block_offset) {
         DecodeAttnParams p;
         p.geo = o.geometry;
         p.block_tokens = static_cast<std::int32_t>(z.B);
@@ -384,6 +428,10 @@ struct PromptAttention::Impl {
         p.part_o = d_part_o;
         p.part_lse = d_part_lse;
         decode_attention(p, sh.compute.handle());
+    }
+
+    // The round's parts merged with the running state into the other running state.
+    void merge_round(const Set& s) {
         MergeParams mp = merge_base();
         mp.part_o = d_part_o;
         mp.part_lse = d_part_lse;

@@ -11,6 +11,7 @@
 #include "test_seed.hpp"
 #include "writescope/core/engine.hpp"
 #include "writescope/cpu/reference_attention.hpp"
+#include "writescope/cuda/attention.hpp"
 #include "writescope/cuda/device.hpp"
 
 using namespace writescope;
@@ -170,8 +171,15 @@ TEST_CASE("prompt chunks attended on the GPU equal fp64 attention over T, G, P, 
         }
         // The chunk is not stored: the sequence holds what it held.
         REQUIRE(e->status().regions[static_cast<int>(Region::P)].used_blocks == in_p);
-        std::printf("[gpu] prompt %-16s worst rel err vs fp64 %.3e (lse %.3e), CPU path %.3e\n",
-                    preset, worst, worst_lse, worst_host);
+        // The 128-dim heads run the stored blocks on the tiled prompt kernel (64/G queries per
+        // CTA); the MLA latent runs each query as a decode item.
+        const bool tiled = cuda::prompt_attention_supported(g, static_cast<int>(B));
+        CHECK(tiled == !g.mla);
+        std::printf(
+            "[gpu] prompt %-16s worst rel err vs fp64 %.3e (lse %.3e), CPU path %.3e; stored "
+            "blocks on %s\n",
+            preset, worst, worst_lse, worst_host,
+            tiled ? "the tiled prompt kernel" : "decode items, one per query");
         e->release(1);
     }
 }

@@ -63,6 +63,38 @@ bool decode_attention_uses_mma(const KvGeometry& geo, int block_tokens);
 // shape and std::runtime_error for a launch error.
 void decode_attention(const DecodeAttnParams& p, void* stream);
 
+// Prompt chunks (cuda/src/prompt_attention.cpp): n queries of one sequence over a run of blocks
+// that every query sees whole (the stored context), on tensor cores, for the 128-dim heads. A
+// CTA takes 64 (query, head) rows of one KV head, 64/G queries, so that each KV tile in shared
+// memory serves 64/G queries at once (the decode kernels, one query per item, read it once per
+// query). The partial states use the decode kernels' part layout for items in (query, KV head,
+// split) order: item (q·num_kv_heads + h)·splits + s, its G rows item·G + g.
+struct PromptAttnParams {
+    KvGeometry geo;
+    std::int32_t block_tokens = 0;
+    const void* q = nullptr;  // (num_queries, num_q_heads, 128), device memory
+    // As DecodeAttnParams: block bases plus the offset, valid tokens per block.
+    const void* const* block_ptrs = nullptr;
+    std::int64_t block_offset_bytes = 0;
+    const std::int32_t* block_tokens_valid = nullptr;
+    // The run: blocks [first_block, first_block + num_blocks), every one full but the last.
+    std::int32_t first_block = 0, num_blocks = 0;
+    std::int32_t num_queries = 0;
+    // Split s attends blocks [s·split_blocks, (s + 1)·split_blocks) of the run (a split past
+    // the run's end writes the empty state).
+    std::int32_t splits = 1, split_blocks = 0;
+    float* part_o = nullptr;  // (num_queries·num_kv_heads·splits·G, 128)
+    float* part_lse = nullptr;
+};
+// Whether prompt_attention runs for this shape and block size on the current device: bf16 or
+// fp16, head_dim 128, group 1, 2, 4, 8 or 16, block_tokens a multiple of 64, sm_80 or later with
+// ~87 KB of shared memory per block. (Otherwise the caller runs each query as a decode item.)
+bool prompt_attention_supported(const KvGeometry& geo, int block_tokens);
+// Queries per CTA for the shape (64 / group size).
+int prompt_attention_queries_per_cta(const KvGeometry& geo) noexcept;
+// Launches on `stream`; throws std::invalid_argument where it is not supported.
+void prompt_attention(const PromptAttnParams& p, void* stream);
+
 // Merges, for every (sequence, query head) row, the parts listed for its (sequence, KV head):
 // item indices part_items[part_offsets[s·kvh + h] .. part_offsets[s·kvh + h + 1]), and optionally
 // one external state per row (the CPU's partial: ext_o (rows, dv), ext_lse (rows); null = none).
