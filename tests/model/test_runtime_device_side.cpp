@@ -143,3 +143,42 @@ TEST_CASE("device-side prompt chunks over T, G, P and U keep transformers' logit
                      dev.gpu->prompt_p_blocks);
     }
 }
+
+TEST_CASE("device-side prompt chunks are refused where the engine cannot attend them", "[model]") {
+    const auto m = model::load_model_dir(models_dir() / "qwen3-moe-tiny");
+    const KvGeometry g = m->config().kv_geometry(m->config().dtype);
+    int token = 0;
+    const std::size_t qh = static_cast<std::size_t>(g.num_q_heads);
+    const std::size_t dv = static_cast<std::size_t>(g.head_dim_v);
+    std::vector<std::byte> q(8 * qh * g.head_dim_k * dtype_bytes(g.dtype)),
+        kv(8 * g.bytes_per_token_layer());
+    std::vector<float> o(8 * qh * dv), lse(8 * qh);
+    const auto out = [&](std::size_t n) { return StateView{o.data(), lse.data(), n * qh, dv}; };
+    // Sized for chunks of 7 on the device: 7 go, 8 are refused naming both numbers.
+    HostGpuBackend* gpu = nullptr;
+    auto sized = hybrid_host_engine(g, 8, 3, 0.5, 2, &token, 7, &gpu);
+    REQUIRE(sized->device_prompt_tokens() == 7);
+    REQUIRE(sized->admit(1, 64).ok);
+    sized->attend_prompt(1, 0, 7, q.data(), kv.data(), kv.data(), out(7), &token);
+    CHECK(gpu->prompt_launches == 1);
+    CHECK_THROWS_WITH(sized->attend_prompt(1, 0, 8, q.data(), kv.data(), kv.data(), out(8), &token),
+                      Catch::Contains("a chunk of 8 tokens on the device, sized for 7"));
+    CHECK(gpu->prompt_launches == 1);
+    // A device-side engine sized for no device prompts, and a CPU engine: refused, nothing run.
+    auto unsized = hybrid_host_engine(g, 8, 3, 0.5, 2, &token, 0, &gpu);
+    REQUIRE(unsized->device_side());
+    CHECK(unsized->device_prompt_tokens() == 0);
+    REQUIRE(unsized->admit(1, 64).ok);
+    CHECK_THROWS_WITH(
+        unsized->attend_prompt(1, 0, 1, q.data(), kv.data(), kv.data(), out(1), &token),
+        Catch::Contains("sized for 0"));
+    CHECK(gpu->prompt_launches == 0);
+    auto cpu = small_engine(*m, 16, 2);
+    REQUIRE(cpu->admit(1, 64).ok);
+    CHECK(cpu->device_prompt_tokens() == 0);
+    CHECK_THROWS_WITH(cpu->attend_prompt(1, 0, 1, q.data(), kv.data(), kv.data(), out(1), &token),
+                      Catch::Contains("this engine attends in host memory"));
+    // The host path of the same engines still attends.
+    cpu->attend_prompt(1, 0, 1, q.data(), kv.data(), kv.data(), out(1));
+    CHECK(std::isfinite(lse[0]));
+}
