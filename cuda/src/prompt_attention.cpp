@@ -60,7 +60,8 @@ Sizes sizes_of(const GpuStepOptions& o, int sm_count) {
     z.inplace_entries = o.max_blocks + o.max_seqs;
     z.causal_entries = z.qmax * z.scratch_blocks;
     z.ring_entries = ring.slots * ring.chunk_blocks;
-    z.entries = z.inplace_entries + z.causal_entries + z.ring_entries;
+    // + the chunk's blocks as one run (the tiled kernel's causal round)
+    z.entries = z.inplace_entries + z.causal_entries + z.ring_entries + z.scratch_blocks;
     const std::size_t rows = z.qmax * z.kvh;  // (query, KV head) rows
     z.round_items = rows + kCtasPerSm * static_cast<std::size_t>(std::max(sm_count, 1));
     z.sets = 2 + ring.slots + 1;
@@ -121,9 +122,10 @@ struct PromptAttention::Impl {
         std::int32_t* offsets = nullptr;
         std::int32_t* part_items = nullptr;
         std::size_t count = 0;
-        // A set every query shares (the stored blocks): the run of block entries and its
-        // splits, which the tiled prompt kernel reads instead of the items.
-        bool shared = false;
+        // A set every query shares (the stored blocks), or the chunk's own blocks (causal): the
+        // run of block entries and its splits, which the tiled prompt kernel reads instead of
+        // the items.
+        bool shared = false, causal = false;
         std::size_t first = 0, blocks = 0, splits = 0, per = 0;
     };
     Set causal, inplace;
@@ -322,6 +324,19 @@ struct PromptAttention::Impl {
             }
         }
         causal.offsets[rows] = static_cast<std::int32_t>(causal.count);
+        // The chunk's blocks as one run, after the ring's entries: the tiled kernel's causal
+        // round (one split; query i masks what follows token i).
+        const std::size_t chunk_run = z.inplace_entries + z.causal_entries + z.ring_entries;
+        const std::size_t cb = div_up(n, z.B);
+        for (std::size_t b = 0; b < cb; ++b) {
+            m_ptrs[chunk_run + b] = d_scratch + b * z.block_bytes;
+            m_valid[chunk_run + b] = b + 1 < cb ? B : static_cast<std::int32_t>(n - (cb - 1) * z.B);
+        }
+        causal.causal = true;
+        causal.first = chunk_run;
+        causal.blocks = cb;
+        causal.splits = 1;
+        causal.per = cb;
         inplace = S > 0 ? shared_set(cur, 0, S) : Set{};
 
         // The P stream: runs of consecutive slots of one slab, cut into ring chunks.
@@ -392,7 +407,7 @@ struct PromptAttention::Impl {
     // One round: the set's attention into the parts, then merged with the running state.
     void round(const void* q, const Set& s, std::int64_t block_offset) {
         if (s.count == 0) return;
-        if (s.shared && tiled) {
+        if ((s.shared || s.causal) && tiled) {
             PromptAttnParams pp;
             pp.geo = o.geometry;
             pp.block_tokens = static_cast<std::int32_t>(z.B);
@@ -405,6 +420,7 @@ struct PromptAttention::Impl {
             pp.num_queries = static_cast<std::int32_t>(n);
             pp.splits = static_cast<std::int32_t>(s.splits);
             pp.split_blocks = static_cast<std::int32_t>(s.per);
+            pp.causal = s.causal;
             pp.part_o = d_part_o;
             pp.part_lse = d_part_lse;
             prompt_attention(pp, sh.compute.handle());

@@ -7,7 +7,7 @@
 //   O (16 rows × 128) += P (16 × 64) · V                   P split hi + lo (two mmas)
 // with the online softmax in registers (the quad of lanes 4·gid .. 4·gid + 3 shares a row), as
 // the decode kernel's numerics (attention.cu). Rows of queries past the chunk are zero and
-// never written.
+// never written. Causal (the chunk's own blocks): row i's scores past token i are −inf.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -55,8 +55,15 @@ __global__ void __launch_bounds__(kThreads)
     const int b_begin = split * p.split_blocks;
     const int nb = min(p.split_blocks, p.num_blocks - b_begin);
     const int first = p.first_block + b_begin;
-    const int total = nb > 0 ? (nb - 1) * B + p.block_tokens_valid[first + nb - 1] : 0;
+    int total = nb > 0 ? (nb - 1) * B + p.block_tokens_valid[first + nb - 1] : 0;
+    // Causal: no row of this CTA sees a token past its last query.
+    if (p.causal) total = min(total, q0 + QT);
     const int ntiles = (total + kTile - 1) / kTile;
+    // The last token each of this thread's two rows sees (causal), else all.
+    int last[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+        last[hh] = p.causal ? q0 + (warp * 16 + gid + 8 * hh) / G : total;
 
     // Q rows: row r is query q0 + r / G, head h·G + r % G; rows past the chunk are zero.
     const T* q = static_cast<const T*>(p.q);
@@ -128,7 +135,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const int tok = c * 8 + tig * 2 + (e & 1);
-                s[c][e] = tok < nvalid ? (a0[e] + a1[e]) * scale : -INFINITY;
+                const bool seen = tok < nvalid && ti * kTile + tok <= last[e >> 1];
+                s[c][e] = seen ? (a0[e] + a1[e]) * scale : -INFINITY;
             }
         }
         float f[2];
@@ -140,7 +148,8 @@ __global__ void __launch_bounds__(kThreads)
                 mx = fmaxf(mx, fmaxf(s[c][2 * hh], s[c][2 * hh + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float m_new = fmaxf(m[hh], mx);  // finite: the tile's token 0 is valid
+            // Finite: every row sees the run's token 0, in the first tile.
+            const float m_new = fmaxf(m[hh], mx);
             f[hh] = m[hh] == -INFINITY ? 0.0f : expf(m[hh] - m_new);
             m[hh] = m_new;
             float sum = 0.0f;

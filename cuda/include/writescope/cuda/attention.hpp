@@ -64,7 +64,8 @@ bool decode_attention_uses_mma(const KvGeometry& geo, int block_tokens);
 void decode_attention(const DecodeAttnParams& p, void* stream);
 
 // Prompt chunks (cuda/src/prompt_attention.cpp): n queries of one sequence over a run of blocks
-// that every query sees whole (the stored context), on tensor cores, for the 128-dim heads. A
+// that every query sees whole (the stored context), or causally (the chunk's own tokens), on
+// tensor cores, for the 128-dim heads. A
 // CTA takes 64 (query, head) rows of one KV head, 64/G queries, so that each KV tile in shared
 // memory serves 64/G queries at once (the decode kernels, one query per item, read it once per
 // query). The partial states use the decode kernels' part layout for items in (query, KV head,
@@ -83,6 +84,8 @@ struct PromptAttnParams {
     // Split s attends blocks [s·split_blocks, (s + 1)·split_blocks) of the run (a split past
     // the run's end writes the empty state).
     std::int32_t splits = 1, split_blocks = 0;
+    // The chunk itself instead (splits 1): query i sees the run's tokens 0..i.
+    bool causal = false;
     float* part_o = nullptr;  // (num_queries·num_kv_heads·splits·G, 128)
     float* part_lse = nullptr;
 };
