@@ -1,18 +1,23 @@
 // Prompt chunks attended on the GPU (Engine::attend_prompt with a device stream): a GPU engine
 // holding a sequence's stored KV in T, G, P and U attends a chunk of new tokens in device memory;
 // the result must equal fp64 attention over every stored token and the chunk's tokens up to each
-// query (causal), as the CPU path (host memory) must.
+// query (causal), as the CPU path (host memory) must. And the GPU backend alone with a small
+// staging ring, so that a prompt's P blocks take many turns of it (slots reused, a last chunk
+// of one block).
 #include <catch2/catch.hpp>
 
 #include <cstdio>
 #include <thread>
 
 #include "../engine/decode_truth.hpp"
+#include "gpu_regions.hpp"
 #include "test_seed.hpp"
 #include "writescope/core/engine.hpp"
+#include "writescope/cpu/attention.hpp"
 #include "writescope/cpu/reference_attention.hpp"
 #include "writescope/cuda/attention.hpp"
 #include "writescope/cuda/device.hpp"
+#include "writescope/cuda/gpu_step_backend.hpp"
 
 using namespace writescope;
 
@@ -181,5 +186,99 @@ TEST_CASE("prompt chunks attended on the GPU equal fp64 attention over T, G, P, 
             preset, worst, worst_lse, worst_host,
             tiled ? "the tiled prompt kernel" : "decode items, one per query");
         e->release(1);
+    }
+}
+
+TEST_CASE("a prompt's P blocks stream through many turns of the staging ring", "[gpu]") {
+    if (cuda::device_count() == 0) FAIL("no GPU");
+    auto rng = test::seeded_rng("gpu prompt ring");
+    for (const char* preset : {"qwen3-30b-a3b", "deepseek-v2-lite"}) {
+        const KvGeometry g = test::small_geometry(preset, 2);
+        const std::size_t B = 64, max_seqs = 2;
+        cpu::CpuAttention cpu(g, B, 4, false, max_seqs);
+        cuda::DevicePool pool(512ull << 20);
+        KvCacheConfig cfg;
+        cfg.geometry = g;
+        cfg.block_tokens = B;
+        cfg.t_slots = max_seqs;
+        cfg.g_slots = 2;  // G fills first, then every spilled block goes to P (r = 0)
+        cfg.pinned_bytes = 48ull << 20;
+        cfg.host_bytes = 8ull << 20;
+        cfg.u_block_bytes = cpu.packed_block_bytes();
+        cfg.target_r = 0;
+        test::GpuRegions regions(cfg, pool);
+        cuda::GpuStepOptions so;
+        so.geometry = g;
+        so.block_tokens = B;
+        so.max_seqs = max_seqs;
+        so.max_blocks = regions.cap.gpu_pool_slots() + regions.cap.slots[2];
+        so.staging_chunk_bytes = 2 * regions.lin;  // chunks of 2 blocks: many turns of 3 slots
+        so.max_prompt_tokens = 100;
+        cuda::GpuStepBackend gpu(so, pool, regions.gmem, &regions.pmem);
+        REQUIRE(gpu.prompt_tokens() == 100);
+        auto fx = regions.fixture(g, B, cpu);
+        // 23 sealed blocks (2 in G, 21 in P: 11 ring chunks, the last of one block) and an open
+        // block of 17 tokens.
+        const std::size_t n = 23 * B + 17;
+        REQUIRE(fx.add_sequence(1, n, n + 100, rng));
+        std::vector<std::uint32_t> pool_slots, p_slots;
+        for (const BlockRef& b : regions.cache.block_table(1)) {
+            REQUIRE(b.region != Region::U);
+            (b.region == Region::P ? p_slots : pool_slots).push_back(b.slot);
+        }
+        REQUIRE(p_slots.size() == 21);
+        const auto open = regions.cache.open_block(1);
+        pool_slots.push_back(open.t_slot);
+        GpuPromptWork work;
+        work.pool_slots = pool_slots;
+        work.has_open = true;
+        work.open_tokens = static_cast<std::uint32_t>(open.tokens);
+        work.p_slots = p_slots;
+
+        const LinearBlockLayout lay = LinearBlockLayout::of(g, B);
+        const std::size_t es = dtype_bytes(g.dtype);
+        const std::size_t k_row = lay.row_heads() * lay.dk * es,
+                          v_row = lay.row_heads() * lay.dv * es;
+        cuda::Stream stream;
+        for (const std::size_t m : {std::size_t{1}, 1 + rng() % 99, std::size_t{100}}) {
+            const auto q = fx.random_q(m, rng);
+            const test::Fresh c = test::random_fresh(g, m, rng);
+            std::vector<std::vector<std::byte>> chunk((m + B - 1) / B,
+                                                      std::vector<std::byte>(fx.block_bytes()));
+            for (std::size_t t = 0; t < m; ++t)
+                lay.put_rows(
+                    es, reinterpret_cast<const char*>(c.k.data()) + t * k_row,
+                    g.mla ? nullptr : reinterpret_cast<const char*>(c.v.data()) + t * v_row, t % B,
+                    1, chunk[t / B].data());
+            const std::size_t rows = m * g.num_q_heads, dv = g.head_dim_v;
+            cuda::DeviceBuffer dq(q.size()), dk(c.k.size()),
+                dvb(std::max<std::size_t>(1, c.v.size()));
+            cuda::DeviceBuffer d_o(rows * dv * sizeof(float)), d_lse(rows * sizeof(float));
+            dq.upload(q.data(), q.size());
+            dk.upload(c.k.data(), c.k.size());
+            if (!g.mla) dvb.upload(c.v.data(), c.v.size());
+            for (std::size_t layer = 0; layer < 2; ++layer) {
+                d_o.fill_bytes(0xff);
+                gpu.launch_prompt(layer, m, dq.data(), dk.data(), g.mla ? nullptr : dvb.data(),
+                                  work, stream.handle(), false);
+                gpu.finish_prompt(ConstStateView{},
+                                  StateView{static_cast<float*>(d_o.data()),
+                                            static_cast<float*>(d_lse.data()), rows, dv},
+                                  stream.handle());
+                stream.synchronize();
+                std::vector<float> out(rows * dv), lse(rows);
+                d_o.download(out.data(), out.size() * sizeof(float));
+                d_lse.download(lse.data(), lse.size() * sizeof(float));
+                std::vector<double> ro, rl;
+                prompt_reference(fx, 1, layer, m, q, chunk, ro, rl);
+                const auto [rel, lerr] = test::StepFixture::error(out, lse, ro, rl);
+                std::printf(
+                    "[gpu] prompt ring %-16s layer %zu: chunk of %3zu over %zu stored tokens (%zu "
+                    "P blocks in chunks of 2 through 3 slots): rel err vs fp64 %.3e, lse %.3e\n",
+                    preset, layer, m, n, p_slots.size(), rel, lerr);
+                REQUIRE(rel < 2e-5);
+                REQUIRE(lerr < 2e-5);
+            }
+        }
     }
 }
