@@ -1,6 +1,7 @@
 #include "writescope/cpu/attention.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -288,6 +289,74 @@ void CpuAttention::run(std::span<const AttnSeq> seqs, StateView out, FunctionRef
         }
         merge_states({views, grp.nparts}, {out.o + row * dv, out.lse + row, 1, dv});
     });
+}
+
+std::size_t CpuAttention::shared_queries() const noexcept {
+    const int g = geometry_.group_size();
+    if (geometry_.mla || g <= 0 || g >= 16 || 16 % g != 0) return 1;
+    return static_cast<std::size_t>(16 / g);
+}
+
+void CpuAttention::attend_shared(std::size_t n, const void* q, std::span<const CpuBlock> blocks,
+                                 StateView out) {
+    const std::size_t qh = static_cast<std::size_t>(geometry_.num_q_heads);
+    const std::size_t kvh = static_cast<std::size_t>(geometry_.num_kv_heads);
+    const std::size_t G = static_cast<std::size_t>(geometry_.group_size());
+    const std::size_t dk = static_cast<std::size_t>(geometry_.head_dim_k);
+    const std::size_t dv = static_cast<std::size_t>(geometry_.head_dim_v);
+    const std::size_t es = dtype_bytes(geometry_.dtype);
+    const std::size_t row = dk * es;  // one head's query, bytes
+    if (out.rows != n * qh || out.dim != dv || (n && (!out.o || !out.lse)))
+        throw std::invalid_argument("CpuAttention::attend_shared: out must be (n × num_q_heads = " +
+                                    std::to_string(n * qh) + ") rows of head_dim_v (" +
+                                    std::to_string(dv) + ")");
+    if (n == 0) return;
+    const std::size_t Qb = shared_queries();
+    if (Qb == 1 || n == 1) {
+        // Each query its own sequence, in batches of what the workspaces hold.
+        const std::size_t batch = std::max<std::size_t>(1, plan_->max_seqs);
+        for (std::size_t i0 = 0; i0 < n; i0 += batch) {
+            const std::size_t k = std::min(batch, n - i0);
+            shared_seqs_.resize(k);
+            for (std::size_t j = 0; j < k; ++j)
+                shared_seqs_[j] = {static_cast<const char*>(q) + (i0 + j) * qh * row, blocks};
+            run(shared_seqs_, {out.o + i0 * qh * dv, out.lse + i0 * qh, k * qh, dv});
+        }
+        return;
+    }
+    // Qb queries × the G heads of a KV head as the rows of one item: the geometry with Qb
+    // times the query heads, the same KV heads, blocks and layouts.
+    if (!shared_) {
+        KvGeometry wide = geometry_;
+        wide.num_q_heads = static_cast<int>(qh * Qb);
+        shared_ = std::make_unique<CpuAttention>(wide, block_tokens_, pool_, opts_);
+    }
+    const std::size_t W = Qb * G;  // rows per KV head of one pseudo-query
+    const std::size_t npseudo = (n + Qb - 1) / Qb;
+    shared_q_.assign(npseudo * kvh * W * row, std::byte{0});  // past the last query: zero rows
+    const auto* src = static_cast<const std::byte*>(q);
+    // Pseudo-query p, head h·W + j·G + g  ←  query p·Qb + j, head h·G + g.
+    for (std::size_t i = 0; i < n; ++i) {
+        const std::size_t p = i / Qb, j = i % Qb;
+        for (std::size_t h = 0; h < kvh; ++h)
+            std::memcpy(shared_q_.data() + ((p * kvh + h) * W + j * G) * row,
+                        src + (i * qh + h * G) * row, G * row);
+    }
+    shared_o_.resize(npseudo * kvh * W * dv);
+    shared_lse_.resize(npseudo * kvh * W);
+    if (shared_->plan_->max_seqs < npseudo) shared_->reserve(npseudo);
+    shared_seqs_.resize(npseudo);
+    for (std::size_t p = 0; p < npseudo; ++p)
+        shared_seqs_[p] = {shared_q_.data() + p * kvh * W * row, blocks};
+    shared_->run(shared_seqs_, {shared_o_.data(), shared_lse_.data(), npseudo * kvh * W, dv});
+    for (std::size_t i = 0; i < n; ++i) {
+        const std::size_t p = i / Qb, j = i % Qb;
+        for (std::size_t h = 0; h < kvh; ++h) {
+            const std::size_t from = (p * kvh + h) * W + j * G, to = i * qh + h * G;
+            std::memcpy(out.o + to * dv, shared_o_.data() + from * dv, G * dv * sizeof(float));
+            std::memcpy(out.lse + to, shared_lse_.data() + from, G * sizeof(float));
+        }
+    }
 }
 
 }  // namespace writescope::cpu

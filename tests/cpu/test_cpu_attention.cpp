@@ -338,3 +338,56 @@ TEST_CASE("kernel level selection: forcing, the environment, and refusals", "[un
     CHECK(cpu::parse_isa("avx2") == Isa::avx2);
     CHECK_FALSE(cpu::parse_isa("AVX2").has_value());
 }
+
+TEST_CASE("several queries over the same blocks equal one sequence per query (attend_shared)",
+          "[unit][attention]") {
+    auto rng = test::seeded_rng("cpu attend_shared");
+    cpu::WorkerPoolOptions po;
+    po.threads = 3;
+    cpu::WorkerPool pool(po);
+    for (const Case& c : cases()) {
+        for (DType t : {DType::bf16, DType::f32}) {
+            const KvGeometry g = geometry_of(c, t);
+            // 37 sequences of one length: the first one's blocks are every query's, each its
+            // own query.
+            const std::size_t len = *std::max_element(c.lengths.begin(), c.lengths.end());
+            const std::vector<std::size_t> lengths(37, len);
+            KvBatch batch = test::make_batch(g, c.block_tokens, lengths, rng);
+            batch.use_layout(LayoutMix::mixed, rng);
+            for (Isa isa : cpu::supported_isas()) {
+                cpu::CpuAttentionOptions opts;
+                opts.isa = isa;
+                opts.max_seqs = 8;  // fewer than the queries: the per-query path batches
+                CpuAttention attn(g, c.block_tokens, pool, opts);
+                const std::size_t Qb = attn.shared_queries();
+                CHECK(Qb ==
+                      (c.mla || c.q / c.kv >= 16 ? 1 : 16 / static_cast<std::size_t>(c.q / c.kv)));
+                const std::size_t qh = static_cast<std::size_t>(g.num_q_heads), dv = g.head_dim_v;
+                const std::size_t row = qh * g.head_dim_k * dtype_bytes(t);
+                for (const std::size_t n :
+                     {std::size_t{1}, Qb > 1 ? Qb - 1 : 2, Qb + 1, std::size_t{37}}) {
+                    std::vector<std::uint8_t> q(n * row);
+                    std::vector<cpu::AttnSeq> seqs;
+                    for (std::size_t i = 0; i < n; ++i) {
+                        std::copy(batch.q[i].begin(), batch.q[i].end(), q.begin() + i * row);
+                        seqs.push_back({q.data() + i * row, batch.blocks[0]});
+                    }
+                    Reference ref;
+                    ref.o.resize(n * qh * dv);
+                    ref.lse.resize(n * qh);
+                    cpu::reference_attention(g, c.block_tokens, seqs, ref.o, ref.lse);
+                    Output out;
+                    attn.attend_shared(n, q.data(), batch.blocks[0], out.view(n * qh, dv));
+                    INFO(c.name << " " << dtype_name(t) << " " << cpu::isa_name(isa) << " n " << n);
+                    const auto [eo, el] = check(out, ref, dv, t);
+                    if (n == 37)
+                        std::printf(
+                            "%-22s %-4s %-8s attend_shared, %zu per pass: |o-ref|/|ref| = "
+                            "%.2e  lse err = %.2e\n",
+                            c.name, std::string(dtype_name(t)).c_str(), cpu::isa_name(isa).data(),
+                            Qb, eo, el);
+                }
+            }
+        }
+    }
+}

@@ -750,10 +750,27 @@ void EngineImpl::attend_prompt_cpu(std::size_t m, const void* q, std::span<const
     const std::size_t dv = static_cast<std::size_t>(g.head_dim_v);
     const std::size_t B = parts_.kv.block_tokens, es = dtype_bytes(g.dtype);
     const std::size_t block_bytes = LinearBlockLayout::of(g, B).elems() * es;
-    // Queries in batches the CPU backend is sized for; query i sees the chunk's blocks before
-    // its own in full and its own up to itself.
+    const std::size_t rows = m * qh;
+    // The stored blocks: every query sees them whole, several queries per pass over a block.
+    const bool both = !stored.empty() && chunk_blocks;
+    StateView stored_out = out;
+    if (both) {
+        prompt_states_.resize(rows * (dv + 1));
+        stored_out = {prompt_states_.data(), prompt_states_.data() + rows * dv, rows, dv};
+    }
+    if (!stored.empty())
+        parts_.cpu->attend_shared(m, q, stored, stored_out);
+    else if (!chunk_blocks)
+        clear_states(out);
+    if (!chunk_blocks) return;
+    // The chunk itself: query i sees the chunk's blocks before its own in full and its own up
+    // to itself, in batches the CPU backend is sized for; merged with the stored part.
     const std::size_t batch = std::max<std::size_t>(1, opts_.max_batch);
     const std::size_t q_row = qh * static_cast<std::size_t>(g.head_dim_k) * es;
+    if (both) prompt_chunk_states_.resize(rows * (dv + 1));
+    const StateView chunk_out = both ? StateView{prompt_chunk_states_.data(),
+                                                 prompt_chunk_states_.data() + rows * dv, rows, dv}
+                                     : out;
     std::vector<std::size_t> begin;
     for (std::size_t i0 = 0; i0 < m; i0 += batch) {
         const std::size_t n = std::min(batch, m - i0);
@@ -762,12 +779,10 @@ void EngineImpl::attend_prompt_cpu(std::size_t m, const void* q, std::span<const
         for (std::size_t j = 0; j < n; ++j) {
             const std::size_t i = i0 + j, own = i / B;
             begin[j] = prompt_refs_.size();
-            prompt_refs_.insert(prompt_refs_.end(), stored.begin(), stored.end());
-            if (chunk_blocks)
-                for (std::size_t b = 0; b <= own; ++b)
-                    prompt_refs_.push_back(
-                        {chunk_blocks + b * block_bytes,
-                         static_cast<std::uint32_t>(b < own ? B : i - own * B + 1), false});
+            for (std::size_t b = 0; b <= own; ++b)
+                prompt_refs_.push_back({chunk_blocks + b * block_bytes,
+                                        static_cast<std::uint32_t>(b < own ? B : i - own * B + 1),
+                                        false});
         }
         begin[n] = prompt_refs_.size();
         prompt_work_.resize(n);
@@ -775,8 +790,13 @@ void EngineImpl::attend_prompt_cpu(std::size_t m, const void* q, std::span<const
             prompt_work_[j] = {
                 static_cast<const char*>(q) + (i0 + j) * q_row,
                 std::span<const CpuBlock>(prompt_refs_.data() + begin[j], begin[j + 1] - begin[j])};
-        StateView part{out.o + i0 * qh * dv, out.lse + i0 * qh, n * qh, dv};
+        StateView part{chunk_out.o + i0 * qh * dv, chunk_out.lse + i0 * qh, n * qh, dv};
         parts_.cpu->attend(std::span<const CpuSeqWork>(prompt_work_.data(), n), part);
+    }
+    if (both) {
+        const ConstStateView parts[] = {{stored_out.o, stored_out.lse, rows, dv},
+                                        {chunk_out.o, chunk_out.lse, rows, dv}};
+        merge_states(parts, out);
     }
 }
 

@@ -44,6 +44,13 @@ class CpuAttentionBackend {
     // the calling thread, after the workers have started (also when there is nothing to attend).
     virtual void attend(std::span<const CpuSeqWork> seqs, StateView out, StartHook on_start) = 0;
     void attend(std::span<const CpuSeqWork> seqs, StateView out) { attend(seqs, out, {}); }
+    // The attention of n queries of one sequence over the same blocks (a prompt chunk over its
+    // stored context): q (n, num_q_heads, head_dim_k) in the KV dtype; out rows n ×
+    // num_q_heads, as attend() would give with one sequence per query. The backend may attend
+    // several queries per pass over a block, so that each block comes from memory once per
+    // pass instead of once per query. Blocking; allocates its workspaces at first use.
+    virtual void attend_shared(std::size_t n, const void* q, std::span<const CpuBlock> blocks,
+                               StateView out) = 0;
     // Lays out one linear block in the U layout (the background packer of T → U seals).
     virtual void pack_block(const void* linear, void* packed) const = 0;
     virtual std::size_t packed_block_bytes() const noexcept = 0;

@@ -100,6 +100,16 @@ class CpuAttention final : public CpuAttentionBackend {
     void attend(std::span<const CpuSeqWork> seqs, StateView out, StartHook on_start) override {
         run(seqs, out, on_start);
     }
+    // Several queries per pass (shared_queries()): the queries of a block of them and the
+    // group's heads become the rows of one work item, as if they were one query's heads (an
+    // attention object of that geometry over the same pool and blocks), so a block is read once
+    // per shared_queries() queries. Each query on its own where that is 1.
+    void attend_shared(std::size_t n, const void* q, std::span<const CpuBlock> blocks,
+                       StateView out) override;
+    // Queries attended per pass by attend_shared: 16 / group (rows of 16, what the AMX tiles
+    // hold) for groups of 1, 2, 4 and 8; 1 otherwise (MLA's 16 heads per latent already fill
+    // them).
+    std::size_t shared_queries() const noexcept;
     const char* kernel_name() const noexcept override;
     int threads() const noexcept override { return static_cast<int>(pool_.concurrency()); }
 
@@ -133,6 +143,12 @@ class CpuAttention final : public CpuAttentionBackend {
     Isa isa_;
     PackedBlockLayout packed_;
     std::unique_ptr<Plan> plan_;
+    // attend_shared's: the attention of the several-query geometry (made at first use), the
+    // queries rearranged for it and its states; the per-query fallback's work list.
+    std::unique_ptr<CpuAttention> shared_;
+    std::vector<std::byte> shared_q_;
+    std::vector<float> shared_o_, shared_lse_;
+    std::vector<AttnSeq> shared_seqs_;
 };
 
 }  // namespace writescope::cpu
