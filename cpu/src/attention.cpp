@@ -333,7 +333,11 @@ void CpuAttention::attend_shared(std::size_t n, const void* q, std::span<const C
     }
     const std::size_t W = Qb * G;  // rows per KV head of one pseudo-query
     const std::size_t npseudo = (n + Qb - 1) / Qb;
-    shared_q_.assign(npseudo * kvh * W * row, std::byte{0});  // past the last query: zero rows
+    shared_q_.resize(npseudo * kvh * W * row);
+    if (const std::size_t pad = npseudo * Qb - n; pad > 0)  // past the last query: zero rows
+        for (std::size_t h = 0; h < kvh; ++h)
+            std::memset(shared_q_.data() + (((npseudo - 1) * kvh + h) * W + (Qb - pad) * G) * row,
+                        0, pad * G * row);
     const auto* src = static_cast<const std::byte*>(q);
     // Pseudo-query p, head h·W + j·G + g  ←  query p·Qb + j, head h·G + g.
     for (std::size_t i = 0; i < n; ++i) {

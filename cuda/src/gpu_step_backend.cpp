@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "prompt_attention.hpp"
+#include "staging_ring.hpp"
 #include "writescope/cuda/attention.hpp"
 
 namespace writescope::cuda {
@@ -44,9 +45,10 @@ Sizes sizes_of(const GpuStepOptions& o) {
     z.dv = static_cast<std::size_t>(g.head_dim_v);
     z.qh = static_cast<std::size_t>(g.num_q_heads);
     z.block_bytes = g.bytes_per_token_layer() * o.block_tokens;
-    z.chunk_blocks = std::max(o.staging_chunk_bytes, z.block_bytes) / z.block_bytes;
+    const StagingRing ring = staging_ring(o, z.block_bytes);
+    z.chunk_blocks = ring.chunk_blocks;
     z.chunk_bytes = z.chunk_blocks * z.block_bytes;
-    z.slots = std::max<std::size_t>(o.staging_slots, 2);
+    z.slots = ring.slots;
     z.max_items = z.kvh * std::max<std::size_t>(o.max_blocks, 1) + z.kvh * o.max_seqs;
     const std::size_t max_blocks = o.max_blocks + o.max_seqs;
     z.meta_bytes = (max_blocks * sizeof(void*) + 256) + (max_blocks * 4 + 256) +
@@ -210,9 +212,8 @@ struct GpuStepBackend::Impl {
         pageable.reserve(o.max_seqs);
         if (o.max_prompt_tokens > 0)
             prompt = std::make_unique<PromptAttention>(
-                o, PromptShared{pool, gpu_pool, pinned, compute, copy, staging, chunk_blocks,
-                                o.staging_chunk_bytes, o.staging_slots, slot_ready, slot_free,
-                                sm_count});
+                o, PromptShared{pool, gpu_pool, pinned, compute, copy, staging, slot_ready,
+                                slot_free, sm_count});
     }
 
     ~Impl() {

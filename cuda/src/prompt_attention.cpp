@@ -1,5 +1,7 @@
 #include "prompt_attention.hpp"
 
+#include "staging_ring.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
@@ -17,15 +19,6 @@ constexpr std::size_t kMaxItemsPerRow = 32;
 
 std::size_t div_up(std::size_t a, std::size_t b) {
     return (a + b - 1) / b;
-}
-
-// The staging ring as GpuStepBackend sizes it (gpu_step_backend.cpp, sizes_of).
-struct Ring {
-    std::size_t chunk_blocks, slots;
-};
-Ring ring_of(const GpuStepOptions& o, std::size_t block_bytes) {
-    return {std::max(o.staging_chunk_bytes, block_bytes) / block_bytes,
-            std::max<std::size_t>(o.staging_slots, 2)};
 }
 
 // Everything the prompt path allocates, derived from the options in one place.
@@ -55,7 +48,7 @@ Sizes sizes_of(const GpuStepOptions& o, int sm_count) {
     z.es = dtype_bytes(g.dtype);
     z.B = o.block_tokens;
     z.block_bytes = g.bytes_per_token_layer() * o.block_tokens;
-    const Ring ring = ring_of(o, z.block_bytes);
+    const StagingRing ring = staging_ring(o, z.block_bytes);
     z.scratch_blocks = div_up(z.qmax, z.B);
     z.inplace_entries = o.max_blocks + o.max_seqs;
     z.causal_entries = z.qmax * z.scratch_blocks;
@@ -92,7 +85,7 @@ struct PromptAttention::Impl {
     GpuStepOptions o;
     PromptShared sh;
     Sizes z;
-    Ring ring;
+    StagingRing ring;
 
     // Device memory: the chunk's blocks, the metadata, one round's parts, two running states.
     char* d_scratch = nullptr;
@@ -122,12 +115,20 @@ struct PromptAttention::Impl {
         std::int32_t* offsets = nullptr;
         std::int32_t* part_items = nullptr;
         std::size_t count = 0;
-        // A set every query shares (the stored blocks), or the chunk's own blocks (causal): the
-        // run of block entries and its splits, which the tiled prompt kernel reads instead of
-        // the items.
-        bool shared = false, causal = false;
+        // The run of block entries every query's items cover (the stored blocks; causal: the
+        // chunk's own, each query up to itself) and its splits per (query, KV head), which the
+        // tiled prompt kernel reads instead of the items.
+        bool causal = false;
         std::size_t first = 0, blocks = 0, splits = 0, per = 0;
     };
+    // A set's item, CSR offset and part-list arrays in the metadata mirror, for n queries.
+    Set carve_set(char*& cur) const {
+        Set s;
+        s.items = carve<AttnWorkItem>(cur, z.round_items);
+        s.offsets = carve<std::int32_t>(cur, n * z.kvh + 1);
+        s.part_items = carve<std::int32_t>(cur, z.round_items);
+        return s;
+    }
     Set causal, inplace;
     std::vector<Set> p_sets;  // per ring chunk c < slots, then the last chunk when it is partial
     char* meta_cursor = nullptr;
@@ -156,19 +157,17 @@ struct PromptAttention::Impl {
     bool launched = false, q_down = false;
     bool inflight = false;  // work enqueued and not yet waited for
 
-    // The shared sets run on the tiled prompt kernel (64/G queries per CTA) where it applies,
-    // else each query as a decode item.
+    // Every round runs on the tiled prompt kernel (64/G queries per CTA) where it applies
+    // (prompt_attention_supported), else each query as a decode item (the sets' items).
     bool tiled = false;
     std::size_t queries_per_cta = 1;
 
     Impl(const GpuStepOptions& opts, const PromptShared& shared)
         : o(opts), sh(shared), z(sizes_of(opts, shared.sm_count)) {
-        ring = ring_of(o, z.block_bytes);
+        ring = staging_ring(o, z.block_bytes);
         tiled = prompt_attention_supported(o.geometry, static_cast<int>(z.B));
         queries_per_cta =
             tiled ? static_cast<std::size_t>(prompt_attention_queries_per_cta(o.geometry)) : 1;
-        if (ring.chunk_blocks != sh.chunk_blocks || ring.slots != sh.slots)
-            throw std::logic_error("prompt attention: the staging ring is not the step's");
         d_scratch = static_cast<char*>(
             sh.pool.allocate(z.scratch_blocks * z.block_bytes, "prompt chunk blocks"));
         d_meta = static_cast<char*>(sh.pool.allocate(z.meta_bytes, "prompt metadata"));
@@ -241,17 +240,13 @@ struct PromptAttention::Impl {
     // A set over the same run of `blocks` block entries (from `first`) for every query: rows
     // in (query, KV head) order, each cut into items_per_row runs; CSR by construction.
     Set shared_set(char*& cur, std::size_t first, std::size_t blocks) {
-        Set s;
+        Set s = carve_set(cur);
         const std::size_t k = items_per_row(blocks), per = div_up(blocks, k);
-        s.shared = true;
         s.first = first;
         s.blocks = blocks;
         s.per = per;
         s.splits = div_up(blocks, per);
         const std::size_t rows = n * z.kvh;
-        s.items = carve<AttnWorkItem>(cur, z.round_items);
-        s.offsets = carve<std::int32_t>(cur, rows + 1);
-        s.part_items = carve<std::int32_t>(cur, z.round_items);
         for (std::size_t q = 0; q < n; ++q)
             for (std::size_t h = 0; h < z.kvh; ++h) {
                 s.offsets[q * z.kvh + h] = static_cast<std::int32_t>(s.count);
@@ -302,10 +297,7 @@ struct PromptAttention::Impl {
         }
         std::size_t e = z.inplace_entries;
         const std::size_t rows = n * z.kvh;
-        causal.items = carve<AttnWorkItem>(cur, z.round_items);
-        causal.offsets = carve<std::int32_t>(cur, rows + 1);
-        causal.part_items = carve<std::int32_t>(cur, z.round_items);
-        causal.count = 0;
+        causal = carve_set(cur);
         for (std::size_t q = 0; q < n; ++q) {
             const std::size_t own = q / z.B;
             const std::size_t first = e;
@@ -407,7 +399,7 @@ struct PromptAttention::Impl {
     // One round: the set's attention into the parts, then merged with the running state.
     void round(const void* q, const Set& s, std::int64_t block_offset) {
         if (s.count == 0) return;
-        if ((s.shared || s.causal) && tiled) {
+        if (tiled) {
             PromptAttnParams pp;
             pp.geo = o.geometry;
             pp.block_tokens = static_cast<std::int32_t>(z.B);

@@ -34,8 +34,7 @@ struct PromptShared {
     PinnedRegionMemory* pinned;
     Stream& compute;
     Stream& copy;
-    char* staging;
-    std::size_t chunk_blocks, chunk_bytes, slots;
+    char* staging;  // the ring: staging_ring() of the options
     std::vector<std::unique_ptr<Event>>& slot_ready;
     std::vector<std::unique_ptr<Event>>& slot_free;
     int sm_count;

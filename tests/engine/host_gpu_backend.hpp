@@ -111,14 +111,7 @@ class HostGpuBackend final : public GpuAttentionBackend {
         const std::size_t q_row = hq * g_.head_dim_k * dtype_bytes(g_.dtype);
         for (std::size_t i = 0; i < nseq; ++i) {
             const Work& w = work_[i];
-            for (std::size_t k = 0; k < w.pool_slots.size(); ++k) {
-                const bool open = w.has_open && k + 1 == w.pool_slots.size();
-                blocks[i].push_back({pool_.block(last_layer, w.pool_slots[k]),
-                                     open ? w.open_tokens : static_cast<std::uint32_t>(B_), false});
-            }
-            for (std::uint32_t s : w.p_slots)
-                blocks[i].push_back(
-                    {pinned_->block(last_layer, s), static_cast<std::uint32_t>(B_), false});
+            add_stored(w, last_layer, blocks[i]);
             if (!std::equal(snapshot_[i].begin(), snapshot_[i].end(), w.pageable))
                 throw std::logic_error("a pageable cache changed between launch and finish");
             for (std::uint32_t k = 0; k < w.pageable_blocks; ++k)
@@ -233,14 +226,7 @@ class HostGpuBackend final : public GpuAttentionBackend {
         std::vector<cpu::AttnSeq> seqs(m);
         const std::size_t q_row = hq * g_.head_dim_k * dtype_bytes(g_.dtype);
         for (std::size_t i = 0; i < m; ++i) {
-            for (std::size_t k = 0; k < w.pool_slots.size(); ++k) {
-                const bool open = w.has_open && k + 1 == w.pool_slots.size();
-                blocks[i].push_back({pool_.block(prompt_layer_, w.pool_slots[k]),
-                                     open ? w.open_tokens : static_cast<std::uint32_t>(B_), false});
-            }
-            for (std::uint32_t s : w.p_slots)
-                blocks[i].push_back(
-                    {pinned_->block(prompt_layer_, s), static_cast<std::uint32_t>(B_), false});
+            add_stored(w, prompt_layer_, blocks[i]);
             const std::size_t own = i / B_;
             for (std::size_t b = 0; b <= own; ++b)
                 blocks[i].push_back({prompt_chunk_.data() + b * block_bytes_,
@@ -265,6 +251,17 @@ class HostGpuBackend final : public GpuAttentionBackend {
     }
 
   private:
+    struct Work;
+    // A work's T/G blocks (the open one with its valid rows) and P blocks at this layer.
+    void add_stored(const Work& w, std::size_t layer, std::vector<cpu::AttnBlock>& out) const {
+        for (std::size_t k = 0; k < w.pool_slots.size(); ++k) {
+            const bool open = w.has_open && k + 1 == w.pool_slots.size();
+            out.push_back({pool_.block(layer, w.pool_slots[k]),
+                           open ? w.open_tokens : static_cast<std::uint32_t>(B_), false});
+        }
+        for (std::uint32_t s : w.p_slots)
+            out.push_back({pinned_->block(layer, s), static_cast<std::uint32_t>(B_), false});
+    }
     struct Work {
         std::vector<std::uint32_t> pool_slots;
         bool has_open;

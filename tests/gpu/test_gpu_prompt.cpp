@@ -63,6 +63,59 @@ void prompt_reference(const test::StepFixture& fx, std::uint64_t id, std::size_t
         t.join();
 }
 
+// A chunk of m new tokens with random queries and K/V: on the host, as linear blocks (the
+// reference's), and on the device, with device outputs poisoned with NaN before each use (a row
+// left unwritten shows).
+struct PromptChunk {
+    std::size_t m, rows, dv;
+    std::vector<std::byte> q;
+    test::Fresh kv;
+    std::vector<std::vector<std::byte>> blocks;
+    cuda::DeviceBuffer d_q, d_k, d_v, d_o, d_lse;
+    bool mla;
+
+    PromptChunk(const test::StepFixture& fx, std::size_t tokens, std::mt19937_64& rng)
+        : m(tokens),
+          rows(tokens * static_cast<std::size_t>(fx.g.num_q_heads)),
+          dv(static_cast<std::size_t>(fx.g.head_dim_v)),
+          q(fx.random_q(tokens, rng)),
+          kv(test::random_fresh(fx.g, tokens, rng)),
+          blocks((tokens + fx.B - 1) / fx.B, std::vector<std::byte>(fx.block_bytes())),
+          d_q(q.size()),
+          d_k(kv.k.size()),
+          d_v(std::max<std::size_t>(1, kv.v.size())),
+          d_o(rows * dv * sizeof(float)),
+          d_lse(rows * sizeof(float)),
+          mla(fx.g.mla) {
+        const LinearBlockLayout lay = LinearBlockLayout::of(fx.g, fx.B);
+        const std::size_t es = dtype_bytes(fx.g.dtype);
+        const std::size_t k_row = lay.row_heads() * lay.dk * es,
+                          v_row = lay.row_heads() * lay.dv * es;
+        for (std::size_t t = 0; t < m; ++t)
+            lay.put_rows(es, reinterpret_cast<const char*>(kv.k.data()) + t * k_row,
+                         mla ? nullptr : reinterpret_cast<const char*>(kv.v.data()) + t * v_row,
+                         t % fx.B, 1, blocks[t / fx.B].data());
+        d_q.upload(q.data(), q.size());
+        d_k.upload(kv.k.data(), kv.k.size());
+        if (!mla) d_v.upload(kv.v.data(), kv.v.size());
+    }
+    const void* device_v() const { return mla ? nullptr : d_v.data(); }
+    const void* host_v() const { return mla ? nullptr : kv.v.data(); }
+    StateView device_out() {
+        d_o.fill_bytes(0xff);
+        return {static_cast<float*>(d_o.data()), static_cast<float*>(d_lse.data()), rows, dv};
+    }
+    // The device outputs, against the fp64 reference of the chunk at this layer.
+    std::pair<double, double> device_error(const test::StepFixture& fx, std::size_t layer) const {
+        std::vector<float> out(rows * dv), lse(rows);
+        d_o.download(out.data(), out.size() * sizeof(float));
+        d_lse.download(lse.data(), lse.size() * sizeof(float));
+        std::vector<double> ro, rl;
+        prompt_reference(fx, 1, layer, m, q, blocks, ro, rl);
+        return test::StepFixture::error(out, lse, ro, rl);
+    }
+};
+
 }  // namespace
 
 TEST_CASE("prompt chunks attended on the GPU equal fp64 attention over T, G, P, U and the chunk",
@@ -119,45 +172,20 @@ TEST_CASE("prompt chunks attended on the GPU equal fp64 attention over T, G, P, 
         REQUIRE(in_p > 0);
         REQUIRE(in_u > 0);
 
-        const LinearBlockLayout lay = LinearBlockLayout::of(g, B);
-        const std::size_t es = dtype_bytes(g.dtype);
-        const std::size_t k_row = lay.row_heads() * lay.dk * es,
-                          v_row = lay.row_heads() * lay.dv * es;
         cuda::Stream stream;
         double worst = 0, worst_lse = 0, worst_host = 0;
         for (const std::size_t m : {std::size_t{1}, 1 + rng() % 255, std::size_t{256}}) {
-            const auto q = fx.random_q(m, rng);
-            const test::Fresh c = test::random_fresh(g, m, rng);
-            std::vector<std::vector<std::byte>> chunk((m + B - 1) / B,
-                                                      std::vector<std::byte>(fx.block_bytes()));
-            for (std::size_t t = 0; t < m; ++t)
-                lay.put_rows(
-                    es, reinterpret_cast<const char*>(c.k.data()) + t * k_row,
-                    g.mla ? nullptr : reinterpret_cast<const char*>(c.v.data()) + t * v_row, t % B,
-                    1, chunk[t / B].data());
-            const std::size_t rows = m * g.num_q_heads, dv = g.head_dim_v;
-            cuda::DeviceBuffer dq(q.size()), dk(c.k.size()),
-                dvb(std::max<std::size_t>(1, c.v.size()));
-            cuda::DeviceBuffer d_o(rows * dv * sizeof(float)), d_lse(rows * sizeof(float));
-            dq.upload(q.data(), q.size());
-            dk.upload(c.k.data(), c.k.size());
-            if (!g.mla) dvb.upload(c.v.data(), c.v.size());
+            PromptChunk c(fx, m, rng);
             for (std::size_t layer = 0; layer < L; ++layer) {
-                d_o.fill_bytes(0xff);  // NaN: a row left unwritten shows
-                e->attend_prompt(1, layer, m, dq.data(), dk.data(), g.mla ? nullptr : dvb.data(),
-                                 StateView{static_cast<float*>(d_o.data()),
-                                           static_cast<float*>(d_lse.data()), rows, dv},
-                                 stream.handle());
+                e->attend_prompt(1, layer, m, c.d_q.data(), c.d_k.data(), c.device_v(),
+                                 c.device_out(), stream.handle());
                 stream.synchronize();
-                std::vector<float> out(rows * dv), lse(rows);
-                d_o.download(out.data(), out.size() * sizeof(float));
-                d_lse.download(lse.data(), lse.size() * sizeof(float));
-                std::vector<float> h_out(rows * dv, NAN), h_lse(rows, NAN);
-                e->attend_prompt(1, layer, m, q.data(), c.k.data(), g.mla ? nullptr : c.v.data(),
-                                 StateView{h_out.data(), h_lse.data(), rows, dv});
+                const auto [rel, lerr] = c.device_error(fx, layer);
+                std::vector<float> h_out(c.rows * c.dv, NAN), h_lse(c.rows, NAN);
+                e->attend_prompt(1, layer, m, c.q.data(), c.kv.k.data(), c.host_v(),
+                                 StateView{h_out.data(), h_lse.data(), c.rows, c.dv});
                 std::vector<double> ro, rl;
-                prompt_reference(fx, 1, layer, m, q, chunk, ro, rl);
-                const auto [rel, lerr] = test::StepFixture::error(out, lse, ro, rl);
+                prompt_reference(fx, 1, layer, m, c.q, c.blocks, ro, rl);
                 const auto [hrel, hlerr] = test::StepFixture::error(h_out, h_lse, ro, rl);
                 std::printf(
                     "[gpu] prompt %-16s %s layer %zu: chunk of %3zu over %zu stored tokens (G "
@@ -235,43 +263,15 @@ TEST_CASE("a prompt's P blocks stream through many turns of the staging ring", "
         work.open_tokens = static_cast<std::uint32_t>(open.tokens);
         work.p_slots = p_slots;
 
-        const LinearBlockLayout lay = LinearBlockLayout::of(g, B);
-        const std::size_t es = dtype_bytes(g.dtype);
-        const std::size_t k_row = lay.row_heads() * lay.dk * es,
-                          v_row = lay.row_heads() * lay.dv * es;
         cuda::Stream stream;
         for (const std::size_t m : {std::size_t{1}, 1 + rng() % 99, std::size_t{100}}) {
-            const auto q = fx.random_q(m, rng);
-            const test::Fresh c = test::random_fresh(g, m, rng);
-            std::vector<std::vector<std::byte>> chunk((m + B - 1) / B,
-                                                      std::vector<std::byte>(fx.block_bytes()));
-            for (std::size_t t = 0; t < m; ++t)
-                lay.put_rows(
-                    es, reinterpret_cast<const char*>(c.k.data()) + t * k_row,
-                    g.mla ? nullptr : reinterpret_cast<const char*>(c.v.data()) + t * v_row, t % B,
-                    1, chunk[t / B].data());
-            const std::size_t rows = m * g.num_q_heads, dv = g.head_dim_v;
-            cuda::DeviceBuffer dq(q.size()), dk(c.k.size()),
-                dvb(std::max<std::size_t>(1, c.v.size()));
-            cuda::DeviceBuffer d_o(rows * dv * sizeof(float)), d_lse(rows * sizeof(float));
-            dq.upload(q.data(), q.size());
-            dk.upload(c.k.data(), c.k.size());
-            if (!g.mla) dvb.upload(c.v.data(), c.v.size());
+            PromptChunk c(fx, m, rng);
             for (std::size_t layer = 0; layer < 2; ++layer) {
-                d_o.fill_bytes(0xff);
-                gpu.launch_prompt(layer, m, dq.data(), dk.data(), g.mla ? nullptr : dvb.data(),
-                                  work, stream.handle(), false);
-                gpu.finish_prompt(ConstStateView{},
-                                  StateView{static_cast<float*>(d_o.data()),
-                                            static_cast<float*>(d_lse.data()), rows, dv},
-                                  stream.handle());
+                gpu.launch_prompt(layer, m, c.d_q.data(), c.d_k.data(), c.device_v(), work,
+                                  stream.handle(), false);
+                gpu.finish_prompt(ConstStateView{}, c.device_out(), stream.handle());
                 stream.synchronize();
-                std::vector<float> out(rows * dv), lse(rows);
-                d_o.download(out.data(), out.size() * sizeof(float));
-                d_lse.download(lse.data(), lse.size() * sizeof(float));
-                std::vector<double> ro, rl;
-                prompt_reference(fx, 1, layer, m, q, chunk, ro, rl);
-                const auto [rel, lerr] = test::StepFixture::error(out, lse, ro, rl);
+                const auto [rel, lerr] = c.device_error(fx, layer);
                 std::printf(
                     "[gpu] prompt ring %-16s layer %zu: chunk of %3zu over %zu stored tokens (%zu "
                     "P blocks in chunks of 2 through 3 slots): rel err vs fp64 %.3e, lse %.3e\n",

@@ -720,8 +720,8 @@ void EngineImpl::attend_prompt_host(std::size_t layer, std::size_t m, const void
         if (pool_host) return pool.block(layer, slot);
         return prompt_pool_.data() + pool_read++ * pool.slot_bytes();
     };
-    std::vector<CpuBlock> stored;
-    stored.reserve(table.size() + 1);
+    std::vector<CpuBlock>& stored = prompt_stored_;
+    stored.clear();
     for (const BlockRef& ref : table) {
         switch (ref.region) {
             case Region::U:
@@ -751,49 +751,43 @@ void EngineImpl::attend_prompt_cpu(std::size_t m, const void* q, std::span<const
     const std::size_t B = parts_.kv.block_tokens, es = dtype_bytes(g.dtype);
     const std::size_t block_bytes = LinearBlockLayout::of(g, B).elems() * es;
     const std::size_t rows = m * qh;
-    // The stored blocks: every query sees them whole, several queries per pass over a block.
-    const bool both = !stored.empty() && chunk_blocks;
-    StateView stored_out = out;
-    if (both) {
-        prompt_states_.resize(rows * (dv + 1));
-        stored_out = {prompt_states_.data(), prompt_states_.data() + rows * dv, rows, dv};
-    }
-    if (!stored.empty())
+    // With stored blocks, the chunk's part goes to scratch and the stored part (every query
+    // sees them whole, several queries per pass over a block) beside it; then both merge.
+    StateView chunk_out = out, stored_out{};
+    if (!stored.empty()) {
+        prompt_states_.resize(2 * rows * (dv + 1));
+        float* base = prompt_states_.data();
+        chunk_out = {base, base + rows * dv, rows, dv};
+        base += rows * (dv + 1);
+        stored_out = {base, base + rows * dv, rows, dv};
         parts_.cpu->attend_shared(m, q, stored, stored_out);
-    else if (!chunk_blocks)
-        clear_states(out);
-    if (!chunk_blocks) return;
+    }
     // The chunk itself: query i sees the chunk's blocks before its own in full and its own up
-    // to itself, in batches the CPU backend is sized for; merged with the stored part.
+    // to itself, in batches the CPU backend is sized for.
     const std::size_t batch = std::max<std::size_t>(1, opts_.max_batch);
     const std::size_t q_row = qh * static_cast<std::size_t>(g.head_dim_k) * es;
-    if (both) prompt_chunk_states_.resize(rows * (dv + 1));
-    const StateView chunk_out = both ? StateView{prompt_chunk_states_.data(),
-                                                 prompt_chunk_states_.data() + rows * dv, rows, dv}
-                                     : out;
-    std::vector<std::size_t> begin;
     for (std::size_t i0 = 0; i0 < m; i0 += batch) {
         const std::size_t n = std::min(batch, m - i0);
         prompt_refs_.clear();
-        begin.assign(n + 1, 0);
+        prompt_begin_.assign(n + 1, 0);
         for (std::size_t j = 0; j < n; ++j) {
             const std::size_t i = i0 + j, own = i / B;
-            begin[j] = prompt_refs_.size();
+            prompt_begin_[j] = prompt_refs_.size();
             for (std::size_t b = 0; b <= own; ++b)
                 prompt_refs_.push_back({chunk_blocks + b * block_bytes,
                                         static_cast<std::uint32_t>(b < own ? B : i - own * B + 1),
                                         false});
         }
-        begin[n] = prompt_refs_.size();
+        prompt_begin_[n] = prompt_refs_.size();
         prompt_work_.resize(n);
         for (std::size_t j = 0; j < n; ++j)
-            prompt_work_[j] = {
-                static_cast<const char*>(q) + (i0 + j) * q_row,
-                std::span<const CpuBlock>(prompt_refs_.data() + begin[j], begin[j + 1] - begin[j])};
+            prompt_work_[j] = {static_cast<const char*>(q) + (i0 + j) * q_row,
+                               std::span<const CpuBlock>(prompt_refs_.data() + prompt_begin_[j],
+                                                         prompt_begin_[j + 1] - prompt_begin_[j])};
         StateView part{chunk_out.o + i0 * qh * dv, chunk_out.lse + i0 * qh, n * qh, dv};
         parts_.cpu->attend(std::span<const CpuSeqWork>(prompt_work_.data(), n), part);
     }
-    if (both) {
+    if (!stored.empty()) {
         const ConstStateView parts[] = {{stored_out.o, stored_out.lse, rows, dv},
                                         {chunk_out.o, chunk_out.lse, rows, dv}};
         merge_states(parts, out);
@@ -840,7 +834,7 @@ void EngineImpl::attend_prompt_device(std::size_t layer, std::size_t m, const vo
     const std::size_t rows = m * static_cast<std::size_t>(parts_.kv.geometry.num_q_heads);
     const StateView part = gpu.prompt_cpu_buffer(rows);
     if (!part.o) throw std::logic_error("attend_prompt: the GPU backend has no CPU buffer");
-    attend_prompt_cpu(m, gpu.host_prompt_q(), prompt_u_blocks_, nullptr, part);
+    parts_.cpu->attend_shared(m, gpu.host_prompt_q(), prompt_u_blocks_, part);
     gpu.finish_prompt(ConstStateView{part.o, part.lse, part.rows, part.dim}, out, stream);
 }
 

@@ -233,13 +233,9 @@ class RuntimeImpl final : public Runtime {
                 detail::timed(&profile_, ops_, &LayerTimes::attention, [&] {
                     if (device_attention_) {
                         // In place, ordered on the ops' stream: no host round trip.
-                        const std::size_t rows =
-                            n * static_cast<std::size_t>(geometry_.num_q_heads);
                         engine_.attend_layer(
                             l, q_.data(), NewTokens{k_.data(), geometry_.mla ? nullptr : v_.data()},
-                            StateView{o_.data(), lse_.data(), rows,
-                                      static_cast<std::size_t>(geometry_.head_dim_v)},
-                            ops_.stream_handle());
+                            ops_states(n), ops_.stream_handle());
                     } else {
                         const Staged e = to_engine(n, n, 0);
                         engine_.attend_layer(l, e.q, NewTokens{e.k, geometry_.mla ? nullptr : e.v},
@@ -392,6 +388,11 @@ class RuntimeImpl final : public Runtime {
         return {q_host_.data(), k_host_.data() + ko, v_host_.data() + vo,
                 StateView{o_host_.data(), lse_host_.data(), rows, dv}};
     }
+    // The states of n rows in the ops' memory, where the device-side engine writes them.
+    StateView ops_states(std::size_t n) {
+        const std::size_t rows = n * static_cast<std::size_t>(geometry_.num_q_heads);
+        return {o_.data(), lse_.data(), rows, static_cast<std::size_t>(geometry_.head_dim_v)};
+    }
     // The engine's states of n rows into the ops' memory.
     void from_engine(std::size_t n) {
         if (host_) return;
@@ -420,10 +421,7 @@ class RuntimeImpl final : public Runtime {
             std::byte* vl = geometry_.mla ? nullptr : v_.data() + l * m * v_row_;
             arch_->attention_in(l, xn_.data(), m, pos, q_.data(), kl, vl);
             if (device_prompts_) {
-                const std::size_t rows = m * static_cast<std::size_t>(geometry_.num_q_heads);
-                engine_.attend_prompt(seq_id, l, m, q_.data(), kl, vl,
-                                      StateView{o_.data(), lse_.data(), rows,
-                                                static_cast<std::size_t>(geometry_.head_dim_v)},
+                engine_.attend_prompt(seq_id, l, m, q_.data(), kl, vl, ops_states(m),
                                       ops_.stream_handle());
             } else {
                 const Staged e = to_engine(m, m, l * m);

@@ -90,9 +90,9 @@ class EngineImpl final : public Engine {
                               const void* v, StateView out, std::span<const BlockRef> table,
                               const OpenBlock& open, void* stream);
     // The CPU's attention of a chunk's m queries (host q) over `stored` blocks (several
-    // queries per pass: CpuAttentionBackend::attend_shared), every query also over the chunk's
-    // own linear blocks (chunk_blocks: tokens 0..i for query i; in batches of max_batch
-    // queries) when chunk_blocks is not null, the two parts merged.
+    // queries per pass: CpuAttentionBackend::attend_shared) and over the chunk's own linear
+    // blocks (chunk_blocks: tokens 0..i for query i; in batches of max_batch queries), the two
+    // parts merged.
     void attend_prompt_cpu(std::size_t m, const void* q, std::span<const CpuBlock> stored,
                            const std::byte* chunk_blocks, StateView out);
 
@@ -135,8 +135,11 @@ class EngineImpl final : public Engine {
     std::vector<CpuSeqWork> prompt_work_;
     std::vector<std::uint32_t> prompt_p_slots_;  // device-side prompts: the GPU's P share
     std::vector<CpuBlock> prompt_u_blocks_;      // and the CPU's U share
-    // The CPU's prompt attention: the stored part's and the chunk's states, then merged.
-    std::vector<float> prompt_states_, prompt_chunk_states_;
+    // The CPU's prompt attention: the stored blocks of a chunk's queries, the chunk's and the
+    // stored part's states before they merge, the queries' first block reference.
+    std::vector<CpuBlock> prompt_stored_;
+    std::vector<float> prompt_states_;
+    std::vector<std::size_t> prompt_begin_;
 };
 
 }  // namespace writescope
