@@ -10,6 +10,14 @@
 // span) cuBLAS GEMMs per expert: the pair count of every expert is needed on the host to size
 // them, so the grouping kernel's offsets (a few hundred bytes) come down into pinned memory
 // once per call, with one wait on the stream.
+//
+// moe_streamed is the GEMM path over host-resident experts, expert by expert: the grouping, the
+// counts and the gather as above on the calling thread, then the per-expert loop on the expert
+// stream's worker (expert_stream.hpp), which copies each expert into a device slot and enqueues
+// its gate and up GEMMs, its SwiGLU rows and its down GEMM from there. Its partials have a
+// buffer of their own: the gathered inputs of the experts still to come are live while an
+// expert's down GEMM writes. Every entry point first joins that worker (Impl::use(), or wait()
+// where the entry point cannot throw).
 #include "writescope/cuda/model_ops.hpp"
 
 #include <cublas_v2.h>
@@ -23,6 +31,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "expert_stream.hpp"
 #include "model_kernels.hpp"
 
 namespace writescope::cuda {
@@ -164,6 +173,12 @@ struct CudaModelOps::Impl {
     std::unique_ptr<std::int32_t, PinnedDel> bad_owner;
     volatile std::int32_t* bad_host = nullptr;
     std::int32_t* bad_dev = nullptr;
+    std::size_t pinned_total = 0;  // pinned host bytes of the buffers above and the expert stream
+    // Streaming (stream_expert_bytes > 0): the streamed path's fp32 partials (max_pairs,
+    // max_hidden), and the expert stream, last so that it goes (its worker stopped) before the
+    // stream and the cuBLAS handle its jobs use.
+    DevMem stream_partial;
+    std::unique_ptr<detail::ExpertStream> xs;
 
     explicit Impl(const CudaModelOpsOptions& o)
         : opts(o), max_width(std::max(o.max_hidden, o.max_ffn)), max_pairs(o.max_tokens * o.max_k) {
@@ -206,14 +221,40 @@ struct CudaModelOps::Impl {
         void* dev = nullptr;
         check(cudaHostGetDevicePointer(&dev, mapped, 0), "cudaHostGetDevicePointer");
         bad_dev = static_cast<std::int32_t*>(dev);
+        pinned_total = (o.max_experts + 2) * 4 + 4;
+        if (o.stream_expert_bytes) {
+            stream_partial = take(max_pairs * o.max_hidden * 4, "moe_streamed partial workspace");
+            // Room for the three matrices at 256-byte offsets (moe_streamed's slot layout).
+            detail::ExpertStreamOptions so;
+            so.device = o.device;
+            so.slot_bytes = (o.stream_expert_bytes + 255) / 256 * 256 + 512;
+            so.slots = std::max(o.stream_slots,
+                                std::min<std::size_t>(64, o.stream_min_area / so.slot_bytes));
+            so.pinned_bytes = o.stream_pinned_bytes;
+            so.copy_threads = o.stream_copy_threads;
+            xs = std::make_unique<detail::ExpertStream>(so, stream);
+            bytes += xs->device_bytes();
+            pinned_total += xs->pinned_bytes();
+        }
     }
     ~Impl() {
+        if (xs) xs->wait();                         // its loop enqueues on the stream
         if (stream) cudaStreamSynchronize(stream);  // before the workspaces are freed
     }
     Impl(const Impl&) = delete;
     Impl& operator=(const Impl&) = delete;
 
-    void use() const { check(cudaSetDevice(opts.device), "cudaSetDevice"); }
+    // Every entry point that may throw starts here: the last moe_streamed's loop is enqueued
+    // (and what it threw rethrown) before anything else touches the stream or the handle.
+    void use() const {
+        if (xs) xs->join();
+        check(cudaSetDevice(opts.device), "cudaSetDevice");
+    }
+    // Where the entry point cannot throw: the loop is enqueued, an error it met stays for the
+    // next use().
+    void wait() const noexcept {
+        if (xs) xs->wait();
+    }
 
     // y (n, rows) = x (n, cols) · wᵀ, x already in w's dtype (column-major: yᵀ = w · xᵀ).
     void gemm(const model::Matrix& w, const void* x, std::size_t n, float* y, std::size_t ldy) {
@@ -291,6 +332,16 @@ struct CudaModelOps::Impl {
 
     void moe(std::span<const model::FfnWeights> experts, const float* x, std::size_t n,
              const model::MoeRouting& routing, float* y);
+    void moe_streamed(std::span<const model::FfnWeights> experts, const float* x, std::size_t n,
+                      const model::MoeRouting& routing, float* y);
+    const model::FfnWeights* routed(std::span<const model::FfnWeights> experts, const char* what);
+    // A moe call's sizes against the limits the ops were built with (std::length_error).
+    void check_limits(const char* what, std::size_t n, std::size_t k, std::size_t ne) const {
+        if (n > opts.max_tokens) too_large(what, "n", n, "max_tokens", opts.max_tokens);
+        if (k > opts.max_k) too_large(what, "k", k, "max_k", opts.max_k);
+        if (ne > opts.max_experts)
+            too_large(what, "the number of experts", ne, "max_experts", opts.max_experts);
+    }
     const ExpertTable& table_for(std::span<const model::FfnWeights> experts);
 
     // After a wait on the stream: an expert index the GEMV path refused.
@@ -351,14 +402,66 @@ const CudaModelOps::Impl::ExpertTable& CudaModelOps::Impl::table_for(
     return t;
 }
 
+// After the grouping kernel (meta): the counts come down (one wait on the stream), then every
+// expert that gets tokens is checked before anything is written, so that a refused call leaves
+// y alone. Returns the first routed expert (whose shape and dtype all routed ones have), or null
+// when every slot is skipped. `what` names the op in the messages.
+const model::FfnWeights* CudaModelOps::Impl::routed(std::span<const model::FfnWeights> experts,
+                                                    const char* what) {
+    const std::size_t ne = experts.size();
+    const std::string op = std::string("CudaModelOps::") + what;
+    check(cudaMemcpyAsync(meta_host, meta.p, (ne + 2) * 4, cudaMemcpyDeviceToHost, stream),
+          "moe: copying the expert counts");
+    check(cudaStreamSynchronize(stream), "moe: grouping");
+    check_reported();
+
+    if (meta_host[ne + 1] >= 0) {
+        std::string m = op + ": expert index ";
+        m += std::to_string(meta_host[ne + 1]);
+        m += " out of ";
+        m += std::to_string(ne);
+        m += " experts";
+        throw std::out_of_range(m);
+    }
+    if (meta_host[ne] == 0) return nullptr;
+    const model::FfnWeights* shape = nullptr;
+    for (std::size_t e = 0; e < ne; ++e) {
+        if (meta_host[e + 1] == meta_host[e]) continue;
+        const model::FfnWeights& f = experts[e];
+        if (!shape) shape = &f;
+        const std::size_t hid = shape->gate.cols, ffn = shape->gate.rows;
+        const DType d = shape->gate.dtype;
+        const auto is = [&](const model::Matrix& mx, std::size_t rows, std::size_t cols) {
+            return mx.data && mx.rows == rows && mx.cols == cols && mx.dtype == d;
+        };
+        if (!is(f.gate, ffn, hid) || !is(f.up, ffn, hid) || !is(f.down, hid, ffn)) {
+            std::string m = op + ": expert ";
+            m += std::to_string(e);
+            m += " does not have the shape and dtype of the first routed expert: gate and up (";
+            m += std::to_string(ffn);
+            m += ", ";
+            m += std::to_string(hid);
+            m += "), down (";
+            m += std::to_string(hid);
+            m += ", ";
+            m += std::to_string(ffn);
+            m += "), ";
+            m += dtype_name(d);
+            m += ", all with data";
+            throw std::invalid_argument(m);
+        }
+    }
+    const std::size_t hidden = shape->gate.cols, ffn = shape->gate.rows;
+    if (hidden > opts.max_hidden) too_large(what, "hidden", hidden, "max_hidden", opts.max_hidden);
+    if (ffn > opts.max_ffn) too_large(what, "ffn", ffn, "max_ffn", opts.max_ffn);
+    return shape;
+}
+
 void CudaModelOps::Impl::moe(std::span<const model::FfnWeights> experts, const float* x,
                              std::size_t n, const model::MoeRouting& routing, float* y) {
     if (n == 0 || routing.k == 0) return;
     const std::size_t k = routing.k, ne = experts.size();
-    if (n > opts.max_tokens) too_large("moe", "n", n, "max_tokens", opts.max_tokens);
-    if (k > opts.max_k) too_large("moe", "k", k, "max_k", opts.max_k);
-    if (ne > opts.max_experts)
-        too_large("moe", "the number of experts", ne, "max_experts", opts.max_experts);
+    check_limits("moe", n, k, ne);
     use();
     auto* off = meta.as<std::int32_t>();
     const ExpertTable* gemv = n <= kGemvTokens ? &table_for(experts) : nullptr;
@@ -382,53 +485,11 @@ void CudaModelOps::Impl::moe(std::span<const model::FfnWeights> experts, const f
         launched("moe: combine kernel");
         return;
     }
-    check(cudaMemcpyAsync(meta_host, off, (ne + 2) * 4, cudaMemcpyDeviceToHost, stream),
-          "moe: copying the expert counts");
-    check(cudaStreamSynchronize(stream), "moe: grouping");
-    check_reported();
-
-    // Check every expert that gets tokens before anything is written: a refused call leaves y.
-    if (meta_host[ne + 1] >= 0) {
-        std::string m = "CudaModelOps::moe: expert index ";
-        m += std::to_string(meta_host[ne + 1]);
-        m += " out of ";
-        m += std::to_string(ne);
-        m += " experts";
-        throw std::out_of_range(m);
-    }
+    const model::FfnWeights* shape = routed(experts, "moe");
+    if (!shape) return;  // every slot skipped
     const std::size_t npairs = static_cast<std::size_t>(meta_host[ne]);
-    if (npairs == 0) return;  // every slot skipped
-    const model::FfnWeights* shape = nullptr;
-    for (std::size_t e = 0; e < ne; ++e) {
-        if (meta_host[e + 1] == meta_host[e]) continue;
-        const model::FfnWeights& f = experts[e];
-        if (!shape) shape = &f;
-        const std::size_t hid = shape->gate.cols, ffn = shape->gate.rows;
-        const DType d = shape->gate.dtype;
-        const auto is = [&](const model::Matrix& mx, std::size_t rows, std::size_t cols) {
-            return mx.data && mx.rows == rows && mx.cols == cols && mx.dtype == d;
-        };
-        if (!is(f.gate, ffn, hid) || !is(f.up, ffn, hid) || !is(f.down, hid, ffn)) {
-            std::string m = "CudaModelOps::moe: expert ";
-            m += std::to_string(e);
-            m += " does not have the shape and dtype of the first routed expert: gate and up (";
-            m += std::to_string(ffn);
-            m += ", ";
-            m += std::to_string(hid);
-            m += "), down (";
-            m += std::to_string(hid);
-            m += ", ";
-            m += std::to_string(ffn);
-            m += "), ";
-            m += dtype_name(d);
-            m += ", all with data";
-            throw std::invalid_argument(m);
-        }
-    }
     const std::size_t hidden = shape->gate.cols, ffn = shape->gate.rows;
     const DType dtype = shape->gate.dtype;
-    if (hidden > opts.max_hidden) too_large("moe", "hidden", hidden, "max_hidden", opts.max_hidden);
-    if (ffn > opts.max_ffn) too_large("moe", "ffn", ffn, "max_ffn", opts.max_ffn);
 
     const std::size_t es = dtype_bytes(dtype);
     detail::launch_gather(x, hidden, pair_token.as<std::int32_t>(), npairs, dtype, xg.p, stream);
@@ -456,6 +517,80 @@ void CudaModelOps::Impl::moe(std::span<const model::FfnWeights> experts, const f
     launched("moe: combine kernel");
 }
 
+void CudaModelOps::Impl::moe_streamed(std::span<const model::FfnWeights> experts, const float* x,
+                                      std::size_t n, const model::MoeRouting& routing, float* y) {
+    if (!xs)
+        throw std::logic_error(
+            "CudaModelOps::moe_streamed: streaming is off (the ops were constructed with "
+            "stream_expert_bytes = 0)");
+    use();
+    if (recording)
+        throw std::logic_error(
+            "CudaModelOps::moe_streamed: called while recording (its copies wait for the host)");
+    if (n == 0 || routing.k == 0) return;
+    const std::size_t k = routing.k, ne = experts.size();
+    check_limits("moe_streamed", n, k, ne);
+    detail::launch_group_pairs(routing.expert, n, k, ne, meta.as<std::int32_t>(),
+                               pair_token.as<std::int32_t>(), pair_of.as<std::int32_t>(), stream);
+    launched("moe_streamed: grouping kernel");
+    const model::FfnWeights* shape = routed(experts, "moe_streamed");
+    if (!shape) return;  // every slot skipped
+    const std::size_t npairs = static_cast<std::size_t>(meta_host[ne]);
+    const std::size_t hidden = shape->gate.cols, ffn = shape->gate.rows;
+    const DType dtype = shape->gate.dtype;
+    const std::size_t gate_bytes = shape->gate.bytes(), up_bytes = shape->up.bytes(),
+                      down_bytes = shape->down.bytes();
+    if (gate_bytes + up_bytes + down_bytes > opts.stream_expert_bytes)
+        too_large("moe_streamed", "the bytes of a routed expert (gate + up + down)",
+                  gate_bytes + up_bytes + down_bytes, "stream_expert_bytes",
+                  opts.stream_expert_bytes);
+
+    detail::launch_gather(x, hidden, pair_token.as<std::int32_t>(), npairs, dtype, xg.p, stream);
+    launched("moe_streamed: gather kernel");
+    // The slot's layout: the three matrices at 256-byte offsets, as cudaMalloc aligns the device
+    // copies moe() runs over (so that cuBLAS sees the same alignment and picks the same kernels).
+    const auto align = [](std::size_t b) { return (b + 255) / 256 * 256; };
+    const std::size_t up_at = align(gate_bytes), down_at = up_at + align(up_bytes);
+    struct Rows {
+        std::size_t first, count;
+    };
+    std::vector<Rows> rows;
+    detail::ExpertStream::Job job;
+    for (std::size_t e = 0; e < ne; ++e) {
+        const std::size_t first = static_cast<std::size_t>(meta_host[e]);
+        const std::size_t count = static_cast<std::size_t>(meta_host[e + 1]) - first;
+        if (count == 0) continue;
+        const model::FfnWeights& f = experts[e];
+        job.items.push_back({{{f.gate.data, gate_bytes, 0},
+                              {f.up.data, up_bytes, up_at},
+                              {f.down.data, down_bytes, down_at}}});
+        rows.push_back({first, count});
+    }
+    const std::size_t es = dtype_bytes(dtype);
+    job.compute = [this, rows = std::move(rows), hidden, ffn, dtype, es, up_at, down_at](
+                      std::size_t i, const unsigned char* slot) {
+        const std::size_t first = rows[i].first, count = rows[i].count;
+        const model::Matrix gate{slot, dtype, ffn, hidden}, up{slot + up_at, dtype, ffn, hidden},
+            down{slot + down_at, dtype, hidden, ffn};
+        const auto* xin = xg.as<const unsigned char>() + first * hidden * es;
+        float* gr = g.as<float>() + first * ffn;
+        float* ur = u.as<float>() + first * ffn;
+        unsigned char* hr = h.as<unsigned char>() + first * ffn * es;
+        gemm(gate, xin, count, gr, ffn);
+        gemm(up, xin, count, ur, ffn);
+        detail::launch_swiglu(gr, ur, count * ffn, dtype, hr, stream);
+        launched("moe_streamed: SwiGLU kernel");
+        gemm(down, hr, count, stream_partial.as<float>() + first * hidden, hidden);
+    };
+    const float* weight = routing.weight;
+    job.finish = [this, hidden, weight, n, k, y] {
+        detail::launch_combine(stream_partial.as<float>(), hidden, pair_of.as<std::int32_t>(),
+                               weight, n, k, y, stream);
+        launched("moe_streamed: combine kernel");
+    };
+    xs->run(std::move(job));
+}
+
 CudaModelOps::CudaModelOps(const CudaModelOpsOptions& opts) : impl_(std::make_unique<Impl>(opts)) {}
 CudaModelOps::~CudaModelOps() = default;
 
@@ -469,6 +604,18 @@ void CudaModelOps::linear_heads(const model::Matrix& w, const model::HeadsLayout
 void CudaModelOps::moe(std::span<const model::FfnWeights> experts, const float* x, std::size_t n,
                        const model::MoeRouting& routing, float* y) {
     impl_->moe(experts, x, n, routing, y);
+}
+std::size_t CudaModelOps::stream_expert_bytes() const noexcept {
+    return impl_->xs ? impl_->opts.stream_expert_bytes : 0;
+}
+void CudaModelOps::moe_streamed(std::span<const model::FfnWeights> host_experts, const float* x,
+                                std::size_t n, const model::MoeRouting& routing, float* y) {
+    impl_->moe_streamed(host_experts, x, n, routing, y);
+}
+model::ModelOps::StreamStats CudaModelOps::last_stream() const noexcept {
+    if (!impl_->xs) return {};
+    impl_->xs->wait();
+    return impl_->xs->last();
 }
 
 void CudaModelOps::embed(const model::Matrix& table, const std::int32_t* ids, std::size_t n,
@@ -594,6 +741,7 @@ void* CudaModelOps::allocate(std::size_t bytes) {
 }
 void CudaModelOps::deallocate(void* p) noexcept {
     if (!p) return;
+    impl_->wait();  // the loop may still enqueue work reading p
     cudaSetDevice(impl_->opts.device);
     cudaFree(p);
 }
@@ -626,6 +774,7 @@ void CudaModelOps::begin_record() {
     impl_->recording = true;
 }
 std::size_t CudaModelOps::end_record() {
+    impl_->use();
     if (!impl_->recording) throw std::logic_error("CudaModelOps: not recording");
     impl_->recording = false;
     cudaGraph_t graph = nullptr;
@@ -638,6 +787,7 @@ std::size_t CudaModelOps::end_record() {
     return impl_->graphs.size() - 1;
 }
 void CudaModelOps::cancel_record() noexcept {
+    impl_->wait();
     if (!impl_->recording) return;
     impl_->recording = false;
     cudaGraph_t graph = nullptr;
@@ -646,9 +796,9 @@ void CudaModelOps::cancel_record() noexcept {
     cudaGetLastError();  // the capture's error is the caller's, reported already
 }
 void CudaModelOps::replay(std::size_t recording) {
+    impl_->use();
     if (recording >= impl_->graphs.size())
         throw std::out_of_range("CudaModelOps::replay: no recording " + std::to_string(recording));
-    impl_->use();
     check(cudaGraphLaunch(impl_->graphs[recording].get(), impl_->stream), "cudaGraphLaunch");
 }
 
@@ -656,14 +806,33 @@ int CudaModelOps::device() const noexcept {
     return impl_->opts.device;
 }
 void* CudaModelOps::stream() const noexcept {
+    impl_->wait();  // what the caller enqueues there comes after the last moe_streamed's loop
     return impl_->stream;
 }
 void CudaModelOps::synchronize() const {
+    impl_->use();
     check(cudaStreamSynchronize(impl_->stream), "stream");
     impl_->check_reported();
 }
 std::size_t CudaModelOps::workspace_bytes() const noexcept {
     return impl_->bytes;
+}
+std::size_t CudaModelOps::pinned_bytes() const noexcept {
+    return impl_->pinned_total;
+}
+std::size_t CudaModelOps::pin_host(std::span<const HostRange> ranges) {
+    if (!impl_->xs)
+        throw std::logic_error(
+            "CudaModelOps::pin_host: streaming is off (stream_expert_bytes = 0): nothing would "
+            "read the pinned ranges");
+    impl_->use();
+    std::size_t added = 0;
+    for (const HostRange& r : ranges)
+        added += impl_->xs->pin(r.data, r.bytes);
+    return added;
+}
+std::size_t CudaModelOps::pinned_host_bytes() const noexcept {
+    return impl_->xs ? impl_->xs->pinned_host_bytes() : 0;
 }
 
 // DeviceWeights ------------------------------------------------------------------------------

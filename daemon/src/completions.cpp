@@ -748,6 +748,33 @@ json models_json(const ServiceView& v) {
     return {{"object", "list"}, {"data", std::move(data)}};
 }
 
+// Prompt chunks' host-resident experts streamed to the GPU: null when off; else the slot
+// size, the pinned staging, and since start the experts streamed and computed by the CPU with
+// the cost model's state (null before the first prompt).
+json expert_streaming_json(const ModelPlacement& p, const std::optional<model::SchedulerStats>& s) {
+    if (p.stream_expert_bytes == 0) return nullptr;
+    json j{{"slot_bytes", p.stream_expert_bytes},
+           {"pinned_bytes", p.stream_pinned_bytes},
+           {"locked_host_bytes", p.locked_host_bytes}};
+    if (!s || !s->expert_streaming.available) {
+        j["streamed_experts"] = 0;
+        j["cpu_experts"] = 0;
+        j["model"] = nullptr;
+        return j;
+    }
+    const model::ExpertStreamStats& x = s->expert_streaming;
+    j["streamed_experts"] = x.streamed_experts;
+    j["streamed_bytes"] = x.streamed_bytes;
+    j["streamed_pairs"] = x.streamed_pairs;
+    j["cpu_experts"] = x.cpu_experts;
+    j["cpu_pairs"] = x.cpu_pairs;
+    j["model"] = {{"cpu_seconds_per_expert", x.cpu_per_expert_s},
+                  {"cpu_seconds_per_pair", x.cpu_per_pair_s},
+                  {"cpu_slowdown_beside_stream", x.cpu_slowdown},
+                  {"stream_bytes_per_second", x.stream_bytes_per_s}};
+    return j;
+}
+
 // Where the model runs: "cpu", or the GPU's share (bytes per class, experts per layer) and the
 // hit rate of the GPU-resident experts over the routing since start (null before any).
 json placement_json(const ModelPlacement& p, const std::optional<model::SchedulerStats>& s) {
@@ -766,7 +793,9 @@ json placement_json(const ModelPlacement& p, const std::optional<model::Schedule
             {"host_experts", pl.host_experts},
             {"gpu_experts_per_layer", pl.gpu_experts_per_layer},
             {"decode", {{"device_attention", p.device_attention}, {"cuda_graphs", p.cuda_graphs}}},
-            {"prefill", {{"device_attention", p.device_prompts}}},
+            {"prefill",
+             {{"device_attention", p.device_prompts},
+              {"expert_streaming", expert_streaming_json(p, s)}}},
             {"summary", p.summary}};
 }
 
@@ -861,6 +890,14 @@ std::string scheduler_metrics_text(const ServiceView& v) {
         one("writescope_expert_gpu_slots_total", "counter",
             "Routed slots whose expert is resident on the GPU (the placement's hits).",
             static_cast<double>(v.model.placement.plan.hits(s.expert_heat)));
+    if (v.model.placement.stream_expert_bytes) {
+        one("writescope_expert_streamed_total", "counter",
+            "Host-resident experts (per layer and call) prompt chunks streamed to the GPU.",
+            static_cast<double>(s.expert_streaming.streamed_experts));
+        one("writescope_expert_cpu_total", "counter",
+            "Host-resident experts (per layer and call) the CPU computed.",
+            static_cast<double>(s.expert_streaming.cpu_experts));
+    }
     one("writescope_prompt_tokens_total", "counter", "Prompt tokens prefilled.",
         static_cast<double>(s.prompt_tokens));
     one("writescope_prefill_chunks_total", "counter", "Prompt chunks computed.",

@@ -142,19 +142,28 @@ std::string render_status(const json& s) {
         };
         const auto flag = [&](const char* key) { return flag_of("decode", key); };
         const bool prefill_on_gpu = flag_of("prefill", "device_attention");
+        // Host experts streamed into prompt chunks: "; prompt experts streamed 12, on the CPU 40".
+        std::string streaming;
+        if (pl.contains("prefill") && pl["prefill"].is_object() &&
+            pl["prefill"].contains("expert_streaming") &&
+            pl["prefill"]["expert_streaming"].is_object()) {
+            const auto& es = pl["prefill"]["expert_streaming"];
+            streaming = fmt::format("; host experts streamed {}, on the CPU {}",
+                                    u64(es, "streamed_experts"), u64(es, "cpu_experts"));
+        }
         rows.push_back(
             {"runtime",
              str(pl, "device") == "gpu"
                  ? fmt::format(
                        "on the GPU ({}): {}; GPU expert hit rate {}; decode: "
-                       "attention {}, {}; prompts attended {}",
+                       "attention {}, {}; prompts attended {}{}",
                        str(pl, "gpu_kernel"), str(pl, "summary"),
                        pl.contains("gpu_expert_hit_rate") && pl["gpu_expert_hit_rate"].is_number()
                            ? ratio(num(pl, "gpu_expert_hit_rate"))
                            : std::string("none yet"),
                        flag("device_attention") ? "device-side" : "through host memory",
                        flag("cuda_graphs") ? "CUDA graphs" : "kernels launched one by one",
-                       prefill_on_gpu ? "on the GPU" : "by the CPU")
+                       prefill_on_gpu ? "on the GPU" : "by the CPU", streaming)
                  : fmt::format("on the CPU ({} kernels, {} threads)", str(m, "expert_kernel"),
                                u64(m, "expert_threads"))});
     }

@@ -13,9 +13,19 @@ EngineFactory real_engine_factory() {
         // chunk.
         if (o.gpu_index >= 0 && o.max_prompt_tokens == 0)
             o.max_prompt_tokens = model::RuntimeOptions{}.prefill_chunk_tokens;
+        // Its expert staging is pinned too, within the same budget.
+        if (o.gpu_index >= 0 && o.pinned_reserved_bytes == 0) {
+            o.pinned_reserved_bytes = expert_stream_pinned_bytes(o.pinned_kv_bytes);
+            o.pinned_kv_bytes -= o.pinned_reserved_bytes;
+        }
 #endif
         return Engine::create(o);
     };
+}
+
+std::uint64_t expert_stream_pinned_bytes(std::uint64_t pinned_kv_budget) noexcept {
+    constexpr std::uint64_t kStaging = 64ull << 20;
+    return pinned_kv_budget >= 4 * kStaging ? kStaging : 0;
 }
 
 }  // namespace writescope::daemon

@@ -130,12 +130,18 @@ void start_gpu_runtime(ModelHost& host, const Profile& prof, int gpu,
     go.device = gpu;
     go.max_tokens = std::max(ro.prefill_chunk_tokens, ro.max_batch);
     go.fit(lim);
-    auto ops = std::make_unique<cuda::CudaModelOps>(go);
-    const cuda::DeviceInfo info = cuda::device_info(gpu);  // after the KV and the workspaces
-    const WeightBudget wb = weight_budget(prof, info.free_bytes, ops->workspace_bytes());
+    std::unique_ptr<cuda::CudaModelOps> ops;
+    WeightBudget wb;
     model::PlacementBudget b;
-    b.vram_bytes = wb.bytes;
     b.kv_g_share = 0;  // the KV's part was taken by the engine (hardware.vram_kv_budget)
+    // The ops, and what their workspaces leave the weights.
+    const auto make_ops = [&] {
+        ops.reset();
+        ops = std::make_unique<cuda::CudaModelOps>(go);
+        const cuda::DeviceInfo info = cuda::device_info(gpu);  // after the KV and the workspaces
+        wb = weight_budget(prof, info.free_bytes, ops->workspace_bytes());
+        b.vram_bytes = wb.bytes;
+    };
     const auto place = [&](const model::ExpertHeat* heat) {
         try {
             return model::plan_placement(m, b, heat);
@@ -144,11 +150,55 @@ void start_gpu_runtime(ModelHost& host, const Profile& prof, int gpu,
                 fmt::format("{} (the weights' part: {})", e.what(), wb.origin));
         }
     };
+    make_ops();
     const model::ExpertHeat heat = history ? history(host.heat_key) : model::ExpertHeat{};
     std::uint64_t routed = heat.total();
     std::string order = routed ? fmt::format("hottest first by {} routed slots of history", routed)
                                : std::string("in layer order (no routing history yet)");
     model::Placement pl = place(routed ? &heat : nullptr);
+    // Experts left in host memory: prompt chunks may stream them to the GPU (the runtime's
+    // cost model decides per layer), through two device slots of the largest expert, taken
+    // from the weights' part of the budget, and the pinned staging the engine factory set
+    // aside. The placement is made again within what the slots leave.
+    const std::uint64_t stream_pinned = engine.options().pinned_reserved_bytes;
+    if (pl.host_experts > 0 && stream_pinned > 0) {
+        for (const model::LayerWeights& L : m.weights().layers)
+            for (const model::FfnWeights& f : L.experts)
+                go.stream_expert_bytes = std::max<std::size_t>(go.stream_expert_bytes, f.bytes());
+        go.stream_pinned_bytes = stream_pinned;
+        make_ops();
+        pl = place(routed ? &heat : nullptr);
+    }
+    // The host-resident experts page-locked (hardware.lock_host_experts), before the runtime
+    // that streams them is made (its cost model starts from the ops' last stream). A failure
+    // (RLIMIT_MEMLOCK, say) leaves the rest to the pinned staging, at a few GB/s.
+    std::uint64_t locked = 0;
+    double lock_seconds = 0;
+    const auto lock_host = [&](const model::Placement& plan) {
+        if (!prof.hardware.lock_host_experts || ops->stream_expert_bytes() == 0) return;
+        std::vector<cuda::CudaModelOps::HostRange> ranges;
+        const auto& layers = m.weights().layers;
+        for (std::size_t l = 0; l < layers.size(); ++l)
+            for (std::size_t e = 0; e < layers[l].experts.size(); ++e) {
+                if (l < plan.on_gpu.size() && e < plan.on_gpu[l].size() && plan.on_gpu[l][e])
+                    continue;
+                const model::FfnWeights& f = layers[l].experts[e];
+                for (const model::Matrix* mx : {&f.gate, &f.up, &f.down})
+                    if (mx->data) ranges.push_back({mx->data, mx->bytes()});
+            }
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+            locked += ops->pin_host(ranges);
+        } catch (const std::exception& e) {
+            log_warning("model.placement",
+                        "the host-resident experts could not all be page-locked ({}): the rest "
+                        "stream through the pinned staging",
+                        e.what());
+        }
+        lock_seconds +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    lock_host(pl);
     auto weights = std::make_shared<cuda::DeviceModelWeights>(m, &pl.on_gpu);
     auto runtime =
         model::make_runtime(m, *ops, engine, ro, {&weights->weights(), host.host_ops.get()});
@@ -162,6 +212,7 @@ void start_gpu_runtime(ModelHost& host, const Profile& prof, int gpu,
             if (again.on_gpu != pl.on_gpu) {
                 runtime.reset();  // before its weights, which it reads
                 weights.reset();
+                lock_host(again);  // (those now on the GPU stay locked)
                 weights = std::make_shared<cuda::DeviceModelWeights>(m, &again.on_gpu);
                 runtime = model::make_runtime(m, *ops, engine, ro,
                                               {&weights->weights(), host.host_ops.get()});
@@ -190,11 +241,20 @@ void start_gpu_runtime(ModelHost& host, const Profile& prof, int gpu,
     p.device_attention = runtime->device_attention();
     p.cuda_graphs = runtime->records_decode();
     p.device_prompts = runtime->device_prompts();
+    p.stream_expert_bytes = ops->stream_expert_bytes();
+    p.stream_pinned_bytes = ops->stream_expert_bytes() ? stream_pinned : 0;
+    p.locked_host_bytes = ops->pinned_host_bytes();
     host.runtime = std::move(runtime);
     host.device_weights = std::move(weights);
     host.ops = std::move(ops);
-    log_info("model.placement", "GPU {} model runtime ({}): {} (in {} of {}); experts {}", gpu,
-             p.gpu_kernel, p.summary, format_size_human(wb.bytes), wb.origin, order);
+    log_info("model.placement", "GPU {} model runtime ({}): {} (in {} of {}); experts {}{}", gpu,
+             p.gpu_kernel, p.summary, format_size_human(wb.bytes), wb.origin, order,
+             p.stream_expert_bytes
+                 ? fmt::format("; prompt chunks may stream host experts ({} page-locked in {:.1f} "
+                               "s, {} pinned staging)",
+                               format_size_human(p.locked_host_bytes), lock_seconds,
+                               format_size_human(p.stream_pinned_bytes))
+                 : std::string());
 }
 #endif
 

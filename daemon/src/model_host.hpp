@@ -35,6 +35,12 @@ struct ModelPlacement {
     // And prompt chunks: the engine attends them in the runtime's device memory
     // (Runtime::device_prompts).
     bool device_prompts = false;
+    // Streaming host-resident experts into prompt chunks (RuntimeOptions::expert_streaming):
+    // the largest expert a device slot holds (0: off, no expert in host memory) and the pinned
+    // staging (EngineOptions::pinned_reserved_bytes).
+    std::uint64_t stream_expert_bytes = 0, stream_pinned_bytes = 0;
+    // Host memory of the host-resident experts page-locked for it (hardware.lock_host_experts).
+    std::uint64_t locked_host_bytes = 0;
 };
 
 struct ModelHost {

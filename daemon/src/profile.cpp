@@ -491,6 +491,13 @@ const std::vector<KeyDef>& key_table() {
         t.push_back(bool_key(
             "hardware", "pin_threads", "true", "pin CPU attention threads to cores", false,
             [](Profile & p) -> auto& { return p.hardware.pin_threads; }));
+        t.push_back(bool_key(
+            "hardware", "lock_host_experts", "true",
+            "page-lock the routed experts the GPU model runtime leaves in host memory, so that "
+            "prompt chunks stream the ones worth it to the GPU at the PCIe rate (false: through "
+            "a 64MiB pinned staging taken from pinned_kv_budget, a few GB/s); no effect on the "
+            "CPU runtime",
+            false, [](Profile & p) -> auto& { return p.hardware.lock_host_experts; }));
         // --- model
         t.push_back(path_key(
             "model", "source", "\"qwen3-30b-a3b\"",

@@ -57,6 +57,9 @@ struct Profile {
         int attention_threads = 0;    // 0: one per online core
         int expert_threads = 0;       // 0: as many as attention_threads
         bool pin_threads = true;
+        // The GPU model runtime page-locks the routed experts it leaves in host memory, so that
+        // prompt chunks stream them to the GPU at the PCIe rate.
+        bool lock_host_experts = true;
     } hardware;
     struct Model {
         std::string source;      // a preset name or a model directory

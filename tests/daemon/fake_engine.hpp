@@ -71,6 +71,7 @@ class FakeEngine final : public Engine {
         std::lock_guard lock(mu_);
         cal_ = c;
     }
+    const EngineOptions& options() const noexcept override { return opts_; }
     EngineStatus status() const override {
         std::lock_guard lock(mu_);
         EngineStatus s;

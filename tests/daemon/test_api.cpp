@@ -167,6 +167,13 @@ TEST_CASE("routes answer after boot and errors keep the shape", "[unit][daemon][
     CHECK_THAT(render_status(gst),
                Catch::Contains("decode: attention device-side, CUDA graphs; prompts attended on "
                                "the GPU"));
+    CHECK_THAT(render_status(gst), !Catch::Contains("host experts streamed"));
+    // With experts in host memory that prompt chunks stream.
+    gst["model"]["placement"]["prefill"]["expert_streaming"] = {
+        {"slot_bytes", 1 << 20}, {"streamed_experts", 12}, {"cpu_experts", 40}};
+    CHECK_THAT(render_status(gst),
+               Catch::Contains("prompts attended on the GPU; host experts streamed 12, on the CPU "
+                               "40"));
     CHECK(st["store"]["in_memory"] == false);
 
     const auto cal = h.get("/v1/calibration");

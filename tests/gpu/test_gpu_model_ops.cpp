@@ -486,6 +486,331 @@ TEST_CASE("GPU moe refuses a bad expert index and leaves y alone", "[gpu]") {
     REQUIRE(to_host<float>(yd, 16) == y0);
 }
 
+TEST_CASE("GPU moe_streamed matches moe, the CPU and the fp64 reference", "[gpu]") {
+    if (!have_gpu()) FAIL("no GPU: run the gpu label only on a GPU machine");
+    auto rng = test::seeded_rng("gpu model moe_streamed");
+    // Experts of 3 · 1024 · 700 elements (4.3 MB in bf16 or fp16) through a 256 KiB ring of four
+    // 64 KiB pieces: 66 pieces an expert, the ring wrapping many times within each, pieces
+    // straddling gate, up and down, and two slots reused by the eight experts. Expert 6 has no
+    // weights (never routed: unrouted experts are neither checked nor copied), expert 3 gets no
+    // pairs. The device copies' span holds expert 6 too, which keeps moe() on its GEMM path for
+    // every n: the streamed path is that path expert by expert, so the two are compared bit for
+    // bit.
+    const MoeShape s{"streamed", 1024, 700, 8, 2, 8, true};
+    const std::size_t H = s.hidden, F = s.ffn, k = s.k;
+    cuda::CudaModelOpsOptions o;
+    o.max_tokens = 200;
+    o.max_hidden = 1024;
+    o.max_ffn = 1024;
+    o.max_experts = 16;
+    o.max_k = 2;
+    o.stream_expert_bytes = 3 * H * F * 2;
+    o.stream_slots = 2;
+    o.stream_min_area = 0;  // two slots, however small the experts
+    o.stream_pinned_bytes = std::size_t{256} << 10;
+    o.stream_copy_threads = 4;
+    cuda::CudaModelOps ops(o);
+    REQUIRE(ops.stream_expert_bytes() == o.stream_expert_bytes);
+    REQUIRE(ops.pinned_bytes() >= o.stream_pinned_bytes);
+    // The slots and the partial buffer are in the workspace the daemon budgets.
+    REQUIRE(ops.workspace_bytes() >= 2 * o.stream_expert_bytes + 200 * 2 * 1024 * 4);
+    {
+        // Before any call: the probe at construction.
+        const auto p = ops.last_stream();
+        std::printf("moe_streamed probe: %llu bytes in %.3f ms, %.2f GB/s\n",
+                    static_cast<unsigned long long>(p.bytes), p.seconds * 1e3,
+                    double(p.bytes) / p.seconds / 1e9);
+        REQUIRE(p.bytes > 0);
+        REQUIRE(p.seconds > 0);
+    }
+    const auto download = [&](const cuda::DeviceBuffer& b, std::size_t count) {
+        std::vector<float> v(count);
+        ops.download(v.data(), b.data(), count * sizeof(float));
+        return v;
+    };
+    const std::vector<std::int32_t> used{0, 1, 2, 4, 5, 7};
+    for (DType d : {DType::bf16, DType::f16}) {
+        std::vector<HostMatrix> gate, up, down;
+        cuda::DeviceWeights dw;
+        std::vector<model::FfnWeights> host_experts, dev_experts;
+        for (std::size_t e = 0; e < s.experts; ++e) {
+            gate.emplace_back(F, H, d, rng());
+            up.emplace_back(F, H, d, rng());
+            down.emplace_back(H, F, d, rng());
+            const model::FfnWeights f =
+                e == 6 ? model::FfnWeights{} : model::FfnWeights{gate[e].m, up[e].m, down[e].m};
+            host_experts.push_back(f);
+            dev_experts.push_back(dw.upload(f));
+        }
+        const std::size_t expert_bytes = host_experts[0].bytes();
+        for (std::size_t n : {1u, 37u, 200u}) {
+            const auto x = random_floats(n * H, -1.0f, 1.0f, rng);
+            const auto y0 = random_floats(n * H, -1.0f, 1.0f, rng);
+            std::vector<std::int32_t> ex(n * k);
+            std::vector<float> wt(n * k);
+            std::vector<std::int32_t> perm = used;
+            std::uniform_real_distribution<float> uw(0.05f, 1.0f);
+            for (std::size_t t = 0; t < n; ++t) {
+                std::shuffle(perm.begin(), perm.end(), rng);
+                for (std::size_t j = 0; j < k; ++j) {
+                    ex[t * k + j] = perm[j];
+                    wt[t * k + j] = uw(rng);
+                    if (n > 1 && (t + j) % 4 == 1) ex[t * k + j] = -1;
+                }
+            }
+            std::vector<bool> routed(s.experts, false);
+            for (const std::int32_t e : ex)
+                if (e >= 0) routed[static_cast<std::size_t>(e)] = true;
+            const std::size_t nrouted =
+                static_cast<std::size_t>(std::count(routed.begin(), routed.end(), true));
+
+            std::vector<float> yc = y0;
+            cpu_ops().moe(host_experts, x.data(), n, {ex.data(), wt.data(), k}, yc.data());
+            const auto xd = to_device(x), exd = to_device(ex), wtd = to_device(wt);
+            const model::MoeRouting rd{dptr<std::int32_t>(exd), dptr<float>(wtd), k};
+            auto ymd = to_device(y0), ysd = to_device(y0);
+            ops.moe(dev_experts, dptr<float>(xd), n, rd, dptr<float>(ymd));
+            const auto ym = download(ymd, n * H);
+            ops.moe_streamed(host_experts, dptr<float>(xd), n, rd, dptr<float>(ysd));
+            // The next op (a download) waits for the whole call and sees all of y.
+            const auto ys = download(ysd, n * H);
+            const auto st = ops.last_stream();
+            REQUIRE(st.experts == nrouted);
+            REQUIRE(st.bytes == nrouted * expert_bytes);
+            REQUIRE(st.seconds > 0);
+            std::size_t differ = 0;
+            for (std::size_t i = 0; i < n * H; ++i)
+                differ += !(ys[i] == ym[i]);  // NaN differs
+
+            double worst = 0, err2 = 0, ref2 = 0;
+            std::vector<double> yr, br;
+            const double per_token = 3.0 * double(k) * double(H) * double(F);
+            for (std::size_t t : ref_tokens(n, per_token, 1.5e8, rng)) {
+                moe_reference(s, d, gate, up, down, x, y0, ex, wt, t, yr, br);
+                for (std::size_t c = 0; c < H; ++c) {
+                    const double e = std::fabs(ys[t * H + c] - yr[c]);
+                    worst = std::max(worst, std::isnan(e) ? 1e30 : e / br[c]);
+                    err2 += e * e;
+                    ref2 += (yr[c] - y0[t * H + c]) * (yr[c] - y0[t * H + c]);
+                }
+            }
+            const double bmax = *std::max_element(br.begin(), br.end());
+            double worst_gc = 0;
+            for (std::size_t i = 0; i < n * H; ++i) {
+                const double e = std::fabs(double(ys[i]) - yc[i]);
+                worst_gc = std::max(worst_gc, std::isnan(e) ? 1e30 : e / (2 * bmax));
+            }
+            std::printf(
+                "moe_streamed %s n=%3zu: %zu experts, %zu of %zu elements differ from moe, "
+                "|gpu-fp64|/bound %.3f, ||gpu-fp64||/||ffn part|| %.2e, "
+                "|gpu-cpu|/(2 max bound) %.3f; %llu bytes streamed in %.3f ms, %.2f GB/s\n",
+                name(d), n, nrouted, differ, n * H, worst, std::sqrt(err2 / ref2), worst_gc,
+                static_cast<unsigned long long>(st.bytes), st.seconds * 1e3,
+                double(st.bytes) / st.seconds / 1e9);
+            REQUIRE(differ == 0);
+            REQUIRE(worst <= 1.0);
+            REQUIRE(worst_gc <= 1.0);
+
+            if (n == 200) {
+                // Two calls in a row (the second joins the first, its first expert in the slot
+                // the first call's last did not use): y twice accumulated, as moe() twice.
+                ops.moe(dev_experts, dptr<float>(xd), n, rd, dptr<float>(ymd));
+                ops.moe_streamed(host_experts, dptr<float>(xd), n, rd, dptr<float>(ysd));
+                ops.moe_streamed(host_experts, dptr<float>(xd), n, rd, dptr<float>(ysd));
+                ops.moe(dev_experts, dptr<float>(xd), n, rd, dptr<float>(ymd));
+                REQUIRE(download(ysd, n * H) == download(ymd, n * H));
+            }
+        }
+    }
+
+    // Refusals leave y alone.
+    {
+        const std::size_t n = 37;
+        const auto x = random_floats(n * H, -1.0f, 1.0f, rng);
+        const auto y0 = random_floats(n * H, -1.0f, 1.0f, rng);
+        std::vector<std::int32_t> ex(n * k, -1);  // every token to expert 0 in its first slot
+        for (std::size_t t = 0; t < n; ++t)
+            ex[t * k] = 0;
+        const std::vector<float> wt(n * k, 0.5f);
+        const auto xd = to_device(x), wtd = to_device(wt);
+        auto yd = to_device(y0);
+        // An expert larger than stream_expert_bytes (one more row of gate and up, and a column
+        // of down).
+        const HostMatrix bg(F + 1, H, DType::bf16, rng()), bu(F + 1, H, DType::bf16, rng()),
+            bd(H, F + 1, DType::bf16, rng());
+        const std::vector<model::FfnWeights> big{{bg.m, bu.m, bd.m}};
+        const auto exd = to_device(ex);
+        REQUIRE_THROWS_AS(
+            ops.moe_streamed(big, dptr<float>(xd), n,
+                             {dptr<std::int32_t>(exd), dptr<float>(wtd), k}, dptr<float>(yd)),
+            std::length_error);
+        REQUIRE(download(yd, n * H) == y0);
+        // An expert index out of range.
+        const HostMatrix g(F, H, DType::bf16, rng()), u(F, H, DType::bf16, rng()),
+            dn(H, F, DType::bf16, rng());
+        const std::vector<model::FfnWeights> one{{g.m, u.m, dn.m}};
+        ex[11] = 1;
+        const auto bad = to_device(ex);
+        REQUIRE_THROWS_AS(
+            ops.moe_streamed(one, dptr<float>(xd), n,
+                             {dptr<std::int32_t>(bad), dptr<float>(wtd), k}, dptr<float>(yd)),
+            std::out_of_range);
+        REQUIRE(download(yd, n * H) == y0);
+        // While recording (its copies wait for the host), and on ops that do not stream.
+        ops.begin_record();
+        REQUIRE_THROWS_AS(
+            ops.moe_streamed(one, dptr<float>(xd), n,
+                             {dptr<std::int32_t>(exd), dptr<float>(wtd), k}, dptr<float>(yd)),
+            std::logic_error);
+        ops.cancel_record();
+        REQUIRE(gpu_ops().stream_expert_bytes() == 0);
+        REQUIRE_THROWS_AS(
+            gpu_ops().moe_streamed(one, dptr<float>(xd), n,
+                                   {dptr<std::int32_t>(exd), dptr<float>(wtd), k}, dptr<float>(yd)),
+            std::logic_error);
+        REQUIRE(download(yd, n * H) == y0);
+        // The ops still stream after the refusals (a sanity check against the CPU: the bounds
+        // are the loop's above).
+        ex[11] = -1;
+        std::vector<float> y1 = y0;
+        cpu_ops().moe(one, x.data(), n, {ex.data(), wt.data(), k}, y1.data());
+        ops.moe_streamed(one, dptr<float>(xd), n, {dptr<std::int32_t>(exd), dptr<float>(wtd), k},
+                         dptr<float>(yd));
+        const auto yg = download(yd, n * H);
+        double worst = 0, scale = 0;
+        for (std::size_t i = 0; i < n * H; ++i) {
+            const double e = std::fabs(double(yg[i]) - y1[i]);
+            worst = std::max(worst, std::isnan(e) ? 1e30 : e);
+            scale = std::max(scale, std::fabs(double(y1[i])));
+        }
+        std::printf("moe_streamed after the refusals: max |gpu-cpu| / max |y| %.2e\n",
+                    worst / scale);
+        REQUIRE(worst <= 1e-2 * scale);
+        REQUIRE(ops.last_stream().experts == 1);
+        REQUIRE(ops.last_stream().bytes == one[0].bytes());
+    }
+
+    // The rate at the default ring (16 MiB pieces) and copy threads, informational: the probe and
+    // four 48 MiB experts (hidden 2048, FFN 4096, bf16) for 300 tokens.
+    {
+        const std::size_t h = 2048, f = 4096, ne = 4, n = 300;
+        cuda::CudaModelOpsOptions od;
+        od.max_tokens = n;
+        od.max_hidden = h;
+        od.max_ffn = f;
+        od.max_experts = ne;
+        od.max_k = 2;
+        od.stream_expert_bytes = 3 * h * f * 2;
+        // The host memory big_ops pins outlives it (the ops unpin it at destruction).
+        std::vector<HostMatrix> mats;
+        std::vector<unsigned char> packed;
+        cuda::CudaModelOps big_ops(od);
+        const auto p = big_ops.last_stream();
+        std::vector<model::FfnWeights> experts;
+        for (std::size_t e = 0; e < ne; ++e) {
+            mats.emplace_back(f, h, DType::bf16, rng());
+            mats.emplace_back(f, h, DType::bf16, rng());
+            mats.emplace_back(h, f, DType::bf16, rng());
+            experts.push_back({mats[3 * e].m, mats[3 * e + 1].m, mats[3 * e + 2].m});
+        }
+        std::vector<std::int32_t> ex(n * 2);
+        for (std::size_t i = 0; i < ex.size(); ++i)
+            ex[i] = static_cast<std::int32_t>(i % ne);
+        const auto x = random_floats(n * h, -1.0f, 1.0f, rng);
+        const auto xd = to_device(x), exd = to_device(ex),
+                   wtd = to_device(std::vector<float>(n * 2, 0.5f));
+        auto yd = to_device(std::vector<float>(n * h, 0.0f));
+        for (int rep = 0; rep < 2; ++rep) {
+            big_ops.moe_streamed(experts, dptr<float>(xd), n,
+                                 {dptr<std::int32_t>(exd), dptr<float>(wtd), 2}, dptr<float>(yd));
+            big_ops.synchronize();
+        }
+        const auto st = big_ops.last_stream();
+        std::printf(
+            "moe_streamed at the default ring: probe %.2f GB/s (%llu bytes), four 48 MiB experts "
+            "%.2f GB/s (%.2f ms); pinned %zu bytes\n",
+            double(p.bytes) / p.seconds / 1e9, static_cast<unsigned long long>(p.bytes),
+            double(st.bytes) / st.seconds / 1e9, st.seconds * 1e3, big_ops.pinned_bytes());
+        REQUIRE(st.experts == ne);
+        REQUIRE(st.bytes == ne * experts[0].bytes());
+        const auto y_ring = [&] {
+            std::vector<float> v(n * h);
+            big_ops.download(v.data(), yd.data(), v.size() * sizeof(float));
+            return v;
+        }();
+
+        // The same experts page-locked (pin_host): copied straight into the slots, the same
+        // result bit for bit.
+        std::vector<cuda::CudaModelOps::HostRange> ranges;
+        for (const model::FfnWeights& fw : experts)
+            for (const model::Matrix* mx : {&fw.gate, &fw.up, &fw.down})
+                ranges.push_back({mx->data, mx->bytes()});
+        const std::size_t pinned = big_ops.pin_host(ranges);
+        REQUIRE(pinned >= ne * experts[0].bytes());
+        REQUIRE(big_ops.pinned_host_bytes() == pinned);
+        REQUIRE(big_ops.pin_host(ranges) == 0);  // already locked
+        auto yp = to_device(std::vector<float>(n * h, 0.0f));
+        for (int rep = 0; rep < 2; ++rep) {
+            big_ops.moe_streamed(experts, dptr<float>(xd), n,
+                                 {dptr<std::int32_t>(exd), dptr<float>(wtd), 2}, dptr<float>(yp));
+            big_ops.synchronize();
+        }
+        const auto sp = big_ops.last_stream();
+        std::vector<float> y_pinned(n * h);
+        big_ops.download(y_pinned.data(), yp.data(), y_pinned.size() * sizeof(float));
+        std::printf(
+            "moe_streamed from page-locked experts: %.2f GB/s (%.2f ms), %zu bytes locked\n",
+            double(sp.bytes) / sp.seconds / 1e9, sp.seconds * 1e3, pinned);
+        REQUIRE(sp.bytes == ne * experts[0].bytes());
+        REQUIRE(sp.direct_bytes == sp.bytes);
+        REQUIRE(st.direct_bytes == 0);
+        REQUIRE(y_pinned == y_ring);
+
+        // Matrices packed one after another in one buffer, off page boundaries, pinned one call
+        // each: neighbours share pages, so a matrix spans two registrations (the second starts
+        // where the first ended); it is still copied directly, in two parts.
+        const std::size_t mb = f * h * 2;
+        packed.resize(3 * ne * mb + 4096 + 40);
+        unsigned char* base =
+            packed.data() + (4096 - reinterpret_cast<std::uintptr_t>(packed.data()) % 4096) + 40;
+        std::vector<model::FfnWeights> tight;
+        std::vector<cuda::CudaModelOps::HostRange> tight_ranges;
+        for (std::size_t e = 0; e < ne; ++e) {
+            model::Matrix m3[3];
+            for (int q = 0; q < 3; ++q) {
+                const model::Matrix& src = q == 0   ? experts[e].gate
+                                           : q == 1 ? experts[e].up
+                                                    : experts[e].down;
+                unsigned char* at = base + (3 * e + q) * mb;
+                std::memcpy(at, src.data, mb);
+                m3[q] = src;
+                m3[q].data = at;
+                tight_ranges.push_back({at, mb});
+            }
+            tight.push_back({m3[0], m3[1], m3[2]});
+        }
+        big_ops.pin_host(tight_ranges);
+        auto yt = to_device(std::vector<float>(n * h, 0.0f));
+        for (int rep = 0; rep < 2; ++rep) {
+            big_ops.moe_streamed(tight, dptr<float>(xd), n,
+                                 {dptr<std::int32_t>(exd), dptr<float>(wtd), 2}, dptr<float>(yt));
+            big_ops.synchronize();
+        }
+        const auto stt = big_ops.last_stream();
+        std::vector<float> y_tight(n * h);
+        big_ops.download(y_tight.data(), yt.data(), y_tight.size() * sizeof(float));
+        std::printf(
+            "moe_streamed from packed page-locked experts: %.2f GB/s, %llu of %llu bytes direct\n",
+            double(stt.bytes) / stt.seconds / 1e9,
+            static_cast<unsigned long long>(stt.direct_bytes),
+            static_cast<unsigned long long>(stt.bytes));
+        REQUIRE(stt.direct_bytes == stt.bytes);
+        REQUIRE(y_tight == y_ring);
+        // Ops that do not stream have nothing to read pinned ranges with.
+        REQUIRE_THROWS_AS(gpu_ops().pin_host(ranges), std::logic_error);
+    }
+}
+
 TEST_CASE("GPU route gives the CPU's experts and weights", "[gpu]") {
     if (!have_gpu()) FAIL("no GPU");
     auto rng = test::seeded_rng("gpu model route");

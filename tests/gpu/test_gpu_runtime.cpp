@@ -35,13 +35,23 @@ struct GpuRuntime {
     std::unique_ptr<cuda::DeviceModelWeights> weights;
     std::unique_ptr<model::Runtime> runtime;
 
+    // stream: the host-resident experts of every call streamed to the GPU (ExpertStreaming::
+    // always, through a pinned ring of small pieces so that it wraps).
     GpuRuntime(const model::Model& m, std::size_t chunk, bool split, std::unique_ptr<Engine> e,
-               std::size_t max_batch = 4, bool device_attention = true, bool graphs = true)
+               std::size_t max_batch = 4, bool device_attention = true, bool graphs = true,
+               bool stream = false)
         : engine(std::move(e)) {
         const model::OpLimits lim = model::op_limits(m.config());
         cuda::CudaModelOpsOptions co;
         co.max_tokens = std::max(chunk, max_batch);
         co.fit(lim);
+        if (stream) {
+            for (const model::LayerWeights& L : m.weights().layers)
+                for (const model::FfnWeights& f : L.experts)
+                    co.stream_expert_bytes =
+                        std::max<std::size_t>(co.stream_expert_bytes, f.bytes());
+            co.stream_pinned_bytes = 64 << 10;
+        }
         ops = std::make_unique<cuda::CudaModelOps>(co);
         host_ops = std::make_unique<cpu::CpuModelOps>(cpu_ops_options(m.config(), co.max_tokens));
         const auto mask = split_mask(m);
@@ -52,6 +62,7 @@ struct GpuRuntime {
         ro.kv_dtype = m.config().dtype;
         ro.device_attention = device_attention;
         ro.cuda_graphs = graphs;
+        ro.expert_streaming = stream ? model::ExpertStreaming::always : model::ExpertStreaming::off;
         runtime = model::make_runtime(m, *ops, *engine, ro, {&weights->weights(), host_ops.get()});
     }
 };
@@ -103,9 +114,11 @@ TEST_CASE(
         const auto dir = models_dir() / name;
         const Reference ref = read_reference(dir);
         const auto m = model::load_model_dir(dir);
-        for (const bool split : {false, true}) {
+        for (const int mode : {0, 1, 2}) {  // experts all on the GPU, split, split and streamed
+            const bool split = mode > 0, stream = mode == 2;
+            const char* what = stream ? "streamed" : split ? "split" : "GPU";
             for (const std::size_t chunk : {std::size_t{128}, std::size_t{7}}) {
-                GpuRuntime g(*m, chunk, split, small_engine(*m, 16, 4));
+                GpuRuntime g(*m, chunk, split, small_engine(*m, 16, 4), 4, true, true, stream);
                 CpuRuntime c(*m, chunk);
                 for (std::size_t i = 0; i < ref.prompts.size(); ++i) {
                     const Errors eg = teacher_forced(*g.runtime, ref.prompts[i]);
@@ -114,16 +127,28 @@ TEST_CASE(
                         "[gpu] runtime %-24s experts %-5s chunk %3zu prompt %zu: relative logit "
                         "error %.3g (CPU runtime %.3g, bound %.0e); %zu of %zu experts on the "
                         "GPU\n",
-                        name.c_str(), split ? "split" : "GPU", chunk, i, eg.rel(), ec.rel(),
-                        tolerance(ref), g.weights->gpu_experts(),
+                        name.c_str(), what, chunk, i, eg.rel(), ec.rel(), tolerance(ref),
+                        g.weights->gpu_experts(),
                         g.weights->gpu_experts() + g.weights->host_experts());
-                    INFO(name << (split ? " split" : " all GPU") << " chunk " << chunk << " prompt "
-                              << i);
+                    INFO(name << " experts " << what << " chunk " << chunk << " prompt " << i);
                     CHECK(eg.rel() <= tolerance(ref));
                     if (ref.dtype == "float32" && chunk == 7) {
                         const auto& p = ref.prompts[i];
                         CHECK(greedy(*g.runtime, p.ids, p.greedy.size()) == p.greedy);
                     }
+                }
+                if (stream && m->config().num_experts > 0) {
+                    // Every host expert with tokens went to the GPU, none to the CPU.
+                    const model::ExpertStreamStats st = g.runtime->expert_streaming();
+                    std::printf(
+                        "[gpu] runtime %-24s chunk %3zu: %llu host experts streamed "
+                        "(%.1f MB), %llu on the CPU\n",
+                        name.c_str(), chunk, static_cast<unsigned long long>(st.streamed_experts),
+                        static_cast<double>(st.streamed_bytes) / 1e6,
+                        static_cast<unsigned long long>(st.cpu_experts));
+                    INFO(name << " streamed, chunk " << chunk);
+                    CHECK(st.streamed_experts > 0);
+                    CHECK(st.cpu_experts == 0);
                 }
             }
         }

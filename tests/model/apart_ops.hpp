@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -22,11 +23,15 @@ namespace writescope::test {
 // must be handed back (Engine::attend_layer's device side), and recordings: while recording,
 // every op is kept as a call to replay instead of run, and what a GPU could not record throws
 // (a copy to or from the host, a wait, and moe over more than moe_record_max tokens, as the GEMM
-// path's wait for its counts).
+// path's wait for its counts); and expert streaming: moe_streamed over experts of at most
+// stream_bytes (0: the ops cannot stream), run at once, its copies reported at stream_rate
+// bytes per second (the probe too).
 struct DeviceEmulation {
     void* stream = nullptr;
     bool record = false;
     std::size_t moe_record_max = 64;
+    std::size_t stream_bytes = 0;
+    double stream_rate = 25e9;
 };
 
 class CountingOps final : public model::ModelOps {
@@ -36,6 +41,7 @@ class CountingOps final : public model::ModelOps {
 
     std::size_t uploads = 0, downloads = 0, moe_calls = 0, moe_tokens = 0;
     std::size_t recorded_calls = 0, replays = 0;
+    std::size_t streamed_calls = 0, streamed_experts = 0;
 
     void linear(const model::Matrix& w, const float* x, std::size_t n, float* y) override {
         op([=, this] { inner_.linear(w, x, n, y); });
@@ -50,6 +56,34 @@ class CountingOps final : public model::ModelOps {
             moe_tokens += n;
             inner_.moe(experts, x, n, routing, y);
         });
+    }
+    std::size_t stream_expert_bytes() const noexcept override { return dev_.stream_bytes; }
+    void moe_streamed(std::span<const model::FfnWeights> host_experts, const float* x,
+                      std::size_t n, const model::MoeRouting& routing, float* y) override {
+        if (dev_.stream_bytes == 0) throw std::logic_error("CountingOps: streaming is off");
+        not_recording("moe_streamed");
+        std::vector<std::uint8_t> seen(host_experts.size(), 0);
+        StreamStats s;
+        for (std::size_t i = 0; i < n * routing.k; ++i) {
+            const std::int32_t e = routing.expert[i];
+            if (e < 0 || seen.at(static_cast<std::size_t>(e))) continue;
+            seen[static_cast<std::size_t>(e)] = 1;
+            const std::uint64_t b = host_experts[static_cast<std::size_t>(e)].bytes();
+            if (b > dev_.stream_bytes)
+                throw std::length_error("CountingOps: an expert beyond the stream's slot");
+            s.bytes += b;
+            ++s.experts;
+        }
+        s.seconds = static_cast<double>(s.bytes) / dev_.stream_rate;
+        ++streamed_calls;
+        streamed_experts += s.experts;
+        inner_.moe(host_experts, x, n, routing, y);
+        last_stream_ = s;
+    }
+    StreamStats last_stream() const noexcept override {
+        if (last_stream_.bytes) return last_stream_;
+        const std::uint64_t probe = std::uint64_t{32} << 20;
+        return {probe, static_cast<double>(probe) / dev_.stream_rate, 0};
     }
     void embed(const model::Matrix& t, const std::int32_t* ids, std::size_t n,
                float* out) override {
@@ -146,6 +180,7 @@ class CountingOps final : public model::ModelOps {
     cpu::CpuModelOps inner_;
     bool host_;
     DeviceEmulation dev_;
+    StreamStats last_stream_;
     std::vector<std::vector<std::function<void()>>> recordings_;
     std::vector<std::function<void()>>* cur_ = nullptr;
 };

@@ -40,6 +40,8 @@ class Architecture {
     virtual bool records_safely() const noexcept = 0;
     // Tokens routed to each expert since the last call (FeedForward::take_heat).
     virtual ExpertHeat take_heat() = 0;
+    // The host-resident experts' counters and streaming model (FeedForward::stream_stats).
+    virtual ExpertStreamStats stream_stats() const = 0;
 };
 
 // What an architecture computes with: the model (its config, and its own weights in host memory,
@@ -57,6 +59,9 @@ struct Binding {
     // The runtime's profile (RuntimeOptions::profile_layers): while `on`, the feed-forward
     // blocks wait for the ops around each side's experts and add their seconds to `times`.
     struct Profile* profile = nullptr;
+    // Whether a prompt chunk's host-resident experts may be streamed to the ops
+    // (RuntimeOptions::expert_streaming).
+    ExpertStreaming streaming = ExpertStreaming::automatic;
 };
 
 struct Profile {

@@ -110,6 +110,7 @@ class DeepseekV2 final : public Architecture {
     std::uint64_t ffn_fixed_bytes() const noexcept override { return ffn_.fixed_bytes(); }
     bool records_safely() const noexcept override { return ffn_.records_safely(); }
     ExpertHeat take_heat() override { return ffn_.take_heat(); }
+    ExpertStreamStats stream_stats() const override { return ffn_.stream_stats(); }
 
   private:
     const Model& m_;

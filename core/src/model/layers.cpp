@@ -115,6 +115,16 @@ FeedForward::FeedForward(const Binding& b)
         y_ops_ = OpsBuffer<float>(ops_, max_tokens * hidden);
         x_host_.resize(max_tokens * hidden);
         y_host_.resize(max_tokens * hidden);
+        if (ops_.stream_expert_bytes() > 0 && b.streaming != ExpertStreaming::off) {
+            streaming_ = b.streaming;
+            pairs_.assign(E, 0);
+            streamed_.assign(E, 0);
+            stream_host_.resize(max_tokens * k);
+            stream_ops_ = OpsBuffer<std::int32_t>(ops_, max_tokens * k);
+            const ModelOps::StreamStats probe = ops_.last_stream();
+            policy_.observe_stream(probe.bytes, probe.seconds);
+            stats_.available = true;
+        }
     }
     heat_ = ExpertHeat::zeros(m_);
     if (std::any_of(host.begin(), host.end(), [](const LayerWeights& L) { return L.moe; })) {
@@ -187,6 +197,7 @@ void FeedForward::run_split(std::size_t layer, const float* xn, std::size_t n, f
         ids = experts_host_.data();
         wts = weights_host_.data();
         x = x_host_.data();
+        observe_stream();  // the download waited for the last layer's stream
     }
     bool any_host = false, any_ops = false;
     for (std::size_t i = 0; i < n * k; ++i) {
@@ -205,17 +216,106 @@ void FeedForward::run_split(std::size_t layer, const float* xn, std::size_t n, f
     }
     after_ops();
     if (!any_host) return;
+    const std::span<const FfnWeights> host_experts = m_.weights().layers[layer].experts;
+    bool streaming = false;
+    if (streaming_ != ExpertStreaming::off && pick_streamed(layer, n, ids)) {
+        streaming = true;
+        // The ops copy these in and run them while the CPU computes the others below.
+        stream_ops_.upload(std::span<const std::int32_t>(stream_host_.data(), n * k));
+        ops_.moe_streamed(host_experts, xn, n, MoeRouting{stream_ops_.data(), route_weights(n), k},
+                          h);
+        stream_pending_ = true;
+    }
+    std::size_t cpu_pairs = 0;
     for (std::size_t i = 0; i < n * k; ++i) {
         const std::int32_t e = ids[i];
-        split_host_[i] = e >= 0 && on_host[static_cast<std::size_t>(e)] ? e : -1;
+        const bool cpu = e >= 0 && on_host[static_cast<std::size_t>(e)] &&
+                         (streamed_.empty() || !streamed_[static_cast<std::size_t>(e)]);
+        split_host_[i] = cpu ? e : -1;
+        cpu_pairs += cpu;
+    }
+    if (cpu_pairs == 0) return;
+    std::size_t cpu_experts = 0;
+    if (!pairs_.empty()) {
+        for (std::size_t e = 0; e < on_host.size(); ++e)
+            cpu_experts += on_host[e] && pairs_[e] > 0 && !streamed_[e];
     }
     std::fill_n(y_host_.begin(), n * hidden, 0.0f);
+    const double t0 = steady_seconds();
     timed(profile_, *host_ops_, &LayerTimes::host_experts, [&] {
-        host_ops_->moe(m_.weights().layers[layer].experts, x, n,
-                       MoeRouting{split_host_.data(), wts, k}, y_host_.data());
+        host_ops_->moe(host_experts, x, n, MoeRouting{split_host_.data(), wts, k}, y_host_.data());
     });
+    if (!pairs_.empty()) {
+        policy_.observe_cpu(cpu_experts, cpu_pairs, steady_seconds() - t0, streaming);
+        stats_.cpu_experts += cpu_experts;
+        stats_.cpu_pairs += cpu_pairs;
+    }
     y_ops_.upload(std::span<const float>(y_host_.data(), n * hidden));
+    observe_stream();  // the upload waited for the stream to be enqueued
     ops_.add(h, y_ops_.data(), n * hidden);
+}
+
+bool FeedForward::pick_streamed(std::size_t layer, std::size_t n, const std::int32_t* ids) {
+    const std::size_t k = k_;
+    const std::vector<std::uint8_t>& on_host = on_host_[layer];
+    const auto& experts = m_.weights().layers[layer].experts;
+    std::fill(pairs_.begin(), pairs_.end(), 0);
+    std::fill(streamed_.begin(), streamed_.end(), 0);
+    for (std::size_t i = 0; i < n * k; ++i) {
+        const std::int32_t e = ids[i];
+        if (e >= 0 && static_cast<std::size_t>(e) < on_host.size() &&
+            on_host[static_cast<std::size_t>(e)])
+            ++pairs_[static_cast<std::size_t>(e)];
+    }
+    // The candidates: host experts with pairs the ops' staging holds, most pairs first (ties in
+    // index order, so that a call's choice does not depend on anything but its routing).
+    order_.clear();
+    const std::uint64_t most = ops_.stream_expert_bytes();
+    for (std::size_t e = 0; e < on_host.size(); ++e)
+        if (on_host[e] && pairs_[e] > 0 && experts[e].bytes() <= most)
+            order_.push_back(static_cast<std::int32_t>(e));
+    std::stable_sort(order_.begin(), order_.end(), [&](std::int32_t a, std::int32_t b) {
+        return pairs_[static_cast<std::size_t>(a)] > pairs_[static_cast<std::size_t>(b)];
+    });
+    candidates_.clear();
+    for (const std::int32_t e : order_)
+        candidates_.push_back(
+            {experts[static_cast<std::size_t>(e)].bytes(), pairs_[static_cast<std::size_t>(e)]});
+    const std::size_t take =
+        streaming_ == ExpertStreaming::always ? candidates_.size() : policy_.choose(candidates_);
+    if (take == 0) return false;
+    for (std::size_t i = 0; i < take; ++i) {
+        const auto e = static_cast<std::size_t>(order_[i]);
+        streamed_[e] = 1;
+        ++stats_.streamed_experts;
+        stats_.streamed_pairs += pairs_[e];
+        stats_.streamed_bytes += experts[e].bytes();
+    }
+    for (std::size_t i = 0; i < n * k; ++i) {
+        const std::int32_t e = ids[i];
+        stream_host_[i] = e >= 0 && static_cast<std::size_t>(e) < streamed_.size() &&
+                                  streamed_[static_cast<std::size_t>(e)]
+                              ? e
+                              : -1;
+    }
+    return true;
+}
+
+void FeedForward::observe_stream() {
+    if (!stream_pending_) return;
+    stream_pending_ = false;
+    const ModelOps::StreamStats s = ops_.last_stream();
+    policy_.observe_stream(s.bytes, s.seconds);
+}
+
+ExpertStreamStats FeedForward::stream_stats() const {
+    ExpertStreamStats s = stats_;
+    if (!s.available) return s;
+    s.cpu_per_expert_s = policy_.per_expert();
+    s.cpu_per_pair_s = policy_.per_pair();
+    s.stream_bytes_per_s = policy_.stream_rate();
+    s.cpu_slowdown = policy_.slowdown();
+    return s;
 }
 
 std::uint64_t FeedForward::fixed_bytes() const noexcept {

@@ -12,6 +12,7 @@
 #include "architecture.hpp"
 #include "blocks.hpp"
 #include "writescope/core/function_ref.hpp"
+#include "writescope/core/model/expert_stream_policy.hpp"
 #include "writescope/core/model/ops_buffer.hpp"
 #include "writescope/core/model/placement.hpp"
 
@@ -55,7 +56,9 @@ class StandardAttention {
 // Experts with null views in the binding's weights are host-resident: the layer's routing comes
 // down, the slots are split by where their expert lives, the ops run the resident ones while
 // host_ops runs the rest over the hidden rows brought down once, and their sum goes up once and
-// is added into h.
+// is added into h. With ops that stream experts (ModelOps::stream_expert_bytes), the host's
+// experts of a call that the cost model (ExpertStreamPolicy) finds cheaper to copy than to
+// compute on the CPU are streamed to the ops instead, while the CPU computes the others.
 class FeedForward {
   public:
     FeedForward(const Binding& b);
@@ -68,6 +71,7 @@ class FeedForward {
     std::uint64_t fixed_bytes() const noexcept;
     // Tokens routed to each expert since the last take (the placement's routing frequencies).
     ExpertHeat take_heat();
+    ExpertStreamStats stream_stats() const;
     // No layer splits its experts with the host ops (whose split waits for the routing): the
     // block's work on the ops can be recorded and replayed (ModelOps::begin_record).
     bool records_safely() const noexcept {
@@ -80,6 +84,11 @@ class FeedForward {
                    FunctionRef<void()> after_ops);
     // The counts since the last collect into heat_ and bytes_ (one copy down).
     void collect();
+    // Which host experts of the split's call to stream (their slots in stream_host_); returns
+    // whether any; counts them.
+    bool pick_streamed(std::size_t layer, std::size_t n, const std::int32_t* ids);
+    // The ops' last stream into the cost model, once a later call has waited for it.
+    void observe_stream();
 
     const Model& m_;
     const ModelWeights& w_;
@@ -116,6 +125,18 @@ class FeedForward {
     OpsBuffer<std::int32_t> split_ops_;
     OpsBuffer<float> y_ops_;
     std::vector<float> x_host_, y_host_;
+    // Streaming: the mode, the model, the call's candidates (host experts with pairs, by pairs),
+    // the streamed slots (others −1) and the ops' copy of them, the counters.
+    ExpertStreaming streaming_ = ExpertStreaming::off;
+    model::ExpertStreamPolicy policy_;
+    std::vector<std::size_t> pairs_;
+    std::vector<std::int32_t> order_;
+    std::vector<model::ExpertStreamPolicy::Candidate> candidates_;
+    std::vector<std::uint8_t> streamed_;
+    std::vector<std::int32_t> stream_host_;
+    OpsBuffer<std::int32_t> stream_ops_;
+    bool stream_pending_ = false;
+    ExpertStreamStats stats_;
     // The routing's counts in the ops' memory (layers × bins_, cumulative mod 2^32; none for a
     // model without MoE layers), and on the host the last read and the one before.
     std::size_t bins_ = 0;
@@ -145,6 +166,7 @@ class StandardArchitecture final : public Architecture {
     std::uint64_t ffn_fixed_bytes() const noexcept override { return ffn_.fixed_bytes(); }
     bool records_safely() const noexcept override { return ffn_.records_safely(); }
     ExpertHeat take_heat() override { return ffn_.take_heat(); }
+    ExpertStreamStats stream_stats() const override { return ffn_.stream_stats(); }
 
   private:
     StandardAttention attention_;

@@ -65,7 +65,8 @@ class RuntimeImpl final : public Runtime {
             throw std::invalid_argument("model " + c.name +
                                         ": the embeddings, the final norm and the head must be "
                                         "in the ops' memory");
-        arch_ = make_architecture({model, w_, ops, rw.host_ops, opts.kv_dtype, rows_, &profile_});
+        arch_ = make_architecture(
+            {model, w_, ops, rw.host_ops, opts.kv_dtype, rows_, &profile_, opts.expert_streaming});
         profile_.on = opts.profile_layers;
         const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
         const std::size_t es = dtype_bytes(opts.kv_dtype);
@@ -128,6 +129,7 @@ class RuntimeImpl final : public Runtime {
     LayerTimes last_layer_times() const override { return last_times_; }
     void profile_layers(bool on) override { profile_.on = on; }
     ExpertHeat take_expert_heat() override { return arch_->take_heat(); }
+    ExpertStreamStats expert_streaming() const override { return arch_->stream_stats(); }
 
     const ModelConfig& config() const noexcept override { return model_.config(); }
     std::size_t max_context() const noexcept override {

@@ -397,10 +397,12 @@ void Scheduler::prefill_one() {
     s.prefilled += n;
     {
         const ExpertHeat heat = rt_.take_expert_heat();
+        const ExpertStreamStats streaming = rt_.expert_streaming();
         std::lock_guard lock(mu_);
         ++stats_.prefill_chunks;
         stats_.prompt_tokens += n;
         stats_.expert_heat.add(heat);
+        stats_.expert_streaming = streaming;
     }
     if (!last) return;
     auto seq = std::move(prefilling_.front());
@@ -477,9 +479,11 @@ void Scheduler::decode_running() {
     }
     {
         const ExpertHeat heat = rt_.take_expert_heat();
+        const ExpertStreamStats streaming = rt_.expert_streaming();
         std::lock_guard lock(mu_);
         ++stats_.decode_steps;
         stats_.expert_heat.add(heat);
+        stats_.expert_streaming = streaming;
     }
     SampledToken t;
     for (std::size_t i = 0; i < running_.size(); ++i) {

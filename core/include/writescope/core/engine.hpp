@@ -33,6 +33,10 @@ struct EngineOptions {
     // Most tokens of one prompt chunk attended on the GPU at once (device-side attend_prompt;
     // sizes its workspace; 0: prompts are attended by the CPU).
     std::size_t max_prompt_tokens = 0;
+    // Pinned host memory the owner of the pinned budget set aside for others before
+    // pinned_kv_bytes (the daemon's GPU model runtime: its staging for streaming experts); the
+    // engine pins pinned_kv_bytes and leaves this to them.
+    std::uint64_t pinned_reserved_bytes = 0;
     std::string mode = "writescope";  // writescope | gpu-only | cpu-only | static:R | monolithic
     // Tracker settings (robust EWMA): smoothing factor and outlier clamp ratio.
     double tracker_alpha = 0.2;
@@ -115,6 +119,8 @@ class Engine {
     virtual void set_calibration(const Calibration& c) = 0;
 
     virtual EngineStatus status() const = 0;
+    // What the engine was built with.
+    virtual const EngineOptions& options() const noexcept = 0;
     // Changes the execution mode; throws std::invalid_argument naming the bad value.
     virtual void set_mode(std::string_view mode) = 0;
     virtual void set_tracker(double alpha, double clamp) = 0;

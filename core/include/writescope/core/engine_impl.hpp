@@ -51,6 +51,7 @@ class EngineImpl final : public Engine {
                           const std::atomic<bool>* cancel) override;
     void set_calibration(const Calibration& c) override;
     EngineStatus status() const override;
+    const EngineOptions& options() const noexcept override { return opts_; }
     void set_mode(std::string_view mode) override;
     void set_tracker(double alpha, double clamp) override;
     std::string export_policy_state() const override;

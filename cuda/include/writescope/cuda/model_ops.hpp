@@ -29,6 +29,24 @@
 // (device memory, about 4 · max_tokens · (max_width / 2 + max_k · (3 · max_ffn + max_hidden))
 // bytes, max_width = max(max_hidden, max_ffn), plus a 32 MiB cuBLAS workspace); a call beyond a
 // limit throws std::length_error naming it. One caller at a time.
+//
+// moe_streamed (with stream_expert_bytes > 0): host-resident experts are copied into device slots
+// through a pinned ring by a worker thread of the ops and its copy helpers (cuda/src/
+// expert_stream.hpp), and computed there as moe()'s GEMM path computes them (the same kernels
+// and GEMMs, bit for bit). The call does its checks, the grouping (one wait for the counts, as
+// moe()) and the gather on the calling thread, hands the per-expert loop to the worker and
+// returns. Every other entry point (and the next moe_streamed, and the destructor) first waits
+// until that loop is enqueued and rethrows what it threw there (a CUDA error). The loop ends
+// when the last expert's copy has arrived (last_stream() times it), so that wait includes the
+// copies, not the compute of the last expert. The accessors that cannot throw (stream(),
+// stream_handle(), last_stream()) wait without rethrowing, so that what the caller enqueues on
+// the stream itself comes after the loop. The slots and the streamed path's partial buffer
+// (max_tokens · max_k · max_hidden · 4 bytes) count in workspace_bytes().
+//
+// Host memory the caller pins for the ops (pin_host: the host-resident experts, page-locked
+// with cudaHostRegister) is copied by the copy engine straight into the slots, at the PCIe
+// rate and without the host's threads; anything else goes through the pinned ring, where the
+// host's copies (a few GB/s beside CPU experts computing) bound the rate.
 #pragma once
 
 #include <cstddef>
@@ -52,6 +70,22 @@ struct CudaModelOpsOptions {
     std::size_t max_experts = 256;      // most experts of one moe call (and of one route call)
     std::size_t max_k = 8;              // most experts per token
     std::size_t max_rotary_dim = 1024;  // widest rotary dim with a host inv_freq
+    // Streaming host-resident experts (moe_streamed): the largest expert (gate + up + down
+    // bytes) it takes; 0 turns streaming off (nothing is allocated for it, and
+    // stream_expert_bytes() is 0).
+    std::size_t stream_expert_bytes = 0;
+    // Device slots of (about) stream_expert_bytes each: one expert is computed while the next is
+    // copied into another (at least 1). Small experts get more, as many as stream_min_area
+    // holds (at most 64): the copies then run ahead of the compute, which waits behind the
+    // work already on the stream, instead of waiting for a slot after every expert.
+    std::size_t stream_slots = 2;
+    std::size_t stream_min_area = std::size_t{256} << 20;
+    // The pinned bounce buffer, a ring of pieces: stream_pinned_bytes / 4 rounded down to 4 KiB
+    // (at least 4 KiB) each, max(2, stream_pinned_bytes / piece) of them.
+    std::size_t stream_pinned_bytes = std::size_t{64} << 20;
+    // Threads that copy each piece from pageable into pinned memory, the stream's worker thread
+    // included (stream_copy_threads − 1 helpers are started; 0 counts as 1).
+    unsigned stream_copy_threads = 4;
     // Sized for a model's widest shapes (model::op_limits): hidden, FFN, experts per call and
     // per token.
     void fit(const model::OpLimits& lim) noexcept {
@@ -108,6 +142,15 @@ class CudaModelOps final : public model::ModelOps {
     void cancel_record() noexcept override;
     void replay(std::size_t recording) override;
     void* stream_handle() const noexcept override { return stream(); }
+    // Streaming host-resident experts (the class comment). moe_streamed throws std::logic_error
+    // when streaming is off or while recording, std::length_error for an expert of more than
+    // stream_expert_bytes (or the limits moe() has), and what moe() throws for bad routing or
+    // shapes; a refused call leaves y alone. last_stream(): a call that routes nothing to any
+    // expert leaves it as it was.
+    std::size_t stream_expert_bytes() const noexcept override;
+    void moe_streamed(std::span<const model::FfnWeights> host_experts, const float* x,
+                      std::size_t n, const model::MoeRouting& routing, float* y) override;
+    StreamStats last_stream() const noexcept override;
     std::size_t max_tokens() const noexcept override;
     const char* kernel_name() const noexcept override;  // "cublas-sm90" and the like
     int threads() const noexcept override;              // the GPU's multiprocessors
@@ -116,8 +159,24 @@ class CudaModelOps final : public model::ModelOps {
     void* stream() const noexcept;
     // Waits for the stream; throws std::runtime_error on an asynchronous CUDA error.
     void synchronize() const override;
-    // Device bytes of the workspaces (cuBLAS's included).
+    // Device bytes of the workspaces (cuBLAS's and the expert stream's included).
     std::size_t workspace_bytes() const noexcept;
+    // Pinned host bytes the ops hold (the expert stream's bounce ring and the small buffers the
+    // moe counts come down into).
+    std::size_t pinned_bytes() const noexcept;
+    // Page-locks host ranges (cudaHostRegister, read-only where the driver allows: a mapped
+    // checkpoint's pages) so that moe_streamed copies from them directly. Ranges are widened to
+    // whole pages and merged; a range (or part) already pinned is skipped. Returns the bytes
+    // newly pinned; throws std::runtime_error naming the CUDA error and the range (what was
+    // pinned before it stays). The memory must stay mapped while the ops live (they unpin it
+    // at destruction). Needs streaming on (stream_expert_bytes > 0), else std::logic_error.
+    struct HostRange {
+        const void* data = nullptr;
+        std::size_t bytes = 0;
+    };
+    std::size_t pin_host(std::span<const HostRange> ranges);
+    // Host bytes pin_host page-locked.
+    std::size_t pinned_host_bytes() const noexcept;
 
     struct Impl;
 

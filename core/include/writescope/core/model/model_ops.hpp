@@ -146,6 +146,34 @@ class ModelOps {
         throw std::logic_error("these ops cannot record");
     }
 
+    // Streaming host-resident experts into the ops' memory (a large prompt chunk's experts that
+    // would take the CPU longer than the copy, docs/gpu-runtime.md). Ops that cannot stream
+    // (the default, and every host-memory implementation) report 0 bytes.
+    //
+    // stream_expert_bytes(): the most bytes (gate + up + down) of one expert moe_streamed takes.
+    // moe_streamed: y += what moe() computes over host_experts, whose views are HOST memory
+    // (x, routing and y are the ops' memory, as for moe()): each expert with pairs is copied
+    // into the ops' memory through their staging, run there, and its slot reused by the next.
+    // It returns before the copies are done, while the CPU may compute something else (the
+    // host's own experts): the next call on these ops waits until the whole call is enqueued
+    // (not for the device). host_experts' memory must stay as it is until then.
+    // last_stream(): the last moe_streamed's copies (bytes, and seconds from its first copy to
+    // its last one's arrival), known once a later call waited for it; before any, a probe's
+    // at construction (what a cost model starts from).
+    struct StreamStats {
+        std::uint64_t bytes = 0;
+        double seconds = 0;
+        std::size_t experts = 0;
+        std::uint64_t direct_bytes = 0;  // of bytes, copied from page-locked memory directly
+    };
+    virtual std::size_t stream_expert_bytes() const noexcept { return 0; }
+    virtual void moe_streamed(std::span<const FfnWeights> host_experts, const float* x,
+                              std::size_t n, const MoeRouting& routing, float* y) {
+        (void)host_experts, (void)x, (void)n, (void)routing, (void)y;
+        throw std::logic_error("these ops cannot stream experts");
+    }
+    virtual StreamStats last_stream() const noexcept { return {}; }
+
     // Largest n the implementation was sized for (it allocates nothing for n up to this).
     virtual std::size_t max_tokens() const noexcept = 0;
     // For logs and status: which kernels run ("avx512-bf16", "avx2", "portable").

@@ -23,6 +23,8 @@ namespace writescope::model {
 class Model;
 class ModelOps;
 
+enum class ExpertStreaming { off, automatic, always };
+
 struct RuntimeOptions {
     std::size_t prefill_chunk_tokens = 512;  // most prompt tokens computed in one forward pass
     std::size_t max_batch = 64;              // most sequences in one decode step
@@ -41,6 +43,23 @@ struct RuntimeOptions {
     // instead of one per kernel), for the first 16 batch sizes seen (each recording holds a
     // graph per layer on the device). False: every kernel launched (the benchmark's comparison).
     bool cuda_graphs = true;
+    // A prompt chunk's host-resident experts, with ops that can stream them
+    // (ModelOps::stream_expert_bytes): `automatic` streams those a measured cost model says the
+    // ops' copy and compute beat the CPU on (the rest run on the CPU meanwhile); `always` streams
+    // every one with tokens (what tests compare against the CPU's results); `off` never.
+    ExpertStreaming expert_streaming = ExpertStreaming::automatic;
+};
+
+// Host-resident experts since the runtime started: those the CPU computed and those streamed to
+// the ops (RuntimeOptions::expert_streaming), with the cost model's state: the CPU's seconds per
+// expert and per (token, expert) pair, its slowdown beside a stream, and the stream's bytes per
+// second (0 while unmeasured).
+struct ExpertStreamStats {
+    bool available = false;  // the ops stream and some expert is host-resident
+    std::uint64_t cpu_experts = 0, cpu_pairs = 0;
+    std::uint64_t streamed_experts = 0, streamed_pairs = 0, streamed_bytes = 0;
+    double cpu_per_expert_s = 0, cpu_per_pair_s = 0, stream_bytes_per_s = 0;
+    double cpu_slowdown = 1;  // the CPU's time beside a stream over its time alone
 };
 
 // Seconds of the last decode step, summed over its layers (RuntimeOptions::profile_layers):
@@ -105,6 +124,8 @@ class Runtime {
     // Tokens routed to each expert of each layer since the last call (prompts and steps): the
     // routing frequencies the placement puts the hottest experts on the GPU by.
     virtual ExpertHeat take_expert_heat() { return {}; }
+    // The host-resident experts' counters and the streaming cost model (ExpertStreamStats).
+    virtual ExpertStreamStats expert_streaming() const { return {}; }
 };
 
 // Where the weights the ops read are, when not the model's own views (the GPU runtime): views

@@ -59,6 +59,7 @@
 #include <vector>
 
 #include "writescope/core/model/placement.hpp"
+#include "writescope/core/model/runtime.hpp"
 #include "writescope/core/model/sampler.hpp"
 
 namespace writescope::model {
@@ -142,6 +143,9 @@ struct SchedulerStats {
     // every prefill chunk and decode step): the routing frequencies placement and its hit rate
     // are measured by.
     ExpertHeat expert_heat;
+    // The host-resident experts: computed on the CPU or streamed to the GPU, and the cost
+    // model's state (Runtime::expert_streaming after every prefill chunk and decode step).
+    ExpertStreamStats expert_streaming;
 };
 
 struct SchedulerOptions {
