@@ -5,7 +5,9 @@
 # the repository root after `source .devdeps/unpack-deps.sh`, with .devdeps fetched (the tool
 # library's fetch-deps.sh) with the text layer's libraries too: fetch-deps.sh libpcre2-dev
 # libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libicu-dev libicu72
-#   MODEL: the built-in preset (default qwen3-30b-a3b); LAYERS (default 2); TOKENS (default 64)
+#   MODEL: the built-in preset (default qwen3-30b-a3b); LAYERS (default 2); TOKENS (default 64);
+#   PROMPT_TOKENS: the completions' prompt length (default 8; long prompts exercise the prefill's
+#   expert streaming when experts are left on the CPU)
 #   VRAM_BUDGET, VRAM_KV_BUDGET: hardware.vram_budget and vram_kv_budget (default: the
 #   profile's); a small VRAM_BUDGET leaves experts on the CPU (and a first start measures the
 #   routing). RESTARTS: start the daemon this many times over the same state (default 1).
@@ -54,13 +56,16 @@ done
 echo "ready after $(( $(date +%s) - t0 )) s"
 $CTL status > "$OUT/daemon-status.txt" 2>&1
 $CTL --json status > "$OUT/daemon-status.json" 2>&1
+IDS=$(python3 -c "print(','.join(str(1 + (i * 7919) % 30000) for i in range(${PROMPT_TOKENS:-8})))")
 for i in 1 2 3; do
   s=$(date +%s.%N)
-  $CTL --json complete --prompt-ids 1,2,3,4,5,6,7,8 --max-tokens "$TOKENS" --temperature 0 \
+  $CTL --json complete --prompt-ids "$IDS" --max-tokens "$TOKENS" --temperature 0 \
     --ignore-eos > "$OUT/complete-$i.json" 2>&1
   echo "completion $i: rc $?, $(python3 -c "print(round($(date +%s.%N) - $s, 3))") s for $TOKENS tokens"
 done
 $CTL --json status > "$OUT/daemon-status-after.json" 2>&1
+$CTL status > "$OUT/daemon-status-after.txt" 2>&1
+python3 -c "import json; p=json.load(open('$OUT/daemon-status-after.json'))['model']['placement']; print('prefill:', json.dumps(p.get('prefill')))" 2>&1
 kill -TERM $pid; wait $pid
 echo "daemon exit $?"
 grep -E "model\.|engine\.|error|warning" "$OUT/daemon.log" | head -20
