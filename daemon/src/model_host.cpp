@@ -225,6 +225,29 @@ void start_gpu_runtime(ModelHost& host, const Profile& prof, int gpu,
                 routed, prompt.size(), host.text.tokenizer ? "" : " of fixed ids",
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         }
+    } else if (pl.host_experts > 0 && ops->stream_expert_bytes() > 0) {
+        // A start with history: the warm-up prompt still runs, for its side effects only (its
+        // routing is not stored): the streaming cost model measures the CPU's experts, and the
+        // kernels the first prompt chunk needs are loaded, so that the first request's chunks
+        // stream from the start instead of paying for that.
+        const auto t0 = std::chrono::steady_clock::now();
+        const std::vector<std::int32_t> prompt = warmup_prompt(host);
+        constexpr std::uint64_t kWarmupId = ~std::uint64_t{0};
+        if (runtime->admit(kWarmupId, prompt.size() + 1).ok) {
+            try {
+                runtime->prefill(kWarmupId, prompt, nullptr);
+            } catch (...) {
+                runtime->release(kWarmupId);
+                throw;
+            }
+            runtime->release(kWarmupId);
+            runtime->take_expert_heat();  // not real traffic
+            order += fmt::format(
+                "; a {}-token warm-up prompt measured the expert streaming's cost model ({:.1f} "
+                "s)",
+                prompt.size(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
     }
     ModelPlacement& p = host.placement;
     p.gpu = true;
