@@ -97,6 +97,10 @@ struct GpuStepBackend::Impl {
         bool any_copy = false;
     };
     Marks host_marks;  // launch() and finish(): the host-memory contract, one layer at a time
+    // finish_device_part: the sequences merged so far of the layer in parts, and the event a
+    // part's merge is waited for by.
+    std::size_t parts_done = 0;
+    Event part_done{false};
     // launch_device(): one per layer launched since the last take_device_timings (grown on the
     // first step, then reused), the model's readiness, and q's copy down for the CPU.
     std::vector<std::unique_ptr<Marks>> device_marks;
@@ -642,6 +646,61 @@ struct GpuStepBackend::Impl {
         }
     }
 
+    // finish_device over sequences [s0, s1) (GpuAttentionBackend::finish_device_part): the
+    // second-level merge of those rows only (the first level ran for every row at launch); the
+    // part that ends at the last sequence ends the layer as finish_device does.
+    void finish_device_part(ConstStateView cpu_part, StateView out, void* stream, std::size_t s0,
+                            std::size_t s1) {
+        if (device_pending == 0 || !launched)
+            throw std::logic_error("GpuStepBackend::finish_device_part without launch_device");
+        if (s0 != parts_done || s1 <= s0 || s1 > nseq)
+            throw std::logic_error("GpuStepBackend::finish_device_part: parts out of order");
+        if (registered > 0)
+            throw std::logic_error("GpuStepBackend: the monolithic step merges no layer in parts");
+        const std::size_t rows = nseq * qh, r0 = s0 * qh, n = (s1 - s0) * qh;
+        if (out.rows != n || out.dim != dv)
+            throw std::invalid_argument("GPU step: a part's output does not match its rows");
+        MergeParams mp = merge_params();
+        const auto nch = static_cast<std::size_t>(mp.chunks);
+        mp.num_seqs = static_cast<std::int32_t>(s1 - s0);
+        mp.scratch_o += r0 * nch * dv;
+        mp.scratch_lse += r0 * nch;
+        mp.out_o = out.o;
+        mp.out_lse = out.lse;
+        if (cpu_part.o) {
+            if (cpu_part.rows != n || cpu_part.dim != dv)
+                throw std::invalid_argument(
+                    "GPU step: a part's CPU partials do not match its rows");
+            float* h_ext_o = reinterpret_cast<float*>(h_ext->data()) + r0 * dv;
+            float* h_ext_lse = reinterpret_cast<float*>(h_ext->data()) + rows * dv + r0;
+            if (cpu_part.o != h_ext_o) std::memcpy(h_ext_o, cpu_part.o, n * dv * sizeof(float));
+            if (cpu_part.lse != h_ext_lse) std::memcpy(h_ext_lse, cpu_part.lse, n * sizeof(float));
+            mp.ext_o = m_ext + r0 * dv;
+            mp.ext_lse = m_ext + rows * dv + r0;
+        }
+        merge_with_ext(mp, compute.handle());
+        if (s1 < nseq) {
+            parts_done = s1;
+            if (stream) {
+                part_done.record(compute);
+                part_done.wait_on(stream);
+            }
+            return;
+        }
+        parts_done = 0;
+        launched = false;
+        Marks& m = *device_marks[device_pending - 1];
+        m.done.record(compute);
+        if (stream) m.done.wait_on(stream);
+        enqueued = false;
+        inflight = true;
+    }
+    void device_wait(void* stream) {
+        if (device_pending == 0 || launched)
+            throw std::logic_error("GpuStepBackend::device_wait before the layer's last part");
+        device_marks[device_pending - 1]->done.wait_on(stream);
+    }
+
     std::size_t take_device_timings(std::span<GpuLayerTiming> out) {
         if (launched) throw std::logic_error("GPU step: timings taken before the finish");
         const std::size_t n = device_pending;
@@ -695,6 +754,13 @@ const void* GpuStepBackend::host_q() {
 
 void GpuStepBackend::finish_device(ConstStateView cpu_part, StateView out, void* stream) {
     impl_->finish_device(cpu_part, out, stream);
+}
+void GpuStepBackend::finish_device_part(ConstStateView cpu_part, StateView out, void* stream,
+                                        std::size_t seq_begin, std::size_t seq_end) {
+    impl_->finish_device_part(cpu_part, out, stream, seq_begin, seq_end);
+}
+void GpuStepBackend::device_wait(void* stream) {
+    impl_->device_wait(stream);
 }
 
 std::size_t GpuStepBackend::take_device_timings(std::span<GpuLayerTiming> out) {

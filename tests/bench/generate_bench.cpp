@@ -70,6 +70,7 @@ struct Options {
     double vram_gib = 32;
     std::size_t prefill = 2048;
     bool pin_host_experts = true;
+    bool layer_parts = true;
     std::size_t block = 128;
     std::size_t aggregate_seqs = 0, aggregate_ctx = 0;
     std::string json;
@@ -94,7 +95,8 @@ struct ModelSetup {
     std::unique_ptr<cuda::DeviceModelWeights> dev;
     // Mode writescope-all-gpu: every expert on the GPU (outside the budget; made when asked).
     std::unique_ptr<cuda::DeviceModelWeights> dev_all;
-    double scale = 1;  // layers / full layers
+    double scale = 1;         // layers / full layers
+    bool layer_parts = true;  // RuntimeOptions::layer_parts
     std::uint64_t vram = 0, t_bytes = 0, engine_vram = 0;
     Calibration calibration;
     bool calibrated = false;
@@ -147,6 +149,7 @@ std::unique_ptr<model::Runtime> runtime_for(
     model::ExpertStreaming streaming = model::ExpertStreaming::automatic) {
     model::RuntimeOptions ro;
     ro.expert_streaming = streaming;
+    ro.layer_parts = s.layer_parts;
     ro.kv_dtype = s.m->config().dtype;
     ro.max_batch = batch;
     ro.prefill_chunk_tokens = 512;
@@ -327,6 +330,7 @@ int run_generate(int argc, char** argv) {
                 "  [--batches 1,4,16] [--modes writescope,gpu-only,cpu-only] [--steps 8]\n"
                 "  [--vram 32 (GiB, before scaling)] [--prefill 2048] [--aggregate 8x128K]\n"
                 "  [--pin-host-experts 1 (page-lock the host-resident experts for streaming)]\n"
+                "  [--layer-parts 1 (decode batches in two halves per layer)]\n"
                 "  [--json FILE]\n");
         },
         [&](const std::string& a, auto& value) {
@@ -343,6 +347,8 @@ int run_generate(int argc, char** argv) {
                 o.prefill = parse_list(value()).at(0);
             else if (a == "--pin-host-experts")
                 o.pin_host_experts = std::stoi(value()) != 0;
+            else if (a == "--layer-parts")
+                o.layer_parts = std::stoi(value()) != 0;
             else if (a == "--aggregate") {
                 const std::string v = value();
                 const auto x = v.find('x');
@@ -371,6 +377,7 @@ int run_generate(int argc, char** argv) {
     std::uint64_t next_id = 1;
     for (const std::string& name : o.models) {
         ModelSetup s;
+        s.layer_parts = o.layer_parts;
         const auto t_load = std::chrono::steady_clock::now();
         // The preset at its widths, cut to --layers, its context raised to the longest asked
         // for (Qwen3 reaches 128K with YaRN, Mixtral's checkpoints say 32K; the attention's cost

@@ -100,12 +100,13 @@ struct DecodeRun {
 // each sequence's new token (mode_of(step)); every layer, once the sealer has landed that layer
 // of the last step's seals, checked against fp64 within tol; then the tokens appended to the
 // cache and their seals applied. Before each step, retarget(step) may move the cache's routing
-// target.
+// target. split > 0 (device side): every layer in two parts, the first `split` sequences first
+// (StepExecutor::run_layer_first, run_layer_rest).
 template <class ModeOf, class Retarget>
 DecodeRun run_decode_steps(StepFixture& fx, StepExecutor& exec, SealMover& sealer,
                            const std::vector<std::uint64_t>& ids, std::size_t steps,
                            std::mt19937_64& rng, double tol, ModeOf&& mode_of, Retarget&& retarget,
-                           void* device_stream = nullptr) {
+                           void* device_stream = nullptr, std::size_t split = 0) {
     DecodeRun run;
     const auto layers = static_cast<std::size_t>(fx.g.num_layers);
     for (std::size_t step = 0; step < steps; ++step) {
@@ -114,11 +115,17 @@ DecodeRun run_decode_steps(StepFixture& fx, StepExecutor& exec, SealMover& seale
         const auto q = fx.random_q(ids.size(), rng);
         for (std::size_t layer = 0; layer < layers; ++layer) {
             sealer.wait_layer(layer);  // this layer of the last step's seals has landed
-            const auto [rel, lerr] =
-                check_decode_layer(fx, ids, layer, q.data(), random_fresh(fx.g, ids.size(), rng),
-                                   [&](StateView out, NewTokens fresh) {
-                                       exec.run_layer(layer, q.data(), out, fresh, device_stream);
-                                   });
+            const auto [rel, lerr] = check_decode_layer(
+                fx, ids, layer, q.data(), random_fresh(fx.g, ids.size(), rng),
+                [&](StateView out, NewTokens fresh) {
+                    if (split == 0 || split >= ids.size()) {
+                        exec.run_layer(layer, q.data(), out, fresh, device_stream);
+                        return;
+                    }
+                    // In parts: the first `split` sequences, then the rest.
+                    exec.run_layer_rest(
+                        exec.run_layer_first(layer, q.data(), out, fresh, device_stream, split));
+                });
             run.worst = std::max(run.worst, rel);
             run.worst_lse = std::max(run.worst_lse, lerr);
             REQUIRE(rel < tol);

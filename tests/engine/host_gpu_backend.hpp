@@ -155,6 +155,53 @@ class HostGpuBackend final : public GpuAttentionBackend {
         t.attention_seconds = t.total_seconds = 1e-6;  // what the events would say
         pending_.push_back(t);
     }
+    // In parts: the first part attends every row (as finish() would) and merges its own; the
+    // later ones merge theirs from what the first computed.
+    std::size_t device_parts = 0;  // finish_device_part calls
+    bool merges_in_parts() const noexcept override { return in_parts; }
+    bool in_parts = true;
+    void finish_device_part(ConstStateView cpu_part, StateView out, void* stream,
+                            std::size_t seq_begin, std::size_t seq_end) override {
+        const std::size_t hq = g_.num_q_heads, dv = g_.head_dim_v, nseq = work_.size();
+        if (stream && stream != expected_stream) throw std::logic_error("not the model's stream");
+        if (seq_begin != part_next_ || seq_end <= seq_begin || seq_end > nseq)
+            throw std::logic_error("parts out of order");
+        if (out.rows != (seq_end - seq_begin) * hq || out.dim != dv)
+            throw std::invalid_argument("part out shape");
+        ++device_parts;
+        if (seq_begin == 0) {
+            // Every row's merged state, the CPU's partials of the later parts still to come:
+            // the GPU's own states are kept and merged per part.
+            part_o_.assign(nseq * hq * dv, 0.0f);
+            part_lse_.assign(nseq * hq, 0.0f);
+            part_gpu_ = {part_o_.data(), part_lse_.data(), nseq * hq, dv};
+            finish(ConstStateView{}, part_gpu_);
+        }
+        const std::size_t r0 = seq_begin * hq, n = out.rows;
+        const ConstStateView gpu{part_o_.data() + r0 * dv, part_lse_.data() + r0, n, dv};
+        if (cpu_part.o) {
+            const ConstStateView parts[] = {gpu, cpu_part};
+            merge_states(parts, out);
+        } else {
+            std::memcpy(out.o, gpu.o, n * dv * sizeof(float));
+            std::memcpy(out.lse, gpu.lse, n * sizeof(float));
+        }
+        part_next_ = seq_end;
+        if (seq_end == nseq) {
+            part_next_ = 0;
+            ++device_finishes;
+            GpuLayerTiming t;
+            t.attention_seconds = t.total_seconds = 1e-6;
+            pending_.push_back(t);
+        }
+    }
+    void device_wait(void* stream) override {
+        if (stream != expected_stream) throw std::logic_error("not the model's stream");
+        if (part_next_ != 0) throw std::logic_error("device_wait before the last part");
+        ++device_waits;
+    }
+    std::size_t device_waits = 0;
+
     std::size_t take_device_timings(std::span<GpuLayerTiming> out) override {
         if (launched_) throw std::logic_error("timings taken before the finish");
         const std::size_t n = std::min(out.size(), pending_.size());
@@ -164,6 +211,9 @@ class HostGpuBackend final : public GpuAttentionBackend {
         return std::min(n, all);
     }
     std::size_t device_timings_pending() const noexcept { return pending_.size(); }
+    std::size_t part_next_ = 0;
+    std::vector<float> part_o_, part_lse_;
+    StateView part_gpu_;
 
     // Device-side prompts, emulated likewise (prompt_tokens_on_device > 0): what the engine hands
     // over is recorded at launch_prompt and attended with the fp64 reference at finish_prompt.

@@ -45,9 +45,10 @@ TEST_CASE("decode steps write, attend, append and seal every token exactly (exec
           "[unit][engine]") {
     auto rng = test::seeded_rng("decode steps through the executor");
     for (const char* preset : {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"})
-        for (const int variant : {0, 1, 2}) {
-            // 0: CPU only; 1: hybrid, host memory; 2: hybrid through the device-side contract.
-            const bool with_gpu = variant > 0, device = variant == 2;
+        for (const int variant : {0, 1, 2, 3}) {
+            // 0: CPU only; 1: hybrid, host memory; 2: hybrid through the device-side contract;
+            // 3: the same with every layer in two parts (the first sequence, then the others).
+            const bool with_gpu = variant > 0, device = variant >= 2, parts = variant == 3;
             const auto g = test::small_geometry(preset, 2);
             const std::size_t B = 16, max_seqs = 3, steps = 40;
             cpu::CpuAttention cpu(g, B, 2, false, max_seqs);
@@ -80,12 +81,13 @@ TEST_CASE("decode steps write, attend, append and seal every token exactly (exec
                     if (with_gpu && rng() % 5 == 0)
                         cache.set_target_r(std::uniform_real_distribution<double>(0, 1)(rng));
                 },
-                device ? &stream_token : nullptr);
+                device ? &stream_token : nullptr, parts ? 1 : 0);
             std::printf(
                 "[engine] decode %-16s %s: %zu steps, sealed %zu to G, %zu to P, %zu to U; worst "
                 "rel err vs fp64 %.3e, lse %.3e\n",
                 preset,
-                device     ? "hybrid, device-side   "
+                parts      ? "hybrid, layers in parts"
+                : device   ? "hybrid, device-side   "
                 : with_gpu ? "hybrid (host GPU side)"
                            : "CPU only              ",
                 steps, run.seals[0], run.seals[1], run.seals[2], run.worst, run.worst_lse);
@@ -101,6 +103,8 @@ TEST_CASE("decode steps write, attend, append and seal every token exactly (exec
                 REQUIRE(gpu.q_downs > 0);
                 REQUIRE(gpu.q_downs <= gpu.device_launches);
                 REQUIRE(gpu.device_timings_pending() == 2 * steps);
+                // In parts: two merges per layer, none whole.
+                REQUIRE(gpu.device_parts == (parts ? 2 * 2 * steps : 0));
             }
         }
 }

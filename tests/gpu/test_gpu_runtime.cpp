@@ -39,7 +39,7 @@ struct GpuRuntime {
     // always, through a pinned ring of small pieces so that it wraps).
     GpuRuntime(const model::Model& m, std::size_t chunk, bool split, std::unique_ptr<Engine> e,
                std::size_t max_batch = 4, bool device_attention = true, bool graphs = true,
-               bool stream = false)
+               bool stream = false, bool layer_parts = true)
         : engine(std::move(e)) {
         const model::OpLimits lim = model::op_limits(m.config());
         cuda::CudaModelOpsOptions co;
@@ -63,6 +63,7 @@ struct GpuRuntime {
         ro.device_attention = device_attention;
         ro.cuda_graphs = graphs;
         ro.expert_streaming = stream ? model::ExpertStreaming::always : model::ExpertStreaming::off;
+        ro.layer_parts = layer_parts;
         runtime = model::make_runtime(m, *ops, *engine, ro, {&weights->weights(), host_ops.get()});
     }
 };
@@ -288,5 +289,66 @@ TEST_CASE(
         // fp32 sums and the GPU attention's bf16 probabilities (2^-9 relative).
         CHECK(err / scale <= 1e-2);
         CHECK(g.runtime->release(1));
+    }
+}
+
+TEST_CASE("the GPU runtime decodes a batch in two halves per layer as it does whole layers",
+          "[gpu]") {
+    if (cuda::device_count() == 0) FAIL("no GPU");
+    auto rng = seeded_rng("gpu runtime layer parts");
+    for (const std::string name : {"qwen3-moe-tiny", "deepseek-v2-tiny-yarn", "mixtral-tiny"}) {
+        const model::ModelConfig c = gpu_attention_shape(name);
+        const std::uint64_t seed = rng();
+        const auto m = model::make_random_model(c, seed);
+        const std::size_t B = c.mla() ? 32 : 64, V = static_cast<std::size_t>(c.vocab_size);
+        // Two sequences whose KV spills past G (2 blocks) into P and U, decoded together with
+        // experts split: the first half's feed-forward beside the engine's second half.
+        GpuRuntime halves(*m, 64, /*split=*/true, gpu_engine(*m, B, /*g_blocks=*/2, 2), 2);
+        GpuRuntime whole(*m, 64, /*split=*/true, gpu_engine(*m, B, /*g_blocks=*/2, 2), 2, true,
+                         true, false, /*layer_parts=*/false);
+        CpuRuntime cpu(*m, 64, B, 2);
+        REQUIRE(halves.engine->attends_in_parts());
+        const std::size_t lens[2] = {3 * B + 5, 2 * B + 7}, steps = 12;
+        std::vector<std::vector<std::int32_t>> prompts(2);
+        for (std::size_t s = 0; s < 2; ++s)
+            for (std::size_t i = 0; i < lens[s]; ++i)
+                prompts[s].push_back(static_cast<std::int32_t>(rng() % V));
+        std::vector<std::vector<std::int32_t>> next(steps, std::vector<std::int32_t>(2));
+        for (auto& t : next)
+            for (auto& x : t)
+                x = static_cast<std::int32_t>(rng() % V);
+        const auto run = [&](model::Runtime& rt) {
+            const std::uint64_t ids[2] = {11, 12};
+            std::vector<float> out, logits(2 * V);
+            for (std::size_t s = 0; s < 2; ++s) {
+                REQUIRE(rt.admit(ids[s], lens[s] + steps + 1).ok);
+                rt.prefill(ids[s], prompts[s], logits.data());
+            }
+            for (std::size_t k = 0; k < steps; ++k) {
+                rt.decode(ids, next[k], logits.data());
+                out.insert(out.end(), logits.begin(), logits.end());
+            }
+            for (const std::uint64_t id : ids)
+                REQUIRE(rt.release(id));
+            return out;
+        };
+        const std::vector<float> h = run(*halves.runtime), w = run(*whole.runtime),
+                                 ref = run(*cpu.runtime);
+        CHECK(halves.runtime->last_step_in_parts());
+        CHECK_FALSE(whole.runtime->last_step_in_parts());
+        double d_whole = 0, d_cpu = 0, scale = 0;
+        for (std::size_t i = 0; i < ref.size(); ++i) {
+            d_whole = std::max(d_whole, std::abs(static_cast<double>(h[i]) - w[i]));
+            d_cpu = std::max(d_cpu, std::abs(static_cast<double>(h[i]) - ref[i]));
+            scale = std::max(scale, std::abs(static_cast<double>(ref[i])));
+        }
+        std::printf(
+            "[gpu] runtime %-36s batch of 2 in layer halves: largest logit difference to whole "
+            "layers %.3g (relative %.3g), to the CPU runtime %.3g (relative %.3g, bound 1e-2); "
+            "seed %llu\n",
+            c.name.c_str(), d_whole, d_whole / scale, d_cpu, d_cpu / scale,
+            static_cast<unsigned long long>(seed));
+        CHECK(d_whole / scale <= 1e-3);  // the ops over half the rows may round differently
+        CHECK(d_cpu / scale <= 1e-2);
     }
 }

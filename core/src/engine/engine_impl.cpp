@@ -57,7 +57,9 @@ EngineImpl::EngineImpl(const EngineOptions& opts, EngineParts parts)
 }
 
 EngineImpl::~EngineImpl() {
-    // The executor refers to the cache, and the cache to the parts: release them first.
+    // The part thread refers to the executor, the executor to the cache, and the cache to the
+    // parts: release them first.
+    part_task_.reset();
     exec_.reset();
     cache_.reset();
 }
@@ -517,17 +519,33 @@ int EngineImpl::gpu_device() const noexcept {
     return parts_.gpu ? opts_.gpu_index : -1;
 }
 
+void EngineImpl::check_layer_locked(std::size_t layer, const void* q, NewTokens fresh) const {
+    if (!stepping_) throw std::logic_error("attend_layer: no decode step is open");
+    if (in_layer_) throw std::logic_error("attend_layer: another layer is running");
+    if (layer != layers_done_)
+        throw std::logic_error("attend_layer: layer " + std::to_string(layer) +
+                               " out of order; the step is at layer " +
+                               std::to_string(layers_done_));
+    if (!q || !fresh.k) throw std::invalid_argument("attend_layer: q and the new K are needed");
+}
+
+void EngineImpl::layer_done_locked(const LayerStepResult& r, bool device_side) {
+    if (device_side)
+        device_layer_seconds_.push_back(r.step_seconds);  // the GPU's at end_step
+    else
+        step_.seconds += r.step_seconds;
+    step_.cpu_seconds += r.cpu_seconds;
+    step_.gpu_seconds += r.gpu.attention_seconds;
+    step_.cpu_spilled_tokens = r.cpu_spilled_tokens;
+    step_.gpu_spilled_tokens = r.gpu_spilled_tokens;
+    ++layers_done_;
+}
+
 void EngineImpl::attend_layer(std::size_t layer, const void* q, NewTokens fresh, StateView out,
                               void* device_stream) {
     {
         std::lock_guard lock(mu_);
-        if (!stepping_) throw std::logic_error("attend_layer: no decode step is open");
-        if (in_layer_) throw std::logic_error("attend_layer: another layer is running");
-        if (layer != layers_done_)
-            throw std::logic_error("attend_layer: layer " + std::to_string(layer) +
-                                   " out of order; the step is at layer " +
-                                   std::to_string(layers_done_));
-        if (!q || !fresh.k) throw std::invalid_argument("attend_layer: q and the new K are needed");
+        check_layer_locked(layer, q, fresh);
         in_layer_ = true;
     }
     struct Clear {
@@ -542,15 +560,57 @@ void EngineImpl::attend_layer(std::size_t layer, const void* q, NewTokens fresh,
     parts_.sealer->wait_layer(layer);
     const LayerStepResult r = exec_->run_layer(layer, q, out, fresh, device_stream);
     std::lock_guard lock(mu_);
-    if (device_stream)
-        device_layer_seconds_.push_back(r.step_seconds);  // the GPU's at end_step
-    else
-        step_.seconds += r.step_seconds;
-    step_.cpu_seconds += r.cpu_seconds;
-    step_.gpu_seconds += r.gpu.attention_seconds;
-    step_.cpu_spilled_tokens = r.cpu_spilled_tokens;
-    step_.gpu_spilled_tokens = r.gpu_spilled_tokens;
-    ++layers_done_;
+    layer_done_locked(r, device_stream != nullptr);
+}
+
+bool EngineImpl::attends_in_parts() const noexcept {
+    return exec_ && exec_->parts_possible();
+}
+
+void EngineImpl::attend_layer_first(std::size_t layer, const void* q, NewTokens fresh,
+                                    StateView out, void* device_stream, std::size_t split) {
+    if (!device_stream || !attends_in_parts() || split == 0 || split >= exec_->planned_seqs()) {
+        attend_layer(layer, q, fresh, out, device_stream);
+        return;
+    }
+    {
+        std::lock_guard lock(mu_);
+        check_layer_locked(layer, q, fresh);
+        in_layer_ = true;
+    }
+    try {
+        parts_.sealer->wait_layer(layer);
+        part_result_ = exec_->run_layer_first(layer, q, out, fresh, device_stream, split);
+        if (!part_task_) part_task_ = std::make_unique<BackgroundTask>();
+        // The second part on the engine's own thread: the CPU attends its sequences while the
+        // caller computes on the first part's rows.
+        part_task_->start([this] { part_result_ = exec_->run_layer_rest(part_result_); });
+    } catch (...) {
+        std::lock_guard lock(mu_);
+        in_layer_ = false;
+        throw;
+    }
+    std::lock_guard lock(mu_);
+    in_parts_ = true;
+}
+
+void EngineImpl::finish_layer(void* device_stream) {
+    {
+        std::lock_guard lock(mu_);
+        if (!in_parts_) return;  // the layer was attended whole
+    }
+    struct Clear {
+        EngineImpl* e;
+        ~Clear() {
+            std::lock_guard lock(e->mu_);
+            e->in_layer_ = false;
+            e->in_parts_ = false;
+        }
+    } clear{this};
+    part_task_->join();
+    parts_.gpu->device_wait(device_stream);
+    std::lock_guard lock(mu_);
+    layer_done_locked(part_result_, true);
 }
 
 StepReport EngineImpl::end_step() {
@@ -609,6 +669,22 @@ StepReport EngineImpl::end_step() {
 }
 
 void EngineImpl::abort_step() {
+    bool parts = false;
+    {
+        std::lock_guard lock(mu_);
+        parts = in_parts_;
+    }
+    if (parts) {
+        // A layer in parts: its second part ends first (what it threw is the caller's error,
+        // already on its way).
+        try {
+            part_task_->join();
+        } catch (...) {
+        }
+        std::lock_guard lock(mu_);
+        in_parts_ = false;
+        in_layer_ = false;
+    }
     std::lock_guard lock(mu_);
     if (!stepping_) throw std::logic_error("abort_step: no decode step is open");
     if (in_layer_) throw std::logic_error("abort_step: a layer is running");

@@ -222,9 +222,8 @@ void StepExecutor::write_fresh_host(std::size_t layer, NewTokens fresh) {
                      open_tokens_[i] - 1, 1, pool_.block(layer, tables_[i].back().slot));
 }
 
-LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateView out,
-                                        NewTokens fresh, void* device_stream) {
-    LayerStepResult r = counts_;
+const void* StepExecutor::prepare_layer(std::size_t layer, const void* q, StateView out,
+                                        NewTokens fresh, void* device_stream, LayerStepResult& r) {
     const std::size_t rows = nseq_ * qh_;
     if (out.rows != rows || out.dim != dv_)
         throw std::invalid_argument("run_layer: output shape does not match the planned batch");
@@ -260,9 +259,6 @@ LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateV
         r.gpu_launch_seconds = steady_seconds() - t0;
         if (cpu_any_) q = gpu_->host_q();
     }
-    // The CPU side is timed from when its q is at hand (the model's own work before it is not
-    // the CPU's attention).
-    const double t_cpu = device_stream ? steady_seconds() : t0;
 
     // The CPU's blocks at this layer's addresses.
     for (std::size_t i = 0; i < nseq_; ++i) {
@@ -285,6 +281,19 @@ LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateV
         cpu_work_[i] = {cpu_any_ ? static_cast<const char*>(q) + i * q_row_bytes_ : nullptr,
                         std::span<const CpuBlock>(cpu_blocks_.data() + b0, b1 - b0)};
     }
+    return q;
+}
+
+LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateView out,
+                                        NewTokens fresh, void* device_stream) {
+    if (part_.open) throw std::logic_error("run_layer: a layer in parts is open");
+    LayerStepResult r = counts_;
+    const double t0 = steady_seconds();
+    q = prepare_layer(layer, q, out, fresh, device_stream, r);
+    // The CPU side is timed from when its q is at hand (the model's own work before it is not
+    // the CPU's attention).
+    const double t_cpu = device_stream ? steady_seconds() : t0;
+    const std::size_t rows = nseq_ * qh_;
 
     // With a GPU the CPU writes its partials where the GPU side's last merge reads them (sized
     // for max_seqs, checked at construction); without one, its result is the output.
@@ -308,6 +317,60 @@ LayerStepResult StepExecutor::run_layer(std::size_t layer, const void* q, StateV
     if (!gpu_ && !cpu_any_) clear_states(out);
     if (gpu_) r.gpu = gpu_->finish(cpu_done, out);
     r.step_seconds = steady_seconds() - t0;
+    return r;
+}
+
+namespace {
+// Rows [first, first + count) of a state view.
+StateView state_rows(StateView v, std::size_t first, std::size_t count) noexcept {
+    return {v.o + first * v.dim, v.lse + first, count, v.dim};
+}
+}  // namespace
+
+LayerStepResult StepExecutor::run_layer_first(std::size_t layer, const void* q, StateView out,
+                                              NewTokens fresh, void* device_stream,
+                                              std::size_t split) {
+    if (part_.open) throw std::logic_error("run_layer_first: a layer in parts is open");
+    if (!device_stream || !parts_possible())
+        throw std::logic_error("run_layer_first: this step cannot attend a layer in parts");
+    if (split == 0 || split >= nseq_)
+        throw std::invalid_argument("run_layer_first: the split must leave both parts a sequence");
+    LayerStepResult r = counts_;
+    const double t0 = steady_seconds();
+    prepare_layer(layer, q, out, fresh, device_stream, r);
+    const double t_cpu = steady_seconds();
+    const std::size_t rows = nseq_ * qh_, first = split * qh_;
+    const StateView cpu_part = gpu_->cpu_partial_buffer(rows);
+    if (cpu_any_) {
+        cpu_.attend(std::span<const CpuSeqWork>(cpu_work_.data(), split),
+                    state_rows(cpu_part, 0, first));
+        r.cpu_seconds = steady_seconds() - t_cpu;
+    }
+    const StateView part = state_rows(cpu_part, 0, first);
+    gpu_->finish_device_part(
+        cpu_any_ ? ConstStateView{part.o, part.lse, first, dv_} : ConstStateView{},
+        state_rows(out, 0, first), device_stream, 0, split);
+    part_ = {out, split, t0, true};
+    return r;
+}
+
+LayerStepResult StepExecutor::run_layer_rest(LayerStepResult r) {
+    if (!part_.open) throw std::logic_error("run_layer_rest: no layer in parts is open");
+    part_.open = false;
+    const std::size_t rows = nseq_ * qh_, first = part_.split * qh_, rest = rows - first;
+    const StateView cpu_part = gpu_->cpu_partial_buffer(rows);
+    if (cpu_any_) {
+        const double t_cpu = steady_seconds();
+        cpu_.attend(
+            std::span<const CpuSeqWork>(cpu_work_.data() + part_.split, nseq_ - part_.split),
+            state_rows(cpu_part, first, rest));
+        r.cpu_seconds += steady_seconds() - t_cpu;
+    }
+    const StateView part = state_rows(cpu_part, first, rest);
+    gpu_->finish_device_part(
+        cpu_any_ ? ConstStateView{part.o, part.lse, rest, dv_} : ConstStateView{},
+        state_rows(part_.out, first, rest), nullptr, part_.split, nseq_);
+    r.step_seconds = steady_seconds() - part_.t0;
     return r;
 }
 

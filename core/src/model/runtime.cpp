@@ -118,6 +118,7 @@ class RuntimeImpl final : public Runtime {
     bool device_attention() const noexcept override { return device_attention_; }
     bool device_prompts() const noexcept override { return device_prompts_; }
     bool records_decode() const noexcept override { return graphs_; }
+    bool last_step_in_parts() const noexcept override { return last_in_parts_; }
     std::size_t decode_recordings() const noexcept override {
         std::size_t n = 0;
         for (const auto& entry : recordings_)
@@ -231,7 +232,23 @@ class RuntimeImpl final : public Runtime {
                 ops_.embed(w_.embed, host_ ? tokens.data() : ids_.data(), n, h_.data());
                 pre(0);
             });
-            for (std::size_t l = 0; l < layers; ++l) {
+            // Two halves per layer (RuntimeOptions::layer_parts): the first half's rows
+            // finish while the engine attends the second's.
+            const std::size_t half = opts_.layer_parts && device_attention_ && !profile && n >= 2 &&
+                                             !arch_->records_safely() && engine_.attends_in_parts()
+                                         ? n / 2
+                                         : 0;
+            last_in_parts_ = half > 0;
+            for (std::size_t l = 0; l < layers && half > 0; ++l) {
+                engine_.attend_layer_first(
+                    l, q_.data(), NewTokens{k_.data(), geometry_.mla ? nullptr : v_.data()},
+                    ops_states(n), ops_.stream_handle(), half);
+                finish_layer_rows(l, 0, half, hidden);
+                engine_.finish_layer(ops_.stream_handle());
+                finish_layer_rows(l, half, n - half, hidden);
+                if (l + 1 < layers) pre(l + 1);
+            }
+            for (std::size_t l = 0; l < layers && half == 0; ++l) {
                 detail::timed(&profile_, ops_, &LayerTimes::attention, [&] {
                     if (device_attention_) {
                         // In place, ordered on the ops' stream: no host round trip.
@@ -328,11 +345,19 @@ class RuntimeImpl final : public Runtime {
     // After the engine's attention of layer l over n rows: output projection, residual, norm,
     // feed-forward (into the residual).
     void finish_layer(std::size_t l, std::size_t n, std::size_t hidden) {
+        finish_layer_rows(l, 0, n, hidden);
+    }
+    // The same for rows [first, first + count) (a half of a layer in parts).
+    void finish_layer_rows(std::size_t l, std::size_t first, std::size_t count,
+                           std::size_t hidden) {
         const LayerWeights& L = w_.layers[l];
-        arch_->attention_out(l, o_.data(), n, tmp_.data());
-        ops_.add(h_.data(), tmp_.data(), n * hidden);
-        ops_.rms_norm(L.post_attention_norm, h_.data(), n, hidden, eps_, xn_.data());
-        arch_->feed_forward(l, xn_.data(), n, h_.data());
+        const std::size_t state_row = static_cast<std::size_t>(geometry_.num_q_heads) *
+                                      static_cast<std::size_t>(geometry_.head_dim_v);
+        const std::size_t r = first * hidden;
+        arch_->attention_out(l, o_.data() + first * state_row, count, tmp_.data() + r);
+        ops_.add(h_.data() + r, tmp_.data() + r, count * hidden);
+        ops_.rms_norm(L.post_attention_norm, h_.data() + r, count, hidden, eps_, xn_.data() + r);
+        arch_->feed_forward(l, xn_.data() + r, count, h_.data() + r);
     }
 
     // Final norm and head over rows [first, first + count) of h_ into host logits (count,
@@ -459,6 +484,7 @@ class RuntimeImpl final : public Runtime {
     bool device_attention_ = false;  // decode hands the engine device memory (same GPU)
     bool device_prompts_ = false;    // and prompt chunks too
     bool graphs_ = false;            // decode segments recorded and replayed (cuda_graphs)
+    bool last_in_parts_ = false;     // the last decode step's layers in halves (layer_parts)
     // Per batch size, for at most kMaxRecordedBatches sizes (the first ones seen; the others
     // launch every call): each recording holds an instantiated graph per segment on the device.
     static constexpr std::size_t kMaxRecordedBatches = 16;

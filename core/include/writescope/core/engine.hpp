@@ -205,6 +205,22 @@ class Engine {
     void attend_layer(std::size_t layer, const void* q, NewTokens fresh, StateView out) {
         attend_layer(layer, q, fresh, out, nullptr);
     }
+    // attend_layer with device_stream in two parts, for a model that computes on the first
+    // `split` sequences' rows while the engine attends the others (docs/gpu-runtime.md, "CPU
+    // experts beside the attention"): on return the stream waits for the merged states of
+    // sequences [0, split) only (rows [0, split × num_q_heads) of out); the rest are attended
+    // meanwhile (the CPU's share on a thread of the engine's). finish_layer(device_stream) waits
+    // for them and makes the stream wait for their merge; nothing but finish_layer (or
+    // abort_step) may be called on the step in between. attends_in_parts() false (no device
+    // side, or a GPU side that merges no layer in parts) or a split outside (0, sequences):
+    // the whole layer is attended here, and finish_layer does nothing.
+    virtual bool attends_in_parts() const noexcept { return false; }
+    virtual void attend_layer_first(std::size_t layer, const void* q, NewTokens fresh,
+                                    StateView out, void* device_stream, std::size_t split) {
+        (void)split;
+        attend_layer(layer, q, fresh, out, device_stream);
+    }
+    virtual void finish_layer(void* device_stream) { (void)device_stream; }
     // Whether attend_layer takes device memory, and the GPU it is on (-1: none).
     virtual bool device_side() const noexcept { return false; }
     virtual int gpu_device() const noexcept { return -1; }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "writescope/core/background_task.hpp"
 #include "writescope/core/engine.hpp"
 #include "writescope/core/execution_mode.hpp"
 #include "writescope/core/kv_cache.hpp"
@@ -63,6 +64,10 @@ class EngineImpl final : public Engine {
     using Engine::attend_layer;
     void attend_layer(std::size_t layer, const void* q, NewTokens fresh, StateView out,
                       void* device_stream) override;
+    bool attends_in_parts() const noexcept override;
+    void attend_layer_first(std::size_t layer, const void* q, NewTokens fresh, StateView out,
+                            void* device_stream, std::size_t split) override;
+    void finish_layer(void* device_stream) override;
     bool device_side() const noexcept override;
     int gpu_device() const noexcept override;
     using Engine::attend_prompt;
@@ -81,6 +86,11 @@ class EngineImpl final : public Engine {
     // Sets the cache's routing target from the mode, the tracked costs and the spilled length
     // held now; mu_ held.
     void retarget_locked();
+    // attend_layer's checks (mu_ held by the caller's lock): the step open, no layer running,
+    // the layer in order, q and the new K given.
+    void check_layer_locked(std::size_t layer, const void* q, NewTokens fresh) const;
+    // A layer's result into the step's sums and the layer count (mu_ held).
+    void layer_done_locked(const LayerStepResult& r, bool device_side);
     // attend_prompt's two halves, after its checks: the CPU attends every stored block (T and
     // G brought down when they are device memory), or the GPU attends the chunk, T, G and P and
     // the CPU only U.
@@ -114,6 +124,11 @@ class EngineImpl final : public Engine {
     std::unique_ptr<StepExecutor> exec_;
     bool stepping_ = false;
     bool in_layer_ = false;  // attend_layer running (without mu_)
+    // A layer in parts (attend_layer_first .. finish_layer): its second part runs on part_task_,
+    // its first part's result waits in part_result_ for the second to add to it.
+    bool in_parts_ = false;
+    std::unique_ptr<BackgroundTask> part_task_;
+    LayerStepResult part_result_;
     std::vector<std::uint64_t> step_ids_;
     std::vector<SealMove> step_moves_;  // end_step's seals (kept for its capacity)
     std::size_t layers_done_ = 0;

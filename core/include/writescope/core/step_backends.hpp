@@ -159,6 +159,24 @@ class GpuAttentionBackend {
         (void)cpu_part, (void)out, (void)stream;
         throw std::logic_error("this GPU backend has no device-side contract");
     }
+    // finish_device in parts (a layer's sequences merged in consecutive ranges, so that the
+    // model computes on the first ones while the CPU attends the rest): merges the CPU's
+    // partial states of sequences [seq_begin, seq_end) (cpu_part and out hold those rows only;
+    // null cpu_part.o for none) with the GPU's, and with a stream makes it wait for that merge.
+    // The ranges start at 0 and follow one another; the one ending at the last sequence ends the
+    // layer, as finish_device would, and device_wait(stream) then makes a stream wait for it
+    // when that part was given none. The CPU partials are read in place when written into
+    // cpu_partial_buffer() (at their rows' offset there).
+    virtual bool merges_in_parts() const noexcept { return false; }
+    virtual void finish_device_part(ConstStateView cpu_part, StateView out, void* stream,
+                                    std::size_t seq_begin, std::size_t seq_end) {
+        (void)cpu_part, (void)out, (void)stream, (void)seq_begin, (void)seq_end;
+        throw std::logic_error("this GPU backend merges no layer in parts");
+    }
+    virtual void device_wait(void* stream) {
+        (void)stream;
+        throw std::logic_error("this GPU backend merges no layer in parts");
+    }
     // Prompts on the device (docs/gpu-runtime.md): the attention of a prompt chunk that is not
     // stored yet, at one layer, with every input and the output in device memory. The most
     // tokens one chunk may have here (0: prompts are not attended on the device).

@@ -91,6 +91,19 @@ class StepExecutor {
     LayerStepResult run_layer(std::size_t layer, const void* q, StateView out, NewTokens fresh = {},
                               void* device_stream = nullptr);
 
+    // run_layer with a device stream in two parts (Engine::attend_layer_first): the first
+    // `split` sequences attended and merged (the stream waits for them) by run_layer_first;
+    // the others by run_layer_rest (on any one thread, before anything else runs on this
+    // executor), whose merge the stream is made to wait for by GpuAttentionBackend::device_wait.
+    // parts_possible(): the GPU side merges in parts and the step is not the monolithic one.
+    bool parts_possible() const noexcept {
+        return gpu_ && gpu_->device_side() && gpu_->merges_in_parts() && !monolithic_;
+    }
+    LayerStepResult run_layer_first(std::size_t layer, const void* q, StateView out,
+                                    NewTokens fresh, void* device_stream, std::size_t split);
+    LayerStepResult run_layer_rest(LayerStepResult first);
+    std::size_t planned_seqs() const noexcept { return nseq_; }
+
     // Bytes of ordinary pageable host memory held for the monolithic baseline (one cache per
     // sequence, grown by plan() to the largest share it gave the GPU; 0 in the other modes).
     std::size_t monolithic_bytes() const noexcept;
@@ -99,6 +112,18 @@ class StepExecutor {
     void ensure_tables(std::size_t seqs, std::size_t blocks);
     // CPU-only: the pending tokens' rows into the open blocks (host T) of this layer.
     void write_fresh_host(std::size_t layer, NewTokens fresh);
+    // run_layer's checks and its work up to the CPU's: the fresh rows, the GPU's launch (device
+    // side: q comes down) and the CPU's blocks at this layer's addresses into cpu_work_.
+    // Returns the CPU's q (host) and fills r's launch time.
+    const void* prepare_layer(std::size_t layer, const void* q, StateView out, NewTokens fresh,
+                              void* device_stream, LayerStepResult& r);
+    // A layer in parts between run_layer_first and run_layer_rest.
+    struct PartState {
+        StateView out;
+        std::size_t split = 0;
+        double t0 = 0;
+        bool open = false;
+    } part_;
     void build_work(bool monolithic);
 
     StepExecutorConfig cfg_;

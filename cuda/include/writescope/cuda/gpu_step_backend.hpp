@@ -56,6 +56,10 @@ class GpuStepBackend final : public GpuAttentionBackend {
                        bool q_to_host) override;
     const void* host_q() override;
     void finish_device(ConstStateView cpu_part, StateView out, void* stream) override;
+    bool merges_in_parts() const noexcept override { return true; }
+    void finish_device_part(ConstStateView cpu_part, StateView out, void* stream,
+                            std::size_t seq_begin, std::size_t seq_end) override;
+    void device_wait(void* stream) override;
     std::size_t take_device_timings(std::span<GpuLayerTiming> out) override;
     std::size_t prompt_tokens() const noexcept override;
     void launch_prompt(std::size_t layer, std::size_t m, const void* q, const void* k,

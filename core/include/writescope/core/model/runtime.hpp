@@ -48,6 +48,13 @@ struct RuntimeOptions {
     // ops' copy and compute beat the CPU on (the rest run on the CPU meanwhile); `always` streams
     // every one with tokens (what tests compare against the CPU's results); `off` never.
     ExpertStreaming expert_streaming = ExpertStreaming::automatic;
+    // Decode steps of two sequences or more, with device-side attention, an engine that attends
+    // a layer in parts (Engine::attends_in_parts) and experts split with the host ops: each
+    // layer's batch in two halves, the first half's output projection and feed-forward (its CPU
+    // experts included) computed while the engine attends the second half (its CPU share on the
+    // engine's thread). The CPU's experts then run beside its attention, and the attention's
+    // tracked costs see them. Not while profiling (the profile waits around every part).
+    bool layer_parts = true;
 };
 
 // Host-resident experts since the runtime started: those the CPU computed and those streamed to
@@ -114,6 +121,8 @@ class Runtime {
     // Prompt chunks attend on the device side too (the engine attends prompts there:
     // Engine::device_prompt_tokens; the chunk is then at most that many tokens).
     virtual bool device_prompts() const noexcept { return false; }
+    // The last decode step attended its layers in two halves (RuntimeOptions::layer_parts).
+    virtual bool last_step_in_parts() const noexcept { return false; }
     // Decode steps replay recordings (RuntimeOptions::cuda_graphs took effect).
     virtual bool records_decode() const noexcept { return false; }
     // Batch sizes whose decode segments are recorded and replayed now (0 without recordings).

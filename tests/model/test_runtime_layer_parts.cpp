@@ -1,0 +1,102 @@
+// Decode steps in two halves per layer (RuntimeOptions::layer_parts, Engine::attend_layer_first):
+// the runtime's GPU path without a GPU (apart_ops.hpp's device emulation over a hybrid engine
+// whose GPU side is the host backend, which merges a layer's sequences in parts), with experts
+// split between the ops and host ops, so that the first half's feed-forward (its CPU experts
+// included) runs while the engine attends the second half on its own thread. Every batch must
+// keep transformers' logits, as the same runtime attending whole layers does (the ops' calls
+// over half the rows may round differently, within the bound).
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+
+#include "apart_ops.hpp"
+#include "hybrid_host_engine.hpp"
+#include "reference_model.hpp"
+
+using namespace writescope;
+using namespace writescope::test;
+
+namespace {
+
+struct PartsRuntime {
+    int stream_token = 0;
+    std::unique_ptr<Engine> engine;
+    std::unique_ptr<CountingOps> ops, host_ops;
+    model::ModelWeights weights;
+    std::unique_ptr<model::Runtime> runtime;
+    HostGpuBackend* gpu = nullptr;
+
+    PartsRuntime(const model::Model& m, bool parts, bool split = true) {
+        const DType kv = m.config().dtype;
+        engine = hybrid_host_engine(m.config().kv_geometry(kv), 8, /*g_slots=*/3, 0.5, 4,
+                                    &stream_token, 0, &gpu);
+        DeviceEmulation dev;
+        dev.stream = &stream_token;
+        const auto co = cpu_ops_options(m.config(), 32);
+        ops = std::make_unique<CountingOps>(co, false, dev);
+        weights = split ? without_experts(m, split_keeps) : m.weights();
+        host_ops = std::make_unique<CountingOps>(co, true);
+        model::RuntimeOptions ro;
+        ro.prefill_chunk_tokens = 32;
+        ro.max_batch = 4;
+        ro.kv_dtype = kv;
+        ro.layer_parts = parts;
+        runtime = model::make_runtime(m, *ops, *engine, ro, {&weights, host_ops.get()});
+    }
+};
+
+}  // namespace
+
+TEST_CASE("decode steps in two halves per layer keep transformers' logits", "[model][parts]") {
+    for (const std::string& name : reference_model_names()) {
+        const auto dir = models_dir() / name;
+        const Reference ref = read_reference(dir);
+        const auto m = model::load_model_dir(dir);
+        if (m->config().num_experts == 0) continue;  // nothing on the CPU to overlap
+        PartsRuntime halves(*m, true), whole(*m, false);
+        INFO(name);
+        REQUIRE(halves.engine->attends_in_parts());
+        REQUIRE(halves.runtime->device_attention());
+        // Every prompt at once, decoded in one batch (its first half and its second).
+        const std::vector<Errors> eh = batched(*halves.runtime, ref);
+        const std::vector<Errors> ew = batched(*whole.runtime, ref);
+        for (std::size_t i = 0; i < eh.size(); ++i) {
+            INFO("sequence " << i);
+            CHECK(eh[i].rel() <= tolerance(ref));
+            CHECK(ew[i].rel() <= tolerance(ref));
+        }
+        const std::size_t layers = static_cast<std::size_t>(m->config().num_layers);
+        const std::size_t steps = ref.prompts[0].greedy.size() - 1;
+        // Two parts per layer of every step of the batch, none without halves.
+        CHECK(halves.gpu->device_parts == 2 * layers * steps);
+        CHECK(halves.gpu->device_waits == layers * steps);
+        CHECK(whole.gpu->device_parts == 0);
+        CHECK(halves.runtime->last_step_in_parts());
+        CHECK_FALSE(whole.runtime->last_step_in_parts());
+        CHECK(halves.host_ops->moe_calls > whole.host_ops->moe_calls);  // a call per half
+        std::fprintf(stderr, "%-24s layer parts: relative logit error %.3g (whole layers %.3g)\n",
+                     name.c_str(), eh[0].rel(), ew[0].rel());
+    }
+}
+
+TEST_CASE("layers are attended whole where halves have nothing to overlap", "[model][parts]") {
+    const auto dir = models_dir() / "qwen3-moe-tiny";
+    const Reference ref = read_reference(dir);
+    const auto m = model::load_model_dir(dir);
+    // Every expert in the ops' memory: nothing waits for the CPU's experts, so no halves (and
+    // the steps may be recorded instead).
+    PartsRuntime all_ops(*m, true, /*split=*/false);
+    batched(*all_ops.runtime, ref);
+    CHECK(all_ops.gpu->device_parts == 0);
+    // A batch of one has no second half.
+    PartsRuntime one(*m, true);
+    const ReferencePrompt& p = ref.prompts[0];
+    CHECK(greedy(*one.runtime, p.ids, 3) ==
+          std::vector<std::int32_t>(p.greedy.begin(), p.greedy.begin() + 3));
+    CHECK(one.gpu->device_parts == 0);
+    // A profiled step waits around every part: whole layers.
+    PartsRuntime profiled(*m, true);
+    profiled.runtime->profile_layers(true);
+    batched(*profiled.runtime, ref);
+    CHECK(profiled.gpu->device_parts == 0);
+}
