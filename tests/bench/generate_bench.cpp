@@ -70,7 +70,9 @@ struct Options {
     double vram_gib = 32;
     std::size_t prefill = 2048;
     bool pin_host_experts = true;
-    bool layer_parts = true;
+    // Off by default: a configuration runs too few steps for the automatic choice's trial
+    // (kLayerPartsTrial steps per batch size); `always` measures the halves.
+    model::LayerParts layer_parts = model::LayerParts::off;
     std::size_t block = 128;
     std::size_t aggregate_seqs = 0, aggregate_ctx = 0;
     std::string json;
@@ -95,8 +97,8 @@ struct ModelSetup {
     std::unique_ptr<cuda::DeviceModelWeights> dev;
     // Mode writescope-all-gpu: every expert on the GPU (outside the budget; made when asked).
     std::unique_ptr<cuda::DeviceModelWeights> dev_all;
-    double scale = 1;         // layers / full layers
-    bool layer_parts = true;  // RuntimeOptions::layer_parts
+    double scale = 1;  // layers / full layers
+    model::LayerParts layer_parts = model::LayerParts::automatic;
     std::uint64_t vram = 0, t_bytes = 0, engine_vram = 0;
     Calibration calibration;
     bool calibrated = false;
@@ -330,7 +332,7 @@ int run_generate(int argc, char** argv) {
                 "  [--batches 1,4,16] [--modes writescope,gpu-only,cpu-only] [--steps 8]\n"
                 "  [--vram 32 (GiB, before scaling)] [--prefill 2048] [--aggregate 8x128K]\n"
                 "  [--pin-host-experts 1 (page-lock the host-resident experts for streaming)]\n"
-                "  [--layer-parts 1 (decode batches in two halves per layer)]\n"
+                "  [--layer-parts off|always|auto (decode batches in two halves per layer)]\n"
                 "  [--json FILE]\n");
         },
         [&](const std::string& a, auto& value) {
@@ -347,9 +349,12 @@ int run_generate(int argc, char** argv) {
                 o.prefill = parse_list(value()).at(0);
             else if (a == "--pin-host-experts")
                 o.pin_host_experts = std::stoi(value()) != 0;
-            else if (a == "--layer-parts")
-                o.layer_parts = std::stoi(value()) != 0;
-            else if (a == "--aggregate") {
+            else if (a == "--layer-parts") {
+                const std::string v = value();
+                o.layer_parts = v == "0" || v == "off"      ? model::LayerParts::off
+                                : v == "1" || v == "always" ? model::LayerParts::always
+                                                            : model::LayerParts::automatic;
+            } else if (a == "--aggregate") {
                 const std::string v = value();
                 const auto x = v.find('x');
                 if (x == std::string::npos)

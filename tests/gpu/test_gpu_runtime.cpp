@@ -39,7 +39,7 @@ struct GpuRuntime {
     // always, through a pinned ring of small pieces so that it wraps).
     GpuRuntime(const model::Model& m, std::size_t chunk, bool split, std::unique_ptr<Engine> e,
                std::size_t max_batch = 4, bool device_attention = true, bool graphs = true,
-               bool stream = false, bool layer_parts = true)
+               bool stream = false, model::LayerParts layer_parts = model::LayerParts::automatic)
         : engine(std::move(e)) {
         const model::OpLimits lim = model::op_limits(m.config());
         cuda::CudaModelOpsOptions co;
@@ -303,9 +303,10 @@ TEST_CASE("the GPU runtime decodes a batch in two halves per layer as it does wh
         const std::size_t B = c.mla() ? 32 : 64, V = static_cast<std::size_t>(c.vocab_size);
         // Two sequences whose KV spills past G (2 blocks) into P and U, decoded together with
         // experts split: the first half's feed-forward beside the engine's second half.
-        GpuRuntime halves(*m, 64, /*split=*/true, gpu_engine(*m, B, /*g_blocks=*/2, 2), 2);
+        GpuRuntime halves(*m, 64, /*split=*/true, gpu_engine(*m, B, /*g_blocks=*/2, 2), 2, true,
+                          true, false, model::LayerParts::always);
         GpuRuntime whole(*m, 64, /*split=*/true, gpu_engine(*m, B, /*g_blocks=*/2, 2), 2, true,
-                         true, false, /*layer_parts=*/false);
+                         true, false, model::LayerParts::off);
         CpuRuntime cpu(*m, 64, B, 2);
         REQUIRE(halves.engine->attends_in_parts());
         const std::size_t lens[2] = {3 * B + 5, 2 * B + 7}, steps = 12;

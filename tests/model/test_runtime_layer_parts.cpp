@@ -26,7 +26,7 @@ struct PartsRuntime {
     std::unique_ptr<model::Runtime> runtime;
     HostGpuBackend* gpu = nullptr;
 
-    PartsRuntime(const model::Model& m, bool parts, bool split = true) {
+    PartsRuntime(const model::Model& m, model::LayerParts parts, bool split = true) {
         const DType kv = m.config().dtype;
         engine = hybrid_host_engine(m.config().kv_geometry(kv), 8, /*g_slots=*/3, 0.5, 4,
                                     &stream_token, 0, &gpu);
@@ -53,7 +53,7 @@ TEST_CASE("decode steps in two halves per layer keep transformers' logits", "[mo
         const Reference ref = read_reference(dir);
         const auto m = model::load_model_dir(dir);
         if (m->config().num_experts == 0) continue;  // nothing on the CPU to overlap
-        PartsRuntime halves(*m, true), whole(*m, false);
+        PartsRuntime halves(*m, model::LayerParts::always), whole(*m, model::LayerParts::off);
         INFO(name);
         REQUIRE(halves.engine->attends_in_parts());
         REQUIRE(halves.runtime->device_attention());
@@ -85,18 +85,42 @@ TEST_CASE("layers are attended whole where halves have nothing to overlap", "[mo
     const auto m = model::load_model_dir(dir);
     // Every expert in the ops' memory: nothing waits for the CPU's experts, so no halves (and
     // the steps may be recorded instead).
-    PartsRuntime all_ops(*m, true, /*split=*/false);
+    PartsRuntime all_ops(*m, model::LayerParts::always, /*split=*/false);
     batched(*all_ops.runtime, ref);
     CHECK(all_ops.gpu->device_parts == 0);
     // A batch of one has no second half.
-    PartsRuntime one(*m, true);
+    PartsRuntime one(*m, model::LayerParts::always);
     const ReferencePrompt& p = ref.prompts[0];
     CHECK(greedy(*one.runtime, p.ids, 3) ==
           std::vector<std::int32_t>(p.greedy.begin(), p.greedy.begin() + 3));
     CHECK(one.gpu->device_parts == 0);
     // A profiled step waits around every part: whole layers.
-    PartsRuntime profiled(*m, true);
+    PartsRuntime profiled(*m, model::LayerParts::always);
     profiled.runtime->profile_layers(true);
     batched(*profiled.runtime, ref);
     CHECK(profiled.gpu->device_parts == 0);
+}
+
+TEST_CASE("automatic layer parts try both ways per batch size and keep the logits",
+          "[model][parts]") {
+    const auto dir = models_dir() / "qwen3-moe-tiny";
+    const Reference ref = read_reference(dir);
+    const auto m = model::load_model_dir(dir);
+    PartsRuntime rt(*m, model::LayerParts::automatic);
+    const std::size_t layers = static_cast<std::size_t>(m->config().num_layers);
+    // The reference's batch: its steps are the trial (alternating, halves on odd steps) and
+    // what follows it; every one within the bound either way.
+    const std::vector<Errors> err = batched(*rt.runtime, ref);
+    for (std::size_t i = 0; i < err.size(); ++i) {
+        INFO("sequence " << i);
+        CHECK(err[i].rel() <= tolerance(ref));
+    }
+    const std::size_t steps = ref.prompts[0].greedy.size() - 1;
+    REQUIRE(steps >= 2);
+    const std::size_t trial = std::min(steps, model::kLayerPartsTrial);
+    // Of the trial's steps, every second one in halves; after it, all or none.
+    const std::size_t in_halves = rt.gpu->device_waits / layers;
+    CHECK(rt.gpu->device_waits % layers == 0);
+    CHECK(in_halves >= trial / 2);
+    CHECK(in_halves <= trial / 2 + (steps - trial));
 }

@@ -8,6 +8,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "architecture.hpp"
@@ -205,6 +206,8 @@ class RuntimeImpl final : public Runtime {
         const ModelConfig& c = model_.config();
         const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
         detail::check_token_ids(tokens, vocab_size());
+        const double t_start = steady_seconds();
+        can_halve_last_ = false;
         const bool profile = profile_.on;
         LayerTimes& times = profile_.times;
         times = {};
@@ -234,11 +237,12 @@ class RuntimeImpl final : public Runtime {
             });
             // Two halves per layer (RuntimeOptions::layer_parts): the first half's rows
             // finish while the engine attends the second's.
-            const std::size_t half = opts_.layer_parts && device_attention_ && !profile && n >= 2 &&
-                                             !arch_->records_safely() && engine_.attends_in_parts()
-                                         ? n / 2
-                                         : 0;
+            const bool can_halve = opts_.layer_parts != LayerParts::off && device_attention_ &&
+                                   !profile && n >= 2 && !arch_->records_safely() &&
+                                   engine_.attends_in_parts();
+            const std::size_t half = can_halve && halves_now(n) ? n / 2 : 0;
             last_in_parts_ = half > 0;
+            can_halve_last_ = can_halve && opts_.layer_parts == LayerParts::automatic;
             for (std::size_t l = 0; l < layers && half > 0; ++l) {
                 engine_.attend_layer_first(
                     l, q_.data(), NewTokens{k_.data(), geometry_.mla ? nullptr : v_.data()},
@@ -277,6 +281,7 @@ class RuntimeImpl final : public Runtime {
             ++held_[seq_ids[i]];
         head(0, n, logits);
         last_bytes_ = fixed_bytes_ + arch_->take_ffn_bytes();
+        if (can_halve_last_) parts_timed(n, last_in_parts_, steady_seconds() - t_start);
         if (profile) {
             times.total = steady_seconds() - t_step;
             last_times_ = times;
@@ -485,6 +490,36 @@ class RuntimeImpl final : public Runtime {
     bool device_prompts_ = false;    // and prompt chunks too
     bool graphs_ = false;            // decode segments recorded and replayed (cuda_graphs)
     bool last_in_parts_ = false;     // the last decode step's layers in halves (layer_parts)
+    bool can_halve_last_ = false;    // ... and it could have gone either way (automatic)
+    // LayerParts::automatic, per batch size: the steps timed each way during a trial (halves on
+    // odd steps), the choice since, and the steps run at that size.
+    struct PartsChoice {
+        double seconds[2] = {0, 0};
+        std::size_t timed[2] = {0, 0};
+        std::size_t steps = 0;
+        bool halves = false;
+    };
+    std::unordered_map<std::size_t, PartsChoice> parts_choice_;
+    bool halves_now(std::size_t n) {
+        if (opts_.layer_parts == LayerParts::always) return true;
+        PartsChoice& c = parts_choice_[n];
+        const std::size_t at = c.steps % kLayerPartsRetrial;
+        return at < kLayerPartsTrial ? at % 2 == 1 : c.halves;
+    }
+    void parts_timed(std::size_t n, bool halves, double seconds) {
+        PartsChoice& c = parts_choice_[n];
+        const std::size_t at = c.steps++ % kLayerPartsRetrial;
+        if (at >= kLayerPartsTrial) return;
+        if (at == 0) {
+            c.seconds[0] = c.seconds[1] = 0;
+            c.timed[0] = c.timed[1] = 0;
+        }
+        c.seconds[halves] += seconds;
+        ++c.timed[halves];
+        if (at + 1 == kLayerPartsTrial && c.timed[0] && c.timed[1])
+            c.halves = c.seconds[1] / static_cast<double>(c.timed[1]) <
+                       0.97 * c.seconds[0] / static_cast<double>(c.timed[0]);
+    }
     // Per batch size, for at most kMaxRecordedBatches sizes (the first ones seen; the others
     // launch every call): each recording holds an instantiated graph per segment on the device.
     static constexpr std::size_t kMaxRecordedBatches = 16;

@@ -24,6 +24,9 @@ class Model;
 class ModelOps;
 
 enum class ExpertStreaming { off, automatic, always };
+enum class LayerParts { off, automatic, always };
+
+inline constexpr std::size_t kLayerPartsTrial = 8, kLayerPartsRetrial = 512;
 
 struct RuntimeOptions {
     std::size_t prefill_chunk_tokens = 512;  // most prompt tokens computed in one forward pass
@@ -53,8 +56,12 @@ struct RuntimeOptions {
     // layer's batch in two halves, the first half's output projection and feed-forward (its CPU
     // experts included) computed while the engine attends the second half (its CPU share on the
     // engine's thread). The CPU's experts then run beside its attention, and the attention's
-    // tracked costs see them. Not while profiling (the profile waits around every part).
-    bool layer_parts = true;
+    // tracked costs see them. It pays where the two overlap what does not compete (the GPU's
+    // work, the CPU's compute), not where both read host memory at its limit: `automatic` times
+    // both ways per batch size (alternate steps, kLayerPartsTrial of them) and keeps the faster
+    // (by 3 % or more for halves), trying again every kLayerPartsRetrial steps; `always` and
+    // `off` fix it. Never while profiling (the profile waits around every part).
+    LayerParts layer_parts = LayerParts::automatic;
 };
 
 // Host-resident experts since the runtime started: those the CPU computed and those streamed to
