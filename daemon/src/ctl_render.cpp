@@ -162,7 +162,9 @@ std::string render_status(const json& s) {
                            ? ratio(num(pl, "gpu_expert_hit_rate"))
                            : std::string("none yet"),
                        flag("device_attention") ? "device-side" : "through host memory",
-                       flag("cuda_graphs") ? "CUDA graphs" : "kernels launched one by one",
+                       flag("cuda_graphs")   ? "CUDA graphs"
+                       : flag("layer_parts") ? "batches in layer halves where faster"
+                                             : "kernels launched one by one",
                        prefill_on_gpu ? "on the GPU" : "by the CPU", streaming)
                  : fmt::format("on the CPU ({} kernels, {} threads)", str(m, "expert_kernel"),
                                u64(m, "expert_threads"))});

@@ -263,6 +263,7 @@ void start_gpu_runtime(ModelHost& host, const Profile& prof, int gpu,
     p.gpu_kernel = ops->kernel_name();
     p.device_attention = runtime->device_attention();
     p.cuda_graphs = runtime->records_decode();
+    p.layer_parts = pl.host_experts > 0 && p.device_attention && engine.attends_in_parts();
     p.device_prompts = runtime->device_prompts();
     p.stream_expert_bytes = ops->stream_expert_bytes();
     p.stream_pinned_bytes = ops->stream_expert_bytes() ? stream_pinned : 0;

@@ -32,6 +32,10 @@ struct ModelPlacement {
     // (Runtime::device_attention), and the ops' work between layers replays CUDA graphs
     // (Runtime::records_decode; not where experts are split with the CPU).
     bool device_attention = false, cuda_graphs = false;
+    // And batches may attend their layers in two halves, the CPU's experts beside the attention
+    // (RuntimeOptions::layer_parts, automatic: kept where measured faster): experts split with
+    // the CPU and an engine that attends in parts.
+    bool layer_parts = false;
     // And prompt chunks: the engine attends them in the runtime's device memory
     // (Runtime::device_prompts).
     bool device_prompts = false;

@@ -168,6 +168,12 @@ TEST_CASE("routes answer after boot and errors keep the shape", "[unit][daemon][
                Catch::Contains("decode: attention device-side, CUDA graphs; prompts attended on "
                                "the GPU"));
     CHECK_THAT(render_status(gst), !Catch::Contains("host experts streamed"));
+    // Experts split with the CPU: no graphs, batches in layer halves where faster.
+    gst["model"]["placement"]["decode"] = {
+        {"device_attention", true}, {"cuda_graphs", false}, {"layer_parts", true}};
+    CHECK_THAT(render_status(gst),
+               Catch::Contains("decode: attention device-side, batches in layer halves where "
+                               "faster"));
     // With experts in host memory that prompt chunks stream.
     gst["model"]["placement"]["prefill"]["expert_streaming"] = {
         {"slot_bytes", 1 << 20}, {"streamed_experts", 12}, {"cpu_experts", 40}};
