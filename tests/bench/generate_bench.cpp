@@ -406,34 +406,43 @@ int run_generate(int argc, char** argv) {
         cuda::CudaModelOpsOptions go;
         go.max_tokens = co.max_tokens;
         go.fit(lim);
-        // Prompt chunks may stream host-resident experts (two slots of the largest expert, in
-        // the workspace: counted in the budget as what does not scale with the layers).
-        for (const model::LayerWeights& L : s.m->weights().layers)
-            for (const model::FfnWeights& f : L.experts)
-                go.stream_expert_bytes = std::max<std::size_t>(go.stream_expert_bytes, f.bytes());
-        s.gpu_ops = std::make_unique<cuda::CudaModelOps>(go);
         // T: an open block per sequence, every layer; the engine's staging and partial states
         // (tens of MiB); G: a quarter of what the weights that must stay leave.
         const KvGeometry g = c.kv_geometry(c.dtype);
         s.t_bytes = max_batch * (o.block * g.bytes_per_token());
-        // The budget's per-layer part scales with the layers kept; what does not depend on the
-        // layer count (embeddings, head, final norm, the workspaces) does not.
         const model::ModelWeights& w = s.m->weights();
-        const std::uint64_t fixed = w.embed.bytes() +
-                                    (w.lm_head.data == w.embed.data ? 0 : w.lm_head.bytes()) +
-                                    w.final_norm.n * dtype_bytes(w.final_norm.dtype) +
-                                    s.gpu_ops->workspace_bytes() + (256ull << 20);
-        const auto full = static_cast<std::uint64_t>(o.vram_gib * (1ull << 30));
-        s.vram =
-            full > fixed
-                ? fixed + static_cast<std::uint64_t>(static_cast<double>(full - fixed) * s.scale)
-                : full;
-        model::PlacementBudget pb;
-        pb.vram_bytes = s.vram;
-        pb.kv_t_bytes = s.t_bytes;
-        pb.workspace_bytes = s.gpu_ops->workspace_bytes() + (256ull << 20);
-        pb.kv_g_share = 0.25;
-        s.placement = model::plan_placement(*s.m, pb);
+        // The ops, then the placement in the budget their workspaces leave. The budget's
+        // per-layer part scales with the layers kept; what does not depend on the layer count
+        // (embeddings, head, final norm, the workspaces) does not.
+        const auto place = [&] {
+            s.gpu_ops.reset();
+            s.gpu_ops = std::make_unique<cuda::CudaModelOps>(go);
+            const std::uint64_t fixed = w.embed.bytes() +
+                                        (w.lm_head.data == w.embed.data ? 0 : w.lm_head.bytes()) +
+                                        w.final_norm.n * dtype_bytes(w.final_norm.dtype) +
+                                        s.gpu_ops->workspace_bytes() + (256ull << 20);
+            const auto full = static_cast<std::uint64_t>(o.vram_gib * (1ull << 30));
+            s.vram = full > fixed ? fixed + static_cast<std::uint64_t>(
+                                                static_cast<double>(full - fixed) * s.scale)
+                                  : full;
+            model::PlacementBudget pb;
+            pb.vram_bytes = s.vram;
+            pb.kv_t_bytes = s.t_bytes;
+            pb.workspace_bytes = s.gpu_ops->workspace_bytes() + (256ull << 20);
+            pb.kv_g_share = 0.25;
+            s.placement = model::plan_placement(*s.m, pb);
+        };
+        place();
+        if (s.placement.host_experts > 0) {
+            // Prompt chunks may stream the host-resident experts, as the daemon's do: the ops
+            // again with slots of the largest expert (in the workspace: what does not scale with
+            // the layers), and the placement again within what they leave.
+            for (const model::LayerWeights& L : w.layers)
+                for (const model::FfnWeights& f : L.experts)
+                    go.stream_expert_bytes =
+                        std::max<std::size_t>(go.stream_expert_bytes, f.bytes());
+            place();
+        }
         s.dev = std::make_unique<cuda::DeviceModelWeights>(*s.m, &s.placement.on_gpu);
         // The host-resident experts page-locked, so that prompt chunks stream them at the PCIe
         // rate (without: through the ops' pinned ring, the host copying).
