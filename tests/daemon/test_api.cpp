@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api.hpp"
+#include "completions.hpp"
 #include "ctl_render.hpp"
 #include "engine_options.hpp"
 #include "fake_engine.hpp"
@@ -659,4 +660,53 @@ TEST_CASE("routes that change state need root, the daemon's user or the admin gr
     }
     CHECK(may_change_state(root, ""));
     CHECK_FALSE(may_change_state(unknown, ""));
+}
+
+TEST_CASE("a GPU placement's expert streaming and layer halves reach status and metrics",
+          "[unit][daemon][api]") {
+    // The GPU model runtime's view (a CPU machine builds none): experts in host memory that
+    // prompt chunks stream, and batches in layer halves.
+    ServiceView v;
+    v.model.loaded = true;
+    v.model.name = "m";
+    ModelPlacement& p = v.model.placement;
+    p.gpu = true;
+    p.device_attention = true;
+    p.layer_parts = true;
+    p.stream_expert_bytes = 9u << 20;
+    p.stream_pinned_bytes = 64u << 20;
+    p.locked_host_bytes = 1u << 30;
+    const nlohmann::json before = served_model_json(v)["placement"];
+    CHECK(before["decode"]["layer_parts"] == true);
+    const auto& es0 = before["prefill"]["expert_streaming"];
+    CHECK(es0["slot_bytes"] == 9u << 20);
+    CHECK(es0["pinned_bytes"] == 64u << 20);
+    CHECK(es0["locked_host_bytes"] == 1u << 30);
+    CHECK(es0["streamed_experts"] == 0);
+    CHECK(es0["model"].is_null());  // nothing measured before the first prompt
+    model::SchedulerStats s;
+    s.expert_streaming.available = true;
+    s.expert_streaming.streamed_experts = 12;
+    s.expert_streaming.streamed_bytes = 12u * (9u << 20);
+    s.expert_streaming.cpu_experts = 40;
+    s.expert_streaming.cpu_pairs = 300;
+    s.expert_streaming.cpu_per_pair_s = 2e-5;
+    s.expert_streaming.cpu_slowdown = 1.2;
+    s.expert_streaming.stream_bytes_per_s = 5e10;
+    v.scheduler = s;
+    const nlohmann::json after = served_model_json(v)["placement"];
+    const auto& es = after["prefill"]["expert_streaming"];
+    CHECK(es["streamed_experts"] == 12);
+    CHECK(es["cpu_experts"] == 40);
+    CHECK(es["cpu_pairs"] == 300);
+    CHECK(es["model"]["cpu_seconds_per_pair"] == Approx(2e-5));
+    CHECK(es["model"]["cpu_slowdown_beside_stream"] == Approx(1.2));
+    CHECK(es["model"]["stream_bytes_per_second"] == Approx(5e10));
+    const std::string metrics = scheduler_metrics_text(v);
+    CHECK_THAT(metrics, Catch::Contains("writescope_expert_streamed_total 12"));
+    CHECK_THAT(metrics, Catch::Contains("writescope_expert_cpu_total 40"));
+    // No experts in host memory: no streaming in status, no streaming families.
+    p.stream_expert_bytes = 0;
+    CHECK(served_model_json(v)["placement"]["prefill"]["expert_streaming"].is_null());
+    CHECK_THAT(scheduler_metrics_text(v), !Catch::Contains("writescope_expert_streamed_total"));
 }
