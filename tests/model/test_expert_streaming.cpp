@@ -72,9 +72,12 @@ TEST_CASE("the expert stream policy streams less when the CPU slows beside a str
     // ms: 5 → 76.8, 6 → 60: all six go (the CPU keeps none), against 153.6 alone.
     CHECK(p.per_pair() == Approx(2e-4));
     CHECK(p.choose(six) == 6);
-    // A call beside a stream never counts as the CPU getting faster.
+    // A call beside a stream faster than the model alone: no slowdown in it, and the model
+    // (too high, then) moves toward it.
     p.observe_cpu(1, 128, 0.5 * 128 * 2e-4, true);
     CHECK(p.slowdown() > 2);
+    CHECK(p.per_pair() < 2e-4);
+    CHECK(p.per_pair() > 1e-4);
     // After kRefreshCalls calls beside a stream, one call alone refreshes the model.
     for (std::size_t i = 13; i < model::ExpertStreamPolicy::kRefreshCalls; ++i)
         p.observe_cpu(1, 128, 3 * 128 * 2e-4, true);
@@ -89,6 +92,32 @@ TEST_CASE("the expert stream policy streams less when the CPU slows beside a str
     model::ExpertStreamPolicy q;
     q.observe_cpu(2, 256, 1.0, true);
     CHECK(q.slowdown() == 1);
+}
+
+TEST_CASE("a cost model too high from a cold first call is corrected while every call streams",
+          "[model][streaming]") {
+    model::ExpertStreamPolicy p;
+    // The first chunk's calls, cold: twice what the CPU takes from then on (1e-4 s per pair).
+    for (int i = 0; i < 2; ++i)
+        p.observe_cpu(6, 768, 2 * 768 * 1e-4);
+    p.observe_stream(100'000'000, 0.01);
+    CHECK(p.per_pair() == Approx(2e-4));
+    const std::vector<Candidate> six(6, Candidate{100'000'000, 128});
+    // The later calls stream, and the CPU's share takes its real time: the model comes down
+    // to it without a call given up to measure it, and the choice with it.
+    const std::size_t first = p.choose(six);
+    CHECK(first == 5);
+    for (int i = 0; i < 40; ++i) {
+        CHECK(p.choose(six) > 0);
+        p.observe_cpu(1, 128, 128 * 1e-4, /*beside_stream=*/true);
+    }
+    // (The cold calls weigh more: six experts each against one.)
+    CHECK(p.per_pair() == Approx(1e-4).epsilon(0.1));
+    CHECK(p.slowdown() == Approx(1));
+    // 12.8–14 ms per expert on the CPU against 10 streamed: max(10 s, 13 (6 − s)) is smallest
+    // at s = 3 or 4, no longer the cold model's 5.
+    CHECK(p.choose(six) >= 3);
+    CHECK(p.choose(six) <= 4);
 }
 
 TEST_CASE("the expert stream policy separates an expert's fixed cost from its pairs",

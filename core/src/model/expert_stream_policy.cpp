@@ -38,11 +38,14 @@ void ExpertStreamPolicy::observe_cpu(std::size_t experts, std::size_t pairs, dou
         if (!(alone > 0)) return;
         const double r = std::clamp(seconds / alone, 1.0, kMaxSlowdown);
         slowdown_ = (1 - kSlowdownWeight) * slowdown_ + kSlowdownWeight * r;
-        return;
+        // Faster than the model says the CPU is alone: the model is too high (a cold first call,
+        // say), and this time bounds the call's cost alone from above, so it corrects the model
+        // without a call given up to measure it. Slower: the excess is the slowdown's.
+        if (seconds >= alone) return;
     }
     if (p >= kPromptPairsPerExpert * e) {
         prompt_.add(e, p, seconds);
-        beside_calls_ = 0;
+        if (!beside_stream) beside_calls_ = 0;
     } else {
         decode_.add(e, p, seconds);
     }

@@ -14,9 +14,11 @@
 //   bandwidth from it): a CPU call made while the ops streamed is compared with what the model
 //   predicts for it alone, and that slowdown (1 until measured, then followed, never below 1)
 //   scales the CPU's side of every choice that streams. A choice that streams is thus undone
-//   when the slowdown eats its gain. The model of the CPU alone learns only from calls that do
-//   not stream, so after kRefreshCalls prompt calls that streamed the next one does not: a
-//   refresh of the model, at the price of one call in kRefreshCalls computed the slow way.
+//   when the slowdown eats its gain. A call beside a stream that is faster than the model of
+//   the CPU alone predicts corrects that model (its time bounds the cost alone from above); a
+//   slower one feeds only the slowdown. A model that may have grown too low is refreshed by
+//   a prompt call without streaming after kRefreshCalls that streamed (one call in 256 the
+//   slow way).
 // - A call's experts are streamed in order of pairs, most first (streaming costs the same for
 //   every expert of a layer; the CPU's cost grows with its pairs), as many as make
 //   max(stream time, CPU time of the rest) smallest; nothing when that is not a clear gain.
@@ -59,7 +61,7 @@ class ExpertStreamPolicy {
     static constexpr double kMinGain = 0.05;
     // Calls with at least this many pairs per expert on average are the prompt regime.
     static constexpr double kPromptPairsPerExpert = 8;
-    static constexpr std::size_t kRefreshCalls = 16;
+    static constexpr std::size_t kRefreshCalls = 256;
 
   private:
     // Weighted sums of one regime: Σw·E², Σw·E·P, Σw·P², Σw·E·t, Σw·P·t, Σw.
