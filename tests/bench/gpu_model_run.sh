@@ -1,7 +1,9 @@
 #!/bin/bash
 # Builds and runs the GPU model tests and the GPU runtime's decode benchmark on the lent GPU
 # machine, logs under $OUT. Run from the repository root after `source .devdeps/unpack-deps.sh`.
-#   PHASES: any of "test decode generate" (default "test decode")
+#   PHASES: any of "test decode generate prefill halves" (default "test decode"); prefill: the
+#     prompt rate with and without expert streaming (Qwen3, Mixtral); halves: decode batches in
+#     layer halves against whole layers (Qwen3 128K x 16, experts split and all on the GPU)
 #   DECODE_ARGS: extra arguments for model-decode (default: the three models, context 1024)
 #   DECODE_MODES: ";"-separated model-decode modes (default: device-side, without graphs, staged, half the experts)
 #   GENERATE_ARGS: arguments for generate
@@ -46,4 +48,19 @@ if [[ $PHASES == *generate* ]]; then
   "$BENCH" generate ${GENERATE_ARGS:-} > "$OUT/generate.txt" 2>&1
   echo "generate rc=$?"
   tail -n 40 "$OUT/generate.txt"
+fi
+if [[ $PHASES == *prefill* ]]; then
+  "$BENCH" generate --models qwen3-30b-a3b,mixtral-8x7b --contexts 8K --batches 1 \
+    --modes writescope --steps 4 --prefill 2048 > "$OUT/generate-prefill.txt" 2>&1
+  echo "prefill rc=$?"
+  grep -E "prefill|placement" "$OUT/generate-prefill.txt"
+fi
+if [[ $PHASES == *halves* ]]; then
+  for lp in always off; do
+    "$BENCH" generate --models qwen3-30b-a3b --contexts 128K --batches 16 \
+      --modes writescope,writescope-all-gpu --steps 4 --prefill 512 --layer-parts $lp \
+      > "$OUT/generate-halves-$lp.txt" 2>&1
+    echo "halves $lp rc=$?"
+    grep -E "ctx|tracked" "$OUT/generate-halves-$lp.txt"
+  done
 fi
