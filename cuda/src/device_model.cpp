@@ -51,4 +51,19 @@ DeviceModelWeights::DeviceModelWeights(const model::Model& m,
     }
 }
 
+std::vector<CudaModelOps::HostRange> host_expert_ranges(
+    const model::Model& m, const std::vector<std::vector<std::uint8_t>>* on_gpu) {
+    std::vector<CudaModelOps::HostRange> ranges;
+    const auto& layers = m.weights().layers;
+    for (std::size_t l = 0; l < layers.size(); ++l)
+        for (std::size_t e = 0; e < layers[l].experts.size(); ++e) {
+            if (on_gpu && l < on_gpu->size() && e < (*on_gpu)[l].size() && (*on_gpu)[l][e])
+                continue;
+            const model::FfnWeights& f = layers[l].experts[e];
+            for (const model::Matrix* mx : {&f.gate, &f.up, &f.down})
+                if (mx->data) ranges.push_back({mx->data, mx->bytes()});
+        }
+    return ranges;
+}
+
 }  // namespace writescope::cuda

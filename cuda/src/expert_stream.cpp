@@ -230,24 +230,20 @@ std::size_t ExpertStream::pin(const void* data, std::size_t bytes) {
     return added;
 }
 
-bool ExpertStream::locked(const void* p, std::size_t n) const noexcept {
-    const auto a = reinterpret_cast<std::uintptr_t>(p);
-    auto it = std::upper_bound(locked_.begin(), locked_.end(), a,
-                               [](std::uintptr_t x, const Locked& r) { return x < r.end; });
-    if (it == locked_.end() || it->begin > a) return false;
-    // Registrations that follow one another without a gap cover the range together.
-    std::uintptr_t end = it->end;
-    while (end < a + n && std::next(it) != locked_.end() && std::next(it)->begin == end)
-        end = (++it)->end;
-    return end >= a + n;
-}
-
 std::size_t ExpertStream::segment(const void* p, std::size_t n) const noexcept {
     const auto a = reinterpret_cast<std::uintptr_t>(p);
     auto it = std::upper_bound(locked_.begin(), locked_.end(), a,
                                [](std::uintptr_t x, const Locked& r) { return x < r.end; });
     if (it == locked_.end() || it->begin > a) return 0;
     return static_cast<std::size_t>(std::min<std::uintptr_t>(n, it->end - a));
+}
+
+bool ExpertStream::locked(const void* p, std::size_t n) const noexcept {
+    // Registrations that follow one another without a gap cover the range together.
+    const auto* b = static_cast<const unsigned char*>(p);
+    for (std::size_t off = 0, len = 0; off < n; off += len)
+        if ((len = segment(b + off, n - off)) == 0) return false;
+    return true;
 }
 
 void ExpertStream::run(Job job) {
@@ -316,31 +312,34 @@ ExpertStream::Stats ExpertStream::execute(const Job& j) {
         next_slot_ = (next_slot_ + 1) % opts_.slots;
         auto* slot = static_cast<unsigned char*>(slots_[s].get());
         bool waited = false;
+        const auto start_clock = [&] {
+            if (started) return;
+            t0 = std::chrono::steady_clock::now();
+            started = true;
+        };
+        // The slot's previous expert must be computed before it is overwritten.
+        const auto wait_slot = [&] {
+            if (waited) return;
+            check(cudaStreamWaitEvent(copy, slot_free_[s].get(), 0), "waiting for an expert slot");
+            waited = true;
+        };
         for (const Part& p : j.items[i].parts) {
             if (p.bytes == 0) continue;
             if (p.offset > opts_.slot_bytes || p.bytes > opts_.slot_bytes - p.offset)
                 throw std::logic_error("CudaModelOps expert stream: a part outside its slot");
             const auto* src = static_cast<const unsigned char*>(p.host);
+            st.bytes += p.bytes;
             if (locked(p.host, p.bytes)) {
                 // Page-locked: the copy engine reads it where it is, one copy per registration
                 // the part lies in (one, unless its pages were locked by several pin calls).
-                if (!started) {
-                    t0 = std::chrono::steady_clock::now();
-                    started = true;
-                }
-                if (!waited) {
-                    check(cudaStreamWaitEvent(copy, slot_free_[s].get(), 0),
-                          "waiting for an expert slot");
-                    waited = true;
-                }
-                for (std::size_t off = 0; off < p.bytes;) {
-                    const std::size_t len = segment(src + off, p.bytes - off);
+                start_clock();
+                wait_slot();
+                for (std::size_t off = 0, len = 0; off < p.bytes; off += len) {
+                    len = segment(src + off, p.bytes - off);
                     check(cudaMemcpyAsync(slot + p.offset + off, src + off, len,
                                           cudaMemcpyHostToDevice, copy),
                           "copying a pinned expert");
-                    off += len;
                 }
-                st.bytes += p.bytes;
                 st.direct_bytes += p.bytes;
                 continue;
             }
@@ -351,22 +350,13 @@ ExpertStream::Stats ExpertStream::execute(const Job& j) {
                 unsigned char* piece = pinned + b * piece_bytes_;
                 // The piece's previous copy to the device must be done before it is rewritten.
                 check(cudaEventSynchronize(piece_free_[b].get()), "waiting for a pinned piece");
-                if (!started) {
-                    t0 = std::chrono::steady_clock::now();
-                    started = true;
-                }
+                start_clock();
                 pool_->copy(piece, src + off, len);
-                if (!waited) {
-                    // The slot's previous expert must be computed before it is overwritten.
-                    check(cudaStreamWaitEvent(copy, slot_free_[s].get(), 0),
-                          "waiting for an expert slot");
-                    waited = true;
-                }
+                wait_slot();  // after the first host copy, which overlaps the slot's compute
                 check(cudaMemcpyAsync(slot + p.offset + off, piece, len, cudaMemcpyHostToDevice,
                                       copy),
                       "copying a piece of an expert");
                 check(cudaEventRecord(piece_free_[b].get(), copy), "recording a piece's copy");
-                st.bytes += len;
             }
         }
         check(cudaEventRecord(slot_ready_[s].get(), copy), "recording an expert's arrival");

@@ -573,20 +573,21 @@ struct GpuStepBackend::Impl {
         return {base, base + rows * dv, rows, dv};
     }
 
-    // The CPU partials where the final merge reads them (mapped); rows checked.
-    void set_ext(ConstStateView cpu_part, MergeParams& mp) {
+    // The CPU partials of rows [r0, r0 + n) where the final merge reads them (mapped): in place
+    // when the CPU wrote them into cpu_partial_buffer() (at their rows' offset), else copied
+    // there; rows checked.
+    void set_ext(ConstStateView cpu_part, MergeParams& mp, std::size_t r0, std::size_t n) {
         const std::size_t rows = nseq * qh;
         if (!cpu_part.o) return;
-        if (cpu_part.rows != rows || cpu_part.dim != dv)
+        if (cpu_part.rows != n || cpu_part.dim != dv)
             throw std::invalid_argument("GPU step: CPU partials do not match the batch");
-        float* h_ext_o = reinterpret_cast<float*>(h_ext->data());
-        float* h_ext_lse = h_ext_o + rows * dv;
-        // Written in place by the CPU when it used cpu_partial_buffer(): no copy then. The
-        // merge reads them across PCIe.
-        if (cpu_part.o != h_ext_o) std::memcpy(h_ext_o, cpu_part.o, rows * dv * sizeof(float));
-        if (cpu_part.lse != h_ext_lse) std::memcpy(h_ext_lse, cpu_part.lse, rows * sizeof(float));
-        mp.ext_o = m_ext;
-        mp.ext_lse = m_ext + rows * dv;
+        float* h_ext_o = reinterpret_cast<float*>(h_ext->data()) + r0 * dv;
+        float* h_ext_lse = reinterpret_cast<float*>(h_ext->data()) + rows * dv + r0;
+        // The merge reads them across PCIe.
+        if (cpu_part.o != h_ext_o) std::memcpy(h_ext_o, cpu_part.o, n * dv * sizeof(float));
+        if (cpu_part.lse != h_ext_lse) std::memcpy(h_ext_lse, cpu_part.lse, n * sizeof(float));
+        mp.ext_o = m_ext + r0 * dv;
+        mp.ext_lse = m_ext + rows * dv + r0;
     }
 
     static GpuLayerTiming timing_of(Marks& m) {
@@ -610,7 +611,7 @@ struct GpuStepBackend::Impl {
         check_finish(out);
         const std::size_t rows = nseq * qh;
         MergeParams mp = merge_params();  // into h_out
-        set_ext(cpu_part, mp);
+        set_ext(cpu_part, mp, 0, rows);
         merge_with_ext(mp, compute.handle());  // writes the result into h_out
         host_marks.done.record(compute);
         host_marks.done.synchronize();
@@ -623,27 +624,9 @@ struct GpuStepBackend::Impl {
         return timing_of(host_marks);
     }
 
+    // The whole layer is its one part.
     void finish_device(ConstStateView cpu_part, StateView out, void* stream) {
-        if (device_pending == 0 || !launched)
-            throw std::logic_error("GpuStepBackend::finish_device without launch_device");
-        check_finish(out);
-        MergeParams mp = merge_params();
-        mp.out_o = out.o;
-        mp.out_lse = out.lse;
-        set_ext(cpu_part, mp);
-        merge_with_ext(mp, compute.handle());
-        Marks& m = *device_marks[device_pending - 1];
-        m.done.record(compute);
-        m.done.wait_on(stream);
-        // Finished on the host: the next layer's launch is ordered after this one by the
-        // streams, without waiting for it here.
-        enqueued = false;
-        inflight = true;
-        // A monolithic launch's pageable ranges stay locked until the device is done with them.
-        if (registered > 0) {
-            m.done.synchronize();
-            unregister_pageable();
-        }
+        finish_device_part(cpu_part, out, stream, 0, nseq);
     }
 
     // finish_device over sequences [s0, s1) (GpuAttentionBackend::finish_device_part): the
@@ -652,14 +635,15 @@ struct GpuStepBackend::Impl {
     void finish_device_part(ConstStateView cpu_part, StateView out, void* stream, std::size_t s0,
                             std::size_t s1) {
         if (device_pending == 0 || !launched)
-            throw std::logic_error("GpuStepBackend::finish_device_part without launch_device");
+            throw std::logic_error("GpuStepBackend::finish_device without launch_device");
         if (s0 != parts_done || s1 <= s0 || s1 > nseq)
             throw std::logic_error("GpuStepBackend::finish_device_part: parts out of order");
-        if (registered > 0)
+        const bool whole = s0 == 0 && s1 == nseq;
+        if (registered > 0 && !whole)
             throw std::logic_error("GpuStepBackend: the monolithic step merges no layer in parts");
-        const std::size_t rows = nseq * qh, r0 = s0 * qh, n = (s1 - s0) * qh;
+        const std::size_t r0 = s0 * qh, n = (s1 - s0) * qh;
         if (out.rows != n || out.dim != dv)
-            throw std::invalid_argument("GPU step: a part's output does not match its rows");
+            throw std::invalid_argument("GPU step: output shape does not match the batch");
         MergeParams mp = merge_params();
         const auto nch = static_cast<std::size_t>(mp.chunks);
         mp.num_seqs = static_cast<std::int32_t>(s1 - s0);
@@ -667,17 +651,7 @@ struct GpuStepBackend::Impl {
         mp.scratch_lse += r0 * nch;
         mp.out_o = out.o;
         mp.out_lse = out.lse;
-        if (cpu_part.o) {
-            if (cpu_part.rows != n || cpu_part.dim != dv)
-                throw std::invalid_argument(
-                    "GPU step: a part's CPU partials do not match its rows");
-            float* h_ext_o = reinterpret_cast<float*>(h_ext->data()) + r0 * dv;
-            float* h_ext_lse = reinterpret_cast<float*>(h_ext->data()) + rows * dv + r0;
-            if (cpu_part.o != h_ext_o) std::memcpy(h_ext_o, cpu_part.o, n * dv * sizeof(float));
-            if (cpu_part.lse != h_ext_lse) std::memcpy(h_ext_lse, cpu_part.lse, n * sizeof(float));
-            mp.ext_o = m_ext + r0 * dv;
-            mp.ext_lse = m_ext + rows * dv + r0;
-        }
+        set_ext(cpu_part, mp, r0, n);
         merge_with_ext(mp, compute.handle());
         if (s1 < nseq) {
             parts_done = s1;
@@ -692,8 +666,15 @@ struct GpuStepBackend::Impl {
         Marks& m = *device_marks[device_pending - 1];
         m.done.record(compute);
         if (stream) m.done.wait_on(stream);
+        // Finished on the host: the next layer's launch is ordered after this one by the
+        // streams, without waiting for it here.
         enqueued = false;
         inflight = true;
+        // A monolithic launch's pageable ranges stay locked until the device is done with them.
+        if (registered > 0) {
+            m.done.synchronize();
+            unregister_pageable();
+        }
     }
     void device_wait(void* stream) {
         if (device_pending == 0 || launched)

@@ -162,9 +162,7 @@ void start_gpu_runtime(ModelHost& host, const Profile& prof, int gpu,
     // aside. The placement is made again within what the slots leave.
     const std::uint64_t stream_pinned = engine.options().pinned_reserved_bytes;
     if (pl.host_experts > 0 && stream_pinned > 0) {
-        for (const model::LayerWeights& L : m.weights().layers)
-            for (const model::FfnWeights& f : L.experts)
-                go.stream_expert_bytes = std::max<std::size_t>(go.stream_expert_bytes, f.bytes());
+        go.stream_expert_bytes = model::largest_expert_bytes(m.weights());
         go.stream_pinned_bytes = stream_pinned;
         make_ops();
         pl = place(routed ? &heat : nullptr);
@@ -172,23 +170,12 @@ void start_gpu_runtime(ModelHost& host, const Profile& prof, int gpu,
     // The host-resident experts page-locked (hardware.lock_host_experts), before the runtime
     // that streams them is made (its cost model starts from the ops' last stream). A failure
     // (RLIMIT_MEMLOCK, say) leaves the rest to the pinned staging, at a few GB/s.
-    std::uint64_t locked = 0;
     double lock_seconds = 0;
     const auto lock_host = [&](const model::Placement& plan) {
         if (!prof.hardware.lock_host_experts || ops->stream_expert_bytes() == 0) return;
-        std::vector<cuda::CudaModelOps::HostRange> ranges;
-        const auto& layers = m.weights().layers;
-        for (std::size_t l = 0; l < layers.size(); ++l)
-            for (std::size_t e = 0; e < layers[l].experts.size(); ++e) {
-                if (l < plan.on_gpu.size() && e < plan.on_gpu[l].size() && plan.on_gpu[l][e])
-                    continue;
-                const model::FfnWeights& f = layers[l].experts[e];
-                for (const model::Matrix* mx : {&f.gate, &f.up, &f.down})
-                    if (mx->data) ranges.push_back({mx->data, mx->bytes()});
-            }
         const auto t0 = std::chrono::steady_clock::now();
         try {
-            locked += ops->pin_host(ranges);
+            ops->pin_host(cuda::host_expert_ranges(m, &plan.on_gpu));
         } catch (const std::exception& e) {
             log_warning("model.placement",
                         "the host-resident experts could not all be page-locked ({}): the rest "

@@ -437,10 +437,7 @@ int run_generate(int argc, char** argv) {
             // Prompt chunks may stream the host-resident experts, as the daemon's do: the ops
             // again with slots of the largest expert (in the workspace: what does not scale with
             // the layers), and the placement again within what they leave.
-            for (const model::LayerWeights& L : w.layers)
-                for (const model::FfnWeights& f : L.experts)
-                    go.stream_expert_bytes =
-                        std::max<std::size_t>(go.stream_expert_bytes, f.bytes());
+            go.stream_expert_bytes = model::largest_expert_bytes(w);
             place();
         }
         s.dev = std::make_unique<cuda::DeviceModelWeights>(*s.m, &s.placement.on_gpu);
@@ -449,16 +446,9 @@ int run_generate(int argc, char** argv) {
         std::size_t pinned_experts = 0;
         double pin_seconds = 0;
         if (o.pin_host_experts && s.placement.host_experts > 0) {
-            std::vector<cuda::CudaModelOps::HostRange> ranges;
-            for (std::size_t l = 0; l < w.layers.size(); ++l)
-                for (std::size_t e = 0; e < w.layers[l].experts.size(); ++e) {
-                    if (s.placement.on_gpu[l][e]) continue;
-                    const model::FfnWeights& f = w.layers[l].experts[e];
-                    for (const model::Matrix* mx : {&f.gate, &f.up, &f.down})
-                        ranges.push_back({mx->data, mx->bytes()});
-                }
             const auto t_pin = std::chrono::steady_clock::now();
-            pinned_experts = s.gpu_ops->pin_host(ranges);
+            pinned_experts =
+                s.gpu_ops->pin_host(cuda::host_expert_ranges(*s.m, &s.placement.on_gpu));
             pin_seconds = seconds_since(t_pin);
         }
         s.engine_vram = s.placement.kv_t_bytes + s.placement.kv_g_bytes + (256ull << 20);

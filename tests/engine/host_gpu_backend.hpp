@@ -124,14 +124,8 @@ class HostGpuBackend final : public GpuAttentionBackend {
         cpu::reference_attention(g_, B_, seqs, o, lse);
         std::vector<float> go(o.begin(), o.end()), gl(lse.begin(), lse.end());
         const ConstStateView gpu{go.data(), gl.data(), rows, dv};
-        if (cpu_part.o) {
-            if (cpu_part.o == ext_.data()) ++cpu_parts_in_place;
-            const ConstStateView parts[] = {gpu, cpu_part};
-            merge_states(parts, out);
-        } else {
-            std::memcpy(out.o, go.data(), go.size() * sizeof(float));
-            std::memcpy(out.lse, gl.data(), gl.size() * sizeof(float));
-        }
+        if (cpu_part.o == ext_.data()) ++cpu_parts_in_place;
+        merge_with(gpu, cpu_part, out);
         return t;
     }
 
@@ -179,13 +173,7 @@ class HostGpuBackend final : public GpuAttentionBackend {
         }
         const std::size_t r0 = seq_begin * hq, n = out.rows;
         const ConstStateView gpu{part_o_.data() + r0 * dv, part_lse_.data() + r0, n, dv};
-        if (cpu_part.o) {
-            const ConstStateView parts[] = {gpu, cpu_part};
-            merge_states(parts, out);
-        } else {
-            std::memcpy(out.o, gpu.o, n * dv * sizeof(float));
-            std::memcpy(out.lse, gpu.lse, n * sizeof(float));
-        }
+        merge_with(gpu, cpu_part, out);
         part_next_ = seq_end;
         if (seq_end == nseq) {
             part_next_ = 0;
@@ -292,15 +280,21 @@ class HostGpuBackend final : public GpuAttentionBackend {
         if (cpu_part.o) {
             if (cpu_part.rows != rows) throw std::invalid_argument("CPU partials' rows");
             ++prompt_cpu_parts;
-            const ConstStateView parts[] = {gpu, cpu_part};
-            merge_states(parts, out);
-        } else {
-            std::memcpy(out.o, go.data(), go.size() * sizeof(float));
-            std::memcpy(out.lse, gl.data(), gl.size() * sizeof(float));
         }
+        merge_with(gpu, cpu_part, out);
     }
 
   private:
+    // The GPU side's states merged with the CPU's partials into out (none: copied).
+    static void merge_with(ConstStateView gpu, ConstStateView cpu_part, StateView out) {
+        if (!cpu_part.o) {
+            std::memcpy(out.o, gpu.o, gpu.rows * gpu.dim * sizeof(float));
+            std::memcpy(out.lse, gpu.lse, gpu.rows * sizeof(float));
+            return;
+        }
+        const ConstStateView parts[] = {gpu, cpu_part};
+        merge_states(parts, out);
+    }
     struct Work;
     // A work's T/G blocks (the open one with its valid rows) and P blocks at this layer.
     void add_stored(const Work& w, std::size_t layer, std::vector<cpu::AttnBlock>& out) const {

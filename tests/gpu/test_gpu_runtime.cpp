@@ -46,10 +46,7 @@ struct GpuRuntime {
         co.max_tokens = std::max(chunk, max_batch);
         co.fit(lim);
         if (stream) {
-            for (const model::LayerWeights& L : m.weights().layers)
-                for (const model::FfnWeights& f : L.experts)
-                    co.stream_expert_bytes =
-                        std::max<std::size_t>(co.stream_expert_bytes, f.bytes());
+            co.stream_expert_bytes = model::largest_expert_bytes(m.weights());
             co.stream_pinned_bytes = 64 << 10;
         }
         ops = std::make_unique<cuda::CudaModelOps>(co);

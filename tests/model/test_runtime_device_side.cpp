@@ -11,39 +11,21 @@
 
 #include <cstdio>
 
-#include "apart_ops.hpp"
-#include "hybrid_host_engine.hpp"
-#include "reference_model.hpp"
+#include "device_side_runtime.hpp"
 
 using namespace writescope;
 using namespace writescope::test;
 
 namespace {
 
-struct DeviceSide {
-    int stream_token = 0;
-    std::unique_ptr<Engine> engine;
-    std::unique_ptr<CountingOps> ops;
-    std::unique_ptr<model::Runtime> runtime;
-
-    HostGpuBackend* gpu = nullptr;
-
-    DeviceSide(const model::Model& m, bool record, std::size_t prompt_tokens = 0) {
-        const DType kv = m.config().dtype;
-        engine = hybrid_host_engine(m.config().kv_geometry(kv), 8, /*g_slots=*/3, 0.5, 2,
-                                    &stream_token, prompt_tokens, &gpu);
-        DeviceEmulation dev;
-        dev.stream = &stream_token;
-        dev.record = record;
-        dev.moe_record_max = 1;  // a batch of two waits for its expert counts, as on a GPU
-        ops = std::make_unique<CountingOps>(cpu_ops_options(m.config(), 32), false, dev);
-        model::RuntimeOptions ro;
-        ro.prefill_chunk_tokens = 32;
-        ro.max_batch = 2;
-        ro.kv_dtype = kv;
-        runtime = model::make_runtime(m, *ops, *engine, ro);
-    }
-};
+// A batch of two waits for its expert counts, as on a GPU: it cannot be recorded.
+DeviceSideOptions device_side(bool record, std::size_t prompt_tokens = 0) {
+    DeviceSideOptions o;
+    o.record = record;
+    o.moe_record_max = 1;
+    o.prompt_tokens = prompt_tokens;
+    return o;
+}
 
 }  // namespace
 
@@ -54,7 +36,7 @@ TEST_CASE("the runtime's device-side decode, recorded and replayed, keeps transf
         const Reference ref = read_reference(dir);
         const auto m = model::load_model_dir(dir);
         const std::size_t V = static_cast<std::size_t>(m->config().vocab_size);
-        DeviceSide rec(*m, /*record=*/true), plain(*m, /*record=*/false);
+        DeviceSideRuntime rec(*m, device_side(true)), plain(*m, device_side(false));
         INFO(name);
         REQUIRE(rec.runtime->device_attention());
         REQUIRE(plain.runtime->device_attention());
@@ -83,7 +65,7 @@ TEST_CASE("the runtime's device-side decode, recorded and replayed, keeps transf
         const std::vector<std::int32_t> a(p.ids.begin(), p.ids.begin() + 3),
             b(p.ids.begin() + 1, p.ids.begin() + 5);
         std::vector<float> la(2 * V), lb(2 * V);
-        for (DeviceSide* s : {&rec, &plain}) {
+        for (DeviceSideRuntime* s : {&rec, &plain}) {
             model::Runtime& rt = *s->runtime;
             REQUIRE(rt.admit(7, 16).ok);
             REQUIRE(rt.admit(8, 16).ok);
@@ -116,7 +98,7 @@ TEST_CASE("device-side prompt chunks over T, G, P and U keep transformers' logit
         const std::size_t V = static_cast<std::size_t>(m->config().vocab_size);
         // Chunks of 7 tokens on blocks of 8: every chunk after the first sees stored blocks,
         // and the later ones blocks in G, P and U (3 G slots, the rest split toward r = 0.5).
-        DeviceSide dev(*m, /*record=*/false, /*prompt_tokens=*/7);
+        DeviceSideRuntime dev(*m, device_side(false, /*prompt_tokens=*/7));
         INFO(name);
         REQUIRE(dev.runtime->device_prompts());
         CHECK(dev.runtime->prefill_chunk_tokens() == 7);

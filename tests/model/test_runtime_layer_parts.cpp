@@ -9,39 +9,23 @@
 
 #include <cstdio>
 
-#include "apart_ops.hpp"
-#include "hybrid_host_engine.hpp"
-#include "reference_model.hpp"
+#include "device_side_runtime.hpp"
 
 using namespace writescope;
 using namespace writescope::test;
 
 namespace {
 
-struct PartsRuntime {
-    int stream_token = 0;
-    std::unique_ptr<Engine> engine;
-    std::unique_ptr<CountingOps> ops, host_ops;
-    model::ModelWeights weights;
-    std::unique_ptr<model::Runtime> runtime;
-    HostGpuBackend* gpu = nullptr;
-
-    PartsRuntime(const model::Model& m, model::LayerParts parts, bool split = true) {
-        const DType kv = m.config().dtype;
-        engine = hybrid_host_engine(m.config().kv_geometry(kv), 8, /*g_slots=*/3, 0.5, 4,
-                                    &stream_token, 0, &gpu);
-        DeviceEmulation dev;
-        dev.stream = &stream_token;
-        const auto co = cpu_ops_options(m.config(), 32);
-        ops = std::make_unique<CountingOps>(co, false, dev);
-        weights = split ? without_experts(m, split_keeps) : m.weights();
-        host_ops = std::make_unique<CountingOps>(co, true);
-        model::RuntimeOptions ro;
-        ro.prefill_chunk_tokens = 32;
-        ro.max_batch = 4;
-        ro.kv_dtype = kv;
-        ro.layer_parts = parts;
-        runtime = model::make_runtime(m, *ops, *engine, ro, {&weights, host_ops.get()});
+// Batches of up to four, layers in parts as asked, experts split (or all in the ops).
+struct PartsRuntime : DeviceSideRuntime {
+    PartsRuntime(const model::Model& m, model::LayerParts parts, bool split = true)
+        : DeviceSideRuntime(m, options(parts, split)) {}
+    static DeviceSideOptions options(model::LayerParts parts, bool split) {
+        DeviceSideOptions o;
+        o.max_batch = 4;
+        o.split = split;
+        o.layer_parts = parts;
+        return o;
     }
 };
 

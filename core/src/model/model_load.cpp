@@ -280,6 +280,14 @@ OpLimits op_limits(const ModelConfig& c) noexcept {
     return l;
 }
 
+std::uint64_t largest_expert_bytes(const ModelWeights& w) noexcept {
+    std::uint64_t most = 0;
+    for (const LayerWeights& L : w.layers)
+        for (const FfnWeights& f : L.experts)
+            most = std::max<std::uint64_t>(most, f.bytes());
+    return most;
+}
+
 void save_model_dir(const Model& model, const fs::path& dir) {
     std::error_code ec;
     fs::create_directories(dir, ec);

@@ -33,4 +33,9 @@ class DeviceModelWeights {
     std::size_t gpu_experts_ = 0, host_experts_ = 0;
 };
 
+// The host memory of the routed experts a placement leaves in host memory (on_gpu[layer][expert]
+// false, or beyond it; null: none), for CudaModelOps::pin_host.
+std::vector<CudaModelOps::HostRange> host_expert_ranges(
+    const model::Model& m, const std::vector<std::vector<std::uint8_t>>* on_gpu);
+
 }  // namespace writescope::cuda

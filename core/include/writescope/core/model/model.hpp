@@ -76,6 +76,9 @@ struct OpLimits {
     std::size_t max_cols = 0, max_ffn = 0, max_experts = 1, max_k = 1;
 };
 OpLimits op_limits(const ModelConfig& c) noexcept;
+// The bytes (gate + up + down) of a model's largest routed expert (0: none): what a slot of
+// streamed experts must hold (ModelOps::stream_expert_bytes).
+std::uint64_t largest_expert_bytes(const ModelWeights& w) noexcept;
 
 // Opens a Hugging Face model directory: config.json, then every safetensors header validated
 // against the config (every expected tensor present with its shape, unexpected ones reported).
