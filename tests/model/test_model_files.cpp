@@ -2,7 +2,9 @@
 // every tensor against the config, the random-model writer and the built-in presets.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -120,6 +122,49 @@ TEST_CASE("a random model saved as a Hugging Face directory loads back with the 
         CHECK(cut->full_layers() == 3);
         CHECK_THAT(cut->description(), Catch::Contains("2 of 3 layers"));
     }
+}
+
+TEST_CASE("a random model's weights are a function of the seed, the tensor and the index",
+          "[model]") {
+    // The generator fills the chunks of all tensors from one set of threads; what it writes must
+    // not depend on the order: a model of more layers begins with the same layers (the generate
+    // bench cuts models by this), and the distribution is the init's.
+    auto cfg = small_config("qwen3-30b-a3b");
+    cfg.dtype = DType::bf16;
+    const auto a = model::make_random_model(cfg, 5, 0.02);
+    cfg.num_layers = 1;
+    const auto b = model::make_random_model(cfg, 5, 0.02);
+    const auto c = model::make_random_model(cfg, 6, 0.02);
+    const auto same = [](const model::Matrix& x, const model::Matrix& y) {
+        return x.bytes() == y.bytes() && std::memcmp(x.data, y.data, x.bytes()) == 0;
+    };
+    const model::LayerWeights& la = a->weights().layers[0];
+    const model::LayerWeights& lb = b->weights().layers[0];
+    CHECK(same(a->weights().embed, b->weights().embed));
+    CHECK(same(la.q_proj, lb.q_proj));
+    CHECK(same(la.router, lb.router));
+    for (std::size_t x = 0; x < la.experts.size(); ++x) {
+        CHECK(same(la.experts[x].gate, lb.experts[x].gate));
+        CHECK(same(la.experts[x].down, lb.experts[x].down));
+    }
+    CHECK_FALSE(same(la.q_proj, c->weights().layers[0].q_proj));
+    CHECK_FALSE(same(la.q_proj, a->weights().layers[1].q_proj));
+    // Mean 0 and the init's std over a matrix (bf16 rounding changes neither at this tolerance).
+    double sum = 0, sq = 0;
+    std::size_t n = 0;
+    for (const model::FfnWeights& e : la.experts)
+        for (const model::Matrix* w : {&e.gate, &e.up, &e.down}) {
+            REQUIRE(w->dtype == DType::bf16);
+            for (std::size_t i = 0; i < w->rows * w->cols; ++i, ++n) {
+                const double v = load_as_f32(w->data, i, w->dtype);
+                sum += v;
+                sq += v * v;
+            }
+        }
+    REQUIRE(n > 20000);
+    const double mean = sum / static_cast<double>(n);
+    CHECK(std::abs(mean) < 0.02 * 0.05);
+    CHECK(std::sqrt(sq / static_cast<double>(n) - mean * mean) == Approx(0.02).epsilon(0.03));
 }
 
 TEST_CASE("a model directory is validated tensor by tensor", "[model]") {

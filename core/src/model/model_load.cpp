@@ -1,10 +1,12 @@
 // Loading a model: from a Hugging Face directory (validated headers, memory-mapped data), or
 // generated (seeded random weights at the config's shapes); and saving one as a directory.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 #include <thread>
 
@@ -56,32 +58,79 @@ inline std::uint64_t mix64(std::uint64_t x) noexcept {
 // tails are bounded, which suits weights).
 inline float normalish(std::uint64_t key) noexcept {
     const std::uint64_t r = mix64(key);
-    float s = 0;
-    for (int i = 0; i < 4; ++i)
-        s += static_cast<float>((r >> (16 * i)) & 0xffff) * (1.0f / 65536.0f);
+    // The four 16-bit fields summed as integers: the same value as summing them as floats (every
+    // partial sum is exact in 24 bits), with one conversion instead of four.
+    const auto sum = static_cast<std::uint32_t>((r & 0xffff) + ((r >> 16) & 0xffff) +
+                                                ((r >> 32) & 0xffff) + (r >> 48));
+    const float s = static_cast<float>(sum) * (1.0f / 65536.0f);
     return (s - 2.0f) * 1.7320508f;  // variance of the sum: 4/12
 }
 
-void fill_random(void* dst, DType dtype, std::size_t n, std::uint64_t key, float mean, float std,
-                 unsigned threads) {
-    const std::size_t chunk = std::size_t{1} << 20;
-    const std::size_t chunks = (n + chunk - 1) / chunk;
-    auto work = [&](std::size_t first) {
-        for (std::size_t c = first; c < chunks; c += threads) {
-            const std::size_t e = std::min(n, (c + 1) * chunk);
-            for (std::size_t i = c * chunk; i < e; ++i)
-                store_from_f32(dst, i, dtype, mean + std * normalish(key ^ (i * 0x100000001b3ull)));
+// Element i of a generated tensor: a pure function of the tensor's key and i.
+inline float random_element(std::uint64_t key, std::size_t i, float mean, float std) noexcept {
+    return mean + std * normalish(key ^ (i * 0x100000001b3ull));
+}
+
+// Elements [first, last) of a generated tensor, the loop specialised per dtype.
+template <class Store>
+void fill_range(std::size_t first, std::size_t last, std::uint64_t key, float mean, float std,
+                Store store) {
+    for (std::size_t i = first; i < last; ++i)
+        store(i, random_element(key, i, mean, std));
+}
+void fill_range(void* dst, DType dtype, std::size_t first, std::size_t last, std::uint64_t key,
+                float mean, float std) {
+    switch (dtype) {
+        case DType::f32:
+            fill_range(first, last, key, mean, std,
+                       [p = static_cast<float*>(dst)](std::size_t i, float v) { p[i] = v; });
+            break;
+        case DType::f16:
+            fill_range(first, last, key, mean, std,
+                       [p = static_cast<std::uint16_t*>(dst)](std::size_t i, float v) {
+                           p[i] = f32_to_f16(v);
+                       });
+            break;
+        case DType::bf16:
+            fill_range(first, last, key, mean, std,
+                       [p = static_cast<std::uint16_t*>(dst)](std::size_t i, float v) {
+                           p[i] = f32_to_bf16(v);
+                       });
+            break;
+    }
+}
+
+// One generated matrix: its buffer, dtype, size and distribution.
+struct FillJob {
+    void* dst;
+    DType dtype;
+    std::size_t n;
+    std::uint64_t key;
+    float mean, std;
+};
+
+// Fills every job's buffer, the chunks of all of them shared by one set of threads (a model's
+// matrices are many and mostly small: Qwen3's experts are 1.5 M elements each, so a pool per
+// matrix would keep two threads busy). The values do not depend on the thread count.
+void fill_all(const std::vector<FillJob>& jobs, unsigned threads) {
+    constexpr std::size_t chunk = std::size_t{1} << 20;
+    std::vector<std::pair<std::size_t, std::size_t>> items;  // (job, chunk)
+    for (std::size_t j = 0; j < jobs.size(); ++j)
+        for (std::size_t c = 0; c * chunk < jobs[j].n; ++c)
+            items.emplace_back(j, c);
+    std::atomic<std::size_t> next{0};
+    auto work = [&] {
+        for (std::size_t k; (k = next.fetch_add(1, std::memory_order_relaxed)) < items.size();) {
+            const FillJob& f = jobs[items[k].first];
+            const std::size_t b = items[k].second * chunk;
+            fill_range(f.dst, f.dtype, b, std::min(f.n, b + chunk), f.key, f.mean, f.std);
         }
     };
-    if (threads <= 1 || chunks <= 1) {
-        threads = 1;
-        work(0);
-        return;
-    }
+    threads = static_cast<unsigned>(std::min<std::size_t>(threads, items.size()));
     std::vector<std::thread> pool;
     for (unsigned t = 1; t < threads; ++t)
-        pool.emplace_back(work, t);
-    work(0);
+        pool.emplace_back(work);
+    work();
     for (auto& t : pool)
         t.join();
 }
@@ -201,34 +250,39 @@ std::unique_ptr<Model> make_random_model(const ModelConfig& config, std::uint64_
     m->mutable_config() = config;
     const auto slots =
         detail::tensor_slots(m->mutable_config(), m->mutable_weights(), config.num_layers);
-    const unsigned threads = std::max(1u, std::min(16u, std::thread::hardware_concurrency()));
+    std::vector<FillJob> jobs;
     for (const auto& s : slots) {
         const std::uint64_t key = mix64(seed ^ name_hash(s.name));
         if (s.matrix) {
             const std::size_t n = s.matrix->rows * s.matrix->cols;
-            auto buf = std::make_unique<std::byte[]>(n * dtype_bytes(config.dtype));
+            // Not zeroed first: every element is generated (a serial memset of each tensor
+            // took as long as filling it).
+            auto buf = std::make_unique_for_overwrite<std::byte[]>(n * dtype_bytes(config.dtype));
             // Embeddings are N(0, 1) so the first norm sees unit-scale rows; everything else
             // uses the init's std.
             const bool embed = s.name == "model.embed_tokens.weight";
-            fill_random(buf.get(), config.dtype, n, key, 0.0f,
-                        embed ? 1.0f : static_cast<float>(std), threads);
+            jobs.push_back(
+                {buf.get(), config.dtype, n, key, 0.0f, embed ? 1.0f : static_cast<float>(std)});
             s.matrix->data = buf.get();
             s.matrix->dtype = config.dtype;
             m->buffers.push_back(std::move(buf));
         } else {
             auto& store = m->vectors[s.vector];
             store.resize(s.vector->n);
-            fill_random(store.data(), DType::f32, store.size(), key, s.is_norm ? 1.0f : 0.0f,
-                        s.is_norm ? 0.1f : static_cast<float>(std), 1);
-            // Round to the model's dtype, as a checkpoint in that dtype would hold them.
-            for (float& v : store) {
+            const float mean = s.is_norm ? 1.0f : 0.0f;
+            const float sd = s.is_norm ? 0.1f : static_cast<float>(std);
+            // Rounded to the model's dtype, as a checkpoint in that dtype would hold them.
+            for (std::size_t i = 0; i < store.size(); ++i) {
+                float v = random_element(key, i, mean, sd);
                 if (config.dtype == DType::bf16) v = bf16_to_f32(f32_to_bf16(v));
                 if (config.dtype == DType::f16) v = f16_to_f32(f32_to_f16(v));
+                store[i] = v;
             }
             s.vector->data = store.data();
             s.vector->dtype = DType::f32;
         }
     }
+    fill_all(jobs, std::max(1u, std::thread::hardware_concurrency()));
     m->finish(slots);
     m->set_identity(config.name + " (random weights, seed " + std::to_string(seed) + ")", true,
                     config.num_layers);
