@@ -7,9 +7,12 @@
 //   cpu-only:   everything on the CPU (the CPU-only product);
 //   writescope-all-gpu (asked for with --modes): writescope with every expert on the GPU,
 //     outside the budget: the tracked A and the deployed r without the CPU's expert traffic.
-// The model is cut to --layers (default 2 of 48/32/27: the host holds the full models' random
-// weights only for a long generation) and the VRAM budget (--vram, default 32 GiB) is scaled by
-// the same fraction, all but what does not grow with the layers (embeddings, head, workspaces);
+// Each configuration runs at the most layers (up to all) whose host memory fits what the
+// machine has available less a reserve: every weight, and the engine's KV budgets (both host
+// regions sized for the whole KV in the GPU modes); or at --layers N. The VRAM budget (--vram,
+// default 32 GiB) is scaled to the fraction of the layers kept, all but what does not grow with
+// the layers (embeddings, head, workspaces); the configurations of one layer count share one
+// generated model, the deepest first, and the prompt rate is measured on the first;
 // the output says so. Per model, context and batch: the KV of every sequence
 // is stored (synthetic values through Engine::prefill: the decode reads the same bytes whatever
 // they hold; the runtime's positions then start at 0), then --steps decode steps are timed.
@@ -38,6 +41,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
 #include <span>
 #include <sstream>
 #include <stdexcept>
@@ -62,7 +66,7 @@ namespace {
 
 struct Options {
     std::vector<std::string> models = {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"};
-    int layers = 2;
+    int layers = 0;  // 0: the most each configuration's host memory allows, up to all
     std::vector<std::size_t> contexts = {8192, 32768, 131072};
     std::vector<std::size_t> batches = {1, 4, 16};
     std::vector<std::string> modes = {"writescope", "gpu-only", "cpu-only"};
@@ -76,6 +80,8 @@ struct Options {
     std::size_t block = 128;
     std::size_t aggregate_seqs = 0, aggregate_ctx = 0;
     std::string json;
+    bool plan_only = false;  // --plan: print the layers per configuration, run nothing
+    double host_gib = 0;     // --host: the host memory to plan with (0: what is available)
 };
 
 double peak_host_gib() {
@@ -97,6 +103,7 @@ struct ModelSetup {
     std::unique_ptr<cuda::DeviceModelWeights> dev;
     // Mode writescope-all-gpu: every expert on the GPU (outside the budget; made when asked).
     std::unique_ptr<cuda::DeviceModelWeights> dev_all;
+    int full_layers = 0;
     double scale = 1;  // layers / full layers
     model::LayerParts layer_parts = model::LayerParts::automatic;
     std::uint64_t vram = 0, t_bytes = 0, engine_vram = 0;
@@ -120,6 +127,14 @@ struct Run {
     bool device_attention = false, cuda_graphs = false;  // how the runtime's decode ran
 };
 
+// The KV of `batch` sequences of `context` tokens and the steps after, in whole blocks: what
+// an engine's host region is sized for.
+std::uint64_t kv_bytes(const KvGeometry& g, std::size_t batch, std::size_t context,
+                       std::size_t steps, std::size_t B) {
+    const std::uint64_t per_seq_blocks = (context + steps + 2 + B - 1) / B + 1;
+    return batch * per_seq_blocks * B * g.bytes_per_token();
+}
+
 EngineOptions engine_options(const ModelSetup& s, const std::string& mode, std::size_t batch,
                              std::size_t context, std::size_t steps, std::size_t B) {
     const KvGeometry g = s.m->config().kv_geometry(s.m->config().dtype);
@@ -128,8 +143,7 @@ EngineOptions engine_options(const ModelSetup& s, const std::string& mode, std::
     eo.block_tokens = B;
     eo.max_batch = batch;
     eo.pin_threads = false;
-    const std::uint64_t per_seq_blocks = (context + steps + 2 + B - 1) / B + 1;
-    const std::uint64_t all = batch * per_seq_blocks * B * g.bytes_per_token();
+    const std::uint64_t all = kv_bytes(g, batch, context, steps, B);
     if (mode == "cpu-only") {
         eo.gpu_index = -1;
         eo.mode = "cpu-only";
@@ -320,6 +334,365 @@ std::string json_string(const std::string& s) {
     return out + "\"";
 }
 
+// Host memory for the configurations: what the machine has available now (the ceilings'
+// buffers freed) less kHostReserve for the process itself (CUDA's context, the pools, the
+// libraries, the fill buffers) and the system.
+constexpr std::uint64_t kHostReserve = 8ull << 30;
+
+std::uint64_t available_host_bytes(const Options& o) {
+    if (o.host_gib > 0) return static_cast<std::uint64_t>(o.host_gib * (1ull << 30));
+    std::ifstream f("/proc/meminfo");
+    std::string key, unit;
+    std::uint64_t kib = 0;
+    while (f >> key >> kib) {
+        std::getline(f, unit);
+        if (key == "MemAvailable:") return kib * 1024;
+    }
+    return 0;
+}
+
+std::string fixed1(double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.1f", v);
+    return b;
+}
+
+bool any_gpu_mode(const Options& o) {
+    return std::any_of(o.modes.begin(), o.modes.end(),
+                       [](const std::string& m) { return m != "cpu-only"; });
+}
+
+// The host memory one configuration holds at `layers` layers: every weight (the host copy is
+// the model; the GPU's are copies), and the engine's KV budgets: a GPU mode sizes both the
+// pinned and the pageable region for the whole KV (either may take all of the spill: the
+// router's share decides), the CPU-only product one.
+std::uint64_t host_need(const std::string& name, int layers, std::size_t context, std::size_t batch,
+                        const Options& o) {
+    model::ModelLoadOptions lo;
+    lo.headers_only = true;
+    lo.max_layers = layers;
+    const std::unique_ptr<model::Model> h = model::make_builtin_model(name, lo);
+    const model::ModelConfig& c = h->config();
+    const std::uint64_t kv = kv_bytes(c.kv_geometry(c.dtype), batch, context, o.steps, o.block);
+    return h->weight_bytes() + (any_gpu_mode(o) ? 2 * kv + (320ull << 20) : kv + (64ull << 20));
+}
+
+// The layers one configuration runs at: --layers when given, else the most (up to all) whose
+// host memory fits `avail`; 0 when not even one layer fits.
+int layers_for(const std::string& name, int full_layers, std::size_t context, std::size_t batch,
+               const Options& o, std::uint64_t avail) {
+    if (o.layers > 0) return std::min(o.layers, full_layers);
+    for (int l = full_layers; l >= 1; --l)
+        if (host_need(name, l, context, batch, o) <= avail) return l;
+    return 0;
+}
+
+// One configuration of a model's run and the layers it runs at (0: not even one fits).
+struct PlanItem {
+    std::size_t context = 0, batch = 0;
+    bool aggregate = false;
+    int layers = 0;
+    std::string record;
+};
+
+// Each configuration at the most layers its host memory holds (every budget scaled to the
+// layers kept); the configurations of one layer count then share one generated model, the
+// deepest first, and the records keep the order asked for. Prints the plan.
+std::vector<PlanItem> plan_layers(const std::string& name, int full_layers, const Options& o,
+                                  std::uint64_t host_room, std::uint64_t host_avail) {
+    std::vector<PlanItem> items;
+    for (const std::size_t context : o.contexts)
+        for (const std::size_t batch : o.batches)
+            items.push_back(PlanItem{context, batch, false, 0, {}});
+    if (o.aggregate_seqs) items.push_back(PlanItem{o.aggregate_ctx, o.aggregate_seqs, true, 0, {}});
+    std::string plan;
+    for (PlanItem& it : items) {
+        it.layers = layers_for(name, full_layers, it.context, it.batch, o, host_room);
+        plan += (plan.empty() ? "" : ", ") + std::to_string(it.batch) + "x" +
+                std::to_string(it.context) + (it.aggregate ? " (aggregate)" : "") + ": " +
+                std::to_string(it.layers) + " (" +
+                fixed1(gib(host_need(name, std::max(it.layers, 1), it.context, it.batch, o))) +
+                " GiB)";
+    }
+    const std::string why = o.layers > 0
+                                ? std::string("as --layers asks")
+                                : "the most that fit " + fixed1(gib(host_room)) +
+                                      " GiB of host memory: " + fixed1(gib(host_avail)) + " GiB " +
+                                      (o.host_gib > 0 ? "as --host says" : "available") + " less " +
+                                      fixed1(gib(kHostReserve)) + " GiB kept back";
+    std::printf(
+        "\n%s: layers per configuration (batch x context: layers of %d and the host "
+        "memory they hold; %s): %s\n",
+        name.c_str(), full_layers, why.c_str(), plan.c_str());
+    return items;
+}
+
+// The model at `layers` of its layers with synthetic weights, both ops, the placement within
+// the VRAM budget scaled to the layers kept, its device copy, and the host experts page-locked.
+std::unique_ptr<ModelSetup> setup_model(const std::string& name, model::ModelConfig preset,
+                                        int layers, const Options& o, std::size_t max_batch) {
+    auto sp = std::make_unique<ModelSetup>();
+    ModelSetup& s = *sp;
+    s.layer_parts = o.layer_parts;
+    const auto t_load = std::chrono::steady_clock::now();
+    const int full_layers = preset.num_layers;
+    s.full_layers = full_layers;
+    preset.num_layers = layers;
+    s.m = model::make_random_model(preset, 0);
+    const double generated_s = seconds_since(t_load);
+    const model::ModelConfig& c = s.m->config();
+    s.scale = static_cast<double>(c.num_layers) / static_cast<double>(full_layers);
+    const model::OpLimits lim = model::op_limits(c);
+    cpu::CpuModelOpsOptions co;
+    co.max_tokens = std::max<std::size_t>(512, max_batch);
+    co.fit(lim);
+    s.cpu_ops = std::make_unique<cpu::CpuModelOps>(co);
+    cuda::CudaModelOpsOptions go;
+    go.max_tokens = co.max_tokens;
+    go.fit(lim);
+    // T: an open block per sequence, every layer; the engine's staging and partial states
+    // (tens of MiB); G: a quarter of what the weights that must stay leave.
+    const KvGeometry g = c.kv_geometry(c.dtype);
+    s.t_bytes = max_batch * (o.block * g.bytes_per_token());
+    const model::ModelWeights& w = s.m->weights();
+    // The ops, then the placement in the budget their workspaces leave. The budget's
+    // per-layer part scales with the layers kept; what does not depend on the layer count
+    // (embeddings, head, final norm, the workspaces) does not.
+    const auto place = [&] {
+        s.gpu_ops.reset();
+        s.gpu_ops = std::make_unique<cuda::CudaModelOps>(go);
+        const std::uint64_t fixed = w.embed.bytes() +
+                                    (w.lm_head.data == w.embed.data ? 0 : w.lm_head.bytes()) +
+                                    w.final_norm.n * dtype_bytes(w.final_norm.dtype) +
+                                    s.gpu_ops->workspace_bytes() + (256ull << 20);
+        const auto full = static_cast<std::uint64_t>(o.vram_gib * (1ull << 30));
+        s.vram =
+            full > fixed
+                ? fixed + static_cast<std::uint64_t>(static_cast<double>(full - fixed) * s.scale)
+                : full;
+        model::PlacementBudget pb;
+        pb.vram_bytes = s.vram;
+        pb.kv_t_bytes = s.t_bytes;
+        pb.workspace_bytes = s.gpu_ops->workspace_bytes() + (256ull << 20);
+        pb.kv_g_share = 0.25;
+        s.placement = model::plan_placement(*s.m, pb);
+    };
+    place();
+    if (s.placement.host_experts > 0) {
+        // Prompt chunks may stream the host-resident experts, as the daemon's do: the ops
+        // again with slots of the largest expert (in the workspace: what does not scale with
+        // the layers), and the placement again within what they leave.
+        go.stream_expert_bytes = model::largest_expert_bytes(w);
+        place();
+    }
+    s.dev = std::make_unique<cuda::DeviceModelWeights>(*s.m, &s.placement.on_gpu);
+    // The host-resident experts page-locked, so that prompt chunks stream them at the PCIe
+    // rate (without: through the ops' pinned ring, the host copying).
+    std::size_t pinned_experts = 0;
+    double pin_seconds = 0;
+    if (o.pin_host_experts && s.placement.host_experts > 0) {
+        const auto t_pin = std::chrono::steady_clock::now();
+        pinned_experts = s.gpu_ops->pin_host(cuda::host_expert_ranges(*s.m, &s.placement.on_gpu));
+        pin_seconds = seconds_since(t_pin);
+    }
+    s.engine_vram = s.placement.kv_t_bytes + s.placement.kv_g_bytes + (256ull << 20);
+    std::printf(
+        "\n%s: %d of %d layers (per-layer budgets scaled by %.3f: VRAM %.2f GiB for %.0f), "
+        "weights %.2f GiB generated in %.1f s, set up in %.1f s; placement: %s; host experts "
+        "page-locked: %.2f GiB (%.2f s)\n",
+        name.c_str(), c.num_layers, full_layers, s.scale, gib(s.vram), o.vram_gib,
+        gib(s.m->weight_bytes()), generated_s, seconds_since(t_load), s.placement.summary().c_str(),
+        gib(pinned_experts), pin_seconds);
+    return sp;
+}
+
+// The prompt rate through the runtime, per mode, at one sequence; writescope's also with its
+// host experts never streamed (the cost model's comparison).
+struct PrefillResult {
+    int layers = 0;  // the model's layers when measured
+    std::map<std::string, double> tok_s;
+    model::ExpertStreamStats streamed;
+};
+
+PrefillResult measure_prefill(ModelSetup& s, const Options& o, const Ceilings& ceil,
+                              std::uint64_t& next_id) {
+    PrefillResult out;
+    out.layers = s.m->config().num_layers;
+    std::vector<std::string> prefill_modes = o.modes;
+    if (std::find(o.modes.begin(), o.modes.end(), "writescope") != o.modes.end() &&
+        s.placement.host_experts > 0)
+        prefill_modes.push_back("writescope-no-streaming");
+    for (const std::string& mode : prefill_modes) {
+        try {
+            const bool no_stream = mode == "writescope-no-streaming";
+            const std::string m = no_stream ? "writescope" : mode;
+            auto e = Engine::create(engine_options(s, m, 1, o.prefill, 1, o.block));
+            auto rt = runtime_for(
+                s, *e, m, 1,
+                no_stream ? model::ExpertStreaming::off : model::ExpertStreaming::automatic);
+            std::vector<std::int32_t> prompt(o.prefill);
+            std::mt19937_64 rng(3);
+            for (auto& t : prompt)
+                t = static_cast<std::int32_t>(rng() % rt->vocab_size());
+            std::vector<float> logits(rt->vocab_size());
+            // Two prompts one after the other, each chunk timed: the first meets everything
+            // cold (and the streaming cost model unmeasured), the second is the steady state
+            // the rate is reported for.
+            std::ostringstream chunks;
+            for (int pass = 0; pass < 2; ++pass) {
+                if (!rt->admit(next_id, o.prefill + 2).ok) throw std::runtime_error("admission");
+                const auto t0 = std::chrono::steady_clock::now();
+                const std::size_t step = rt->prefill_chunk_tokens();
+                chunks << (pass ? " | second:" : "first:");
+                for (std::size_t at = 0; at < prompt.size(); at += step) {
+                    const std::size_t len = std::min(step, prompt.size() - at);
+                    const auto tc = std::chrono::steady_clock::now();
+                    rt->prefill(next_id, std::span<const std::int32_t>(prompt.data() + at, len),
+                                at + len == prompt.size() ? logits.data() : nullptr);
+                    chunks << ' ' << static_cast<int>(seconds_since(tc) * 1e3);
+                }
+                out.tok_s[mode] = static_cast<double>(o.prefill) / seconds_since(t0);
+                rt->release(next_id++);
+            }
+            std::printf("  prefill %s, ms per %zu-token chunk: %s\n", mode.c_str(),
+                        rt->prefill_chunk_tokens(), chunks.str().c_str());
+            if (mode == "writescope") out.streamed = rt->expert_streaming();
+        } catch (const std::exception& ex) {
+            std::printf("  prefill %s: %s\n", mode.c_str(), ex.what());
+        }
+    }
+    for (const auto& [mode, rate] : out.tok_s)
+        std::printf("  prefill %zu tokens (the second prompt), %s: %.0f tok/s\n", o.prefill,
+                    mode.c_str(), rate);
+    const model::ExpertStreamStats& st = out.streamed;
+    if (st.available)
+        std::printf(
+            "  prefill's host experts: %llu streamed (%llu pairs, %.2f GB), %llu on the CPU "
+            "(%llu pairs); cost model: CPU %.3f ms per expert + %.1f us per pair (x%.2f beside a "
+            "stream), stream %.1f GB/s (%.2f of pinned H2D)\n",
+            static_cast<unsigned long long>(st.streamed_experts),
+            static_cast<unsigned long long>(st.streamed_pairs),
+            static_cast<double>(st.streamed_bytes) / 1e9,
+            static_cast<unsigned long long>(st.cpu_experts),
+            static_cast<unsigned long long>(st.cpu_pairs), st.cpu_per_expert_s * 1e3,
+            st.cpu_per_pair_s * 1e6, st.cpu_slowdown, st.stream_bytes_per_s / 1e9,
+            ceil.pinned_h2d > 0 ? st.stream_bytes_per_s / 1e9 / ceil.pinned_h2d : 0.0);
+    return out;
+}
+
+// One configuration in every mode, printed; its JSON record.
+std::string decode_config(ModelSetup& s, const std::string& name, std::size_t context,
+                          std::size_t batch, const Options& o, const Ceilings& ceil,
+                          const PrefillResult& pre, std::uint64_t& next_id) {
+    const model::ModelConfig& c = s.m->config();
+    std::map<std::string, Run> runs;
+    for (const std::string& mode : o.modes) {
+        runs[mode] = decode(s, mode, batch, context, o, ceil.aggregate(), next_id);
+        next_id += batch;
+        const Run& r = runs[mode];
+        if (!r.ok) {
+            std::printf("  %-10s ctx %6zu batch %2zu: failed: %s\n", mode.c_str(), context, batch,
+                        r.error.c_str());
+            continue;
+        }
+        std::printf(
+            "  %-10s ctx %6zu batch %2zu: %8.1f tok/s, %7.2f ms/step; per layer "
+            "attention %.3f ms, rest %.3f ms; blocks G %zu P %zu U %zu, r %.2f; "
+            "host %.2f GB/step -> limit %.2f ms, efficiency %.2f\n"
+            "  %-10s   profiled step, ms per layer: attention %.3f, GPU experts %.3f, "
+            "CPU experts %.3f, rest %.3f; tracked A %.3g us/token, B %.3g us/token\n",
+            mode.c_str(), context, batch, r.tok_s, r.step_ms, r.attention_ms, r.rest_ms, r.in_g,
+            r.in_p, r.in_u, r.r, r.host_bytes / 1e9, r.limit_ms, r.efficiency, "",
+            r.prof_attention_ms, r.prof_gpu_experts_ms, r.prof_cpu_experts_ms, r.prof_rest_ms,
+            r.tracked_a * 1e6, r.tracked_b * 1e6);
+    }
+    double best_single = 0;
+    for (const char* m : {"gpu-only", "cpu-only"})
+        if (runs.count(m) && runs[m].ok) best_single = std::max(best_single, runs[m].tok_s);
+    const Run ws = runs.count("writescope") ? runs["writescope"] : Run{};
+    std::ostringstream j;
+    j << "{\"model\": " << json_string(name) << ", \"layers\": " << c.num_layers
+      << ", \"full_layers\": " << s.full_layers << ", \"budget_scale\": " << s.scale
+      << ", \"context\": " << context << ", \"batch\": " << batch << ", \"mode_tok_s\": {";
+    bool first = true;
+    for (const auto& [mode, r] : runs) {
+        j << (first ? "" : ", ") << json_string(mode) << ": ";
+        if (r.ok)
+            j << r.tok_s;
+        else
+            j << "null";
+        first = false;
+    }
+    j << "}, \"speedup_vs_best_single\": ";
+    if (ws.ok && best_single > 0)
+        j << ws.tok_s / best_single;
+    else
+        j << "null";
+    j << ", \"efficiency_vs_limit\": ";
+    if (ws.ok)
+        j << ws.efficiency;
+    else
+        j << "null";
+    // layer_ms: the profiled step's parts (each waited for); the unprofiled steps' attention
+    // and rest beside it.
+    j << ", \"layer_ms\": ";
+    if (ws.ok)
+        j << "{\"attention\": " << ws.prof_attention_ms
+          << ", \"gpu_experts\": " << ws.prof_gpu_experts_ms
+          << ", \"cpu_experts\": " << ws.prof_cpu_experts_ms << ", \"rest\": " << ws.prof_rest_ms
+          << "}";
+    else
+        j << "null";
+    j << ", \"step_layer_ms\": ";
+    if (ws.ok)
+        j << "{\"attention\": " << ws.attention_ms << ", \"rest\": " << ws.rest_ms << "}";
+    else
+        j << "null";
+    j << ", \"tracked_a\": " << ws.tracked_a << ", \"tracked_b\": " << ws.tracked_b
+      << ", \"decode\": {\"device_attention\": " << (ws.device_attention ? "true" : "false")
+      << ", \"cuda_graphs\": " << (ws.cuda_graphs ? "true" : "false") << "}";
+    if (runs.count("writescope-all-gpu") && runs["writescope-all-gpu"].ok) {
+        const Run& ag = runs["writescope-all-gpu"];
+        j << ", \"all_gpu_experts\": {\"tok_s\": " << ag.tok_s
+          << ", \"tracked_a\": " << ag.tracked_a << ", \"r\": " << ag.r
+          << ", \"layer_ms\": {\"attention\": " << ag.prof_attention_ms
+          << ", \"gpu_experts\": " << ag.prof_gpu_experts_ms << ", \"rest\": " << ag.prof_rest_ms
+          << "}}";
+    }
+    const auto rate = [&](const char* m) { return pre.tok_s.count(m) ? pre.tok_s.at(m) : 0.0; };
+    j << ", \"host_bytes_per_step\": " << ws.host_bytes << ", \"limit_ms\": " << ws.limit_ms
+      << ", \"step_ms\": " << ws.step_ms << ", \"r\": " << ws.r
+      << ", \"blocks\": {\"G\": " << ws.in_g << ", \"P\": " << ws.in_p << ", \"U\": " << ws.in_u
+      << "}, \"prefill_tok_s\": " << rate("writescope")
+      << ", \"prefill_no_streaming_tok_s\": " << rate("writescope-no-streaming")
+      << ", \"prefill_layers\": " << pre.layers
+      << ", \"prefill_streamed_experts\": " << pre.streamed.streamed_experts
+      << ", \"prefill_cpu_experts\": " << pre.streamed.cpu_experts
+      << ", \"peak_vram_gib\": " << ws.vram_gib << ", \"peak_pinned_gib\": " << ws.pinned_gib
+      << ", \"peak_host_gib\": " << peak_host_gib() << "}";
+    std::printf("  -> writescope %.2fx the better single mode\n",
+                ws.ok && best_single > 0 ? ws.tok_s / best_single : 0.0);
+    return j.str();
+}
+
+// The aggregate run: `seqs` sequences of `context` tokens held at once, decoding.
+std::string decode_aggregate(ModelSetup& s, const std::string& name, std::size_t seqs,
+                             std::size_t context, const Options& o, const Ceilings& ceil,
+                             std::uint64_t& next_id) {
+    const Run r = decode(s, "writescope", seqs, context, o, ceil.aggregate(), next_id);
+    next_id += seqs;
+    std::printf("  aggregate %zu x %zu tokens: %s\n", seqs, context,
+                r.ok ? "decoding" : r.error.c_str());
+    std::ostringstream j;
+    j << "{\"model\": " << json_string(name) << ", \"layers\": " << s.m->config().num_layers
+      << ", \"budget_scale\": " << s.scale << ", \"sequences\": " << seqs
+      << ", \"aggregate_tokens\": " << seqs * context
+      << ", \"completed\": " << (r.ok ? "true" : "false") << ", \"tok_s\": " << r.tok_s
+      << ", \"blocks\": {\"G\": " << r.in_g << ", \"P\": " << r.in_p << ", \"U\": " << r.in_u
+      << "}, \"peak_host_gib\": " << peak_host_gib() << "}";
+    return j.str();
+}
+
 }  // namespace
 
 int run_generate(int argc, char** argv) {
@@ -328,12 +701,15 @@ int run_generate(int argc, char** argv) {
         argc, argv,
         [] {
             std::printf(
-                "writescope-bench generate [--models a,b] [--layers 2] [--contexts 8K,32K,128K]\n"
+                "writescope-bench generate [--models a,b] [--layers N (default: per configuration\n"
+                "  the most the host memory holds)] [--contexts 8K,32K,128K]\n"
                 "  [--batches 1,4,16] [--modes writescope,gpu-only,cpu-only] [--steps 8]\n"
                 "  [--vram 32 (GiB, before scaling)] [--prefill 2048] [--aggregate 8x128K]\n"
                 "  [--pin-host-experts 1 (page-lock the host-resident experts for streaming)]\n"
                 "  [--layer-parts off|always|auto (decode batches in two halves per layer)]\n"
-                "  [--json FILE]\n");
+                "  [--json FILE] [--plan (the layers per configuration only; no GPU needed)]\n"
+                "  [--host GiB (the host memory to plan the layers with; default: what is\n"
+                "  available now)]\n");
         },
         [&](const std::string& a, auto& value) {
             if (sweep_option(a, value, o.models, o.contexts, o.batches)) return true;
@@ -363,11 +739,25 @@ int run_generate(int argc, char** argv) {
                 o.aggregate_ctx = parse_list(v.substr(x + 1)).at(0);
             } else if (a == "--json")
                 o.json = value();
+            else if (a == "--plan")
+                o.plan_only = true;
+            else if (a == "--host")
+                o.host_gib = std::stod(value());
             else
                 return false;
             return true;
         });
     if (o.steps == 0) throw std::invalid_argument("--steps must be positive");
+    if (o.plan_only) {
+        const std::uint64_t avail = available_host_bytes(o);
+        for (const std::string& name : o.models) {
+            const std::optional<model::ModelConfig> preset = model::model_preset(name);
+            if (!preset) throw std::invalid_argument("no built-in model " + name);
+            plan_layers(name, preset->num_layers, o,
+                        avail > kHostReserve ? avail - kHostReserve : 0, avail);
+        }
+        return 0;
+    }
     if (cuda::device_count() == 0) throw std::runtime_error("generate needs a GPU");
     const cpu::Isa isa = cpu::select_isa();
     cpu::WorkerPool pool(cpu::WorkerPoolOptions{});
@@ -380,263 +770,48 @@ int run_generate(int argc, char** argv) {
         std::max(*std::max_element(o.batches.begin(), o.batches.end()), o.aggregate_seqs);
     std::vector<std::string> records;
     std::uint64_t next_id = 1;
+    const std::uint64_t host_avail = available_host_bytes(o);
+    const std::uint64_t host_room = host_avail > kHostReserve ? host_avail - kHostReserve : 0;
     for (const std::string& name : o.models) {
-        ModelSetup s;
-        s.layer_parts = o.layer_parts;
-        const auto t_load = std::chrono::steady_clock::now();
-        // The preset at its widths, cut to --layers, its context raised to the longest asked
-        // for (Qwen3 reaches 128K with YaRN, Mixtral's checkpoints say 32K; the attention's cost
-        // does not depend on the rotary).
+        // The preset at its widths, its context raised to the longest asked for (Qwen3 reaches
+        // 128K with YaRN, Mixtral's checkpoints say 32K; the attention's cost does not depend on
+        // the rotary).
         std::optional<model::ModelConfig> preset = model::model_preset(name);
         if (!preset) throw std::invalid_argument("no built-in model " + name);
         const int full_layers = preset->num_layers;
-        if (o.layers > 0) preset->num_layers = std::min(preset->num_layers, o.layers);
         const std::size_t longest =
             std::max(*std::max_element(o.contexts.begin(), o.contexts.end()), o.aggregate_ctx);
         preset->max_position_embeddings =
             std::max<int>(preset->max_position_embeddings, static_cast<int>(longest + 1024));
-        s.m = model::make_random_model(*preset, 0);
-        const model::ModelConfig& c = s.m->config();
-        s.scale = static_cast<double>(c.num_layers) / static_cast<double>(full_layers);
-        const model::OpLimits lim = model::op_limits(c);
-        cpu::CpuModelOpsOptions co;
-        co.max_tokens = std::max<std::size_t>(512, max_batch);
-        co.fit(lim);
-        s.cpu_ops = std::make_unique<cpu::CpuModelOps>(co);
-        cuda::CudaModelOpsOptions go;
-        go.max_tokens = co.max_tokens;
-        go.fit(lim);
-        // T: an open block per sequence, every layer; the engine's staging and partial states
-        // (tens of MiB); G: a quarter of what the weights that must stay leave.
-        const KvGeometry g = c.kv_geometry(c.dtype);
-        s.t_bytes = max_batch * (o.block * g.bytes_per_token());
-        const model::ModelWeights& w = s.m->weights();
-        // The ops, then the placement in the budget their workspaces leave. The budget's
-        // per-layer part scales with the layers kept; what does not depend on the layer count
-        // (embeddings, head, final norm, the workspaces) does not.
-        const auto place = [&] {
-            s.gpu_ops.reset();
-            s.gpu_ops = std::make_unique<cuda::CudaModelOps>(go);
-            const std::uint64_t fixed = w.embed.bytes() +
-                                        (w.lm_head.data == w.embed.data ? 0 : w.lm_head.bytes()) +
-                                        w.final_norm.n * dtype_bytes(w.final_norm.dtype) +
-                                        s.gpu_ops->workspace_bytes() + (256ull << 20);
-            const auto full = static_cast<std::uint64_t>(o.vram_gib * (1ull << 30));
-            s.vram = full > fixed ? fixed + static_cast<std::uint64_t>(
-                                                static_cast<double>(full - fixed) * s.scale)
-                                  : full;
-            model::PlacementBudget pb;
-            pb.vram_bytes = s.vram;
-            pb.kv_t_bytes = s.t_bytes;
-            pb.workspace_bytes = s.gpu_ops->workspace_bytes() + (256ull << 20);
-            pb.kv_g_share = 0.25;
-            s.placement = model::plan_placement(*s.m, pb);
-        };
-        place();
-        if (s.placement.host_experts > 0) {
-            // Prompt chunks may stream the host-resident experts, as the daemon's do: the ops
-            // again with slots of the largest expert (in the workspace: what does not scale with
-            // the layers), and the placement again within what they leave.
-            go.stream_expert_bytes = model::largest_expert_bytes(w);
-            place();
-        }
-        s.dev = std::make_unique<cuda::DeviceModelWeights>(*s.m, &s.placement.on_gpu);
-        // The host-resident experts page-locked, so that prompt chunks stream them at the PCIe
-        // rate (without: through the ops' pinned ring, the host copying).
-        std::size_t pinned_experts = 0;
-        double pin_seconds = 0;
-        if (o.pin_host_experts && s.placement.host_experts > 0) {
-            const auto t_pin = std::chrono::steady_clock::now();
-            pinned_experts =
-                s.gpu_ops->pin_host(cuda::host_expert_ranges(*s.m, &s.placement.on_gpu));
-            pin_seconds = seconds_since(t_pin);
-        }
-        s.engine_vram = s.placement.kv_t_bytes + s.placement.kv_g_bytes + (256ull << 20);
-        std::printf(
-            "\n%s: %d of %d layers (per-layer budgets scaled by %.3f: VRAM %.2f GiB for %.0f), "
-            "generated in %.1f s; placement: %s; host experts page-locked: %.2f GiB (%.2f s)\n",
-            name.c_str(), c.num_layers, full_layers, s.scale, gib(s.vram), o.vram_gib,
-            seconds_since(t_load), s.placement.summary().c_str(), gib(pinned_experts), pin_seconds);
-
-        // Prefill through the runtime, per mode, at the first batch size; writescope's also
-        // with its host experts never streamed (the cost model's comparison).
-        std::map<std::string, double> prefill_tok_s;
-        model::ExpertStreamStats streamed;
-        std::vector<std::string> prefill_modes = o.modes;
-        if (std::find(o.modes.begin(), o.modes.end(), "writescope") != o.modes.end() &&
-            s.placement.host_experts > 0)
-            prefill_modes.push_back("writescope-no-streaming");
-        for (const std::string& mode : prefill_modes) {
-            try {
-                const bool no_stream = mode == "writescope-no-streaming";
-                const std::string m = no_stream ? "writescope" : mode;
-                auto e = Engine::create(engine_options(s, m, 1, o.prefill, 1, o.block));
-                auto rt = runtime_for(
-                    s, *e, m, 1,
-                    no_stream ? model::ExpertStreaming::off : model::ExpertStreaming::automatic);
-                std::vector<std::int32_t> prompt(o.prefill);
-                std::mt19937_64 rng(3);
-                for (auto& t : prompt)
-                    t = static_cast<std::int32_t>(rng() % rt->vocab_size());
-                std::vector<float> logits(rt->vocab_size());
-                // Two prompts one after the other, each chunk timed: the first meets everything
-                // cold (and the streaming cost model unmeasured), the second is the steady state
-                // the rate is reported for.
-                std::ostringstream chunks;
-                for (int pass = 0; pass < 2; ++pass) {
-                    if (!rt->admit(next_id, o.prefill + 2).ok)
-                        throw std::runtime_error("admission");
-                    const auto t0 = std::chrono::steady_clock::now();
-                    const std::size_t step = rt->prefill_chunk_tokens();
-                    chunks << (pass ? " | second:" : "first:");
-                    for (std::size_t at = 0; at < prompt.size(); at += step) {
-                        const std::size_t len = std::min(step, prompt.size() - at);
-                        const auto tc = std::chrono::steady_clock::now();
-                        rt->prefill(next_id, std::span<const std::int32_t>(prompt.data() + at, len),
-                                    at + len == prompt.size() ? logits.data() : nullptr);
-                        chunks << ' ' << static_cast<int>(seconds_since(tc) * 1e3);
-                    }
-                    prefill_tok_s[mode] = static_cast<double>(o.prefill) / seconds_since(t0);
-                    rt->release(next_id++);
-                }
-                std::printf("  prefill %s, ms per %zu-token chunk: %s\n", mode.c_str(),
-                            rt->prefill_chunk_tokens(), chunks.str().c_str());
-                if (mode == "writescope") streamed = rt->expert_streaming();
-            } catch (const std::exception& ex) {
-                std::printf("  prefill %s: %s\n", mode.c_str(), ex.what());
+        std::vector<PlanItem> items = plan_layers(name, full_layers, o, host_room, host_avail);
+        std::set<int, std::greater<>> depths;
+        for (const PlanItem& it : items)
+            if (it.layers > 0) depths.insert(it.layers);
+        PrefillResult pre;
+        bool prefilled = false;
+        for (const int depth : depths) {
+            std::unique_ptr<ModelSetup> s;  // the previous depth's freed first
+            s = setup_model(name, *preset, depth, o, max_batch);
+            if (!prefilled) {
+                pre = measure_prefill(*s, o, ceil, next_id);
+                prefilled = true;
+            }
+            for (PlanItem& it : items) {
+                if (it.layers != depth) continue;
+                it.record =
+                    it.aggregate
+                        ? decode_aggregate(*s, name, it.batch, it.context, o, ceil, next_id)
+                        : decode_config(*s, name, it.context, it.batch, o, ceil, pre, next_id);
             }
         }
-        for (const auto& [mode, rate] : prefill_tok_s)
-            std::printf("  prefill %zu tokens (the second prompt), %s: %.0f tok/s\n", o.prefill,
-                        mode.c_str(), rate);
-        if (streamed.available)
-            std::printf(
-                "  prefill's host experts: %llu streamed (%llu pairs, %.2f GB), %llu on the CPU "
-                "(%llu pairs); cost model: CPU %.3f ms per expert + %.1f us per pair (x%.2f beside "
-                "a "
-                "stream), stream %.1f GB/s (%.2f of pinned H2D)\n",
-                static_cast<unsigned long long>(streamed.streamed_experts),
-                static_cast<unsigned long long>(streamed.streamed_pairs),
-                static_cast<double>(streamed.streamed_bytes) / 1e9,
-                static_cast<unsigned long long>(streamed.cpu_experts),
-                static_cast<unsigned long long>(streamed.cpu_pairs),
-                streamed.cpu_per_expert_s * 1e3, streamed.cpu_per_pair_s * 1e6,
-                streamed.cpu_slowdown, streamed.stream_bytes_per_s / 1e9,
-                ceil.pinned_h2d > 0 ? streamed.stream_bytes_per_s / 1e9 / ceil.pinned_h2d : 0.0);
-
-        for (const std::size_t context : o.contexts) {
-            for (const std::size_t batch : o.batches) {
-                std::map<std::string, Run> runs;
-                for (const std::string& mode : o.modes) {
-                    runs[mode] = decode(s, mode, batch, context, o, ceil.aggregate(), next_id);
-                    next_id += batch;
-                    const Run& r = runs[mode];
-                    if (!r.ok) {
-                        std::printf("  %-10s ctx %6zu batch %2zu: failed: %s\n", mode.c_str(),
-                                    context, batch, r.error.c_str());
-                        continue;
-                    }
-                    std::printf(
-                        "  %-10s ctx %6zu batch %2zu: %8.1f tok/s, %7.2f ms/step; per layer "
-                        "attention %.3f ms, rest %.3f ms; blocks G %zu P %zu U %zu, r %.2f; "
-                        "host %.2f GB/step -> limit %.2f ms, efficiency %.2f\n"
-                        "  %-10s   profiled step, ms per layer: attention %.3f, GPU experts %.3f, "
-                        "CPU experts %.3f, rest %.3f; tracked A %.3g us/token, B %.3g us/token\n",
-                        mode.c_str(), context, batch, r.tok_s, r.step_ms, r.attention_ms, r.rest_ms,
-                        r.in_g, r.in_p, r.in_u, r.r, r.host_bytes / 1e9, r.limit_ms, r.efficiency,
-                        "", r.prof_attention_ms, r.prof_gpu_experts_ms, r.prof_cpu_experts_ms,
-                        r.prof_rest_ms, r.tracked_a * 1e6, r.tracked_b * 1e6);
-                }
-                double best_single = 0;
-                for (const char* m : {"gpu-only", "cpu-only"})
-                    if (runs.count(m) && runs[m].ok)
-                        best_single = std::max(best_single, runs[m].tok_s);
-                const Run ws = runs.count("writescope") ? runs["writescope"] : Run{};
-                std::ostringstream j;
-                j << "{\"model\": " << json_string(name) << ", \"layers\": " << c.num_layers
-                  << ", \"full_layers\": " << full_layers << ", \"budget_scale\": " << s.scale
-                  << ", \"context\": " << context << ", \"batch\": " << batch
-                  << ", \"mode_tok_s\": {";
-                bool first = true;
-                for (const auto& [mode, r] : runs) {
-                    j << (first ? "" : ", ") << json_string(mode) << ": ";
-                    if (r.ok)
-                        j << r.tok_s;
-                    else
-                        j << "null";
-                    first = false;
-                }
-                j << "}, \"speedup_vs_best_single\": ";
-                if (ws.ok && best_single > 0)
-                    j << ws.tok_s / best_single;
-                else
-                    j << "null";
-                j << ", \"efficiency_vs_limit\": ";
-                if (ws.ok)
-                    j << ws.efficiency;
-                else
-                    j << "null";
-                // layer_ms: the profiled step's parts (each waited for); the unprofiled steps'
-                // attention and rest beside it.
-                j << ", \"layer_ms\": ";
-                if (ws.ok)
-                    j << "{\"attention\": " << ws.prof_attention_ms
-                      << ", \"gpu_experts\": " << ws.prof_gpu_experts_ms
-                      << ", \"cpu_experts\": " << ws.prof_cpu_experts_ms
-                      << ", \"rest\": " << ws.prof_rest_ms << "}";
-                else
-                    j << "null";
-                j << ", \"step_layer_ms\": ";
-                if (ws.ok)
-                    j << "{\"attention\": " << ws.attention_ms << ", \"rest\": " << ws.rest_ms
-                      << "}";
-                else
-                    j << "null";
-                j << ", \"tracked_a\": " << ws.tracked_a << ", \"tracked_b\": " << ws.tracked_b
-                  << ", \"decode\": {\"device_attention\": "
-                  << (ws.device_attention ? "true" : "false")
-                  << ", \"cuda_graphs\": " << (ws.cuda_graphs ? "true" : "false") << "}";
-                if (runs.count("writescope-all-gpu") && runs["writescope-all-gpu"].ok) {
-                    const Run& ag = runs["writescope-all-gpu"];
-                    j << ", \"all_gpu_experts\": {\"tok_s\": " << ag.tok_s
-                      << ", \"tracked_a\": " << ag.tracked_a << ", \"r\": " << ag.r
-                      << ", \"layer_ms\": {\"attention\": " << ag.prof_attention_ms
-                      << ", \"gpu_experts\": " << ag.prof_gpu_experts_ms
-                      << ", \"rest\": " << ag.prof_rest_ms << "}}";
-                }
-                j << ", \"host_bytes_per_step\": " << ws.host_bytes
-                  << ", \"limit_ms\": " << ws.limit_ms << ", \"step_ms\": " << ws.step_ms
-                  << ", \"r\": " << ws.r << ", \"blocks\": {\"G\": " << ws.in_g
-                  << ", \"P\": " << ws.in_p << ", \"U\": " << ws.in_u << "}, \"prefill_tok_s\": "
-                  << (prefill_tok_s.count("writescope") ? prefill_tok_s["writescope"] : 0.0)
-                  << ", \"prefill_no_streaming_tok_s\": "
-                  << (prefill_tok_s.count("writescope-no-streaming")
-                          ? prefill_tok_s["writescope-no-streaming"]
-                          : 0.0)
-                  << ", \"prefill_streamed_experts\": " << streamed.streamed_experts
-                  << ", \"prefill_cpu_experts\": " << streamed.cpu_experts
-                  << ", \"peak_vram_gib\": " << ws.vram_gib
-                  << ", \"peak_pinned_gib\": " << ws.pinned_gib
-                  << ", \"peak_host_gib\": " << peak_host_gib() << "}";
-                records.push_back(j.str());
-                std::printf("  -> writescope %.2fx the better single mode\n",
-                            ws.ok && best_single > 0 ? ws.tok_s / best_single : 0.0);
+        for (PlanItem& it : items) {
+            if (it.layers == 0) {
+                std::printf(
+                    "  ctx %6zu batch %2zu: not run: one layer needs %.1f GiB of host memory\n",
+                    it.context, it.batch, gib(host_need(name, 1, it.context, it.batch, o)));
+                continue;
             }
-        }
-        if (o.aggregate_seqs) {
-            const Run r = decode(s, "writescope", o.aggregate_seqs, o.aggregate_ctx, o,
-                                 ceil.aggregate(), next_id);
-            next_id += o.aggregate_seqs;
-            std::printf("  aggregate %zu x %zu tokens: %s\n", o.aggregate_seqs, o.aggregate_ctx,
-                        r.ok ? "decoding" : r.error.c_str());
-            std::ostringstream j;
-            j << "{\"model\": " << json_string(name) << ", \"layers\": " << c.num_layers
-              << ", \"sequences\": " << o.aggregate_seqs
-              << ", \"aggregate_tokens\": " << o.aggregate_seqs * o.aggregate_ctx
-              << ", \"completed\": " << (r.ok ? "true" : "false") << ", \"tok_s\": " << r.tok_s
-              << ", \"blocks\": {\"G\": " << r.in_g << ", \"P\": " << r.in_p
-              << ", \"U\": " << r.in_u << "}, \"peak_host_gib\": " << peak_host_gib() << "}";
-            records.push_back(j.str());
+            records.push_back(std::move(it.record));
         }
     }
     if (!o.json.empty()) {

@@ -6,7 +6,10 @@
 #     layer halves against whole layers (Qwen3 128K x 16, experts split and all on the GPU)
 #   DECODE_ARGS: extra arguments for model-decode (default: the three models, context 1024)
 #   DECODE_MODES: ";"-separated model-decode modes (default: device-side, without graphs, staged, half the experts)
-#   GENERATE_ARGS: arguments for generate
+#   GENERATE_ARGS: arguments for generate (its default depth is the most layers each
+#     configuration's host memory holds: one model per call keeps a call within 10 minutes, e.g.
+#     GENERATE_ARGS="--models mixtral-8x7b --steps 4 --json $OUT/generate-mixtral-8x7b.json";
+#     `writescope-bench generate --plan` prints the depths without a GPU)
 # Times on the H200 machine: build ~90 s, tests ~2 min, decode ~1 min per mode.
 set -u
 OUT=${OUT:-/tmp/ws-out}
@@ -50,14 +53,14 @@ if [[ $PHASES == *generate* ]]; then
   tail -n 40 "$OUT/generate.txt"
 fi
 if [[ $PHASES == *prefill* ]]; then
-  "$BENCH" generate --models qwen3-30b-a3b,mixtral-8x7b --contexts 8K --batches 1 \
+  "$BENCH" generate --models qwen3-30b-a3b,mixtral-8x7b --layers 2 --contexts 8K --batches 1 \
     --modes writescope --steps 4 --prefill 2048 > "$OUT/generate-prefill.txt" 2>&1
   echo "prefill rc=$?"
   grep -E "prefill|placement" "$OUT/generate-prefill.txt"
 fi
 if [[ $PHASES == *halves* ]]; then
   for lp in always off; do
-    "$BENCH" generate --models qwen3-30b-a3b --contexts 128K --batches 16 \
+    "$BENCH" generate --models qwen3-30b-a3b --layers 2 --contexts 128K --batches 16 \
       --modes writescope,writescope-all-gpu --steps 4 --prefill 512 --layer-parts $lp \
       > "$OUT/generate-halves-$lp.txt" 2>&1
     echo "halves $lp rc=$?"
