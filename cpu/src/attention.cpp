@@ -203,6 +203,13 @@ void CpuAttention::unpack_block(const void* packed, void* linear) const noexcept
     cpu::unpack_block(packed_, packed, linear);
 }
 
+void CpuAttention::unpack_blocks(std::span<const void* const> packed, void* linear) {
+    const std::size_t bytes = packed_.bytes();
+    pool_.parallel_for(packed.size(), [&](std::size_t i, std::size_t) {
+        cpu::unpack_block(packed_, packed[i], static_cast<char*>(linear) + i * bytes);
+    });
+}
+
 void CpuAttention::run(std::span<const AttnSeq> seqs, StateView out, FunctionRef<void()> on_start) {
     Plan& P = *plan_;
     const std::size_t hq = static_cast<std::size_t>(geometry_.num_q_heads);

@@ -776,6 +776,20 @@ void GpuStepBackend::launch_prompt(std::size_t layer, std::size_t m, const void*
     impl_->prompt->launch(layer, m, q, k, v, work, stream, q_to_host);
 }
 
+std::size_t GpuStepBackend::prompt_u_piece_blocks() const noexcept {
+    return impl_->prompt ? impl_->prompt->u_piece_blocks() : 0;
+}
+
+void* GpuStepBackend::prompt_u_piece(std::size_t i) {
+    if (!impl_->prompt) throw std::logic_error("GPU prompt: no U piece is expected");
+    return impl_->prompt->u_piece(i);
+}
+
+void GpuStepBackend::prompt_u_ready(std::size_t i) {
+    if (!impl_->prompt) throw std::logic_error("GPU prompt: no U piece is expected");
+    impl_->prompt->u_ready(i);
+}
+
 const void* GpuStepBackend::host_prompt_q() {
     if (!impl_->prompt) throw std::logic_error("GPU prompt: no q is coming down");
     return impl_->prompt->host_q();

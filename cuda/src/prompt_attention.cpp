@@ -27,9 +27,10 @@ struct Sizes {
     std::size_t scratch_blocks;  // the chunk as linear blocks
     std::size_t inplace_entries, causal_entries, ring_entries, entries;
     std::size_t round_items;  // items (and part states) of one round
-    std::size_t sets;         // item sets laid out per chunk: causal, in place, one per ring chunk
+    std::size_t sets;  // item sets laid out per chunk: causal, in place, per ring slot, partials
     std::size_t meta_bytes, part_o_bytes, part_lse_bytes, state_bytes;  // device
     std::size_t q_bytes, ext_bytes;                                     // pinned
+    std::size_t u_piece_bytes;  // one U piece (a ring chunk); pinned: two of them
 };
 
 std::size_t padded(std::size_t bytes) {
@@ -57,7 +58,9 @@ Sizes sizes_of(const GpuStepOptions& o, int sm_count) {
     z.entries = z.inplace_entries + z.causal_entries + z.ring_entries + z.scratch_blocks;
     const std::size_t rows = z.qmax * z.kvh;  // (query, KV head) rows
     z.round_items = rows + kCtasPerSm * static_cast<std::size_t>(std::max(sm_count, 1));
-    z.sets = 2 + ring.slots + 1;
+    // Full ring chunks share their slot's set; the P stream's last chunk and the U pieces' last
+    // may be partial, with a set each.
+    z.sets = 2 + ring.slots + 2;
     // Carved as PromptAttention::Impl::carve_work does: pointers and valid counts, the append's
     // destinations, then per set its items, CSR offsets and part lists; the identity CSR first.
     z.meta_bytes = padded((rows + 1) * 4) + padded(rows * 4) + padded(z.entries * sizeof(void*)) +
@@ -69,6 +72,7 @@ Sizes sizes_of(const GpuStepOptions& o, int sm_count) {
     z.state_bytes = z.qmax * z.qh * (z.dv + 1) * sizeof(float);
     z.q_bytes = z.qmax * z.qh * z.dk * z.es;
     z.ext_bytes = z.state_bytes;
+    z.u_piece_bytes = ring.chunk_blocks * z.block_bytes;
     return z;
 }
 
@@ -94,12 +98,16 @@ struct PromptAttention::Impl {
     float* d_state[2] = {nullptr, nullptr};
     // Pinned: the metadata's mirror, q coming down, the CPU's partial states (mapped: the last
     // merge reads them across PCIe).
-    std::unique_ptr<PinnedSlabs> h_meta_slab, h_q_slab, h_ext_slab;
+    std::unique_ptr<PinnedSlabs> h_meta_slab, h_q_slab, h_ext_slab, h_bounce_slab;
     char* h_meta = nullptr;
     char* h_q = nullptr;
     float* h_ext = nullptr;
     float* m_ext = nullptr;
     Event model_ready{false}, start{false}, q_ready{false}, meta_copied{false}, done{false};
+    // Pinned: two U pieces the engine lays out in turn, each free again once its copy has left.
+    char* h_bounce = nullptr;
+    Event bounce_free[2] = {Event{false}, Event{false}};
+    bool bounce_used[2] = {false, false};
 
     // The identity CSR (row r lists part r): the final merge reads the running state as parts.
     std::int32_t* m_id_offsets = nullptr;
@@ -130,7 +138,7 @@ struct PromptAttention::Impl {
         return s;
     }
     Set causal, inplace;
-    std::vector<Set> p_sets;  // per ring chunk c < slots, then the last chunk when it is partial
+    std::vector<Set> p_sets;  // per ring slot for full chunks, and per partial chunk
     char* meta_cursor = nullptr;
     std::size_t meta_used = 0;
     // The P stream of the work: copy runs per ring chunk.
@@ -139,14 +147,17 @@ struct PromptAttention::Impl {
         std::size_t blocks, dst;
     };
     std::vector<CopyRun> runs;
+    // The ring chunks: the P stream's (copy runs), then one per U piece.
     struct Chunk {
         std::size_t run_begin, run_end, blocks, set;
     };
     std::vector<Chunk> chunks;
+    std::size_t p_chunks = 0;
 
     // What the laid-out work was built for (reused while the same chunk runs its layers).
     std::size_t built_m = 0;
     std::vector<std::uint32_t> built_pool, built_p;
+    std::uint32_t built_u = 0;
     bool built_open = false;
     std::uint32_t built_open_tokens = 0;
     bool built = false;
@@ -156,6 +167,10 @@ struct PromptAttention::Impl {
     bool any_round = false;  // a round wrote d_state[state]
     bool launched = false, q_down = false;
     bool inflight = false;  // work enqueued and not yet waited for
+    // The launched chunk's U pieces: how many, the next one expected, and whether it is taken.
+    std::size_t u_pieces = 0, u_next = 0;
+    bool u_taken = false;
+    const void* q_dev = nullptr;  // the launched chunk's q (the U rounds read it)
 
     // Every round runs on the tiled prompt kernel (64/G queries per CTA) where it applies
     // (prompt_attention_supported), else each query as a decode item (the sets' items).
@@ -185,6 +200,8 @@ struct PromptAttention::Impl {
         h_meta = static_cast<char*>(h_meta_slab->slab(0));
         h_q = static_cast<char*>(h_q_slab->slab(0));
         h_ext = static_cast<float*>(h_ext_slab->slab(0));
+        h_bounce_slab = slab(2 * z.u_piece_bytes);
+        h_bounce = static_cast<char*>(h_bounce_slab->slab(0));
         m_ext = static_cast<float*>(mapped_device_pointer(h_ext));
 
         char* cur = h_meta;
@@ -219,6 +236,7 @@ struct PromptAttention::Impl {
         }
         inflight = false;
         launched = false;
+        u_taken = false;
     }
 
     template <class T>
@@ -263,7 +281,7 @@ struct PromptAttention::Impl {
     }
 
     bool same_work(std::size_t m, const GpuPromptWork& w) const {
-        return built && built_m == m && built_open == w.has_open &&
+        return built && built_m == m && built_open == w.has_open && built_u == w.u_blocks &&
                built_open_tokens == w.open_tokens && built_p.size() == w.p_slots.size() &&
                std::equal(built_p.begin(), built_p.end(), w.p_slots.begin()) &&
                built_pool.size() == w.pool_slots.size() &&
@@ -365,23 +383,33 @@ struct PromptAttention::Impl {
             i += run;
         }
         if (in_chunk > 0) close_chunk();
-        // Item sets: chunk c < slots has its own; a later full chunk reuses its slot's (only
-        // the last chunk can be partial, and it is not among the first `slots` then).
+        p_chunks = chunks.size();
+        // Then a chunk per U piece (the engine's pieces are ring chunks).
+        for (std::size_t first = 0; first < w.u_blocks; first += ring.chunk_blocks)
+            chunks.push_back({runs.size(), runs.size(),
+                              std::min<std::size_t>(ring.chunk_blocks, w.u_blocks - first), 0});
+        // Item sets: a full chunk uses its slot's (laid out for the first full chunk there); a
+        // partial one (the P stream's last, the U pieces' last) its own.
+        constexpr std::size_t none = ~std::size_t{0};
+        std::vector<std::size_t> full_set(ring.slots, none);
         for (std::size_t c = 0; c < chunks.size(); ++c) {
             const std::size_t slot = c % ring.slots;
-            if (c < ring.slots || chunks[c].blocks != ring.chunk_blocks) {
-                chunks[c].set = p_sets.size();
-                p_sets.push_back(
-                    shared_set(cur, ring_base + slot * ring.chunk_blocks, chunks[c].blocks));
-            } else {
-                chunks[c].set = slot;
+            const bool full = chunks[c].blocks == ring.chunk_blocks;
+            if (full && full_set[slot] != none) {
+                chunks[c].set = full_set[slot];
+                continue;
             }
+            chunks[c].set = p_sets.size();
+            if (full) full_set[slot] = chunks[c].set;
+            p_sets.push_back(
+                shared_set(cur, ring_base + slot * ring.chunk_blocks, chunks[c].blocks));
         }
         meta_used = static_cast<std::size_t>(cur - h_meta);
         if (meta_used > z.meta_bytes) throw std::logic_error("GPU prompt: metadata overflow");
         built_m = m;
         built_pool.assign(w.pool_slots.begin(), w.pool_slots.end());
         built_p.assign(w.p_slots.begin(), w.p_slots.end());
+        built_u = w.u_blocks;
         built_open = w.has_open;
         built_open_tokens = w.open_tokens;
         built = true;
@@ -500,7 +528,7 @@ struct PromptAttention::Impl {
         state = 0;
         round(q, causal, 0);
         round(q, inplace, static_cast<std::int64_t>(layer * sh.gpu_pool.layer_pitch()));
-        for (std::size_t c = 0; c < chunks.size(); ++c) {
+        for (std::size_t c = 0; c < p_chunks; ++c) {
             const Chunk& ch = chunks[c];
             const std::size_t slot = c % ring.slots;
             if (c >= ring.slots) sh.slot_free[slot]->wait_on(sh.copy);
@@ -512,7 +540,41 @@ struct PromptAttention::Impl {
             round(q, p_sets[ch.set], 0);
             sh.slot_free[slot]->record(sh.compute);
         }
+        // The U pieces' rounds follow as the engine hands them over (u_ready).
+        q_dev = q;
+        u_pieces = chunks.size() - p_chunks;
+        u_next = 0;
+        u_taken = false;
         launched = true;
+    }
+
+    void* u_piece(std::size_t i) {
+        if (!launched || i >= u_pieces)
+            throw std::logic_error("GPU prompt: no U piece is expected");
+        if (i != u_next || u_taken) throw std::logic_error("GPU prompt: U pieces out of order");
+        const std::size_t b = i % 2;
+        // The copy that last read this half (piece i - 2, or the last layer's) has left it.
+        if (bounce_used[b]) bounce_free[b].synchronize();
+        u_taken = true;
+        return h_bounce + b * z.u_piece_bytes;
+    }
+
+    void u_ready(std::size_t i) {
+        if (!launched || !u_taken || i != u_next)
+            throw std::logic_error("GPU prompt: a U piece handed over that was not taken");
+        u_taken = false;
+        const std::size_t c = p_chunks + i, slot = c % ring.slots, b = i % 2;
+        const Chunk& ch = chunks[c];
+        if (c >= ring.slots) sh.slot_free[slot]->wait_on(sh.copy);
+        copy_async(sh.staging + slot * ring.chunk_blocks * z.block_bytes,
+                   h_bounce + b * z.u_piece_bytes, ch.blocks * z.block_bytes, sh.copy);
+        bounce_free[b].record(sh.copy);
+        bounce_used[b] = true;
+        sh.slot_ready[slot]->record(sh.copy);
+        sh.slot_ready[slot]->wait_on(sh.compute);
+        round(q_dev, p_sets[ch.set], 0);
+        sh.slot_free[slot]->record(sh.compute);
+        ++u_next;
     }
 
     const void* host_q() {
@@ -528,6 +590,8 @@ struct PromptAttention::Impl {
 
     void finish(ConstStateView cpu_part, StateView out, void* stream) {
         if (!launched) throw std::logic_error("GPU prompt: finish without launch");
+        if (u_next < u_pieces)
+            throw std::logic_error("GPU prompt: finish before every U piece was handed over");
         launched = false;
         const std::size_t rows = n * z.qh;
         if (out.rows != rows || out.dim != z.dv || !out.o || !out.lse || !stream)
@@ -569,6 +633,20 @@ void PromptAttention::launch(std::size_t layer, std::size_t m, const void* q, co
     impl_->launch(layer, m, q, k, v, work, stream, q_to_host);
 }
 
+std::size_t PromptAttention::u_piece_blocks() const noexcept {
+    return impl_ ? impl_->ring.chunk_blocks : 0;
+}
+
+void* PromptAttention::u_piece(std::size_t i) {
+    if (!impl_) throw std::logic_error("GPU prompt: no U piece is expected");
+    return impl_->u_piece(i);
+}
+
+void PromptAttention::u_ready(std::size_t i) {
+    if (!impl_) throw std::logic_error("GPU prompt: no U piece is expected");
+    impl_->u_ready(i);
+}
+
 const void* PromptAttention::host_q() {
     if (!impl_) throw std::logic_error("GPU prompt: no q is coming down");
     return impl_->host_q();
@@ -598,7 +676,7 @@ std::uint64_t PromptAttention::pinned_bytes(const GpuStepOptions& opts) {
     if (opts.max_prompt_tokens == 0) return 0;
     const Sizes z = sizes_of(opts, device_info(current_device()).sm_count);
     const auto buf = [](std::size_t b) { return std::max<std::uint64_t>(b, 64); };
-    return buf(z.meta_bytes) + buf(z.q_bytes) + buf(z.ext_bytes);
+    return buf(z.meta_bytes) + buf(z.q_bytes) + buf(z.ext_bytes) + buf(2 * z.u_piece_bytes);
 }
 
 }  // namespace writescope::cuda

@@ -6,7 +6,10 @@
 //   the stored T and G blocks in place (shared by every query's work items),
 //   the stored P blocks, streamed once per layer through the step's staging ring (not once
 //   per query), one round per ring chunk,
-// then the CPU's partial states over U merged last. The work items depend on the chunk's
+//   the stored U blocks likewise, one ring chunk per piece the engine lays out linear into
+//   pinned memory here (two pieces, alternating: the CPU lays out one while the other is
+//   copied), or else the CPU's partial states over U merged last. The work items depend on the
+//   chunk's
 // length and the sequence's slots, not on the layer: they are laid out and uploaded once per
 // chunk and reused by every layer (in-place addresses are layer 0's plus the layer's offset).
 // Internal to cuda/; plain C++ with CUDA types only behind the device wrappers.
@@ -50,6 +53,12 @@ class PromptAttention {
     std::size_t max_tokens() const noexcept { return qmax_; }
     void launch(std::size_t layer, std::size_t m, const void* q, const void* k, const void* v,
                 const GpuPromptWork& work, void* stream, bool q_to_host);
+    // The prompt's U blocks, laid out linear by the engine in pinned pieces (the backend's
+    // prompt_u_piece / prompt_u_ready): blocks per piece (a ring chunk), the memory of piece i
+    // (waited free), and its copy and round enqueued.
+    std::size_t u_piece_blocks() const noexcept;
+    void* u_piece(std::size_t i);
+    void u_ready(std::size_t i);
     const void* host_q();
     StateView cpu_buffer(std::size_t rows) noexcept;
     void finish(ConstStateView cpu_part, StateView out, void* stream);

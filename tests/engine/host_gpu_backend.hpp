@@ -209,7 +209,25 @@ class HostGpuBackend final : public GpuAttentionBackend {
     std::size_t prompt_launches = 0, prompt_q_downs = 0, prompt_finishes = 0;
     std::size_t prompt_cpu_parts = 0;  // finishes that merged CPU partials (a U share)
     std::size_t prompt_p_blocks = 0;   // P blocks the prompts attended
+    // A prompt's U blocks on the "GPU" in pieces of this many blocks (0: the CPU attends them),
+    // laid out linear by the engine; counted.
+    std::size_t prompt_u_piece_size = 0;
+    std::size_t prompt_u_pieces = 0, prompt_u_blocks = 0;
     std::size_t prompt_tokens() const noexcept override { return prompt_tokens_on_device; }
+    std::size_t prompt_u_piece_blocks() const noexcept override { return prompt_u_piece_size; }
+    void* prompt_u_piece(std::size_t i) override {
+        if (!prompt_launched_ || prompt_u_expected_ == 0)
+            throw std::logic_error("no U piece is expected");
+        if (i != prompt_u_next_ || prompt_u_taken_) throw std::logic_error("U pieces out of order");
+        prompt_u_taken_ = true;
+        return prompt_u_linear_.data() + i * prompt_u_piece_size * block_bytes_;
+    }
+    void prompt_u_ready(std::size_t i) override {
+        if (!prompt_u_taken_ || i != prompt_u_next_) throw std::logic_error("U piece not taken");
+        prompt_u_taken_ = false;
+        ++prompt_u_next_;
+        ++prompt_u_pieces;
+    }
     void launch_prompt(std::size_t layer, std::size_t m, const void* q, const void* k,
                        const void* v, const GpuPromptWork& work, void* stream,
                        bool q_to_host) override {
@@ -239,6 +257,13 @@ class HostGpuBackend final : public GpuAttentionBackend {
         prompt_work_ = {
             {work.pool_slots.begin(), work.pool_slots.end()}, work.has_open, work.open_tokens,
             {work.p_slots.begin(), work.p_slots.end()},       nullptr,       0};
+        if (work.u_blocks > 0 && prompt_u_piece_size == 0)
+            throw std::logic_error("U blocks for a backend that leaves them to the CPU");
+        // What the engine does not write stays NaN (0xff bytes), and shows in the logits.
+        prompt_u_expected_ = work.u_blocks;
+        prompt_u_linear_.assign(work.u_blocks * block_bytes_, std::byte{0xff});
+        prompt_u_next_ = 0;
+        prompt_u_taken_ = false;
     }
     const void* host_prompt_q() override {
         if (!prompt_launched_ || !prompt_q_down_) throw std::logic_error("no prompt q coming down");
@@ -260,11 +285,18 @@ class HostGpuBackend final : public GpuAttentionBackend {
         const std::size_t rows = m * hq;
         if (out.rows != rows || out.dim != dv) throw std::invalid_argument("out shape");
         const Work& w = prompt_work_;
+        const std::size_t u = prompt_u_expected_;
+        if (u > 0 && prompt_u_next_ * prompt_u_piece_size < u)
+            throw std::logic_error("finish_prompt before every U piece");
+        prompt_u_blocks += u;
         std::vector<std::vector<cpu::AttnBlock>> blocks(m);
         std::vector<cpu::AttnSeq> seqs(m);
         const std::size_t q_row = hq * g_.head_dim_k * dtype_bytes(g_.dtype);
         for (std::size_t i = 0; i < m; ++i) {
             add_stored(w, prompt_layer_, blocks[i]);
+            for (std::size_t b = 0; b < u; ++b)
+                blocks[i].push_back({prompt_u_linear_.data() + b * block_bytes_,
+                                     static_cast<std::uint32_t>(B_), false});
             const std::size_t own = i / B_;
             for (std::size_t b = 0; b <= own; ++b)
                 blocks[i].push_back({prompt_chunk_.data() + b * block_bytes_,
@@ -328,7 +360,9 @@ class HostGpuBackend final : public GpuAttentionBackend {
     std::vector<GpuLayerTiming> pending_;
     bool prompt_launched_ = false, prompt_q_down_ = false;
     std::size_t prompt_layer_ = 0, prompt_m_ = 0;
-    std::vector<std::byte> prompt_q_, prompt_chunk_;
+    std::vector<std::byte> prompt_q_, prompt_chunk_, prompt_u_linear_;
+    std::size_t prompt_u_expected_ = 0, prompt_u_next_ = 0;
+    bool prompt_u_taken_ = false;
     std::vector<float> prompt_ext_;
     Work prompt_work_{};
 };

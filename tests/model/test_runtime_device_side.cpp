@@ -91,39 +91,53 @@ TEST_CASE("the runtime's device-side decode, recorded and replayed, keeps transf
 }
 
 TEST_CASE("device-side prompt chunks over T, G, P and U keep transformers' logits", "[model]") {
-    for (const std::string name : {"qwen3-moe-tiny", "deepseek-v2-tiny-yarn", "mixtral-tiny"}) {
-        const auto dir = models_dir() / name;
-        const Reference ref = read_reference(dir);
-        const auto m = model::load_model_dir(dir);
-        const std::size_t V = static_cast<std::size_t>(m->config().vocab_size);
-        // Chunks of 7 tokens on blocks of 8: every chunk after the first sees stored blocks,
-        // and the later ones blocks in G, P and U (3 G slots, the rest split toward r = 0.5).
-        DeviceSideRuntime dev(*m, device_side(false, /*prompt_tokens=*/7));
-        INFO(name);
-        REQUIRE(dev.runtime->device_prompts());
-        CHECK(dev.runtime->prefill_chunk_tokens() == 7);
-        const ReferencePrompt& p = ref.prompts[0];
-        std::vector<std::int32_t> forced = p.ids;
-        forced.insert(forced.end(), p.greedy.begin(), p.greedy.end() - 1);
-        const std::vector<float> ours = all_logits(*dev.runtime, forced, p.greedy.size() - 1);
-        REQUIRE(dev.runtime->release(1));
-        const std::size_t layers = static_cast<std::size_t>(m->config().num_layers);
-        const std::size_t chunks = (p.ids.size() + 6) / 7;
-        CHECK(dev.gpu->prompt_launches == chunks * layers);
-        CHECK(dev.gpu->prompt_finishes == chunks * layers);
-        CHECK(dev.gpu->prompt_cpu_parts > 0);  // U blocks: the CPU's share, merged
-        CHECK(dev.gpu->prompt_q_downs == dev.gpu->prompt_cpu_parts);
-        CHECK(dev.gpu->prompt_p_blocks > 0);
-        Errors err;
-        for (std::size_t r = 0; r < ours.size() / V; ++r)
-            err.add(ours.data() + r * V, p.logits, r);
-        CHECK(err.rel() <= tolerance(ref));
-        std::fprintf(stderr,
-                     "%-22s device-side prompts: relative logit error %.3g over %zu chunks, %zu "
-                     "with a CPU share, %zu P blocks\n",
-                     name.c_str(), err.rel(), chunks, dev.gpu->prompt_cpu_parts / layers,
-                     dev.gpu->prompt_p_blocks);
-    }
+    // U attended by the CPU and merged, or laid out linear by the engine in pieces of one and of
+    // two blocks for the GPU side.
+    for (const std::size_t piece : {0, 1, 2})
+        for (const std::string name : {"qwen3-moe-tiny", "deepseek-v2-tiny-yarn", "mixtral-tiny"}) {
+            const auto dir = models_dir() / name;
+            const Reference ref = read_reference(dir);
+            const auto m = model::load_model_dir(dir);
+            const std::size_t V = static_cast<std::size_t>(m->config().vocab_size);
+            // Chunks of 7 tokens on blocks of 8: every chunk after the first sees stored blocks,
+            // and the later ones blocks in G, P and U (3 G slots, the rest split toward r = 0.5).
+            DeviceSideRuntime dev(*m, device_side(false, /*prompt_tokens=*/7));
+            dev.gpu->prompt_u_piece_size = piece;
+            INFO(name << ", U pieces of " << piece << " blocks");
+            REQUIRE(dev.runtime->device_prompts());
+            CHECK(dev.runtime->prefill_chunk_tokens() == 7);
+            const ReferencePrompt& p = ref.prompts[0];
+            std::vector<std::int32_t> forced = p.ids;
+            forced.insert(forced.end(), p.greedy.begin(), p.greedy.end() - 1);
+            const std::vector<float> ours = all_logits(*dev.runtime, forced, p.greedy.size() - 1);
+            REQUIRE(dev.runtime->release(1));
+            const std::size_t layers = static_cast<std::size_t>(m->config().num_layers);
+            const std::size_t chunks = (p.ids.size() + 6) / 7;
+            CHECK(dev.gpu->prompt_launches == chunks * layers);
+            CHECK(dev.gpu->prompt_finishes == chunks * layers);
+            if (piece == 0) {
+                CHECK(dev.gpu->prompt_cpu_parts > 0);  // U blocks: the CPU's share, merged
+                CHECK(dev.gpu->prompt_u_blocks == 0);
+            } else {
+                CHECK(dev.gpu->prompt_cpu_parts == 0);  // U blocks on the GPU side: no CPU share
+                CHECK(dev.gpu->prompt_u_blocks > 0);
+                CHECK(dev.gpu->prompt_u_pieces >= (dev.gpu->prompt_u_blocks + piece - 1) / piece);
+                if (piece == 1) CHECK(dev.gpu->prompt_u_pieces == dev.gpu->prompt_u_blocks);
+            }
+            CHECK(dev.gpu->prompt_q_downs == dev.gpu->prompt_cpu_parts);
+            CHECK(dev.gpu->prompt_p_blocks > 0);
+            Errors err;
+            for (std::size_t r = 0; r < ours.size() / V; ++r)
+                err.add(ours.data() + r * V, p.logits, r);
+            CHECK(err.rel() <= tolerance(ref));
+            std::fprintf(stderr,
+                         "%-22s device-side prompts: relative logit error %.3g over %zu chunks, "
+                         "%zu with a CPU share, %zu P blocks, %zu U blocks on the GPU side in %zu "
+                         "pieces\n",
+                         name.c_str(), err.rel(), chunks, dev.gpu->prompt_cpu_parts / layers,
+                         dev.gpu->prompt_p_blocks, dev.gpu->prompt_u_blocks,
+                         dev.gpu->prompt_u_pieces);
+        }
 }
 
 TEST_CASE("device-side prompt chunks are refused where the engine cannot attend them", "[model]") {

@@ -900,8 +900,26 @@ void EngineImpl::attend_prompt_device(std::size_t layer, std::size_t m, const vo
     work.open_tokens = static_cast<std::uint32_t>(open.tokens);
     work.p_slots = prompt_p_slots_;
     GpuAttentionBackend& gpu = *parts_.gpu;
-    const bool cpu_share = !prompt_u_blocks_.empty();
+    // The U blocks go to the GPU too where the backend takes them: each is read once per chunk
+    // and layer either way, and the GPU attends a chunk's queries over it hundreds of times
+    // faster than the CPU (docs/gpu-runtime.md, "U in prompt attention"); the CPU's part is the
+    // layout, piece by piece, while the previous piece crosses PCIe.
+    const std::size_t piece = gpu.prompt_u_piece_blocks();
+    const bool u_on_gpu = piece > 0 && !prompt_u_blocks_.empty();
+    if (u_on_gpu) work.u_blocks = static_cast<std::uint32_t>(prompt_u_blocks_.size());
+    const bool cpu_share = !u_on_gpu && !prompt_u_blocks_.empty();
     gpu.launch_prompt(layer, m, q, k, v, work, stream, cpu_share);
+    if (u_on_gpu) {
+        prompt_u_packed_.clear();
+        for (const CpuBlock& b : prompt_u_blocks_)
+            prompt_u_packed_.push_back(b.data);
+        const std::span<const void* const> all(prompt_u_packed_);
+        for (std::size_t i = 0, first = 0; first < all.size(); ++i, first += piece) {
+            void* dst = gpu.prompt_u_piece(i);
+            parts_.cpu->unpack_blocks(all.subspan(first, std::min(piece, all.size() - first)), dst);
+            gpu.prompt_u_ready(i);
+        }
+    }
     if (!cpu_share) {
         gpu.finish_prompt(ConstStateView{}, out, stream);
         return;

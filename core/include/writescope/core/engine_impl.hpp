@@ -150,7 +150,8 @@ class EngineImpl final : public Engine {
     std::vector<CpuBlock> prompt_refs_;
     std::vector<CpuSeqWork> prompt_work_;
     std::vector<std::uint32_t> prompt_p_slots_;  // device-side prompts: the GPU's P share
-    std::vector<CpuBlock> prompt_u_blocks_;      // and the CPU's U share
+    std::vector<CpuBlock> prompt_u_blocks_;      // and the U blocks (the CPU's share, or
+    std::vector<const void*> prompt_u_packed_;   // laid out linear for the GPU's)
     // The CPU's prompt attention: the stored blocks of a chunk's queries, the chunk's and the
     // stored part's states before they merge, the queries' first block reference.
     std::vector<CpuBlock> prompt_stored_;

@@ -53,6 +53,10 @@ class CpuAttentionBackend {
                                StateView out) = 0;
     // Lays out one linear block in the U layout (the background packer of T → U seals).
     virtual void pack_block(const void* linear, void* packed) const = 0;
+    // Lays out U blocks in the linear layout, one after another from `linear` (packed.size() ×
+    // packed_block_bytes()), on the backend's threads: a prompt's U blocks on their way to the
+    // GPU (GpuAttentionBackend::prompt_u_piece). Blocking.
+    virtual void unpack_blocks(std::span<const void* const> packed, void* linear) = 0;
     virtual std::size_t packed_block_bytes() const noexcept = 0;
     virtual const char* kernel_name() const noexcept = 0;
     virtual int threads() const noexcept = 0;
@@ -93,6 +97,10 @@ struct GpuPromptWork {
     bool has_open = false;
     std::uint32_t open_tokens = 0;
     std::span<const std::uint32_t> p_slots;
+    // U blocks the GPU attends too (full blocks, after the P blocks; 0: the CPU attends them):
+    // the engine lays them out linear in pieces of prompt_u_piece_blocks(), each written to
+    // prompt_u_piece(i) and handed over by prompt_u_ready(i), in order, before finish_prompt.
+    std::uint32_t u_blocks = 0;
 };
 
 // Seconds measured on the GPU side of one layer step.
@@ -191,6 +199,25 @@ class GpuAttentionBackend {
                                bool q_to_host) {
         (void)layer, (void)m, (void)q, (void)k, (void)v, (void)work, (void)stream, (void)q_to_host;
         throw std::logic_error("this GPU backend attends no prompts");
+    }
+    // A prompt's U blocks on the GPU (docs/gpu-runtime.md, "U in prompt attention"): blocks per
+    // piece, 0 when this backend leaves them to the CPU. The CPU lays out each piece linear in
+    // host memory the backend owns (page-locked), which is copied through the staging ring and
+    // attended as P blocks are, while the CPU lays out the next.
+    virtual std::size_t prompt_u_piece_blocks() const noexcept { return 0; }
+    // Host memory for piece i of the launched prompt's U blocks (prompt_u_piece_blocks() linear
+    // blocks; the last piece may hold fewer): waits until the copy of the piece that used it
+    // before has left it. Pieces are taken in order, from 0, after every launch_prompt with
+    // work.u_blocks > 0.
+    virtual void* prompt_u_piece(std::size_t i) {
+        (void)i;
+        throw std::logic_error("this GPU backend attends no U blocks of a prompt");
+    }
+    // Enqueues piece i's copy to the device and its attention (what prompt_u_piece(i) returned
+    // now holds the piece). Returns at once.
+    virtual void prompt_u_ready(std::size_t i) {
+        (void)i;
+        throw std::logic_error("this GPU backend attends no U blocks of a prompt");
     }
     // Waits until the last launch_prompt's q is in host memory and returns it (m, num_q_heads,
     // head_dim_k), valid until the next launch_prompt.

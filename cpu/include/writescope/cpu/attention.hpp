@@ -126,6 +126,8 @@ class CpuAttention final : public CpuAttentionBackend {
     std::size_t packed_block_bytes() const noexcept override { return packed_.bytes(); }
     void pack_block(const void* linear, void* packed) const noexcept override;
     void unpack_block(const void* packed, void* linear) const noexcept;
+    // Blocks laid out linear one after another, a block per item on the pool.
+    void unpack_blocks(std::span<const void* const> packed, void* linear) override;
 
     // Whether the vector levels can serve this geometry (head dims multiples of 32).
     static bool vector_kernels_support(const KvGeometry& g) noexcept;

@@ -65,6 +65,9 @@ class GpuStepBackend final : public GpuAttentionBackend {
     void launch_prompt(std::size_t layer, std::size_t m, const void* q, const void* k,
                        const void* v, const GpuPromptWork& work, void* stream,
                        bool q_to_host) override;
+    std::size_t prompt_u_piece_blocks() const noexcept override;
+    void* prompt_u_piece(std::size_t i) override;
+    void prompt_u_ready(std::size_t i) override;
     const void* host_prompt_q() override;
     StateView prompt_cpu_buffer(std::size_t rows) noexcept override;
     void finish_prompt(ConstStateView cpu_part, StateView out, void* stream) override;
