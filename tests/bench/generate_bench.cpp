@@ -82,6 +82,10 @@ struct Options {
     std::string json;
     bool plan_only = false;  // --plan: print the layers per configuration, run nothing
     double host_gib = 0;     // --host: the host memory to plan with (0: what is available)
+    // The prompt rate's engine: G capped at this many tokens (0: the placement's G), so that a
+    // long prompt spills into P and U; and who attends a prompt's U blocks (--prompt-u).
+    std::size_t prefill_g_tokens = 0;
+    bool prompt_u_to_gpu = true;
 };
 
 double peak_host_gib() {
@@ -160,6 +164,20 @@ EngineOptions engine_options(const ModelSetup& s, const std::string& mode, std::
     return eo;
 }
 
+// An engine of these options; a GPU mode's with the model's calibration (measured by the first).
+std::unique_ptr<Engine> calibrated_engine(ModelSetup& s, const std::string& mode,
+                                          const EngineOptions& eo) {
+    auto e = Engine::create(eo);
+    if (mode != "cpu-only") {
+        if (!s.calibrated) {
+            s.calibration = e->calibrate([](double, std::string_view) {});
+            s.calibrated = true;
+        }
+        e->set_calibration(s.calibration);
+    }
+    return e;
+}
+
 std::unique_ptr<model::Runtime> runtime_for(
     ModelSetup& s, Engine& e, const std::string& mode, std::size_t batch,
     model::ExpertStreaming streaming = model::ExpertStreaming::automatic) {
@@ -218,14 +236,8 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
            const Options& o, double aggregate_gbs, std::uint64_t first_id) {
     Run r;
     try {
-        auto e = Engine::create(engine_options(s, mode, batch, context, o.steps, o.block));
-        if (mode != "cpu-only") {
-            if (!s.calibrated) {
-                s.calibration = e->calibrate([](double, std::string_view) {});
-                s.calibrated = true;
-            }
-            e->set_calibration(s.calibration);
-        }
+        auto e =
+            calibrated_engine(s, mode, engine_options(s, mode, batch, context, o.steps, o.block));
         auto rt = runtime_for(s, *e, mode, batch);
         std::vector<std::uint64_t> ids;
         for (std::size_t b = 0; b < batch; ++b)
@@ -526,7 +538,15 @@ PrefillResult measure_prefill(ModelSetup& s, const Options& o, const Ceilings& c
         try {
             const bool no_stream = mode == "writescope-no-streaming";
             const std::string m = no_stream ? "writescope" : mode;
-            auto e = Engine::create(engine_options(s, m, 1, o.prefill, 1, o.block));
+            EngineOptions eo = engine_options(s, m, 1, o.prefill, 1, o.block);
+            eo.prompt_u_to_gpu = o.prompt_u_to_gpu;
+            if (o.prefill_g_tokens > 0 && m != "cpu-only")
+                eo.vram_kv_bytes = std::min<std::uint64_t>(
+                    eo.vram_kv_bytes,
+                    s.t_bytes + (256ull << 20) +
+                        o.prefill_g_tokens *
+                            s.m->config().kv_geometry(s.m->config().dtype).bytes_per_token());
+            auto e = calibrated_engine(s, m, eo);
             auto rt = runtime_for(
                 s, *e, m, 1,
                 no_stream ? model::ExpertStreaming::off : model::ExpertStreaming::automatic);
@@ -552,6 +572,15 @@ PrefillResult measure_prefill(ModelSetup& s, const Options& o, const Ceilings& c
                     chunks << ' ' << static_cast<int>(seconds_since(tc) * 1e3);
                 }
                 out.tok_s[mode] = static_cast<double>(o.prefill) / seconds_since(t0);
+                if (pass == 1) {
+                    // Where the prompt's KV went: the blocks in G, P and U.
+                    const EngineStatus st = e->status();
+                    chunks << " (stored: G " << st.regions[static_cast<int>(Region::G)].used_blocks
+                           << ", P " << st.regions[static_cast<int>(Region::P)].used_blocks
+                           << ", U " << st.regions[static_cast<int>(Region::U)].used_blocks
+                           << " blocks; U attended on the " << (o.prompt_u_to_gpu ? "GPU" : "CPU")
+                           << ")";
+                }
                 rt->release(next_id++);
             }
             std::printf("  prefill %s, ms per %zu-token chunk: %s\n", mode.c_str(),
@@ -709,7 +738,9 @@ int run_generate(int argc, char** argv) {
                 "  [--layer-parts off|always|auto (decode batches in two halves per layer)]\n"
                 "  [--json FILE] [--plan (the layers per configuration only; no GPU needed)]\n"
                 "  [--host GiB (the host memory to plan the layers with; default: what is\n"
-                "  available now)]\n");
+                "  available now)]\n"
+                "  [--prefill-g-tokens N (the prompt rate's G at most N tokens, so that the\n"
+                "  prompt spills into P and U)] [--prompt-u gpu|cpu (who attends its U blocks)]\n");
         },
         [&](const std::string& a, auto& value) {
             if (sweep_option(a, value, o.models, o.contexts, o.batches)) return true;
@@ -743,7 +774,13 @@ int run_generate(int argc, char** argv) {
                 o.plan_only = true;
             else if (a == "--host")
                 o.host_gib = std::stod(value());
-            else
+            else if (a == "--prefill-g-tokens")
+                o.prefill_g_tokens = parse_list(value()).at(0);
+            else if (a == "--prompt-u") {
+                const std::string v = value();
+                if (v != "gpu" && v != "cpu") throw std::invalid_argument("--prompt-u gpu|cpu");
+                o.prompt_u_to_gpu = v == "gpu";
+            } else
                 return false;
             return true;
         });

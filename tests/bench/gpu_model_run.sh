@@ -1,9 +1,11 @@
 #!/bin/bash
 # Builds and runs the GPU model tests and the GPU runtime's decode benchmark on the lent GPU
 # machine, logs under $OUT. Run from the repository root after `source .devdeps/unpack-deps.sh`.
-#   PHASES: any of "test decode generate prefill halves" (default "test decode"); prefill: the
-#     prompt rate with and without expert streaming (Qwen3, Mixtral); halves: decode batches in
-#     layer halves against whole layers (Qwen3 128K x 16, experts split and all on the GPU)
+#   PHASES: any of "test decode generate prefill longprefill halves" (default "test decode");
+#     prefill: the prompt rate with and without expert streaming (Qwen3, Mixtral); longprefill:
+#     a 32K prompt spilling into P and U (G capped at 4K tokens), its U attended by the CPU and
+#     by the GPU; halves: decode batches in layer halves against whole layers (Qwen3 128K x 16,
+#     experts split and all on the GPU)
 #   DECODE_ARGS: extra arguments for model-decode (default: the three models, context 1024)
 #   DECODE_MODES: ";"-separated model-decode modes (default: device-side, without graphs, staged, half the experts)
 #   GENERATE_ARGS: arguments for generate (its default depth is the most layers each
@@ -52,11 +54,20 @@ if [[ $PHASES == *generate* ]]; then
   echo "generate rc=$?"
   tail -n 40 "$OUT/generate.txt"
 fi
-if [[ $PHASES == *prefill* ]]; then
+if [[ " $PHASES " == *" prefill "* ]]; then
   "$BENCH" generate --models qwen3-30b-a3b,mixtral-8x7b --layers 2 --contexts 8K --batches 1 \
     --modes writescope --steps 4 --prefill 2048 > "$OUT/generate-prefill.txt" 2>&1
   echo "prefill rc=$?"
   grep -E "prefill|placement" "$OUT/generate-prefill.txt"
+fi
+if [[ $PHASES == *longprefill* ]]; then
+  for u in cpu gpu; do
+    "$BENCH" generate --models qwen3-30b-a3b --layers 2 --contexts 8K --batches 1 \
+      --modes writescope --steps 2 --prefill 32768 --prefill-g-tokens 4096 --prompt-u $u \
+      > "$OUT/generate-longprefill-u-$u.txt" 2>&1
+    echo "longprefill U on the $u rc=$?"
+    grep -E "tok/s|stored" "$OUT/generate-longprefill-u-$u.txt" | cut -c1-300
+  done
 fi
 if [[ $PHASES == *halves* ]]; then
   for lp in always off; do

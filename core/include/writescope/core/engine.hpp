@@ -33,6 +33,9 @@ struct EngineOptions {
     // Most tokens of one prompt chunk attended on the GPU at once (device-side attend_prompt;
     // sizes its workspace; 0: prompts are attended by the CPU).
     std::size_t max_prompt_tokens = 0;
+    // Device-side prompts: the GPU attends the sequence's U blocks too, laid out linear by the
+    // CPU (false: the CPU attends them and its partials are merged; the measurement's baseline).
+    bool prompt_u_to_gpu = true;
     // Pinned host memory the owner of the pinned budget set aside for others before
     // pinned_kv_bytes (the daemon's GPU model runtime: its staging for streaming experts); the
     // engine pins pinned_kv_bytes and leaves this to them.
