@@ -79,6 +79,9 @@ struct Options {
     model::LayerParts layer_parts = model::LayerParts::off;
     std::size_t block = 128;
     std::size_t aggregate_seqs = 0, aggregate_ctx = 0;
+    // --aggregate maxxCTX: as many sequences of CTX tokens as the budgets admit (the largest
+    // aggregate context), the host's KV budgets what the weights leave of it.
+    bool aggregate_max = false;
     std::string json;
     bool plan_only = false;  // --plan: print the layers per configuration, run nothing
     double host_gib = 0;     // --host: the host memory to plan with (0: what is available)
@@ -128,6 +131,8 @@ struct Run {
     double prof_attention_ms = 0, prof_gpu_experts_ms = 0, prof_cpu_experts_ms = 0,
            prof_rest_ms = 0;
     double tracked_a = 0, tracked_b = 0;  // the engine's tracked A and B after the steps, s/token
+    std::size_t sequences = 0;            // admitted and run
+    std::string refusal;                  // what stopped the admission (spill_budget runs)
     bool device_attention = false, cuda_graphs = false;  // how the runtime's decode ran
 };
 
@@ -195,9 +200,10 @@ std::unique_ptr<model::Runtime> runtime_for(
     return model::make_runtime(*s.m, *s.gpu_ops, e, ro, {&s.dev->weights(), s.cpu_ops.get()});
 }
 
-// Stores `context` tokens of synthetic KV for each of `ids` (admitted through the runtime).
-void fill(Engine& e, model::Runtime& rt, const std::vector<std::uint64_t>& ids, std::size_t context,
-          std::size_t steps) {
+// Stores `context` tokens of synthetic KV for each of `ids` (admitted through the runtime
+// before).
+void fill(Engine& e, model::Runtime& rt, const std::vector<std::uint64_t>& ids,
+          std::size_t context) {
     const model::ModelConfig& c = rt.config();
     const KvGeometry geo = c.kv_geometry(c.dtype);
     const std::size_t L = static_cast<std::size_t>(geo.num_layers), chunk = 1024;
@@ -222,8 +228,6 @@ void fill(Engine& e, model::Runtime& rt, const std::vector<std::uint64_t>& ids, 
                         tail * v_row);
     }
     for (const std::uint64_t id : ids) {
-        const Admission a = rt.admit(id, context + steps + 2);
-        if (!a.ok) throw std::runtime_error("admission: " + a.error);
         // Whole chunks straight from k and v (layer-major (L, chunk, ...)); the shorter last
         // one from k_tail and v_tail, laid out once for its rows.
         for (std::size_t first = 0; first + chunk <= context; first += chunk)
@@ -232,17 +236,37 @@ void fill(Engine& e, model::Runtime& rt, const std::vector<std::uint64_t>& ids, 
     }
 }
 
+// `batch` sequences of `context` tokens decoding in `mode`. spill_budget > 0: the engine's
+// pinned and pageable KV budgets share spill_budget half and half (the admission moves a
+// sequence's spill to whichever region has room), and as many of the `batch` sequences as they
+// admit are run (r.sequences).
 Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_t context,
-           const Options& o, double aggregate_gbs, std::uint64_t first_id) {
+           const Options& o, double aggregate_gbs, std::uint64_t first_id,
+           std::uint64_t spill_budget = 0) {
     Run r;
     try {
-        auto e =
-            calibrated_engine(s, mode, engine_options(s, mode, batch, context, o.steps, o.block));
+        EngineOptions eo = engine_options(s, mode, batch, context, o.steps, o.block);
+        if (spill_budget > 0) {
+            eo.pinned_kv_bytes = spill_budget / 2;
+            eo.host_kv_bytes = spill_budget - eo.pinned_kv_bytes;
+        }
+        auto e = calibrated_engine(s, mode, eo);
         auto rt = runtime_for(s, *e, mode, batch);
         std::vector<std::uint64_t> ids;
-        for (std::size_t b = 0; b < batch; ++b)
+        for (std::size_t b = 0; b < batch; ++b) {
+            const Admission a = rt->admit(first_id + b, context + o.steps + 2);
+            if (!a.ok) {
+                if (spill_budget > 0 && b > 0) {
+                    r.refusal = a.error;
+                    break;
+                }
+                throw std::runtime_error("admission: " + a.error);
+            }
             ids.push_back(first_id + b);
-        fill(*e, *rt, ids, context, o.steps);
+        }
+        r.sequences = ids.size();
+        batch = ids.size();
+        fill(*e, *rt, ids, context);
         const EngineStatus st = e->status();
         r.in_g = st.regions[static_cast<int>(Region::G)].used_blocks;
         r.in_p = st.regions[static_cast<int>(Region::P)].used_blocks;
@@ -318,10 +342,7 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
         r.host_bytes = hb;
         r.limit_ms = hb / (aggregate_gbs * 1e9) * 1e3;
         r.efficiency = r.limit_ms / r.step_ms;
-        r.pinned_gib =
-            mode == "cpu-only"
-                ? 0
-                : gib(engine_options(s, mode, batch, context, o.steps, o.block).pinned_kv_bytes);
+        r.pinned_gib = mode == "cpu-only" ? 0 : gib(eo.pinned_kv_bytes);
         const cuda::DeviceModelWeights* dw =
             mode == "writescope-all-gpu" ? s.dev_all.get() : s.dev.get();
         r.vram_gib = mode == "cpu-only"
@@ -399,6 +420,46 @@ int layers_for(const std::string& name, int full_layers, std::size_t context, st
     return 0;
 }
 
+// The weights of `layers` layers of a built-in model (headers only: nothing generated).
+std::uint64_t weight_bytes(const std::string& name, int layers) {
+    model::ModelLoadOptions lo;
+    lo.headers_only = true;
+    lo.max_layers = layers;
+    return model::make_builtin_model(name, lo)->weight_bytes();
+}
+
+// The largest aggregate's depth: all layers, unless their weights leave less than 4 GiB of
+// `room` for the KV (then the most that do; 0: not even one).
+int aggregate_max_layers(const std::string& name, int full_layers, std::uint64_t room) {
+    for (int l = full_layers; l >= 1; --l)
+        if (weight_bytes(name, l) + (4ull << 30) <= room) return l;
+    return 0;
+}
+
+// The host memory a largest-aggregate run at `layers` gives the KV's host regions: the room
+// less the weights and 2 GiB (fill buffers, staging, the ops' host workspaces).
+std::uint64_t aggregate_spill_budget(const std::string& name, int layers, std::uint64_t room) {
+    const std::uint64_t w = weight_bytes(name, layers) + (2ull << 30);
+    return room > w ? room - w : 0;
+}
+
+// At most how many sequences of `context` tokens the largest aggregate can hold at `layers`:
+// the host's spill budget and the whole VRAM budget as if all of it were G, over one
+// sequence's KV (the T slots the setup sizes for them).
+std::size_t aggregate_max_sequences(const std::string& name, int layers, std::size_t context,
+                                    const Options& o, std::uint64_t room, int full_layers) {
+    model::ModelLoadOptions lo;
+    lo.headers_only = true;
+    lo.max_layers = layers;
+    const auto h = model::make_builtin_model(name, lo);
+    const model::ModelConfig& c = h->config();
+    const std::uint64_t per = kv_bytes(c.kv_geometry(c.dtype), 1, context, o.steps, o.block);
+    const double vram = o.vram_gib * static_cast<double>(1ull << 30) * layers / full_layers;
+    const double all = static_cast<double>(aggregate_spill_budget(name, layers, room)) + vram;
+    return std::clamp<std::size_t>(static_cast<std::size_t>(all / static_cast<double>(per)) + 2, 1,
+                                   1024);
+}
+
 // One configuration of a model's run and the layers it runs at (0: not even one fits).
 struct PlanItem {
     std::size_t context = 0, batch = 0;
@@ -416,9 +477,23 @@ std::vector<PlanItem> plan_layers(const std::string& name, int full_layers, cons
     for (const std::size_t context : o.contexts)
         for (const std::size_t batch : o.batches)
             items.push_back(PlanItem{context, batch, false, 0, {}});
-    if (o.aggregate_seqs) items.push_back(PlanItem{o.aggregate_ctx, o.aggregate_seqs, true, 0, {}});
+    if (o.aggregate_seqs || o.aggregate_max)
+        items.push_back(PlanItem{o.aggregate_ctx, o.aggregate_seqs, true, 0, {}});
     std::string plan;
     for (PlanItem& it : items) {
+        if (it.aggregate && o.aggregate_max) {
+            it.layers = o.layers > 0 ? std::min(o.layers, full_layers)
+                                     : aggregate_max_layers(name, full_layers, host_room);
+            if (it.layers > 0)
+                it.batch =
+                    aggregate_max_sequences(name, it.layers, it.context, o, host_room, full_layers);
+            plan += (plan.empty() ? "" : ", ") + std::string("the largest aggregate of ") +
+                    std::to_string(it.context) + "-token sequences: " + std::to_string(it.layers) +
+                    " (" +
+                    fixed1(gib(aggregate_spill_budget(name, std::max(it.layers, 1), host_room))) +
+                    " GiB of host KV budgets, at most " + std::to_string(it.batch) + " sequences)";
+            continue;
+        }
         it.layers = layers_for(name, full_layers, it.context, it.batch, o, host_room);
         plan += (plan.empty() ? "" : ", ") + std::to_string(it.batch) + "x" +
                 std::to_string(it.context) + (it.aggregate ? " (aggregate)" : "") + ": " +
@@ -704,21 +779,38 @@ std::string decode_config(ModelSetup& s, const std::string& name, std::size_t co
     return j.str();
 }
 
-// The aggregate run: `seqs` sequences of `context` tokens held at once, decoding.
+// The aggregate run: `seqs` sequences of `context` tokens held at once, decoding; with
+// --aggregate max, as many as the budgets admit of `seqs` (spill_budget: the host's KV).
 std::string decode_aggregate(ModelSetup& s, const std::string& name, std::size_t seqs,
                              std::size_t context, const Options& o, const Ceilings& ceil,
-                             std::uint64_t& next_id) {
-    const Run r = decode(s, "writescope", seqs, context, o, ceil.aggregate(), next_id);
+                             std::uint64_t& next_id, std::uint64_t spill_budget) {
+    const Run r = decode(s, "writescope", seqs, context, o, ceil.aggregate(), next_id,
+                         o.aggregate_max ? spill_budget : 0);
     next_id += seqs;
-    std::printf("  aggregate %zu x %zu tokens: %s\n", seqs, context,
-                r.ok ? "decoding" : r.error.c_str());
+    const std::size_t held = o.aggregate_max ? r.sequences : seqs;
+    if (o.aggregate_max)
+        std::printf(
+            "  largest aggregate at %d layers, sequences of %zu tokens (VRAM %.2f GiB with G %.2f "
+            "GiB; host KV budgets %.2f GiB, half pinned): %s%zu sequences, %zu tokens (G %zu, P "
+            "%zu, U %zu blocks), %.1f tok/s in all%s%s\n",
+            s.m->config().num_layers, context, gib(s.vram), gib(s.placement.kv_g_bytes),
+            gib(spill_budget), r.ok ? "" : "failed: ", held, held * context, r.in_g, r.in_p, r.in_u,
+            r.tok_s, r.refusal.empty() ? "" : "; the next refused: ",
+            r.refusal.empty() ? "" : r.refusal.c_str());
+    else
+        std::printf("  aggregate %zu x %zu tokens: %s\n", seqs, context,
+                    r.ok ? "decoding" : r.error.c_str());
+    if (!r.ok && o.aggregate_max) std::printf("  largest aggregate: %s\n", r.error.c_str());
     std::ostringstream j;
     j << "{\"model\": " << json_string(name) << ", \"layers\": " << s.m->config().num_layers
-      << ", \"budget_scale\": " << s.scale << ", \"sequences\": " << seqs
-      << ", \"aggregate_tokens\": " << seqs * context
+      << ", \"full_layers\": " << s.full_layers << ", \"budget_scale\": " << s.scale
+      << ", \"largest\": " << (o.aggregate_max ? "true" : "false") << ", \"sequences\": " << held
+      << ", \"context\": " << context << ", \"aggregate_tokens\": " << held * context
       << ", \"completed\": " << (r.ok ? "true" : "false") << ", \"tok_s\": " << r.tok_s
       << ", \"blocks\": {\"G\": " << r.in_g << ", \"P\": " << r.in_p << ", \"U\": " << r.in_u
-      << "}, \"peak_host_gib\": " << peak_host_gib() << "}";
+      << "}, \"vram_gib\": " << gib(s.vram)
+      << ", \"host_kv_budget_gib\": " << (o.aggregate_max ? gib(spill_budget) : 0.0)
+      << ", \"peak_host_gib\": " << peak_host_gib() << "}";
     return j.str();
 }
 
@@ -733,7 +825,8 @@ int run_generate(int argc, char** argv) {
                 "writescope-bench generate [--models a,b] [--layers N (default: per configuration\n"
                 "  the most the host memory holds)] [--contexts 8K,32K,128K]\n"
                 "  [--batches 1,4,16] [--modes writescope,gpu-only,cpu-only] [--steps 8]\n"
-                "  [--vram 32 (GiB, before scaling)] [--prefill 2048] [--aggregate 8x128K]\n"
+                "  [--vram 32 (GiB, before scaling)] [--prefill 2048]\n"
+                "  [--aggregate 8x128K | maxx128K (as many as the budgets admit)]\n"
                 "  [--pin-host-experts 1 (page-lock the host-resident experts for streaming)]\n"
                 "  [--layer-parts off|always|auto (decode batches in two halves per layer)]\n"
                 "  [--json FILE] [--plan (the layers per configuration only; no GPU needed)]\n"
@@ -763,11 +856,19 @@ int run_generate(int argc, char** argv) {
                                                             : model::LayerParts::automatic;
             } else if (a == "--aggregate") {
                 const std::string v = value();
-                const auto x = v.find('x');
-                if (x == std::string::npos)
-                    throw std::invalid_argument("--aggregate SEQxCTX, as 8x128K");
-                o.aggregate_seqs = std::stoul(v.substr(0, x));
-                o.aggregate_ctx = parse_list(v.substr(x + 1)).at(0);
+                o.aggregate_max = v.rfind("max", 0) == 0;
+                const auto x = v.find('x', o.aggregate_max ? 3 : 0);
+                if (o.aggregate_max) {
+                    o.aggregate_ctx =
+                        x == std::string::npos ? 131072 : parse_list(v.substr(x + 1)).at(0);
+                    o.aggregate_seqs = 0;
+                } else {
+                    if (x == std::string::npos)
+                        throw std::invalid_argument(
+                            "--aggregate SEQxCTX, as 8x128K, or maxxCTX, as maxx128K");
+                    o.aggregate_seqs = std::stoul(v.substr(0, x));
+                    o.aggregate_ctx = parse_list(v.substr(x + 1)).at(0);
+                }
             } else if (a == "--json")
                 o.json = value();
             else if (a == "--plan")
@@ -803,8 +904,6 @@ int run_generate(int argc, char** argv) {
         "generate: ceilings pinned H2D %.1f GB/s, HBM %.0f GB/s, CPU read %.1f GB/s, "
         "aggregate host %.1f GB/s (CPU %.1f while copying %.1f)\n",
         ceil.pinned_h2d, ceil.hbm, ceil.cpu_read, ceil.aggregate(), ceil.agg_cpu, ceil.agg_copy);
-    const std::size_t max_batch =
-        std::max(*std::max_element(o.batches.begin(), o.batches.end()), o.aggregate_seqs);
     std::vector<std::string> records;
     std::uint64_t next_id = 1;
     const std::uint64_t host_avail = available_host_bytes(o);
@@ -822,8 +921,11 @@ int run_generate(int argc, char** argv) {
             std::max<int>(preset->max_position_embeddings, static_cast<int>(longest + 1024));
         std::vector<PlanItem> items = plan_layers(name, full_layers, o, host_room, host_avail);
         std::set<int, std::greater<>> depths;
-        for (const PlanItem& it : items)
+        std::size_t max_batch = *std::max_element(o.batches.begin(), o.batches.end());
+        for (const PlanItem& it : items) {
             if (it.layers > 0) depths.insert(it.layers);
+            max_batch = std::max(max_batch, it.batch);
+        }
         PrefillResult pre;
         bool prefilled = false;
         for (const int depth : depths) {
@@ -837,7 +939,8 @@ int run_generate(int argc, char** argv) {
                 if (it.layers != depth) continue;
                 it.record =
                     it.aggregate
-                        ? decode_aggregate(*s, name, it.batch, it.context, o, ceil, next_id)
+                        ? decode_aggregate(*s, name, it.batch, it.context, o, ceil, next_id,
+                                           aggregate_spill_budget(name, depth, host_room))
                         : decode_config(*s, name, it.context, it.batch, o, ceil, pre, next_id);
             }
         }

@@ -5,7 +5,9 @@
 #     prefill: the prompt rate with and without expert streaming (Qwen3, Mixtral); longprefill:
 #     a 32K prompt spilling into P and U (G capped at 4K tokens), its U attended by the CPU and
 #     by the GPU; halves: decode batches in layer halves against whole layers (Qwen3 128K x 16,
-#     experts split and all on the GPU)
+#     experts split and all on the GPU); aggregate: the largest aggregate context of 128K-token
+#     sequences each model of AGG_MODELS (default all three; ~2-3 min each) holds at its full
+#     depth under the 32 GiB VRAM budget, decoding
 #   DECODE_ARGS: extra arguments for model-decode (default: the three models, context 1024)
 #   DECODE_MODES: ";"-separated model-decode modes (default: device-side, without graphs, staged, half the experts)
 #   GENERATE_ARGS: arguments for generate (its default depth is the most layers each
@@ -67,6 +69,15 @@ if [[ $PHASES == *longprefill* ]]; then
       > "$OUT/generate-longprefill-u-$u.txt" 2>&1
     echo "longprefill U on the $u rc=$?"
     grep -E "tok/s|stored" "$OUT/generate-longprefill-u-$u.txt" | cut -c1-300
+  done
+fi
+if [[ $PHASES == *aggregate* ]]; then
+  for m in ${AGG_MODELS:-qwen3-30b-a3b mixtral-8x7b deepseek-v2-lite}; do
+    "$BENCH" generate --models "$m" --contexts 8K --batches 1 --modes writescope --steps 2 \
+      --prefill 512 --aggregate max --json "$OUT/generate-aggregate-$m.json" \
+      > "$OUT/generate-aggregate-$m.txt" 2>&1
+    echo "aggregate $m rc=$?"
+    grep -E "layers per|largest" "$OUT/generate-aggregate-$m.txt" | cut -c1-400
   done
 fi
 if [[ $PHASES == *halves* ]]; then
