@@ -6,6 +6,7 @@
 
 #include "kv_fixtures.hpp"
 #include "test_seed.hpp"
+#include "writescope/cpu/attention.hpp"
 #include "writescope/cpu/packed_layout.hpp"
 
 using namespace writescope;
@@ -104,4 +105,38 @@ TEST_CASE("packed bf16 K tile rows hold (2j 2j+1) pairs of 16 tokens and V chunk
         REQUIRE(L.v_index(0, 5, 64 + i) == vrow + i);
     REQUIRE(L.v_index(0, 6, 64) == vrow + 32);
     REQUIRE(L.v_index(0, 0, 96) == L.v_index(0, 63, 64) + 32);  // chunk 3 follows chunk 2
+}
+
+TEST_CASE("unpack_blocks lays out many blocks one after another on the attention threads",
+          "[unit][layout]") {
+    // What the engine hands the GPU of a prompt's U blocks: each block as unpack_block gives
+    // it, at its place in the piece, whatever the thread count and order of the blocks.
+    auto rng = test::seeded_rng("unpack blocks");
+    std::uniform_int_distribution<std::uint32_t> bits;
+    for (const auto& c : {kLayoutCases[0], kLayoutCases[4], kLayoutCases[5]})
+        for (const std::size_t threads : {1, 3}) {
+            const auto g = test::test_geometry(c.q, c.kv, c.dk, c.dv, DType::bf16, c.mla);
+            const std::size_t B = 64;
+            cpu::CpuAttention attn(g, B, threads, false, 2);
+            const auto L = PackedBlockLayout::of(g, B);
+            REQUIRE(attn.packed_block_bytes() == L.bytes());
+            const std::size_t n = 37;
+            std::vector<std::vector<std::uint8_t>> packed(n, std::vector<std::uint8_t>(L.bytes()));
+            for (auto& b : packed)
+                for (auto& x : b)
+                    x = static_cast<std::uint8_t>(bits(rng));
+            // Out of address order, as a sequence's U slots may be.
+            std::vector<const void*> ptrs;
+            for (std::size_t i = 0; i < n; ++i)
+                ptrs.push_back(packed[(i * 11) % n].data());
+            std::vector<std::uint8_t> out(n * L.bytes() + 1, 0xa5);
+            attn.unpack_blocks(ptrs, out.data());
+            std::vector<std::uint8_t> one(L.bytes());
+            for (std::size_t i = 0; i < n; ++i) {
+                cpu::unpack_block(L, ptrs[i], one.data());
+                REQUIRE(std::equal(one.begin(), one.end(), out.begin() + i * L.bytes()));
+            }
+            REQUIRE(out.back() == 0xa5);      // nothing past the last block
+            attn.unpack_blocks({}, nullptr);  // no blocks: nothing to do
+        }
 }
