@@ -814,6 +814,16 @@ std::string decode_aggregate(ModelSetup& s, const std::string& name, std::size_t
     return j.str();
 }
 
+void write_json(const std::string& path, const std::vector<std::string>& records) {
+    if (path.empty()) return;
+    std::ofstream f(path);
+    if (!f) throw std::runtime_error(path + ": cannot be written");
+    f << "[\n";
+    for (std::size_t i = 0; i < records.size(); ++i)
+        f << "  " << records[i] << (i + 1 < records.size() ? ",\n" : "\n");
+    f << "]\n";
+}
+
 }  // namespace
 
 int run_generate(int argc, char** argv) {
@@ -886,6 +896,8 @@ int run_generate(int argc, char** argv) {
             return true;
         });
     if (o.steps == 0) throw std::invalid_argument("--steps must be positive");
+    // Line-buffered: a run stopped at its time limit keeps every line it printed.
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);
     if (o.plan_only) {
         const std::uint64_t avail = available_host_bytes(o);
         for (const std::string& name : o.models) {
@@ -921,15 +933,15 @@ int run_generate(int argc, char** argv) {
             std::max<int>(preset->max_position_embeddings, static_cast<int>(longest + 1024));
         std::vector<PlanItem> items = plan_layers(name, full_layers, o, host_room, host_avail);
         std::set<int, std::greater<>> depths;
-        std::size_t max_batch = *std::max_element(o.batches.begin(), o.batches.end());
-        for (const PlanItem& it : items) {
+        for (const PlanItem& it : items)
             if (it.layers > 0) depths.insert(it.layers);
-            max_batch = std::max(max_batch, it.batch);
-        }
         PrefillResult pre;
         bool prefilled = false;
         for (const int depth : depths) {
             std::unique_ptr<ModelSetup> s;  // the previous depth's freed first
+            std::size_t max_batch = 1;  // the T slots and the ops' rows: this depth's largest batch
+            for (const PlanItem& it : items)
+                if (it.layers == depth) max_batch = std::max(max_batch, it.batch);
             s = setup_model(name, *preset, depth, o, max_batch);
             if (!prefilled) {
                 pre = measure_prefill(*s, o, ceil, next_id);
@@ -953,14 +965,7 @@ int run_generate(int argc, char** argv) {
             }
             records.push_back(std::move(it.record));
         }
-    }
-    if (!o.json.empty()) {
-        std::ofstream f(o.json);
-        if (!f) throw std::runtime_error(o.json + ": cannot be written");
-        f << "[\n";
-        for (std::size_t i = 0; i < records.size(); ++i)
-            f << "  " << records[i] << (i + 1 < records.size() ? ",\n" : "\n");
-        f << "]\n";
+        write_json(o.json, records);  // after each model: a run cut short keeps what it measured
     }
     return 0;
 }
