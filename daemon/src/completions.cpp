@@ -81,28 +81,19 @@ const text::Tokenizer& need_tokenizer(const ModelText* text, std::string_view wh
     return *text->tokenizer;
 }
 
-// The prompt: text (a string, or an array of one string), encoded as transformers does by
-// default (the post-processor's special tokens included); or token ids (an array of them, or
-// an array holding one such array). text_out gets the text, for echo.
-std::vector<std::int32_t> prompt_of(const json& body, const ModelText* text,
-                                    std::string* text_out) {
-    if (!body.contains("prompt"))
-        throw ApiError{400, "\"prompt\" is required: a string or an array of token ids"};
-    const auto& p = body.at("prompt");
-    if (p.is_array() && p.size() > 1 && (p[0].is_string() || p[0].is_array()))
-        throw ApiError{400, fmt::format("\"prompt\" holds {} prompts; one prompt per request "
-                                        "(use \"n\" for several choices)",
-                                        p.size())};
-    const json& one =
-        p.is_array() && p.size() == 1 && (p[0].is_string() || p[0].is_array()) ? p[0] : p;
+// One prompt: text, encoded as transformers does by default (the post-processor's special
+// tokens included), or token ids; text_out gets the text, for echo. `what` names its ids in
+// errors, `named` the prompt.
+std::vector<std::int32_t> one_prompt(const json& one, const ModelText* text, std::string* text_out,
+                                     const std::string& what, const std::string& named) {
     if (one.is_string()) {
         const auto& tok = need_tokenizer(text, "a text \"prompt\"");
         *text_out = one.get<std::string>();
         return tok.encode(*text_out, true);
     }
     if (!one.is_array())
-        throw ApiError{400, "\"prompt\" must be a string or an array of token ids"};
-    auto ids = token_ids(one, &one == &p ? "prompt" : "prompt[0]");
+        throw ApiError{400, fmt::format("{} must be a string or an array of token ids", named)};
+    auto ids = token_ids(one, what);
     if (text && text->tokenizer) {
         try {
             *text_out = text->tokenizer->decode(ids, false);
@@ -111,6 +102,34 @@ std::vector<std::int32_t> prompt_of(const json& body, const ModelText* text,
         }
     }
     return ids;
+}
+
+// The prompts: a string or an array of token ids (one prompt), or an array of strings or of
+// token-id arrays (one prompt each, as OpenAI takes them). texts gets each one's text.
+std::vector<std::vector<std::int32_t>> prompts_of(const json& body, const ModelText* text,
+                                                  std::vector<std::string>& texts) {
+    if (!body.contains("prompt"))
+        throw ApiError{400, "\"prompt\" is required: a string or an array of token ids"};
+    const auto& p = body.at("prompt");
+    std::vector<std::vector<std::int32_t>> out;
+    if (p.is_array() && !p.empty() && (p[0].is_string() || p[0].is_array())) {
+        if (p.size() > static_cast<std::size_t>(kMaxChoices))
+            throw ApiError{
+                400, fmt::format("\"prompt\" holds {} prompts; at most {}", p.size(), kMaxChoices)};
+        texts.resize(p.size());
+        for (std::size_t i = 0; i < p.size(); ++i) {
+            const std::string what = fmt::format("prompt[{}]", i);
+            if (!p[i].is_string() && !p[i].is_array())
+                throw ApiError{400, fmt::format("{} must be a string or an array of token ids "
+                                                "(as prompt[0] is)",
+                                                what)};
+            out.push_back(one_prompt(p[i], text, &texts[i], what, what));
+        }
+        return out;
+    }
+    texts.resize(1);
+    out.push_back(one_prompt(p, text, &texts[0], "prompt", "\"prompt\""));
+    return out;
 }
 
 std::string dump(const json& j) {
@@ -226,6 +245,7 @@ struct Completion {
     struct Choice {
         std::uint64_t request_id = 0;  // 0: not known yet (submit has not returned)
         bool cancel_when_known = false;
+        const std::string* echo = nullptr;  // its prompt's text, written first (echo)
         std::optional<text::StreamDecoder> decoder;
         std::string text;      // the detokenised completion so far (cut at a stop string)
         std::size_t sent = 0;  // bytes of text already written (streamed)
@@ -364,9 +384,9 @@ struct Completion {
                                        {"delta", {{"role", "assistant"}, {"content", ""}}},
                                        {"logprobs", nullptr},
                                        {"finish_reason", nullptr}}})));
-        } else if (req.echo) {
+        } else if (c.echo) {
             sse(envelope(json::array({{{"index", i},
-                                       {"text", *req.echo},
+                                       {"text", *c.echo},
                                        {"logprobs", nullptr},
                                        {"finish_reason", nullptr}}})));
         }
@@ -374,7 +394,7 @@ struct Completion {
 
     void on_token(std::size_t i, Choice& c, const model::SampledToken& t) {
         c.tokens.push_back(t.token);
-        const std::size_t offset = (req.echo ? req.echo->size() : 0) + c.text.size();
+        const std::size_t offset = (c.echo ? c.echo->size() : 0) + c.text.size();
         std::string piece = c.decoder ? c.decoder->push(t.token) : std::string();
         const std::string ready = add_text(c, std::move(piece), false);
         json lp = nullptr;
@@ -468,7 +488,7 @@ struct Completion {
                     req.logprobs >= 0 ? json{{"content", c.chat_logprobs}} : json(nullptr);
                 if (req.return_token_ids) ch["token_ids"] = c.tokens;
             } else {
-                ch["text"] = req.echo ? *req.echo + c.text : c.text;
+                ch["text"] = c.echo ? *c.echo + c.text : c.text;
                 ch["token_ids"] = c.tokens;
                 ch["logprobs"] = req.logprobs >= 0 ? c.logprobs.to_json() : json(nullptr);
             }
@@ -615,18 +635,30 @@ HttpResponse submit_generation(Service& service, const ServiceView& v, Generatio
     model::Scheduler* sched = service.scheduler();
     if (!sched) throw ApiError{503, "no model is loaded: this daemon serves no completions"};
     auto& r = g.request;
-    if (r.prompt.size() > v.profile.server.max_prompt_tokens)
-        throw ApiError{400, fmt::format("the prompt has {} tokens, more than "
-                                        "server.max_prompt_tokens = {}",
-                                        r.prompt.size(), v.profile.server.max_prompt_tokens)};
-    if (r.prompt.size() + r.max_tokens > v.model.max_model_len)
-        throw ApiError{400, fmt::format("the prompt ({} tokens) and max_tokens ({}) make {} "
-                                        "tokens, more than the model's context (max_model_len = "
-                                        "{})",
-                                        r.prompt.size(), r.max_tokens,
-                                        r.prompt.size() + r.max_tokens, v.model.max_model_len)};
+    // Every prompt's token ids, in choice order: request.prompt, then more_prompts.
+    std::vector<const std::vector<std::int32_t>*> prompts{&r.prompt};
+    for (const auto& p : g.more_prompts)
+        prompts.push_back(&p);
+    const std::size_t P = prompts.size();
+    if (P * g.n > static_cast<std::size_t>(kMaxChoices))
+        throw ApiError{400, fmt::format("{} prompts with \"n\" = {} make {} choices; at most {}", P,
+                                        g.n, P * g.n, kMaxChoices)};
+    for (std::size_t k = 0; k < P; ++k) {
+        const std::vector<std::int32_t>& ids = *prompts[k];
+        const std::string which = P > 1 ? fmt::format("prompt[{}]", k) : "the prompt";
+        if (ids.size() > v.profile.server.max_prompt_tokens)
+            throw ApiError{400, fmt::format("{} has {} tokens, more than "
+                                            "server.max_prompt_tokens = {}",
+                                            which, ids.size(), v.profile.server.max_prompt_tokens)};
+        if (ids.size() + r.max_tokens > v.model.max_model_len)
+            throw ApiError{400, fmt::format("{} ({} tokens) and max_tokens ({}) make {} "
+                                            "tokens, more than the model's context "
+                                            "(max_model_len = {})",
+                                            which, ids.size(), r.max_tokens,
+                                            ids.size() + r.max_tokens, v.model.max_model_len)};
+        if (ids.empty()) throw ApiError{400, fmt::format("{} is empty (no tokens)", which)};
+    }
     if (auto e = r.sampling.validate(); !e.empty()) throw ApiError{400, e};
-    if (r.prompt.empty()) throw ApiError{400, "the prompt is empty (no tokens)"};
 
     const ModelText* text = service.text();
     auto c = std::make_shared<Completion>();
@@ -637,25 +669,37 @@ HttpResponse submit_generation(Service& service, const ServiceView& v, Generatio
     c->id = completion_id(c->req.shape);
     c->model = v.model.name;
     c->created = unix_ms_now() / 1000;
-    c->prompt_tokens = c->req.request.prompt.size();
-    c->choices.resize(c->req.n);
-    for (auto& ch : c->choices)
-        if (c->tok) ch.decoder.emplace(*c->tok, true);
+    const std::size_t n = c->req.n;
+    c->choices.resize(P * n);
+    for (std::size_t k = 0; k < P; ++k) {
+        c->prompt_tokens += k == 0 ? c->req.request.prompt.size()  // g was moved into c->req
+                                   : c->req.more_prompts[k - 1].size();
+        const std::string* echo = !c->req.echo ? nullptr
+                                  : k == 0     ? &*c->req.echo
+                                               : &c->req.more_echo.at(k - 1);
+        for (std::size_t j = 0; j < n; ++j) {
+            auto& ch = c->choices[k * n + j];
+            ch.echo = echo;
+            if (c->tok) ch.decoder.emplace(*c->tok, true);
+        }
+    }
     // Weak: the stream outlives the request in the server, and must not keep it alive.
     c->out->on_close([w = std::weak_ptr<Completion>(c)] {
         if (auto alive = w.lock()) alive->close();
     });
-    for (std::size_t i = 0; i < c->req.n; ++i) {
+    for (std::size_t i = 0; i < P * n; ++i) {
         model::Request one = c->req.request;
-        if (one.sampling.seed) one.sampling.seed = *one.sampling.seed + i;
+        const std::size_t k = i / n, j = i % n;
+        if (k > 0) one.prompt = c->req.more_prompts[k - 1];
+        if (one.sampling.seed) one.sampling.seed = *one.sampling.seed + j;
         const auto submitted =
             sched->submit(std::move(one), [c, i](const RequestEvent& e) { c->on_event(i, e); });
         if (!submitted) {
             c->abandon();
-            throw ApiError{status_of(submitted.error->kind),
-                           c->req.n > 1 ? fmt::format("choice {} of {}: {}", i, c->req.n,
-                                                      submitted.error->message)
-                                        : submitted.error->message};
+            throw ApiError{
+                status_of(submitted.error->kind),
+                P * n > 1 ? fmt::format("choice {} of {}: {}", i, P * n, submitted.error->message)
+                          : submitted.error->message};
         }
         c->set_request_id(i, submitted.id);
     }
@@ -696,8 +740,11 @@ HttpResponse post_completions(Service& service, const HttpRequest& req) {
     const ModelText* text = service.text();
     Generation g;
     g.shape = Generation::Shape::completion;
-    std::string prompt_text;
-    g.request.prompt = prompt_of(body, text, &prompt_text);
+    std::vector<std::string> prompt_texts;
+    std::vector<std::vector<std::int32_t>> prompts = prompts_of(body, text, prompt_texts);
+    g.request.prompt = std::move(prompts.front());
+    g.more_prompts.assign(std::make_move_iterator(prompts.begin() + 1),
+                          std::make_move_iterator(prompts.end()));
     if (present(body, "max_tokens")) {
         const auto n = integer_of(body, "max_tokens");
         if (n < 1) throw ApiError{400, fmt::format("\"max_tokens\" must be at least 1, got {}", n)};
@@ -722,7 +769,8 @@ HttpResponse post_completions(Service& service, const HttpRequest& req) {
                 throw ApiError{400,
                                "\"echo\" with \"logprobs\" needs the prompt's logprobs, "
                                "which are not computed"};
-            g.echo = prompt_text;
+            g.echo = prompt_texts.front();
+            g.more_echo.assign(prompt_texts.begin() + 1, prompt_texts.end());
         }
     }
     if (present(body, "suffix")) throw ApiError{400, "\"suffix\" is not supported"};

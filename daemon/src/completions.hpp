@@ -48,6 +48,11 @@ struct Generation {
     int logprobs = -1;                // -1: none; else the top-n count (chat: top_logprobs)
     std::vector<std::string> stop;    // stop strings (at most 4, none empty)
     std::optional<std::string> echo;  // completions' echo: the prompt's text, written first
+    // Completions' "prompt" as an array of several prompts: those after request.prompt, each
+    // with n choices of its own (choice index = prompt × n + j, as OpenAI orders them; choice j
+    // of every prompt draws with seed + j) and, with echo, its text in more_echo.
+    std::vector<std::vector<std::int32_t>> more_prompts;
+    std::vector<std::string> more_echo;
     bool return_token_ids = true;
 };
 
@@ -62,8 +67,8 @@ void check_model_field(const nlohmann::json& body, const std::string& served);
 // ignore_eos, n, stream and stream_options, return_token_ids, the refused penalties and
 // logit_bias. With a tokenizer null, stop strings are refused.
 void parse_common_fields(const nlohmann::json& body, Generation& g, const ModelText* text);
-// Checks the prompt against server.max_prompt_tokens and prompt + max_tokens against the
-// context, then submits the n sequences; the response is filled by their events.
+// Checks each prompt against server.max_prompt_tokens and prompt + max_tokens against the
+// context, then submits the n sequences of each; the response is filled by their events.
 HttpResponse submit_generation(Service& service, const ServiceView& v, Generation g);
 
 }  // namespace writescope::daemon

@@ -147,3 +147,63 @@ TEST_CASE("a model without a tokenizer refuses text and serves token ids", "[int
     CHECK(j["choices"][0]["text"] == "");
     CHECK(j["choices"][1]["token_ids"].size() == 2);
 }
+
+TEST_CASE("several prompts in one completion request: n choices each, in prompt order",
+          "[integration]") {
+    TempDir dir;
+    TextDaemon d(dir, "qwen3-moe-tiny");
+    const json a = {1, 2, 3}, b = {4, 5, 6, 7};
+    const auto greedy = [&](const json& p) {
+        auto [st, j] =
+            d.post("/v1/completions",
+                   {{"prompt", p}, {"max_tokens", 4}, {"temperature", 0}, {"ignore_eos", true}});
+        REQUIRE(st == 200);
+        return j["choices"][0]["token_ids"];
+    };
+    const json ga = greedy(a), gb = greedy(b);
+    REQUIRE(ga != gb);
+    auto [st, j] = d.post("/v1/completions", {{"prompt", {a, b}},
+                                              {"n", 2},
+                                              {"max_tokens", 4},
+                                              {"temperature", 0},
+                                              {"ignore_eos", true}});
+    REQUIRE(st == 200);
+    REQUIRE(j["choices"].size() == 4);
+    for (std::size_t i = 0; i < 4; ++i) {
+        INFO("choice " << i);
+        CHECK(j["choices"][i]["index"] == i);
+        CHECK(j["choices"][i]["token_ids"] == (i < 2 ? ga : gb));
+    }
+    CHECK(j["usage"]["prompt_tokens"] == 7);
+    CHECK(j["usage"]["completion_tokens"] == 16);
+    // Seeded sampling: choice j of every prompt draws with seed + j, as the prompt alone would.
+    const json sampled = {{"max_tokens", 6}, {"temperature", 1.5}, {"seed", 11}, {"n", 2}};
+    json one = sampled, both = sampled;
+    one["prompt"] = b;
+    both["prompt"] = {a, b};
+    auto [st1, alone] = d.post("/v1/completions", one);
+    auto [st2, batched] = d.post("/v1/completions", both);
+    REQUIRE(st1 == 200);
+    REQUIRE(st2 == 200);
+    CHECK(batched["choices"][2]["token_ids"] == alone["choices"][0]["token_ids"]);
+    CHECK(batched["choices"][3]["token_ids"] == alone["choices"][1]["token_ids"]);
+    // Refusals name the prompt and the limit.
+    json many = json::array();
+    for (int i = 0; i < 129; ++i)
+        many.push_back(a);
+    const std::vector<std::pair<json, std::string>> refused = {
+        {{{"prompt", {a, json::array()}}}, "prompt[1] is empty"},
+        {{{"prompt", {a, 5}}}, "prompt[1] must be"},
+        {{{"prompt", {a, {1, -2}}}}, "prompt[1][1]"},
+        {{{"prompt", many}}, "at most 128"},
+        {{{"prompt", {a, b}}, {"n", 100}}, "make 200 choices"},
+        {{{"prompt", {a, json::array({1, 2, 3, 4, 5, 6, 7, 8, 9})}}, {"max_tokens", 505}},
+         "prompt[1] (9 tokens)"},
+    };
+    for (const auto& [body, want] : refused) {
+        auto [code, e] = d.post("/v1/completions", body);
+        INFO(body.dump() << " -> " << e.dump());
+        CHECK(code == 400);
+        CHECK_THAT(e["error"]["message"].get<std::string>(), Catch::Contains(want));
+    }
+}

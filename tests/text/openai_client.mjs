@@ -186,6 +186,26 @@ const refText = decode(ref.ids);
     const r = await client.completions.create({ model: model.id, prompt: promptText, max_tokens: 4, temperature: 0, ignore_eos: true, echo: true });
     checkEqual("completions echo: the prompt, then the text", r.choices[0].text, promptText + decode(ref.ids.slice(0, 4)));
 }
+{
+    // Several prompts in one request, as OpenAI takes them: choice index = prompt × n + j, each
+    // choice its own prompt's greedy continuation, the usage over all prompts; streamed, every
+    // index's text; with echo, each choice begins with its own prompt.
+    const second = "Hello there, how are you?";
+    const secondIds = tokenizer.encode(second).ids;
+    const ref2 = await greedy(secondIds, 6, { ignore_eos: true });
+    const wants = [decode(ref.ids.slice(0, 6)), decode(ref2.ids)];
+    const r = await client.completions.create({ model: model.id, prompt: [promptText, second], n: 2, max_tokens: 6, temperature: 0, ignore_eos: true });
+    checkEqual("completions of two prompts, n 2: four choices in order", r.choices.map((c) => c.index), [0, 1, 2, 3]);
+    checkEqual("completions of two prompts: each choice its prompt's greedy text", r.choices.map((c) => c.text), [wants[0], wants[0], wants[1], wants[1]]);
+    checkEqual("completions of two prompts: usage over both prompts", r.usage, { prompt_tokens: promptIds.length + secondIds.length, completion_tokens: 24, total_tokens: promptIds.length + secondIds.length + 24 });
+    const stream = await client.completions.create({ model: model.id, prompt: [promptText, second], max_tokens: 6, temperature: 0, ignore_eos: true, stream: true });
+    const streamed = ["", ""];
+    for await (const chunk of stream)
+        for (const c of chunk.choices) streamed[c.index] += c.text;
+    checkEqual("completions of two prompts streamed: each index's text", streamed, wants);
+    const echoed = await client.completions.create({ model: model.id, prompt: [second, promptText], max_tokens: 6, temperature: 0, ignore_eos: true, echo: true });
+    checkEqual("completions of two prompts with echo: each choice begins with its prompt", echoed.choices.map((c) => c.text), [second + wants[1], promptText + wants[0]]);
+}
 
 // --- chat completions
 const messages = [
