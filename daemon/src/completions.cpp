@@ -147,9 +147,19 @@ std::string token_name(const text::Tokenizer* tok, std::int32_t t) {
     return fmt::format("token_id:{}", t);
 }
 
-json bytes_of(const std::string& s) {
+// The bytes a token adds to the text (OpenAI's logprobs "bytes": a character split over tokens
+// gives each token its part, so that the bytes joined are the text); without a tokenizer, its
+// name's.
+json bytes_of(const text::Tokenizer* tok, std::int32_t t, const std::string& name) {
+    std::string b = name;
+    if (tok) {
+        try {
+            b = tok->token_bytes(t);
+        } catch (const std::out_of_range&) {
+        }
+    }
     auto a = json::array();
-    for (const unsigned char c : s)
+    for (const unsigned char c : b)
         a.push_back(static_cast<int>(c));
     return a;
 }
@@ -188,12 +198,13 @@ json chat_logprob(const text::Tokenizer* tok, const model::SampledToken& t, int 
     for (const auto& x : t.top) {
         if (static_cast<int>(top.size()) >= n) break;
         const auto xn = token_name(tok, x.token);
-        top.push_back(
-            {{"token", xn}, {"logprob", logprob_value(x.logprob)}, {"bytes", bytes_of(xn)}});
+        top.push_back({{"token", xn},
+                       {"logprob", logprob_value(x.logprob)},
+                       {"bytes", bytes_of(tok, x.token, xn)}});
     }
     return {{"token", name},
             {"logprob", logprob_value(t.logprob)},
-            {"bytes", bytes_of(name)},
+            {"bytes", bytes_of(tok, t.token, name)},
             {"top_logprobs", std::move(top)}};
 }
 

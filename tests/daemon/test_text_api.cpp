@@ -66,6 +66,43 @@ class TextDaemon {
     std::unique_ptr<Process> proc_;
 };
 
+// Bytes read as UTF-8 with U+FFFD for each maximal subpart of an ill-formed sequence (Unicode's
+// recommended practice, as Rust's String::from_utf8_lossy does).
+std::string lossy_utf8(const std::string& s) {
+    std::string out;
+    std::size_t i = 0;
+    const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
+    while (i < s.size()) {
+        const unsigned char c = byte(i);
+        std::size_t n = c < 0x80                 ? 1
+                        : c >= 0xC2 && c <= 0xDF ? 2
+                        : c >= 0xE0 && c <= 0xEF ? 3
+                        : c >= 0xF0 && c <= 0xF4 ? 4
+                                                 : 0;
+        if (n == 0) {
+            out += "\xEF\xBF\xBD";
+            ++i;
+            continue;
+        }
+        unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range
+        if (c == 0xE0) lo = 0xA0;
+        if (c == 0xED) hi = 0x9F;
+        if (c == 0xF0) lo = 0x90;
+        if (c == 0xF4) hi = 0x8F;
+        std::size_t k = 1;
+        for (; k < n && i + k < s.size(); ++k) {
+            const unsigned char b = byte(i + k);
+            if (k == 1 ? (b < lo || b > hi) : (b & 0xC0) != 0x80) break;
+        }
+        if (k == n)
+            out.append(s, i, n);
+        else
+            out += "\xEF\xBF\xBD";
+        i += k;
+    }
+    return out;
+}
+
 std::string node_path() {
     const std::string p = WRITESCOPE_NODE_PATH;
     return !p.empty() && ::access(p.c_str(), X_OK) == 0 ? p : std::string();
@@ -100,6 +137,34 @@ TEST_CASE("text in, text out: the openai client and the tokenizer routes", "[int
         auto [st4, bad] = d.post("/v1/detokenize", {{"tokens", {1, 320}}});
         CHECK(st4 == 400);
         CHECK_THAT(bad["error"]["message"].get<std::string>(), Catch::Contains("tokens[1]"));
+    }
+
+    SECTION("chat logprobs: each token's bytes, joined, are the message") {
+        auto [st, c] = d.post("/v1/chat/completions",
+                              {{"messages", {{{"role", "user"}, {"content", "héllo 世界"}}}},
+                               {"max_tokens", 24},
+                               {"temperature", 0},
+                               {"ignore_eos", true},
+                               {"logprobs", true},
+                               {"top_logprobs", 2},
+                               {"return_token_ids", true}});
+        REQUIRE(st == 200);
+        const json& ch = c.at("choices").at(0);
+        const auto ids = ch.at("token_ids").get<std::vector<std::int32_t>>();
+        const json& entries = ch.at("logprobs").at("content");
+        REQUIRE(entries.size() == ids.size());
+        std::string joined;
+        for (std::size_t i = 0; i < ids.size(); ++i) {
+            CHECK(entries[i]["bytes"].get<std::vector<int>>().size() ==
+                  tok->token_bytes(ids[i]).size());
+            if (tok->is_special(ids[i])) continue;  // skipped in the message, as in decode
+            for (const int b : entries[i]["bytes"].get<std::vector<int>>())
+                joined += static_cast<char>(b);
+        }
+        // The message is their join read as UTF-8, a byte sequence no character completes
+        // (the random model's) one U+FFFD.
+        CHECK(lossy_utf8(joined) == ch["message"]["content"].get<std::string>());
+        CHECK(entries[0]["top_logprobs"].size() == 2);
     }
 
     SECTION("the openai npm client: chat and completions, streamed and not") {

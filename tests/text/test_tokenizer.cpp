@@ -255,6 +255,38 @@ TEST_CASE("streaming decode never splits a character and loses nothing", "[unit]
     CHECK(s.finish() == t->decode(cut));
 }
 
+TEST_CASE("token bytes joined are the text, characters split over tokens included",
+          "[unit][text]") {
+    // OpenAI's logprobs "bytes": what each token adds, so that a client joining them gets the
+    // text back even where one character spans several tokens (decode of such a token alone
+    // gives U+FFFD).
+    const std::string text = "中文 🧑🏿‍💻 naïve  text\n\tend 龘𠀀";
+    for (const std::string name : {"qwen3", "deepseek_v3", "llama2"}) {
+        INFO(name);
+        const auto t = Tokenizer::load(tokenizer_dir(name));
+        const Ids ids = t->encode(text, false);
+        std::string joined;
+        std::size_t partial = 0;  // tokens holding part of a character
+        for (const auto id : ids) {
+            const std::string b = t->token_bytes(id);
+            if (!valid_utf8(b)) {
+                ++partial;
+                CHECK_THAT(t->decode(Ids{id}), Catch::Contains("\xEF\xBF\xBD"));
+            }
+            joined += b;
+        }
+        CHECK(partial > 0);
+        // SentencePiece prepends a space to the text, which decode strips and a token in the
+        // middle of a text keeps: the first token's.
+        CHECK(joined == (name == "llama2" ? " " + text : text));
+        CHECK(t->decode(ids) == text);
+    }
+    const auto t = Tokenizer::load(tokenizer_dir("llama2"));
+    CHECK_THROWS_AS(t->token_bytes(-1), std::out_of_range);
+    const Ids hello = t->encode(" world", false);
+    CHECK(t->token_bytes(hello.back()) == " world");  // "▁world": its space kept
+}
+
 #ifdef WRITESCOPE_TOKENIZE
 namespace {
 

@@ -271,7 +271,7 @@ std::string Tokenizer::decode(std::span<const std::int32_t> ids, bool skip_speci
     }
     std::string out;
     if (m.decoder) {
-        m.decoder->apply(tokens);
+        m.decoder->apply(tokens, false);
         for (const auto& t : tokens)
             out += t;
     } else {
@@ -281,6 +281,16 @@ std::string Tokenizer::decode(std::span<const std::int32_t> ids, bool skip_speci
         }
     }
     if (m.config.clean_up_tokenization_spaces) clean_up_spaces(out);
+    return out;
+}
+
+std::string Tokenizer::token_bytes(std::int32_t id) const {
+    std::vector<std::string> tokens{id_to_token_ref(id)};
+    if (!impl_->decoder) return tokens.front();
+    impl_->decoder->apply(tokens, true);
+    std::string out;
+    for (const auto& t : tokens)
+        out += t;
     return out;
 }
 

@@ -661,18 +661,18 @@ namespace {
 class SequenceDecoder final : public Decoder {
   public:
     std::vector<std::unique_ptr<Decoder>> parts;
-    void apply(std::vector<std::string>& tokens) const override {
+    void apply(std::vector<std::string>& tokens, bool raw) const override {
         for (const auto& p : parts)
-            p->apply(tokens);
+            p->apply(tokens, raw);
     }
 };
 
 // The bytes of every token's characters joined, then read as UTF-8 with U+FFFD for invalid
-// bytes; a token with a character outside the table (an added token such as
-// "<｜begin▁of▁sentence｜>") gives its own bytes.
+// bytes (raw: left as they are); a token with a character outside the table (an added token
+// such as "<｜begin▁of▁sentence｜>") gives its own bytes.
 class ByteLevelDecoder final : public Decoder {
   public:
-    void apply(std::vector<std::string>& tokens) const override {
+    void apply(std::vector<std::string>& tokens, bool raw) const override {
         const ByteTable& t = byte_table();
         std::string bytes;
         for (const auto& tok : tokens) {
@@ -694,14 +694,14 @@ class ByteLevelDecoder final : public Decoder {
                 bytes += tok;
             }
         }
-        tokens.assign(1, repair_utf8(bytes));
+        tokens.assign(1, raw ? std::move(bytes) : repair_utf8(bytes));
     }
 };
 
 class ReplaceDecoder final : public Decoder {
   public:
     ReplaceDecoder(const json& j, const JsonPlace& at) : normalizer_(j, at) {}
-    void apply(std::vector<std::string>& tokens) const override {
+    void apply(std::vector<std::string>& tokens, bool /*raw*/) const override {
         for (auto& t : tokens)
             normalizer_.apply(t);
     }
@@ -710,18 +710,18 @@ class ReplaceDecoder final : public Decoder {
     ReplaceNormalizer normalizer_;
 };
 
-// Runs of <0xNN> tokens become their bytes when those are valid UTF-8, else one U+FFFD per
-// byte token (as the Rust crate does).
+// Runs of <0xNN> tokens become their bytes when those are valid UTF-8 (raw: always), else one
+// U+FFFD per byte token (as the Rust crate does).
 class ByteFallbackDecoder final : public Decoder {
   public:
-    void apply(std::vector<std::string>& tokens) const override {
+    void apply(std::vector<std::string>& tokens, bool raw) const override {
         std::vector<std::string> out;
         out.reserve(tokens.size());
         std::string bytes;
         std::size_t count = 0;
         const auto flush = [&] {
             if (count == 0) return;
-            if (is_valid_utf8(bytes)) {
+            if (raw || is_valid_utf8(bytes)) {
                 out.push_back(bytes);
             } else {
                 for (std::size_t k = 0; k < count; ++k)
@@ -760,7 +760,7 @@ class ByteFallbackDecoder final : public Decoder {
 
 class FuseDecoder final : public Decoder {
   public:
-    void apply(std::vector<std::string>& tokens) const override {
+    void apply(std::vector<std::string>& tokens, bool /*raw*/) const override {
         std::string all;
         for (const auto& t : tokens)
             all += t;
@@ -768,14 +768,16 @@ class FuseDecoder final : public Decoder {
     }
 };
 
-// Removes up to `start` leading and `stop` trailing `content` characters of every token.
+// Removes up to `start` leading and `stop` trailing `content` characters of every token (raw:
+// none; they are the text's edges, which a token in the middle of a text does not have).
 class StripDecoder final : public Decoder {
   public:
     StripDecoder(const json& j, const JsonPlace& at)
         : content_(string_field(j, at, "content")),
           start_(field(j, at, "start").get<std::size_t>()),
           stop_(field(j, at, "stop").get<std::size_t>()) {}
-    void apply(std::vector<std::string>& tokens) const override {
+    void apply(std::vector<std::string>& tokens, bool raw) const override {
+        if (raw) return;
         for (auto& t : tokens) {
             std::size_t b = 0, e = t.size();
             for (std::size_t k = 0; k < start_ && t.compare(b, content_.size(), content_) == 0 &&
@@ -795,11 +797,13 @@ class StripDecoder final : public Decoder {
     std::size_t start_, stop_;
 };
 
+// The replacement character back to spaces; the text's first space, which the pre-tokenizer
+// prepended, dropped (raw: kept, as a token in the middle of a text has it).
 class MetaspaceDecoder final : public Decoder {
   public:
     MetaspaceDecoder(const json& j, const JsonPlace& at)
         : replacement_(replacement_of(j, at)), scheme_(parse_prepend_scheme(j, at)) {}
-    void apply(std::vector<std::string>& tokens) const override {
+    void apply(std::vector<std::string>& tokens, bool raw) const override {
         for (std::size_t i = 0; i < tokens.size(); ++i) {
             std::string& t = tokens[i];
             std::string r;
@@ -810,7 +814,8 @@ class MetaspaceDecoder final : public Decoder {
                 p = q + replacement_.size();
             }
             r.append(t, p);
-            if (i == 0 && scheme_ != PrependScheme::Never && r.starts_with(' ')) r.erase(0, 1);
+            if (i == 0 && !raw && scheme_ != PrependScheme::Never && r.starts_with(' '))
+                r.erase(0, 1);
             t = std::move(r);
         }
     }

@@ -131,7 +131,9 @@ std::unique_ptr<PostProcessor> make_bos_eos_processor(std::optional<std::int32_t
 class Decoder {
   public:
     virtual ~Decoder() = default;
-    virtual void apply(std::vector<std::string>& tokens) const = 0;
+    // raw: the bytes the tokens stand for, invalid UTF-8 kept (Tokenizer::token_bytes); else
+    // text, as transformers decodes.
+    virtual void apply(std::vector<std::string>& tokens, bool raw) const = 0;
 };
 std::unique_ptr<Decoder> make_decoder(const nlohmann::json& j, const JsonPlace& at);
 

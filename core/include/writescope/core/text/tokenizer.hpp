@@ -67,6 +67,13 @@ class Tokenizer {
     // As transformers' decode. Throws std::out_of_range naming an unknown id.
     std::string decode(std::span<const std::int32_t> ids, bool skip_special_tokens = false) const;
 
+    // The bytes token `id` adds in the middle of a text: its decode on its own, but with
+    // invalid UTF-8 kept (a byte-level or byte-fallback token holding part of a character
+    // gives that part, not U+FFFD) and no edge of the text stripped (a SentencePiece word's
+    // leading space stays). What OpenAI's logprobs "bytes" carry: the bytes of a run of tokens
+    // joined are the text they decode to. Throws std::out_of_range for an unknown id.
+    std::string token_bytes(std::int32_t id) const;
+
     std::optional<std::int32_t> token_to_id(std::string_view token) const;
     // The token's string as the vocabulary holds it (byte-level or SentencePiece form).
     // Throws std::out_of_range for an unknown id.
