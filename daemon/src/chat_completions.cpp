@@ -145,6 +145,35 @@ HttpResponse json_ok(const json& body) {
     return r;
 }
 
+// The fields clients send by default that ask for nothing here pass (plain text, no tools);
+// what would ask for structured output or function calling is refused by name.
+void check_no_tools(const json& body) {
+    if (present(body, "response_format")) {
+        const json& f = body["response_format"];
+        if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
+            throw ApiError{400, "\"response_format\" must be an object with a \"type\""};
+        const std::string type = f["type"].get<std::string>();
+        if (type != "text")
+            throw ApiError{400, fmt::format("\"response_format\" type \"{}\" is not supported "
+                                            "(only \"text\": no structured output)",
+                                            type)};
+    }
+    if (present(body, "tools")) {
+        if (!body["tools"].is_array()) throw ApiError{400, "\"tools\" must be an array"};
+        if (!body["tools"].empty())
+            throw ApiError{400, "\"tools\" is not supported (no function calling): give none"};
+    }
+    if (present(body, "tool_choice")) {
+        const json& c = body["tool_choice"];
+        if (!c.is_string() || (c != "none" && c != "auto"))
+            throw ApiError{400,
+                           "\"tool_choice\" other than \"none\" or \"auto\" is not "
+                           "supported (no function calling)"};
+    }
+    if (present(body, "parallel_tool_calls") && !body["parallel_tool_calls"].is_boolean())
+        throw ApiError{400, "\"parallel_tool_calls\" must be a boolean"};
+}
+
 }  // namespace
 
 HttpResponse post_chat_completions(Service& service, const HttpRequest& req) {
@@ -175,8 +204,13 @@ HttpResponse post_chat_completions(Service& service, const HttpRequest& req) {
                           "presence_penalty",
                           "logit_bias",
                           "user",
-                          "return_token_ids"});
+                          "return_token_ids",
+                          "response_format",
+                          "tools",
+                          "tool_choice",
+                          "parallel_tool_calls"});
     check_model_field(body, v.model.name);
+    check_no_tools(body);
     const ModelText* text = service.text();
     const auto& tok = need_tokenizer(text, "POST /v1/chat/completions");
     Generation g;

@@ -167,6 +167,37 @@ TEST_CASE("text in, text out: the openai client and the tokenizer routes", "[int
         CHECK(entries[0]["top_logprobs"].size() == 2);
     }
 
+    SECTION("chat: the no-op forms of response_format and tools pass, the others are named") {
+        const json msgs = {{{"role", "user"}, {"content", "hi"}}};
+        const auto body = [&](json extra) {
+            extra["messages"] = msgs;
+            extra["max_tokens"] = 2;
+            return extra;
+        };
+        auto [ok, r] = d.post("/v1/chat/completions", body({{"response_format", {{"type", "text"}}},
+                                                            {"tools", json::array()},
+                                                            {"tool_choice", "none"},
+                                                            {"parallel_tool_calls", true}}));
+        CHECK(ok == 200);
+        CHECK(r["choices"][0]["message"]["content"].is_string());
+        const std::vector<std::pair<json, std::string>> refused = {
+            {{{"response_format", {{"type", "json_object"}}}}, "\"json_object\" is not supported"},
+            {{{"response_format", "text"}}, "must be an object"},
+            {{{"tools",
+               {{{"type", "function"},
+                 {"function", {{"name", "f"}, {"parameters", json::object()}}}}}}},
+             "\"tools\" is not supported"},
+            {{{"tool_choice", "required"}}, "\"tool_choice\" other than"},
+            {{{"parallel_tool_calls", 1}}, "must be a boolean"},
+        };
+        for (const auto& [extra, want] : refused) {
+            auto [code, e] = d.post("/v1/chat/completions", body(extra));
+            INFO(extra.dump() << " -> " << e.dump());
+            CHECK(code == 400);
+            CHECK_THAT(e["error"]["message"].get<std::string>(), Catch::Contains(want));
+        }
+    }
+
     SECTION("the openai npm client: chat and completions, streamed and not") {
         const auto node = node_path();
         if (node.empty()) {
