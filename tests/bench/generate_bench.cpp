@@ -796,8 +796,11 @@ std::string decode_aggregate(ModelSetup& s, const std::string& name, std::size_t
             "%zu, U %zu blocks), %.1f tok/s in all%s%s\n",
             s.m->config().num_layers, context, gib(s.vram), gib(s.placement.kv_g_bytes),
             gib(spill_budget), r.ok ? "" : "failed: ", held, held * context, r.in_g, r.in_p, r.in_u,
-            r.tok_s, r.refusal.empty() ? "" : "; the next refused: ",
-            r.refusal.empty() ? "" : r.refusal.c_str());
+            r.tok_s,
+            !r.ok               ? ""
+            : r.refusal.empty() ? "; every sequence asked for was admitted (the bound was low)"
+                                : "; the next refused: ",
+            r.refusal.c_str());
     else
         std::printf("  aggregate %zu x %zu tokens: %s\n", seqs, context,
                     r.ok ? "decoding" : r.error.c_str());
