@@ -2,6 +2,7 @@
 // as completions are), POST /v1/tokenize and POST /v1/detokenize (docs/api.md).
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -107,15 +108,67 @@ ordered_json messages_of(const ordered_json& body) {
     return out;
 }
 
+// The request's tools for the template, checked: an array of {"type": "function", "function":
+// {"name", "description", "parameters"}}, rendered (as apply_chat_template(tools=...) does)
+// when tool_choice is "auto" (the default) and the template takes them; "none" renders none.
+// "required" and a named function would need constrained decoding and are refused. Null: no
+// tools. read_calls: the completion's text is read for the calls the template asks for.
+std::optional<ordered_json> tools_of(const ordered_json& body, const ModelText& text,
+                                     bool& read_calls) {
+    read_calls = false;
+    std::string choice = "auto";
+    if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
+        const auto& c = body["tool_choice"];
+        if (!c.is_string() || (c != "none" && c != "auto"))
+            throw ApiError{400,
+                           "\"tool_choice\" other than \"none\" or \"auto\" is not "
+                           "supported (\"required\" and a named function need constrained "
+                           "decoding)"};
+        choice = c.get<std::string>();
+    }
+    if (body.contains("parallel_tool_calls") && !body["parallel_tool_calls"].is_null() &&
+        !body["parallel_tool_calls"].is_boolean())
+        throw ApiError{400, "\"parallel_tool_calls\" must be a boolean"};
+    if (!body.contains("tools") || body["tools"].is_null()) return std::nullopt;
+    const auto& tools = body["tools"];
+    if (!tools.is_array()) throw ApiError{400, "\"tools\" must be an array"};
+    if (tools.size() > 128)
+        throw ApiError{400, fmt::format("\"tools\" holds {} tools; at most 128", tools.size())};
+    for (std::size_t i = 0; i < tools.size(); ++i) {
+        const auto& t = tools[i];
+        if (!t.is_object() || !t.contains("type") || t["type"] != "function")
+            throw ApiError{400,
+                           fmt::format("tools[{}] must be {{\"type\": \"function\", ...}}", i)};
+        if (!t.contains("function") || !t["function"].is_object() ||
+            !t["function"].contains("name") || !t["function"]["name"].is_string() ||
+            t["function"]["name"].get<std::string>().empty())
+            throw ApiError{400,
+                           fmt::format("tools[{}].function.name must be a non-empty string", i)};
+    }
+    if (tools.empty() || choice == "none") return std::nullopt;
+    if (!text.template_takes_tools)
+        throw ApiError{400, "\"tools\": this model's chat template takes no tools"};
+    if (text.tool_format == ToolFormat::none)
+        throw ApiError{400,
+                       "\"tools\": this model's chat template asks for tool calls in a "
+                       "format this server does not read (it reads Hermes <tool_call> "
+                       "blocks, as Qwen's templates ask for)"};
+    read_calls = true;
+    return tools;
+}
+
 // The rendered prompt of a chat request's messages, as transformers' apply_chat_template gives
 // it: add_generation_prompt (default true), bos_token and eos_token from the tokenizer's
 // configuration, and chat_template_kwargs as more variables.
-std::string render_chat(const ModelText& text, const json& body) {
+std::string render_chat(const ModelText& text, const json& body, bool* read_calls = nullptr) {
     if (!text.chat_template)
         throw ApiError{400, fmt::format("this model serves no chat: {}", text.chat_problem)};
     const auto ordered = ordered_json::parse(body.dump());
     ordered_json ctx = ordered_json::object();
     ctx["messages"] = messages_of(ordered);
+    bool reads = false;
+    if (auto tools = tools_of(ordered, text, reads)) ctx["tools"] = std::move(*tools);
+    if (read_calls) *read_calls = reads;
     ctx["add_generation_prompt"] = bool_of(body, "add_generation_prompt", true);
     const auto& tc = text.tokenizer->config();
     ctx["bos_token"] = tc.bos_token;
@@ -145,33 +198,17 @@ HttpResponse json_ok(const json& body) {
     return r;
 }
 
-// The fields clients send by default that ask for nothing here pass (plain text, no tools);
-// what would ask for structured output or function calling is refused by name.
-void check_no_tools(const json& body) {
-    if (present(body, "response_format")) {
-        const json& f = body["response_format"];
-        if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
-            throw ApiError{400, "\"response_format\" must be an object with a \"type\""};
-        const std::string type = f["type"].get<std::string>();
-        if (type != "text")
-            throw ApiError{400, fmt::format("\"response_format\" type \"{}\" is not supported "
-                                            "(only \"text\": no structured output)",
-                                            type)};
-    }
-    if (present(body, "tools")) {
-        if (!body["tools"].is_array()) throw ApiError{400, "\"tools\" must be an array"};
-        if (!body["tools"].empty())
-            throw ApiError{400, "\"tools\" is not supported (no function calling): give none"};
-    }
-    if (present(body, "tool_choice")) {
-        const json& c = body["tool_choice"];
-        if (!c.is_string() || (c != "none" && c != "auto"))
-            throw ApiError{400,
-                           "\"tool_choice\" other than \"none\" or \"auto\" is not "
-                           "supported (no function calling)"};
-    }
-    if (present(body, "parallel_tool_calls") && !body["parallel_tool_calls"].is_boolean())
-        throw ApiError{400, "\"parallel_tool_calls\" must be a boolean"};
+// response_format: plain text only ({"type": "text"}, what clients send by default).
+void check_response_format(const json& body) {
+    if (!present(body, "response_format")) return;
+    const json& f = body["response_format"];
+    if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
+        throw ApiError{400, "\"response_format\" must be an object with a \"type\""};
+    const std::string type = f["type"].get<std::string>();
+    if (type != "text")
+        throw ApiError{400, fmt::format("\"response_format\" type \"{}\" is not supported "
+                                        "(only \"text\": no structured output)",
+                                        type)};
 }
 
 }  // namespace
@@ -210,14 +247,14 @@ HttpResponse post_chat_completions(Service& service, const HttpRequest& req) {
                           "tool_choice",
                           "parallel_tool_calls"});
     check_model_field(body, v.model.name);
-    check_no_tools(body);
+    check_response_format(body);
     const ModelText* text = service.text();
     const auto& tok = need_tokenizer(text, "POST /v1/chat/completions");
     Generation g;
     g.shape = Generation::Shape::chat;
     g.return_token_ids = false;
     // As apply_chat_template(tokenize=True): the template writes the special tokens it wants.
-    g.request.prompt = tok.encode(render_chat(*text, body), false);
+    g.request.prompt = tok.encode(render_chat(*text, body, &g.read_tool_calls), false);
     std::optional<std::int64_t> max_tokens;
     for (const char* name : {"max_tokens", "max_completion_tokens"}) {
         if (!present(body, name)) continue;
@@ -254,8 +291,9 @@ HttpResponse post_tokenize(Service& service, const HttpRequest& req) {
     const ServiceView v = service.view();
     if (!v.model.loaded) throw ApiError{503, "no model is loaded"};
     const json body = parse_json_body(req);
-    reject_unknown(body, {"model", "prompt", "messages", "add_special_tokens",
-                          "add_generation_prompt", "chat_template_kwargs", "return_token_strs"});
+    reject_unknown(body,
+                   {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt",
+                    "chat_template_kwargs", "return_token_strs", "tools", "tool_choice"});
     check_model_field(body, v.model.name);
     const ModelText* text = service.text();
     const auto& tok = need_tokenizer(text, "POST /v1/tokenize");
@@ -264,10 +302,11 @@ HttpResponse post_tokenize(Service& service, const HttpRequest& req) {
         throw ApiError{400, "give one of \"prompt\" (a string) and \"messages\""};
     if (body.contains("prompt")) {
         if (!body["prompt"].is_string()) throw ApiError{400, "\"prompt\" must be a string"};
-        if (body.contains("add_generation_prompt") || body.contains("chat_template_kwargs"))
+        if (body.contains("add_generation_prompt") || body.contains("chat_template_kwargs") ||
+            body.contains("tools") || body.contains("tool_choice"))
             throw ApiError{400,
-                           "\"add_generation_prompt\" and \"chat_template_kwargs\" go with "
-                           "\"messages\""};
+                           "\"add_generation_prompt\", \"chat_template_kwargs\", \"tools\" and "
+                           "\"tool_choice\" go with \"messages\""};
         ids = tok.encode(body["prompt"].get<std::string>(),
                          bool_of(body, "add_special_tokens", true));
     } else {

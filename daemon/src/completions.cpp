@@ -14,6 +14,7 @@
 
 #include "model_text.hpp"
 #include "service.hpp"
+#include "tool_calls.hpp"
 #include "writescope/core/model/scheduler.hpp"
 
 namespace writescope::daemon {
@@ -222,6 +223,20 @@ std::string completion_id(Generation::Shape shape) {
 }
 
 // Where the first of `stops` occurs in text at or after `from` (npos: none).
+// OpenAI's tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}], with
+// "index" (from `first`) in a streamed delta.
+json tool_calls_json(const std::vector<ToolCall>& calls, bool indexed, std::size_t first = 0) {
+    json list = json::array();
+    for (std::size_t k = 0; k < calls.size(); ++k) {
+        json one = {{"id", calls[k].id},
+                    {"type", "function"},
+                    {"function", {{"name", calls[k].name}, {"arguments", calls[k].arguments}}}};
+        if (indexed) one["index"] = first + k;
+        list.push_back(std::move(one));
+    }
+    return list;
+}
+
 std::size_t find_stop(const std::string& text, std::size_t from,
                       const std::vector<std::string>& stops) {
     std::size_t best = std::string::npos;
@@ -261,9 +276,11 @@ struct Completion {
         std::string text;      // the detokenised completion so far (cut at a stop string)
         std::size_t sent = 0;  // bytes of text already written (streamed)
         std::vector<std::int32_t> tokens;
-        Logprobs logprobs;                   // completions
-        json chat_logprobs = json::array();  // chat: logprobs.content
-        bool started = false;                // its first chunk went out (streamed)
+        Logprobs logprobs;                          // completions
+        json chat_logprobs = json::array();         // chat: logprobs.content
+        std::optional<ToolCallReader> tool_reader;  // chat with tools, streamed
+        std::size_t tool_calls_sent = 0;            // delta.tool_calls indices given out
+        bool started = false;                       // its first chunk went out (streamed)
         bool ended = false;
         std::string finish_reason;
         json stop_reason = nullptr;  // the stop string or token that ended it (vLLM)
@@ -423,13 +440,20 @@ struct Completion {
         }
         if (!req.stream) return;
         if (chat()) {
-            if (ready.empty() && lp.is_null()) return;
-            json ch = {{"index", i},
-                       {"delta", {{"content", ready}}},
-                       {"logprobs", std::move(lp)},
-                       {"finish_reason", nullptr}};
-            if (req.return_token_ids) ch["token_ids"] = json::array({t.token});
-            sse(envelope(json::array({std::move(ch)})));
+            ToolCallReader::Out o;
+            if (c.tool_reader)
+                o = c.tool_reader->push(ready);
+            else
+                o.content = ready;
+            if (!o.content.empty() || !lp.is_null()) {
+                json ch = {{"index", i},
+                           {"delta", {{"content", std::move(o.content)}}},
+                           {"logprobs", std::move(lp)},
+                           {"finish_reason", nullptr}};
+                if (req.return_token_ids) ch["token_ids"] = json::array({t.token});
+                sse(envelope(json::array({std::move(ch)})));
+            }
+            send_tool_calls(i, c, o.calls);
         } else {
             sse(envelope(json::array({{{"index", i},
                                        {"text", ready},
@@ -437,6 +461,17 @@ struct Completion {
                                        {"logprobs", std::move(lp)},
                                        {"finish_reason", nullptr}}})));
         }
+    }
+
+    // Each call a delta of its own, whole (OpenAI's clients join a call's arguments by index).
+    void send_tool_calls(std::size_t i, Choice& c, const std::vector<ToolCall>& calls) {
+        if (calls.empty()) return;
+        json list = tool_calls_json(calls, true, c.tool_calls_sent);
+        c.tool_calls_sent += calls.size();
+        sse(envelope(json::array({{{"index", i},
+                                   {"delta", {{"tool_calls", std::move(list)}}},
+                                   {"logprobs", nullptr},
+                                   {"finish_reason", nullptr}}})));
     }
 
     void end_choice(std::size_t i, Choice& c) {
@@ -448,16 +483,29 @@ struct Completion {
         ++ended;
         if (req.stream) {
             if (chat()) {
-                if (!rest.empty())
+                ToolCallReader::Out o;
+                if (c.tool_reader) {
+                    o = c.tool_reader->push(rest);
+                    ToolCallReader::Out last = c.tool_reader->finish();
+                    o.content += last.content;
+                    for (auto& call : last.calls)
+                        o.calls.push_back(std::move(call));
+                } else {
+                    o.content = std::move(rest);
+                }
+                if (!o.content.empty())
                     sse(envelope(json::array({{{"index", i},
-                                               {"delta", {{"content", rest}}},
+                                               {"delta", {{"content", std::move(o.content)}}},
                                                {"logprobs", nullptr},
                                                {"finish_reason", nullptr}}})));
-                sse(envelope(json::array({{{"index", i},
-                                           {"delta", json::object()},
-                                           {"logprobs", nullptr},
-                                           {"finish_reason", c.finish_reason},
-                                           {"stop_reason", c.stop_reason}}})));
+                send_tool_calls(i, c, o.calls);
+                const bool called = c.tool_reader && c.tool_reader->any_call();
+                sse(envelope(
+                    json::array({{{"index", i},
+                                  {"delta", json::object()},
+                                  {"logprobs", nullptr},
+                                  {"finish_reason", called ? "tool_calls" : c.finish_reason},
+                                  {"stop_reason", c.stop_reason}}})));
             } else {
                 sse(envelope(json::array({{{"index", i},
                                            {"text", rest},
@@ -493,8 +541,19 @@ struct Completion {
         for (std::size_t i = 0; i < choices.size(); ++i) {
             const auto& c = choices[i];
             json ch = {{"index", i}};
+            std::string finish = c.finish_reason;
             if (chat()) {
                 ch["message"] = {{"role", "assistant"}, {"content", c.text}};
+                if (req.read_tool_calls) {
+                    ToolCallReader::Out o = read_tool_calls(c.text);
+                    if (!o.calls.empty()) {
+                        // No text besides the calls: content null, as OpenAI writes it.
+                        ch["message"]["content"] =
+                            o.content.empty() ? json(nullptr) : json(std::move(o.content));
+                        ch["message"]["tool_calls"] = tool_calls_json(o.calls, false);
+                        finish = "tool_calls";
+                    }
+                }
                 ch["logprobs"] =
                     req.logprobs >= 0 ? json{{"content", c.chat_logprobs}} : json(nullptr);
                 if (req.return_token_ids) ch["token_ids"] = c.tokens;
@@ -503,7 +562,7 @@ struct Completion {
                 ch["token_ids"] = c.tokens;
                 ch["logprobs"] = req.logprobs >= 0 ? c.logprobs.to_json() : json(nullptr);
             }
-            ch["finish_reason"] = c.finish_reason;
+            ch["finish_reason"] = finish;
             ch["stop_reason"] = c.stop_reason;
             list.push_back(std::move(ch));
         }
@@ -692,6 +751,7 @@ HttpResponse submit_generation(Service& service, const ServiceView& v, Generatio
             auto& ch = c->choices[k * n + j];
             ch.echo = echo;
             if (c->tok) ch.decoder.emplace(*c->tok, true);
+            if (c->req.read_tool_calls && c->req.stream) ch.tool_reader.emplace();
         }
     }
     // Weak: the stream outlives the request in the server, and must not keep it alive.

@@ -54,6 +54,10 @@ struct Generation {
     std::vector<std::vector<std::int32_t>> more_prompts;
     std::vector<std::string> more_echo;
     bool return_token_ids = true;
+    // Chat with tools: each choice's text is read for tool calls (tool_calls.hpp), taken out
+    // of its content into message.tool_calls (streamed: delta.tool_calls), finish_reason
+    // "tool_calls" when it made any.
+    bool read_tool_calls = false;
 };
 
 // The body as a JSON object (400 on malformed JSON or another type).

@@ -30,6 +30,8 @@ ModelText load_model_text(const std::filesystem::path& dir) {
     }
     try {
         t.chat_template = text::ChatTemplate::compile(source, config_file);
+        t.template_takes_tools = source.find("tools") != std::string::npos;
+        t.tool_format = tool_format_of(source);
     } catch (const text::ChatTemplateError& e) {
         t.chat_problem = fmt::format("the chat template does not compile: {}", e.what());
     }

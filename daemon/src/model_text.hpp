@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "tool_calls.hpp"
 #include "writescope/core/text/chat_template.hpp"
 #include "writescope/core/text/tokenizer.hpp"
 
@@ -21,6 +22,10 @@ struct ModelText {
     // tokenizer_config.json, or one that did not compile: the model serves without chat).
     std::optional<text::ChatTemplate> chat_template;
     std::string chat_problem;
+    // Whether the template renders the request's "tools", and the format of the calls it asks
+    // the model to write (read back into message.tool_calls).
+    bool template_takes_tools = false;
+    ToolFormat tool_format = ToolFormat::none;
 };
 
 // Loads dir/tokenizer.json (and tokenizer_config.json beside it) when it exists and compiles

