@@ -493,9 +493,46 @@ HttpResponse get_models_route(Service& s, const HttpRequest&, const Target&) {
     return json_response(200, models_json(s.view()));
 }
 
+// A path segment with its %XX escapes decoded (a model id may hold "/", sent as %2F or not).
+std::string percent_decoded(std::string_view s) {
+    const auto hex = [](char c) {
+        return c >= '0' && c <= '9'   ? c - '0'
+               : c >= 'a' && c <= 'f' ? c - 'a' + 10
+               : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                      : -1;
+    };
+    std::string out;
+    for (std::size_t i = 0; i < s.size(); ++i) {
+        if (s[i] == '%' && i + 2 < s.size() && hex(s[i + 1]) >= 0 && hex(s[i + 2]) >= 0) {
+            out += static_cast<char>(hex(s[i + 1]) * 16 + hex(s[i + 2]));
+            i += 2;
+        } else {
+            out += s[i];
+        }
+    }
+    return out;
+}
+
+constexpr std::string_view kModelsPrefix = "/v1/models/";
+
+// GET /v1/models/{id}: the served model's object, as in the list, when id names it.
+HttpResponse get_model_route(Service& s, const HttpRequest&, const Target& t) {
+    const std::string id = percent_decoded(std::string_view(t.path).substr(kModelsPrefix.size()));
+    const ServiceView v = s.view();
+    if (!v.model.loaded) throw ApiError{404, fmt::format("no model {}: none is loaded", id)};
+    if (id != v.model.name)
+        throw ApiError{404, fmt::format("no model {}: this daemon serves {}", id, v.model.name)};
+    return json_response(200, model_json(v));
+}
+
+// A route's path; prefix: every path that begins with it and goes on (one route per id).
 struct Route {
     std::string_view path;
     std::vector<std::pair<std::string_view, Handler>> methods;
+    bool prefix = false;
+    bool matches(std::string_view p) const {
+        return prefix ? p.size() > path.size() && p.starts_with(path) : p == path;
+    }
 };
 
 const std::vector<Route>& routes() {
@@ -511,6 +548,7 @@ const std::vector<Route>& routes() {
         {"/v1/tokenize", {{"POST", post_tokenize_route}}},
         {"/v1/detokenize", {{"POST", post_detokenize_route}}},
         {"/v1/models", {{"GET", get_models_route}}},
+        {kModelsPrefix, {{"GET", get_model_route}}, true},
     };
     return table;
 }
@@ -587,7 +625,7 @@ Routing route(const Service& service, std::string_view method, const Target& tar
               const std::optional<PeerCredentials>& peer) {
     Routing r;
     const auto it = std::find_if(routes().begin(), routes().end(),
-                                 [&](const Route& x) { return x.path == target.path; });
+                                 [&](const Route& x) { return x.matches(target.path); });
     if (it == routes().end()) {
         r.answer = error_response(404, fmt::format("no route {} {}", method, target.path));
         return r;

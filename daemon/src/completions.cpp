@@ -849,21 +849,24 @@ HttpResponse post_completions(Service& service, const HttpRequest& req) {
     return submit_generation(service, v, std::move(g));
 }
 
+json model_json(const ServiceView& v) {
+    const auto& m = v.model;
+    return {{"id", m.name},
+            {"object", "model"},
+            {"created", v.started_at_ms / 1000},
+            {"owned_by", "writescope"},
+            {"root", m.name},
+            {"parent", nullptr},
+            {"max_model_len", m.max_model_len},
+            {"description", m.description},
+            {"tokenizer", m.tokenizer},
+            {"chat_template", m.chat_template},
+            {"chat_problem", m.chat_template ? json(nullptr) : json(m.chat_problem)}};
+}
+
 json models_json(const ServiceView& v) {
     auto data = json::array();
-    const auto& m = v.model;
-    if (m.loaded)
-        data.push_back({{"id", m.name},
-                        {"object", "model"},
-                        {"created", v.started_at_ms / 1000},
-                        {"owned_by", "writescope"},
-                        {"root", m.name},
-                        {"parent", nullptr},
-                        {"max_model_len", m.max_model_len},
-                        {"description", m.description},
-                        {"tokenizer", m.tokenizer},
-                        {"chat_template", m.chat_template},
-                        {"chat_problem", m.chat_template ? json(nullptr) : json(m.chat_problem)}});
+    if (v.model.loaded) data.push_back(model_json(v));
     return {{"object", "list"}, {"data", std::move(data)}};
 }
 

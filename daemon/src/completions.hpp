@@ -30,6 +30,8 @@ HttpResponse post_tokenize(Service& service, const HttpRequest& req);
 HttpResponse post_detokenize(Service& service, const HttpRequest& req);
 
 nlohmann::json models_json(const ServiceView& v);
+// One loaded model's object (an entry of models_json; GET /v1/models/{id}).
+nlohmann::json model_json(const ServiceView& v);
 // /v1/status: "model" (what was loaded) and "scheduler" (queues, counters, latencies).
 nlohmann::json served_model_json(const ServiceView& v);
 nlohmann::json scheduler_json(const ServiceView& v);

@@ -142,6 +142,24 @@ TEST_CASE("text in, text out: the openai client and the tokenizer routes", "[int
         CHECK_THAT(bad["error"]["message"].get<std::string>(), Catch::Contains("tokens[1]"));
     }
 
+    SECTION("GET /v1/models/{id}: the served model, and 404 naming it for another") {
+        const auto one = http_request(d.socket(), "GET", "/v1/models/qwen3-moe-tiny-chat", {}, 10s);
+        REQUIRE(one.status == 200);
+        const json m = json::parse(one.body);
+        CHECK(m["id"] == "qwen3-moe-tiny-chat");
+        CHECK(m["object"] == "model");
+        CHECK(m ==
+              json::parse(http_request(d.socket(), "GET", "/v1/models", {}, 10s).body)["data"][0]);
+        const auto other = http_request(d.socket(), "GET", "/v1/models/org%2Fother", {}, 10s);
+        CHECK(other.status == 404);
+        CHECK_THAT(other.body,
+                   Catch::Contains("no model org/other: this daemon serves qwen3-moe-tiny-chat"));
+        CHECK(http_request(d.socket(), "GET", "/v1/models/", {}, 10s).status == 404);
+        CHECK(
+            http_request(d.socket(), "POST", "/v1/models/qwen3-moe-tiny-chat", "{}", 10s).status ==
+            405);
+    }
+
     SECTION("chat logprobs: each token's bytes, joined, are the message") {
         auto [st, c] = d.post("/v1/chat/completions",
                               {{"messages", {{{"role", "user"}, {"content", "héllo 世界"}}}},

@@ -110,6 +110,7 @@ const model = models.data[0];
 check("models.list serves one model with a tokenizer and a chat template",
       models.data.length === 1 && model.tokenizer === true && model.chat_template === true,
       JSON.stringify(models.data));
+checkEqual("models.retrieve gives the listed model", await client.models.retrieve(model.id), model);
 
 const texts = ["The quick brown fox jumps over the lazy dog.", "Hello there, how are you?\n\n  ok",
                "héllo 世界 🙂 <|im_start|>user\nhi<|im_end|>", "", "  leading spaces and 1234567"];
