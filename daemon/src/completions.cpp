@@ -108,7 +108,8 @@ std::vector<std::int32_t> one_prompt(const json& one, const ModelText* text, std
 // The prompts: a string or an array of token ids (one prompt), or an array of strings or of
 // token-id arrays (one prompt each, as OpenAI takes them). texts gets each one's text.
 std::vector<std::vector<std::int32_t>> prompts_of(const json& body, const ModelText* text,
-                                                  std::vector<std::string>& texts) {
+                                                  std::vector<std::string>& texts,
+                                                  std::vector<std::uint8_t>& is_text) {
     if (!body.contains("prompt"))
         throw ApiError{400, "\"prompt\" is required: a string or an array of token ids"};
     const auto& p = body.at("prompt");
@@ -118,7 +119,9 @@ std::vector<std::vector<std::int32_t>> prompts_of(const json& body, const ModelT
             throw ApiError{
                 400, fmt::format("\"prompt\" holds {} prompts; at most {}", p.size(), kMaxChoices)};
         texts.resize(p.size());
+        is_text.assign(p.size(), 0);
         for (std::size_t i = 0; i < p.size(); ++i) {
+            is_text[i] = p[i].is_string();
             const std::string what = fmt::format("prompt[{}]", i);
             if (!p[i].is_string() && !p[i].is_array())
                 throw ApiError{400, fmt::format("{} must be a string or an array of token ids "
@@ -129,6 +132,7 @@ std::vector<std::vector<std::int32_t>> prompts_of(const json& body, const ModelT
         return out;
     }
     texts.resize(1);
+    is_text.assign(1, p.is_string());
     out.push_back(one_prompt(p, text, &texts[0], "prompt", "\"prompt\""));
     return out;
 }
@@ -183,6 +187,26 @@ struct Logprobs {
                 top[token_name(tok, x.token)] = logprob_value(x.logprob);
         top_logprobs.push_back(n > 0 ? top : json(nullptr));
         text_offset.push_back(offset);
+    }
+    // The prompt's tokens scored (RequestEvent::prompt_logprobs), at their offsets in the text
+    // they decode to: the first has nothing before it, so null logprobs (as OpenAI writes it).
+    // skip_special: the echo is the text given (its encoding's BOS is not in it).
+    void add_prompt(const text::Tokenizer* tok, const std::vector<model::SampledToken>& scored,
+                    int n, bool skip_special) {
+        std::optional<text::StreamDecoder> dec;
+        if (tok) dec.emplace(*tok, skip_special);
+        std::size_t offset = 0;
+        for (std::size_t k = 0; k < scored.size(); ++k) {
+            if (k == 0) {
+                tokens.push_back(token_name(tok, scored[0].token));
+                token_logprobs.push_back(nullptr);
+                top_logprobs.push_back(nullptr);
+                text_offset.push_back(offset);
+            } else {
+                add(tok, scored[k], n, offset);
+            }
+            if (dec) offset += dec->push(scored[k].token).size();
+        }
     }
     json to_json() const {
         return {{"tokens", tokens},
@@ -272,6 +296,8 @@ struct Completion {
         std::uint64_t request_id = 0;  // 0: not known yet (submit has not returned)
         bool cancel_when_known = false;
         const std::string* echo = nullptr;  // its prompt's text, written first (echo)
+        bool echo_waits = false;    // streamed echo with logprobs: written with the prompt's scores
+        bool echo_is_text = false;  // the echo is the text given (not the ids' decode)
         std::optional<text::StreamDecoder> decoder;
         std::string text;      // the detokenised completion so far (cut at a stop string)
         std::size_t sent = 0;  // bytes of text already written (streamed)
@@ -377,6 +403,7 @@ struct Completion {
                 if (req.stream) stream_admitted(i, c);
                 break;
             case RequestEvent::Kind::token:
+                if (!e.prompt_logprobs.empty()) on_prompt_scores(i, c, e.prompt_logprobs);
                 on_token(i, c, e.token);
                 if (c.ended) end_choice(i, c);
                 break;
@@ -412,12 +439,32 @@ struct Completion {
                                        {"delta", {{"role", "assistant"}, {"content", ""}}},
                                        {"logprobs", nullptr},
                                        {"finish_reason", nullptr}}})));
+        } else if (c.echo && req.logprobs >= 0) {
+            c.echo_waits = true;  // with the prompt's scores, which come with the first token
         } else if (c.echo) {
             sse(envelope(json::array({{{"index", i},
                                        {"text", *c.echo},
                                        {"logprobs", nullptr},
                                        {"finish_reason", nullptr}}})));
         }
+    }
+
+    // echo with logprobs: the prompt's tokens lead the choice's logprobs (streamed: the echo
+    // chunk carries them).
+    void on_prompt_scores(std::size_t i, Choice& c, const std::vector<model::SampledToken>& s) {
+        if (chat() || !c.echo || req.logprobs < 0) return;
+        if (!req.stream) {
+            c.logprobs.add_prompt(tok, s, req.logprobs, c.echo_is_text);
+            return;
+        }
+        Logprobs prompt;
+        prompt.add_prompt(tok, s, req.logprobs, c.echo_is_text);
+        if (!c.echo_waits) return;
+        c.echo_waits = false;
+        sse(envelope(json::array({{{"index", i},
+                                   {"text", *c.echo},
+                                   {"logprobs", prompt.to_json()},
+                                   {"finish_reason", nullptr}}})));
     }
 
     void on_token(std::size_t i, Choice& c, const model::SampledToken& t) {
@@ -750,6 +797,7 @@ HttpResponse submit_generation(Service& service, const ServiceView& v, Generatio
         for (std::size_t j = 0; j < n; ++j) {
             auto& ch = c->choices[k * n + j];
             ch.echo = echo;
+            ch.echo_is_text = k < c->req.text_prompts.size() && c->req.text_prompts[k];
             if (c->tok) ch.decoder.emplace(*c->tok, true);
             if (c->req.read_tool_calls && c->req.stream) ch.tool_reader.emplace();
         }
@@ -812,7 +860,8 @@ HttpResponse post_completions(Service& service, const HttpRequest& req) {
     Generation g;
     g.shape = Generation::Shape::completion;
     std::vector<std::string> prompt_texts;
-    std::vector<std::vector<std::int32_t>> prompts = prompts_of(body, text, prompt_texts);
+    std::vector<std::vector<std::int32_t>> prompts =
+        prompts_of(body, text, prompt_texts, g.text_prompts);
     g.request.prompt = std::move(prompts.front());
     g.more_prompts.assign(std::make_move_iterator(prompts.begin() + 1),
                           std::make_move_iterator(prompts.end()));
@@ -836,10 +885,9 @@ HttpResponse post_completions(Service& service, const HttpRequest& req) {
         if (body["echo"].get<bool>()) {
             if (!text || !text->tokenizer)
                 throw ApiError{400, "\"echo\" needs a tokenizer: no tokenizer loaded"};
-            if (g.logprobs >= 0)
-                throw ApiError{400,
-                               "\"echo\" with \"logprobs\" needs the prompt's logprobs, "
-                               "which are not computed"};
+            // With logprobs, the prompt's tokens are scored too (lm-eval-harness reads a
+            // continuation's likelihood so).
+            if (g.logprobs >= 0) g.request.prompt_logprobs = g.logprobs;
             g.echo = prompt_texts.front();
             g.more_echo.assign(prompt_texts.begin() + 1, prompt_texts.end());
         }

@@ -55,6 +55,9 @@ struct Generation {
     // of every prompt draws with seed + j) and, with echo, its text in more_echo.
     std::vector<std::vector<std::int32_t>> more_prompts;
     std::vector<std::string> more_echo;
+    // Per prompt (request.prompt first): given as text, so that its echo is that text and the
+    // special tokens the encoding added (a BOS) take no room in it.
+    std::vector<std::uint8_t> text_prompts;
     bool return_token_ids = true;
     // Chat with tools: each choice's text is read for tool calls (tool_calls.hpp), taken out
     // of its content into message.tool_calls (streamed: delta.tool_calls), finish_reason

@@ -11,6 +11,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,7 @@
 
 #include "daemon_process.hpp"
 #include "http_client.hpp"
+#include "npy.hpp"
 #include "temp_dir.hpp"
 #include "writescope/core/text/tokenizer.hpp"
 
@@ -404,4 +407,86 @@ TEST_CASE("chat with tools on a template that takes none is refused by name", "[
                                         {"tool_choice", "none"},
                                         {"max_tokens", 2}});
     CHECK(ok == 200);
+}
+
+TEST_CASE("echo with logprobs scores every prompt token as transformers does", "[integration]") {
+    // What lm-eval-harness asks of a completions server for a likelihood: several prompts of
+    // ids, echo, logprobs 1, max_tokens 1. The tiny chat model has qwen3-moe-tiny's weights,
+    // whose every position's logits transformers wrote (tests/data/models/qwen3-moe-tiny).
+    TempDir dir;
+    TextDaemon d(dir, "qwen3-moe-tiny-chat");
+    const auto ref_dir = model_dir("qwen3-moe-tiny");
+    const json ref = json::parse(read_text(ref_dir / "reference.json"));
+    const json& p = ref["prompts"][0];
+    const auto ids = p["ids"].get<std::vector<std::int32_t>>();
+    const auto greedy = p["greedy"].get<std::vector<std::int32_t>>();
+    const writescope::test::Npy logits =
+        writescope::test::read_npy(ref_dir / p["logits"].get<std::string>());
+    const std::size_t V = logits.shape[1];
+    // transformers' logprob of token t after position r (fp64 log-softmax of its logits).
+    const auto ref_logprob = [&](std::size_t r, std::int32_t t) {
+        double m = -INFINITY, sum = 0;
+        for (std::size_t v = 0; v < V; ++v)
+            m = std::max(m, static_cast<double>(logits.at(r, v)));
+        for (std::size_t v = 0; v < V; ++v)
+            sum += std::exp(static_cast<double>(logits.at(r, v)) - m);
+        return static_cast<double>(logits.at(r, static_cast<std::size_t>(t))) - m - std::log(sum);
+    };
+    std::vector<std::int32_t> full = ids;  // the prompt and four of its greedy tokens, forced
+    full.insert(full.end(), greedy.begin(), greedy.begin() + 4);
+    const std::vector<std::int32_t> part(ids.begin(), ids.begin() + 30);
+    for (const bool stream : {false, true}) {
+        INFO("stream " << stream);
+        json body = {{"prompt", {full, part}}, {"max_tokens", 1}, {"temperature", 0},
+                     {"echo", true},           {"logprobs", 1},   {"stream", stream}};
+        std::vector<json> per(
+            2, json{{"token_logprobs", json::array()}, {"top_logprobs", json::array()}});
+        if (!stream) {
+            auto [st, j] = d.post("/v1/completions", body);
+            REQUIRE(st == 200);
+            REQUIRE(j["choices"].size() == 2);
+            for (std::size_t c = 0; c < 2; ++c)
+                per[c] = j["choices"][c]["logprobs"];
+        } else {
+            const auto r = http_request(d.socket(), "POST", "/v1/completions", body.dump(), 60s);
+            REQUIRE(r.status == 200);
+            std::size_t at = 0;
+            while ((at = r.body.find("data: {", at)) != std::string::npos) {
+                const auto end = r.body.find("\n\n", at);
+                const json chunk = json::parse(r.body.substr(at + 6, end - at - 6));
+                at = end;
+                for (const auto& ch : chunk["choices"]) {
+                    if (ch["logprobs"].is_null()) continue;
+                    auto& dst = per[ch["index"].get<std::size_t>()];
+                    for (const auto& x : ch["logprobs"]["token_logprobs"])
+                        dst["token_logprobs"].push_back(x);
+                    for (const auto& x : ch["logprobs"]["top_logprobs"])
+                        dst["top_logprobs"].push_back(x);
+                }
+            }
+        }
+        for (std::size_t c = 0; c < 2; ++c) {
+            const auto& prompt = c == 0 ? full : part;
+            const json& lp = per[c]["token_logprobs"];
+            INFO("prompt " << c);
+            REQUIRE(lp.size() == prompt.size() + 1);  // the prompt's tokens, then the one generated
+            CHECK(lp[0].is_null());
+            CHECK(per[c]["top_logprobs"][0].is_null());
+            double worst = 0;
+            for (std::size_t k = 1; k < prompt.size(); ++k) {
+                worst =
+                    std::max(worst, std::abs(lp[k].get<double>() - ref_logprob(k - 1, prompt[k])));
+                CHECK(per[c]["top_logprobs"][k].size() == 1);
+            }
+            // The generated token follows the whole prompt: for `full`, greedy[4].
+            worst = std::max(worst, std::abs(lp[prompt.size()].get<double>() -
+                                             (c == 0 ? ref_logprob(full.size() - 1, greedy[4])
+                                                     : lp[prompt.size()].get<double>())));
+            std::fprintf(stderr,
+                         "echo logprobs (%s), prompt of %zu: worst |logprob - transformers'| "
+                         "%.3g\n",
+                         stream ? "streamed" : "whole", prompt.size(), worst);
+            CHECK(worst < 1e-3);
+        }
+    }
 }

@@ -88,7 +88,21 @@ void Sampler::sample(std::span<const float> logits, SampledToken& out) {
                                     " logits for a vocabulary of " + std::to_string(vocab_));
     const Scan s = scan(logits);
     out.token = greedy_ ? s.argmax : draw(logits, s);
-    fill_logprobs(logits, s, out);
+    fill_logprobs(logits, s, out, params_.logprobs);
+}
+
+void Sampler::score(std::span<const float> logits, std::int32_t token, int top, SampledToken& out) {
+    if (logits.size() != vocab_)
+        throw std::invalid_argument("sampler: " + std::to_string(logits.size()) +
+                                    " logits for a vocabulary of " + std::to_string(vocab_));
+    if (token < 0 || static_cast<std::size_t>(token) >= vocab_)
+        throw std::invalid_argument("sampler: token " + std::to_string(token) +
+                                    " is not in the vocabulary");
+    if (top < 0 || top > SamplingParams::kMaxLogprobs)
+        throw std::invalid_argument("sampler: top must be in [0, 20], got " + std::to_string(top));
+    const Scan s = scan(logits);
+    out.token = token;
+    fill_logprobs(logits, s, out, top);
 }
 
 Sampler::Scan Sampler::scan(std::span<const float> logits) const {
@@ -205,15 +219,15 @@ std::int32_t Sampler::draw(std::span<const float> logits, const Scan& s) {
     return last_positive;
 }
 
-void Sampler::fill_logprobs(std::span<const float> logits, const Scan& s, SampledToken& out) {
+void Sampler::fill_logprobs(std::span<const float> logits, const Scan& s, SampledToken& out,
+                            int want_logprobs) {
     out.top.clear();
-    if (params_.logprobs < 0) {
+    if (want_logprobs < 0) {
         out.logprob = std::numeric_limits<float>::quiet_NaN();
         return;
     }
     const float* l = logits.data();
-    const std::size_t want =
-        std::min<std::size_t>(static_cast<std::size_t>(params_.logprobs), vocab_);
+    const std::size_t want = std::min<std::size_t>(static_cast<std::size_t>(want_logprobs), vocab_);
     const RanksHigher higher{l};
     std::int32_t* top = top_ids_.data();
     std::size_t have = 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 #include <utility>
@@ -66,10 +67,11 @@ struct Scheduler::Sequence {
     std::uint64_t id = 0;
     Request req;
     EventSink sink;
-    std::optional<Sampler> sampler;  // built at admission (it allocates its workspace)
-    std::size_t prefilled = 0;       // prompt tokens computed
-    std::size_t generated = 0;       // tokens emitted
-    std::int32_t last = 0;           // the next decode input
+    std::optional<Sampler> sampler;           // built at admission (it allocates its workspace)
+    std::size_t prefilled = 0;                // prompt tokens computed
+    std::vector<SampledToken> prompt_scores;  // prompt_logprobs: the tokens scored so far
+    std::size_t generated = 0;                // tokens emitted
+    std::int32_t last = 0;                    // the next decode input
     Clock::time_point submitted, last_token_at;
     bool cancelled = false;  // seen by the loop: release at the next boundary
     bool ended = false;      // its last event was delivered and its KV released
@@ -130,6 +132,10 @@ SubmitResult Scheduler::submit(Request request, EventSink sink) {
                                " is outside the vocabulary (0 to ", vocab_ - 1, ")"));
     }
     if (request.max_tokens < 1) return refuse(ErrorKind::invalid, "max_tokens must be at least 1");
+    if (request.prompt_logprobs < -1 || request.prompt_logprobs > SamplingParams::kMaxLogprobs)
+        return refuse(ErrorKind::invalid,
+                      text("prompt_logprobs must be -1 (none) or in [0, ",
+                           SamplingParams::kMaxLogprobs, "], got ", request.prompt_logprobs));
     if (request.prompt.size() + request.max_tokens > max_context_)
         return refuse(
             ErrorKind::invalid,
@@ -377,12 +383,34 @@ bool Scheduler::admit_queued() {
 void Scheduler::prefill_one() {
     if (prefilling_.empty()) return;
     Sequence& s = *prefilling_.front();
-    const std::size_t chunk = std::max<std::size_t>(1, rt_.prefill_chunk_tokens());
+    const bool scoring = s.req.prompt_logprobs >= 0;
+    std::size_t chunk = std::max<std::size_t>(1, rt_.prefill_chunk_tokens());
+    if (scoring) chunk = std::min(chunk, Request::kScoreChunk);
     const std::size_t n = std::min(chunk, s.req.prompt.size() - s.prefilled);
     const bool last = s.prefilled + n == s.req.prompt.size();
     try {
-        rt_.prefill(s.id, std::span(s.req.prompt).subspan(s.prefilled, n),
-                    last ? logits_.data() : nullptr);
+        const auto tokens = std::span(s.req.prompt).subspan(s.prefilled, n);
+        if (scoring) {
+            // Every position's logits: position p's score the token at p + 1; the chunk's last
+            // row is the next token's logits when the prompt ends here.
+            scores_.resize(Request::kScoreChunk * vocab_);
+            rt_.prefill(s.id, tokens, scores_.data(), true);
+            if (s.prompt_scores.empty()) {
+                SampledToken first;
+                first.token = s.req.prompt[0];
+                first.logprob = std::numeric_limits<float>::quiet_NaN();
+                s.prompt_scores.push_back(first);
+            }
+            for (std::size_t j = 0; j < n && s.prefilled + j + 1 < s.req.prompt.size(); ++j) {
+                SampledToken t;
+                s.sampler->score(std::span<const float>(scores_.data() + j * vocab_, vocab_),
+                                 s.req.prompt[s.prefilled + j + 1], s.req.prompt_logprobs, t);
+                s.prompt_scores.push_back(std::move(t));
+            }
+            if (last) std::copy_n(scores_.data() + (n - 1) * vocab_, vocab_, logits_.data());
+        } else {
+            rt_.prefill(s.id, tokens, last ? logits_.data() : nullptr);
+        }
     } catch (const std::exception& e) {
         {
             std::lock_guard lock(mu_);
@@ -436,6 +464,7 @@ bool Scheduler::emit_token(Sequence& s, const SampledToken& t) {
     s.last_token_at = now;
     RequestEvent e = s.event(RequestEvent::Kind::token);
     e.token = t;
+    if (s.generated == 1) e.prompt_logprobs = std::move(s.prompt_scores);
     s.deliver(e);
     const auto& stops = s.req.stop_token_ids;
     const bool stop =

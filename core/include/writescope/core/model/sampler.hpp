@@ -95,6 +95,11 @@ class Sampler {
     // logprobs entries.
     void sample(std::span<const float> logits, SampledToken& out);
 
+    // The logprob of a given token under logits (vocab) fp32, and the `top` most likely tokens
+    // there (as sample() reports them): a prompt token scored where it follows what came
+    // before. Throws like sample().
+    void score(std::span<const float> logits, std::int32_t token, int top, SampledToken& out);
+
     const SamplingParams& params() const noexcept { return params_; }
     std::size_t vocab() const noexcept { return vocab_; }
     bool greedy() const noexcept { return greedy_; }
@@ -109,7 +114,8 @@ class Sampler {
     };
     Scan scan(std::span<const float> logits) const;
     std::int32_t draw(std::span<const float> logits, const Scan& s);
-    void fill_logprobs(std::span<const float> logits, const Scan& s, SampledToken& out);
+    // out.token's logprob and the `want` most likely tokens (want < 0: none, logprob NaN).
+    void fill_logprobs(std::span<const float> logits, const Scan& s, SampledToken& out, int want);
     double next_uniform() noexcept;
 
     SamplingParams params_;

@@ -90,6 +90,12 @@ struct Request {
     SamplingParams sampling;
     std::vector<std::int32_t> stop_token_ids;
     bool ignore_eos = false;  // false: the model's eos_token_ids stop too
+    // In [0, 20]: every prompt token is scored where it follows the tokens before it (its
+    // logprob and the prompt_logprobs most likely tokens there), delivered with the first token
+    // (RequestEvent::prompt_logprobs); −1: not computed. The prompt is then computed in chunks
+    // of at most kScoreChunk tokens, each position's logits taken.
+    int prompt_logprobs = -1;
+    static constexpr std::size_t kScoreChunk = 64;
 };
 
 // One request's events, in this order: admitted, token..., then exactly one of finished,
@@ -97,7 +103,10 @@ struct Request {
 struct RequestEvent {
     enum class Kind : std::uint8_t { admitted, token, finished, cancelled, failed };
     Kind kind = Kind::token;
-    SampledToken token;                 // token
+    SampledToken token;  // token
+    // The first token event of a request with prompt_logprobs: one entry per prompt token,
+    // the first with a NaN logprob and no top (nothing comes before it).
+    std::vector<SampledToken> prompt_logprobs;
     FinishReason finish_reason{};       // finished
     RequestError error;                 // failed
     std::size_t prompt_tokens = 0;      // every event
@@ -217,6 +226,7 @@ class Scheduler {
     // The loop thread's own (no lock).
     std::vector<std::unique_ptr<Sequence>> prefilling_, running_;
     std::vector<float> logits_;
+    std::vector<float> scores_;  // (Request::kScoreChunk, vocab): a scored chunk's logits
     std::vector<std::uint64_t> batch_ids_;
     std::vector<std::int32_t> batch_tokens_;
 
