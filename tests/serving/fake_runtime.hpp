@@ -52,7 +52,7 @@ class FakeRuntime final : public model::Runtime {
     }
 
     void prefill(std::uint64_t id, std::span<const std::int32_t> tokens, float* logits,
-                 bool) override {
+                 bool all_positions) override {
         {
             std::lock_guard lock(mu_);
             calls_.push_back({Call::Kind::prefill, {id}, tokens.size()});
@@ -63,7 +63,12 @@ class FakeRuntime final : public model::Runtime {
                 if (t == fail_prefill_token) throw std::invalid_argument("prefill: poisoned token");
             it->second.held += tokens.size();
         }
-        if (logits) peak(logits, tokens.back());
+        if (logits && all_positions) {
+            for (std::size_t j = 0; j < tokens.size(); ++j)
+                peak(logits + j * vocab_size(), tokens[j]);
+        } else if (logits) {
+            peak(logits, tokens.back());
+        }
     }
 
     void decode(std::span<const std::uint64_t> ids, std::span<const std::int32_t> tokens,

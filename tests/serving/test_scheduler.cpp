@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -361,6 +362,60 @@ TEST_CASE("a sink that throws cancels its request", "[unit][serving]") {
     REQUIRE(r);
     CHECK(wait_for([&] { return s.stats().cancelled == 1; }));
     CHECK(wait_for([&] { return rt.live() == 0; }));
+}
+
+TEST_CASE("prompt_logprobs scores every prompt token, in chunks, with the first token",
+          "[unit][serving]") {
+    const std::size_t V = 16;
+    FakeRuntime rt(V, 100000, 100, 1, 512);  // prefill chunks of up to 100 tokens
+    Scheduler s(rt, {1, 1});
+    Events e;
+    std::vector<std::int32_t> prompt(150);
+    for (std::size_t i = 0; i < prompt.size(); ++i)
+        prompt[i] = static_cast<std::int32_t>((i * 5 + 3) % V);
+    Request r = greedy(prompt, 2);
+    r.prompt_logprobs = 2;
+    REQUIRE(s.submit(r, e.sink()));
+    const auto events = e.wait_end();
+    // Chunks of at most kScoreChunk: 64, 64, 22.
+    std::vector<std::size_t> chunks;
+    for (const auto& c : rt.calls())
+        if (c.kind == Call::Kind::prefill) chunks.push_back(c.tokens);
+    CHECK(chunks == std::vector<std::size_t>{64, 64, 22});
+    const auto first = std::find_if(events.begin(), events.end(),
+                                    [](const RequestEvent& x) { return x.kind == Kind::token; });
+    REQUIRE(first != events.end());
+    const auto& scored = first->prompt_logprobs;
+    REQUIRE(scored.size() == prompt.size());
+    CHECK(std::isnan(scored[0].logprob));
+    CHECK(scored[0].top.empty());
+    // The fake's logits after token t: 5 at (t + 1) mod V, -(i mod 7) elsewhere.
+    const auto logprob = [&](std::int32_t after, std::int32_t t) {
+        std::vector<double> l(V);
+        for (std::size_t i = 0; i < V; ++i)
+            l[i] = -static_cast<double>(i % 7);
+        l[static_cast<std::size_t>(after + 1) % V] = 5.0;
+        double sum = 0;
+        for (const double x : l)
+            sum += std::exp(x - 5.0);
+        return l[static_cast<std::size_t>(t)] - 5.0 - std::log(sum);
+    };
+    for (std::size_t k = 1; k < prompt.size(); ++k) {
+        INFO("prompt token " << k);
+        CHECK(scored[k].token == prompt[k]);
+        CHECK(scored[k].logprob == Approx(logprob(prompt[k - 1], prompt[k])).margin(1e-5));
+        REQUIRE(scored[k].top.size() == 2);
+        CHECK(scored[k].top[0].token == (prompt[k - 1] + 1) % static_cast<std::int32_t>(V));
+    }
+    // The first token still follows the whole prompt; later tokens carry no scores.
+    CHECK(first->token.token == (prompt.back() + 1) % static_cast<std::int32_t>(V));
+    for (auto it = first + 1; it != events.end(); ++it)
+        CHECK(it->prompt_logprobs.empty());
+    Request bad = greedy({1, 2}, 2);
+    bad.prompt_logprobs = 21;
+    const auto refused = s.submit(bad, e.sink());
+    REQUIRE_FALSE(refused);
+    CHECK_THAT(refused.error->message, Contains("prompt_logprobs"));
 }
 
 TEST_CASE("histograms count into fixed buckets", "[unit][serving]") {
