@@ -71,6 +71,7 @@ void ToolCallReader::close_block(Out& out, std::string_view block, bool closed) 
     if (as_call(block, call)) {
         out.calls.push_back(std::move(call));
         ++calls_;
+        after_call_ = true;
         return;
     }
     // Not a call: the block stays in the content as the model wrote it.
@@ -80,19 +81,21 @@ void ToolCallReader::close_block(Out& out, std::string_view block, bool closed) 
 }
 
 // Gives out the content of pending_ up to a block's start (entering it) or up to what could
-// still begin one; after a call, whitespace waits for text that is not.
+// still begin one; right after a call, whitespace waits for text that is not (and is dropped
+// before the next block or at the end).
 void ToolCallReader::outside(Out& out, bool last) {
     const std::size_t open = pending_.find(kOpen);
     std::size_t give = open != std::string::npos ? open
                        : last                    ? pending_.size()
                               : pending_.size() - tag_prefix_at_end(pending_, kOpen);
     const std::string_view text = std::string_view(pending_).substr(0, give);
-    if (calls_ > 0 && all_space(text)) {
+    if (after_call_ && all_space(text)) {
         // Whitespace between or after calls: dropped before a block or at the end, kept (and
         // held) while text may still follow.
         if (open == std::string::npos && !last) give = 0;
     } else {
         out.content += text;
+        if (!text.empty()) after_call_ = false;
     }
     if (open != std::string::npos) {
         pending_.erase(0, open + kOpen.size());

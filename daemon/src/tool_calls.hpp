@@ -35,7 +35,8 @@ struct ToolCall {
 // Reads a completion's text as it arrives: push() returns the content that can be written now
 // (never part of a tag or of a block still open) and takes out every call whose block closed.
 // The concatenation of what push() and finish() return, and the calls they take out, do not
-// depend on how the text was cut into pieces. Whitespace between or after calls is not content.
+// depend on how the text was cut into pieces. Whitespace right after a call, up to the next
+// call or the end, is not content.
 class ToolCallReader {
   public:
     struct Out {
@@ -50,8 +51,9 @@ class ToolCallReader {
   private:
     void outside(Out& out, bool last);
     void close_block(Out& out, std::string_view block, bool closed);
-    std::string pending_;  // text not yet given out
-    bool inside_ = false;  // pending_ is a block's body (after <tool_call>)
+    std::string pending_;      // text not yet given out
+    bool inside_ = false;      // pending_ is a block's body (after <tool_call>)
+    bool after_call_ = false;  // nothing but whitespace since the last call
     std::size_t calls_ = 0;
 };
 

@@ -125,6 +125,38 @@ TEST_CASE("tool calls read in streamed pieces are what the whole text gives",
             }
         }
     }
+    // Random texts of tags, tag prefixes, calls, JSON that is not a call, whitespace and words:
+    // the pieces never change what is read.
+    const std::vector<std::string> parts = {"<tool_call>",
+                                            "</tool_call>",
+                                            "<tool_",
+                                            "</tool",
+                                            "<",
+                                            "\n",
+                                            "  ",
+                                            "word",
+                                            " é ",
+                                            "{\"name\": \"f\", \"arguments\": {\"a\": [1, 2]}}",
+                                            "{\"name\": 3}",
+                                            "{",
+                                            "}",
+                                            "\"arguments\"",
+                                            kTime,
+                                            kWeather};
+    for (int trial = 0; trial < 300; ++trial) {
+        std::string text;
+        for (std::size_t k = rng() % 12; k > 0; --k)
+            text += parts[rng() % parts.size()];
+        INFO(text);
+        const auto whole = read_tool_calls(text);
+        const auto s = streamed(text, rng);
+        REQUIRE(s.content == whole.content);
+        REQUIRE(s.calls.size() == whole.calls.size());
+        for (std::size_t k = 0; k < s.calls.size(); ++k)
+            CHECK(s.calls[k].arguments == whole.calls[k].arguments);
+        // Nothing is lost: without calls the content is the text itself.
+        if (whole.calls.empty()) CHECK(whole.content == text);
+    }
     // Content goes out as soon as no tag can begin in it: a long text before a call is not held.
     ToolCallReader r;
     CHECK(r.push("Hello, wor").content == "Hello, wor");
