@@ -72,7 +72,7 @@ Sizes sizes_of(const GpuStepOptions& o, int sm_count) {
     z.state_bytes = z.qmax * z.qh * (z.dv + 1) * sizeof(float);
     z.q_bytes = z.qmax * z.qh * z.dk * z.es;
     z.ext_bytes = z.state_bytes;
-    z.u_piece_bytes = ring.chunk_blocks * z.block_bytes;
+    z.u_piece_bytes = o.prompt_u ? ring.chunk_blocks * z.block_bytes : 0;
     return z;
 }
 
@@ -200,8 +200,10 @@ struct PromptAttention::Impl {
         h_meta = static_cast<char*>(h_meta_slab->slab(0));
         h_q = static_cast<char*>(h_q_slab->slab(0));
         h_ext = static_cast<float*>(h_ext_slab->slab(0));
-        h_bounce_slab = slab(2 * z.u_piece_bytes);
-        h_bounce = static_cast<char*>(h_bounce_slab->slab(0));
+        if (z.u_piece_bytes > 0) {
+            h_bounce_slab = slab(2 * z.u_piece_bytes);
+            h_bounce = static_cast<char*>(h_bounce_slab->slab(0));
+        }
         m_ext = static_cast<float*>(mapped_device_pointer(h_ext));
 
         char* cur = h_meta;
@@ -494,6 +496,8 @@ struct PromptAttention::Impl {
                                         " tokens, sized for " + std::to_string(z.qmax));
         if (!q || !k || (!g.mla && !v) || !stream)
             throw std::invalid_argument("GPU prompt: device q, K, V and stream needed");
+        if (w.u_blocks > 0 && !h_bounce)
+            throw std::logic_error("GPU prompt: U blocks, but this backend attends none of them");
         if (launched) settle();  // a launch whose finish never came (the CPU's share threw)
         inflight = true;
         model_ready.record(stream);
@@ -634,7 +638,7 @@ void PromptAttention::launch(std::size_t layer, std::size_t m, const void* q, co
 }
 
 std::size_t PromptAttention::u_piece_blocks() const noexcept {
-    return impl_ ? impl_->ring.chunk_blocks : 0;
+    return impl_ && impl_->h_bounce ? impl_->ring.chunk_blocks : 0;
 }
 
 void* PromptAttention::u_piece(std::size_t i) {
@@ -676,7 +680,8 @@ std::uint64_t PromptAttention::pinned_bytes(const GpuStepOptions& opts) {
     if (opts.max_prompt_tokens == 0) return 0;
     const Sizes z = sizes_of(opts, device_info(current_device()).sm_count);
     const auto buf = [](std::size_t b) { return std::max<std::uint64_t>(b, 64); };
-    return buf(z.meta_bytes) + buf(z.q_bytes) + buf(z.ext_bytes) + buf(2 * z.u_piece_bytes);
+    return buf(z.meta_bytes) + buf(z.q_bytes) + buf(z.ext_bytes) +
+           (z.u_piece_bytes > 0 ? buf(2 * z.u_piece_bytes) : 0);
 }
 
 }  // namespace writescope::cuda

@@ -103,8 +103,22 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& o) {
     // The pinned budget is hard: the step's pinned buffers and the seal bounce buffers come out
     // of it, and P gets the rest. (Sized for P taking the whole budget: an upper bound.)
     so.max_blocks = g_upper + kv_capacity(kv).slots[static_cast<int>(Region::P)] + o.max_batch;
-    const std::uint64_t pinned_extra =
-        cuda::GpuStepBackend::pinned_bytes(so) + cuda::GpuSealMover::pinned_bytes(layers, lin);
+    const auto extra_of = [&] {
+        return cuda::GpuStepBackend::pinned_bytes(so) +
+               cuda::GpuSealMover::pinned_bytes(layers, lin);
+    };
+    std::uint64_t pinned_extra = extra_of();
+    // A prompt's U blocks go to the GPU through two pinned pieces of one staging chunk each;
+    // where they would take more than a quarter of the pinned budget, the CPU attends them (as
+    // it always did) and P keeps the room.
+    if (so.max_prompt_tokens > 0 && so.prompt_u) {
+        so.prompt_u = false;
+        const std::uint64_t without = extra_of();
+        if ((pinned_extra - without) * 4 > o.pinned_kv_bytes)
+            pinned_extra = without;
+        else
+            so.prompt_u = true;
+    }
     if (o.pinned_kv_bytes < pinned_extra)
         throw std::runtime_error("hardware.pinned_kv_budget = " + mib(o.pinned_kv_bytes) +
                                  " is too small: the GPU step's pinned buffers and the seal "

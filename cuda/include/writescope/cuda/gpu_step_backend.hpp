@@ -37,6 +37,10 @@ struct GpuStepOptions {
     // Most tokens of a prompt chunk attended on the device at once (launch_prompt); sizes the
     // prompt path's workspace (device_bytes, pinned_bytes). 0: no device-side prompts.
     std::size_t max_prompt_tokens = 0;
+    // A prompt's U blocks attended on the device too (prompt_u_piece_blocks): two pinned pieces
+    // of one staging chunk each, counted in pinned_bytes. False: the CPU attends them (what a
+    // pinned budget too small for the pieces gets: the engine factory's choice).
+    bool prompt_u = true;
 };
 
 class GpuStepBackend final : public GpuAttentionBackend {
