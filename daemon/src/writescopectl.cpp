@@ -169,14 +169,17 @@ std::vector<std::int64_t> id_list(const std::string& text, const char* option) {
     return out;
 }
 
-// `complete`: streams a completion, printing token ids as they come (or each event's JSON).
-int complete(Client& c, const json& request, bool as_json) {
+// Streams a request to `route` and hands each server-sent event's JSON to on_chunk (printed
+// whole with --json); then the summary on stderr: tokens, finish_reason, usage. An error the
+// daemon sent in the stream fails the command with it.
+template <class OnChunk>
+int stream_events(Client& c, const std::string& route, const json& request, bool as_json,
+                  OnChunk&& on_chunk) {
     std::string pending;
     std::string finish;
     json usage;
     std::string error;
-    std::size_t printed = 0;
-    c.stream("/v1/completions", request.dump(), [&](std::string_view bytes) {
+    c.stream(route, request.dump(), [&](std::string_view bytes) {
         pending.append(bytes);
         for (;;) {
             const auto end = pending.find("\n\n");
@@ -190,14 +193,10 @@ int complete(Client& c, const json& request, bool as_json) {
             if (j.is_discarded()) continue;
             if (as_json) std::cout << j.dump() << "\n" << std::flush;
             if (j.contains("error")) error = j["error"].value("message", std::string("?"));
-            if (j.contains("usage")) usage = j["usage"];
+            if (j.contains("usage") && j["usage"].is_object()) usage = j["usage"];
             if (!j.contains("choices")) continue;
             for (const auto& ch : j["choices"]) {
-                for (const auto& t : ch["token_ids"]) {
-                    if (!as_json)
-                        std::cout << (printed ? " " : "") << t.get<std::int64_t>() << std::flush;
-                    ++printed;
-                }
+                if (!as_json) on_chunk(ch);
                 if (ch.contains("finish_reason") && ch["finish_reason"].is_string())
                     finish = ch["finish_reason"].get<std::string>();
             }
@@ -205,7 +204,8 @@ int complete(Client& c, const json& request, bool as_json) {
     });
     if (!as_json) {
         std::cout << "\n";
-        std::cerr << fmt::format("{} tokens, finish_reason {}", printed,
+        std::cerr << fmt::format("{} tokens, finish_reason {}",
+                                 usage.is_object() ? usage.value("completion_tokens", 0) : 0,
                                  finish.empty() ? "none" : finish);
         if (usage.is_object())
             std::cerr << fmt::format(" (prompt {}, total {})", usage.value("prompt_tokens", 0),
@@ -214,6 +214,30 @@ int complete(Client& c, const json& request, bool as_json) {
     }
     if (!error.empty()) throw Failure{kExitApiError, error};
     return kExitOk;
+}
+
+// `complete`: streams a completion, printing token ids as they come (or each event's JSON).
+int complete(Client& c, const json& request, bool as_json) {
+    std::size_t printed = 0;
+    return stream_events(c, "/v1/completions", request, as_json, [&](const json& ch) {
+        for (const auto& t : ch["token_ids"])
+            std::cout << (printed++ ? " " : "") << t.get<std::int64_t>() << std::flush;
+    });
+}
+
+// `chat`: streams a chat completion, printing its text as it comes (or each event's JSON).
+int chat(Client& c, const json& request, bool as_json) {
+    return stream_events(c, "/v1/chat/completions", request, as_json, [&](const json& ch) {
+        if (!ch.contains("delta")) return;
+        const json& d = ch["delta"];
+        if (d.contains("content") && d["content"].is_string())
+            std::cout << d["content"].get<std::string>() << std::flush;
+        if (d.contains("tool_calls"))
+            for (const auto& t : d["tool_calls"])
+                std::cout << fmt::format("[tool call {}({})]", t["function"].value("name", ""),
+                                         t["function"].value("arguments", ""))
+                          << std::flush;
+    });
 }
 
 void print(const json& j, bool as_json, const std::string& human) {
@@ -327,6 +351,21 @@ int main(int argc, char** argv) {
     complete_cmd->add_flag("--ignore-eos", ignore_eos, "do not stop at the model's eos tokens");
     complete_cmd->add_option("--logprobs", logprobs,
                              "with --json: the chosen token's and the top n's logprobs");
+    auto* chat_cmd = app.add_subcommand(
+        "chat",
+        "send a message through the model's chat template, printing the answer as it comes");
+    std::string message, system_prompt;
+    std::size_t chat_max_tokens = 256;
+    bool no_thinking = false;
+    chat_cmd->add_option("message", message, "the user's message")->required();
+    chat_cmd->add_option("--system", system_prompt, "a system message before it");
+    chat_cmd->add_option("--max-tokens", chat_max_tokens, "most tokens to generate (default 256)");
+    chat_cmd->add_option("--temperature", temperature, "0 (greedy) to 2 (default 1)");
+    chat_cmd->add_option("--top-p", top_p, "nucleus sampling share, in (0, 1]");
+    chat_cmd->add_option("--seed", seed, "seed of the request's sampling");
+    chat_cmd->add_flag("--ignore-eos", ignore_eos, "do not stop at the model's eos tokens");
+    chat_cmd->add_flag("--no-thinking", no_thinking,
+                       "the template's enable_thinking false (Qwen3: answer without <think>)");
     app.footer(
         "Exit status: 0 success, 1 the daemon answered with an error, 2 bad command line, "
         "3 the daemon cannot be reached.");
@@ -407,6 +446,21 @@ int main(int argc, char** argv) {
             if (!stop_ids.empty()) body["stop_token_ids"] = id_list(stop_ids, "--stop-ids");
             if (ignore_eos) body["ignore_eos"] = true;
             return complete(client, body, as_json);
+        } else if (chat_cmd->parsed()) {
+            json messages = json::array();
+            if (!system_prompt.empty())
+                messages.push_back({{"role", "system"}, {"content", system_prompt}});
+            messages.push_back({{"role", "user"}, {"content", message}});
+            json body = {{"messages", std::move(messages)},
+                         {"max_tokens", chat_max_tokens},
+                         {"stream", true},
+                         {"stream_options", {{"include_usage", true}}}};
+            if (temperature) body["temperature"] = *temperature;
+            if (top_p) body["top_p"] = *top_p;
+            if (seed) body["seed"] = *seed;
+            if (ignore_eos) body["ignore_eos"] = true;
+            if (no_thinking) body["chat_template_kwargs"] = {{"enable_thinking", false}};
+            return chat(client, body, as_json);
         } else if (history->parsed()) {
             const auto j = client.call("GET", fmt::format("/v1/history?samples={}", samples));
             print(j, as_json, render_history(j));

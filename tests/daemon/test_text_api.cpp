@@ -490,3 +490,29 @@ TEST_CASE("echo with logprobs scores every prompt token as transformers does", "
         }
     }
 }
+
+TEST_CASE("writescopectl chat prints the answer the chat route gives", "[integration]") {
+    TempDir dir;
+    TextDaemon d(dir, "qwen3-moe-tiny-chat");
+    const json body = {{"messages",
+                        {{{"role", "system"}, {"content", "Be brief."}},
+                         {{"role", "user"}, {"content", "Hello there"}}}},
+                       {"max_tokens", 8},
+                       {"temperature", 0},
+                       {"ignore_eos", true}};
+    auto [st, want] = d.post("/v1/chat/completions", body);
+    REQUIRE(st == 200);
+    const auto r = run_command({writescopectl_path(), "--socket", d.socket(), "chat", "Hello there",
+                                "--system", "Be brief.", "--max-tokens", "8", "--temperature", "0",
+                                "--ignore-eos"});
+    INFO(r.out << r.err);
+    CHECK(r.status.exited);
+    CHECK(r.status.code == 0);
+    CHECK(r.out == want["choices"][0]["message"]["content"].get<std::string>() + "\n");
+    CHECK_THAT(r.err, Catch::Contains("8 tokens, finish_reason length"));
+    // A refusal is the daemon's message and exit status 1.
+    const auto bad = run_command(
+        {writescopectl_path(), "--socket", d.socket(), "chat", "hi", "--max-tokens", "0"});
+    CHECK(bad.status.code == 1);
+    CHECK_THAT(bad.err, Catch::Contains("\"max_tokens\" must be at least 1"));
+}
