@@ -75,6 +75,7 @@ void ToolCallReader::close_block(Out& out, std::string_view block, bool closed) 
         return;
     }
     // Not a call: the block stays in the content as the model wrote it.
+    after_call_ = false;
     out.content += kOpen;
     out.content += block;
     if (closed) out.content += kClose;
@@ -90,8 +91,8 @@ void ToolCallReader::outside(Out& out, bool last) {
                               : pending_.size() - tag_prefix_at_end(pending_, kOpen);
     const std::string_view text = std::string_view(pending_).substr(0, give);
     if (after_call_ && all_space(text)) {
-        // Whitespace between or after calls: dropped before a block or at the end, kept (and
-        // held) while text may still follow.
+        // Whitespace right after a call: dropped before a block or at the end, held while
+        // text may still follow.
         if (open == std::string::npos && !last) give = 0;
     } else {
         out.content += text;

@@ -61,6 +61,10 @@ TEST_CASE("Hermes tool calls are taken out of the text, the rest is the content"
         const auto o = read_tool_calls(kTime + "\nDone.");
         CHECK(o.content == "\nDone.");
         CHECK(o.calls.size() == 1);
+        // A block that is not a call is content, and so is the whitespace after it.
+        const auto bad = read_tool_calls(kTime + "<tool_call>bad</tool_call> \n");
+        CHECK(bad.content == "<tool_call>bad</tool_call> \n");
+        CHECK(bad.calls.size() == 1);
     }
     SECTION("no block: all content, also a tag's prefix at the end") {
         CHECK(read_tool_calls("plain <tool_ca").content == "plain <tool_ca");
