@@ -255,6 +255,7 @@ HttpResponse post_chat_completions(Service& service, const HttpRequest& req) {
     g.return_token_ids = false;
     // As apply_chat_template(tokenize=True): the template writes the special tokens it wants.
     g.request.prompt = tok.encode(render_chat(*text, body, &g.read_tool_calls), false);
+    g.read_reasoning = v.profile.model.reasoning_parser == "think";
     std::optional<std::int64_t> max_tokens;
     for (const char* name : {"max_tokens", "max_completion_tokens"}) {
         if (!present(body, name)) continue;

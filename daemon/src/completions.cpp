@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "model_text.hpp"
+#include "reasoning.hpp"
 #include "service.hpp"
 #include "tool_calls.hpp"
 #include "writescope/core/model/scheduler.hpp"
@@ -302,11 +303,12 @@ struct Completion {
         std::string text;      // the detokenised completion so far (cut at a stop string)
         std::size_t sent = 0;  // bytes of text already written (streamed)
         std::vector<std::int32_t> tokens;
-        Logprobs logprobs;                          // completions
-        json chat_logprobs = json::array();         // chat: logprobs.content
-        std::optional<ToolCallReader> tool_reader;  // chat with tools, streamed
-        std::size_t tool_calls_sent = 0;            // delta.tool_calls indices given out
-        bool started = false;                       // its first chunk went out (streamed)
+        Logprobs logprobs;                                // completions
+        json chat_logprobs = json::array();               // chat: logprobs.content
+        std::optional<ReasoningReader> reasoning_reader;  // chat, reasoning_parser, streamed
+        std::optional<ToolCallReader> tool_reader;        // chat with tools, streamed
+        std::size_t tool_calls_sent = 0;                  // delta.tool_calls indices given out
+        bool started = false;                             // its first chunk went out (streamed)
         bool ended = false;
         std::string finish_reason;
         json stop_reason = nullptr;  // the stop string or token that ended it (vLLM)
@@ -487,14 +489,10 @@ struct Completion {
         }
         if (!req.stream) return;
         if (chat()) {
-            ToolCallReader::Out o;
-            if (c.tool_reader)
-                o = c.tool_reader->push(ready);
-            else
-                o.content = ready;
-            if (!o.content.empty() || !lp.is_null()) {
+            const ChatPieces o = chat_pieces(c, ready, false);
+            if (!o.content.empty() || !o.reasoning.empty() || !lp.is_null()) {
                 json ch = {{"index", i},
-                           {"delta", {{"content", std::move(o.content)}}},
+                           {"delta", delta_of(o)},
                            {"logprobs", std::move(lp)},
                            {"finish_reason", nullptr}};
                 if (req.return_token_ids) ch["token_ids"] = json::array({t.token});
@@ -508,6 +506,49 @@ struct Completion {
                                        {"logprobs", std::move(lp)},
                                        {"finish_reason", nullptr}}})));
         }
+    }
+
+    // A streamed chat choice's new text through its readers: the reasoning taken out first, then
+    // the tool calls from the content (last: the text ended, what they held given out).
+    struct ChatPieces {
+        std::string reasoning, content;
+        std::vector<ToolCall> calls;
+    };
+    static ChatPieces chat_pieces(Choice& c, const std::string& text, bool last) {
+        ChatPieces o;
+        std::string content = text;
+        if (c.reasoning_reader) {
+            ReasoningReader::Out r = c.reasoning_reader->push(text);
+            if (last) {
+                ReasoningReader::Out f = c.reasoning_reader->finish();
+                r.reasoning += f.reasoning;
+                r.content += f.content;
+            }
+            o.reasoning = std::move(r.reasoning);
+            content = std::move(r.content);
+        }
+        if (!c.tool_reader) {
+            o.content = std::move(content);
+            return o;
+        }
+        ToolCallReader::Out t = c.tool_reader->push(content);
+        if (last) {
+            ToolCallReader::Out f = c.tool_reader->finish();
+            t.content += f.content;
+            for (auto& call : f.calls)
+                t.calls.push_back(std::move(call));
+        }
+        o.content = std::move(t.content);
+        o.calls = std::move(t.calls);
+        return o;
+    }
+    // A chat delta: the reasoning (when any) and the content (when any, or when there is no
+    // reasoning: the chunk's shape without a parser).
+    static json delta_of(const ChatPieces& o) {
+        json d = json::object();
+        if (!o.reasoning.empty()) d["reasoning_content"] = o.reasoning;
+        if (!o.content.empty() || o.reasoning.empty()) d["content"] = o.content;
+        return d;
     }
 
     // Each call a delta of its own, whole (OpenAI's clients join a call's arguments by index).
@@ -530,19 +571,10 @@ struct Completion {
         ++ended;
         if (req.stream) {
             if (chat()) {
-                ToolCallReader::Out o;
-                if (c.tool_reader) {
-                    o = c.tool_reader->push(rest);
-                    ToolCallReader::Out last = c.tool_reader->finish();
-                    o.content += last.content;
-                    for (auto& call : last.calls)
-                        o.calls.push_back(std::move(call));
-                } else {
-                    o.content = std::move(rest);
-                }
-                if (!o.content.empty())
+                const ChatPieces o = chat_pieces(c, rest, true);
+                if (!o.content.empty() || !o.reasoning.empty())
                     sse(envelope(json::array({{{"index", i},
-                                               {"delta", {{"content", std::move(o.content)}}},
+                                               {"delta", delta_of(o)},
                                                {"logprobs", nullptr},
                                                {"finish_reason", nullptr}}})));
                 send_tool_calls(i, c, o.calls);
@@ -590,9 +622,16 @@ struct Completion {
             json ch = {{"index", i}};
             std::string finish = c.finish_reason;
             if (chat()) {
-                ch["message"] = {{"role", "assistant"}, {"content", c.text}};
+                std::string content = c.text;
+                ch["message"] = {{"role", "assistant"}};
+                if (req.read_reasoning) {
+                    ReasoningReader::Out r = read_reasoning(c.text);
+                    if (!r.reasoning.empty()) ch["message"]["reasoning_content"] = r.reasoning;
+                    content = std::move(r.content);
+                }
+                ch["message"]["content"] = content;
                 if (req.read_tool_calls) {
-                    ToolCallReader::Out o = read_tool_calls(c.text);
+                    ToolCallReader::Out o = read_tool_calls(content);
                     if (!o.calls.empty()) {
                         // No text besides the calls: content null, as OpenAI writes it.
                         ch["message"]["content"] =
@@ -800,6 +839,7 @@ HttpResponse submit_generation(Service& service, const ServiceView& v, Generatio
             ch.echo_is_text = k < c->req.text_prompts.size() && c->req.text_prompts[k];
             if (c->tok) ch.decoder.emplace(*c->tok, true);
             if (c->req.read_tool_calls && c->req.stream) ch.tool_reader.emplace();
+            if (c->req.read_reasoning && c->req.stream) ch.reasoning_reader.emplace();
         }
     }
     // Weak: the stream outlives the request in the server, and must not keep it alive.

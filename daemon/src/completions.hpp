@@ -63,6 +63,10 @@ struct Generation {
     // of its content into message.tool_calls (streamed: delta.tool_calls), finish_reason
     // "tool_calls" when it made any.
     bool read_tool_calls = false;
+    // Chat with model.reasoning_parser = "think": a leading <think>…</think> is taken out into
+    // message.reasoning_content (streamed: delta.reasoning_content), before the tool calls are
+    // read from what is left.
+    bool read_reasoning = false;
 };
 
 // The body as a JSON object (400 on malformed JSON or another type).

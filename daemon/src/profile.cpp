@@ -538,6 +538,18 @@ const std::vector<KeyDef>& key_table() {
             "seed of a built-in model's random weights (the same seed gives the same model)", false,
             [](Profile & p) -> auto& { return p.model.seed; }, 0,
             std::numeric_limits<std::int64_t>::max()));
+        t.push_back(string_key(
+            "model", "reasoning_parser", "\"none\"",
+            "chat answers: think (an answer's leading `<think>` ... `</think>` block becomes "
+            "message.reasoning_content, as vLLM's qwen3 and deepseek_r1 reasoning parsers do) or "
+            "none (it stays in the content)",
+            true, [](Profile & p) -> auto& { return p.model.reasoning_parser; },
+            [](const std::string& v) -> std::string {
+                return v == "none" || v == "think"
+                           ? std::string()
+                           : fmt::format("\"{}\" is not a reasoning parser: expected none or think",
+                                         v);
+            }));
         // --- kv
         t.push_back(
             {"kv", "dtype", "\"auto\"",

@@ -66,6 +66,9 @@ struct Profile {
         int layers = -1;         // the first n layers; 0: all; -1 ("auto"): kAutoBuiltinLayers of a
                                  // built-in model, all of a directory's
         std::uint64_t seed = 0;  // built-in models: the random weights' seed
+        // "think": a chat answer's leading <think>…</think> is message.reasoning_content
+        // (reasoning.hpp); "none": it stays in the content.
+        std::string reasoning_parser = "none";
         static constexpr int kAutoBuiltinLayers = 2;
     } model;
     struct Kv {

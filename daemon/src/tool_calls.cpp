@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tag_scan.hpp"
+
 namespace writescope::daemon {
 namespace {
 
@@ -15,15 +17,7 @@ constexpr std::string_view kOpen = "<tool_call>";
 constexpr std::string_view kClose = "</tool_call>";
 
 bool all_space(std::string_view s) {
-    return std::all_of(s.begin(), s.end(),
-                       [](char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; });
-}
-
-// How many of the last bytes of s could begin `tag` (its longest proper prefix s ends with).
-std::size_t tag_prefix_at_end(std::string_view s, std::string_view tag) {
-    for (std::size_t n = std::min(s.size(), tag.size() - 1); n > 0; --n)
-        if (s.substr(s.size() - n) == tag.substr(0, n)) return n;
-    return 0;
+    return std::all_of(s.begin(), s.end(), is_space);
 }
 
 std::string call_id() {

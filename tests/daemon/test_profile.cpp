@@ -66,6 +66,7 @@ TEST_CASE("defaults are the documented values", "[unit][daemon][profile]") {
     CHECK_FALSE(d.kv.dtype);      // "auto": the checkpoint's
     CHECK(d.model.layers == -1);  // "auto"
     CHECK(d.model.seed == 0);
+    CHECK(d.model.reasoning_parser == "none");
     CHECK(d.kv.block_tokens == 128);
     CHECK(d.policy.mode == "writescope");
     CHECK(d.policy.recalibrate == Recalibrate::automatic);
@@ -210,6 +211,10 @@ TEST_CASE("a bad profile names the key and its line", "[unit][daemon][profile]")
     i = only_issue("[storage]\nsample_interval = \"often\"\n");
     CHECK(i.key == "storage.sample_interval");
     CHECK_THAT(i.message, Catch::Contains("\"often\" is not a duration"));
+
+    i = only_issue("[model]\nreasoning_parser = \"qwen3\"\n");
+    CHECK(i.key == "model.reasoning_parser");
+    CHECK_THAT(i.message, Catch::Contains("expected none or think"));
 
     i = only_issue("[storage]\nsample_interval = -5\n");
     CHECK_THAT(i.message, Catch::Contains("-5 cannot be negative"));

@@ -36,14 +36,16 @@ std::filesystem::path model_dir(const std::string& name) {
 
 class TextDaemon {
   public:
-    // model: a directory of tests/data/models, or a path.
-    TextDaemon(const TempDir& dir, const std::string& model)
+    // model: a directory of tests/data/models, or a path; model_keys: more [model] keys.
+    TextDaemon(const TempDir& dir, const std::string& model, const std::string& model_keys = {})
         : dir_(dir), notify_(dir / "notify.sock") {
         std::string text = read_text(source_dir() / "tests/daemon/profiles/small.toml");
         const std::string from = "@MODELS@/qwen3-moe-tiny";
         const std::filesystem::path path =
             model.find('/') != std::string::npos ? std::filesystem::path(model) : model_dir(model);
-        text.replace(text.find(from), from.size(), path.string());
+        const auto at = text.find(from);
+        text.replace(at, from.size(), path.string());
+        if (!model_keys.empty()) text.insert(text.find('\n', at) + 1, model_keys + "\n");
         write_text(dir / "profile.toml", text);
         proc_ = std::make_unique<Process>(
             std::vector<std::string>{writescoped_path(), "--config",
@@ -515,4 +517,32 @@ TEST_CASE("writescopectl chat prints the answer the chat route gives", "[integra
         {writescopectl_path(), "--socket", d.socket(), "chat", "hi", "--max-tokens", "0"});
     CHECK(bad.status.code == 1);
     CHECK_THAT(bad.err, Catch::Contains("\"max_tokens\" must be at least 1"));
+}
+
+TEST_CASE("with reasoning_parser = think, chat answers are read for their reasoning",
+          "[integration]") {
+    // The random model writes no <think> block (reasoning.hpp's reading is tested on its own):
+    // the answer is all content, whole and streamed, and the key is in the status's profile.
+    TempDir dir;
+    TextDaemon d(dir, "qwen3-moe-tiny-chat", "reasoning_parser = \"think\"");
+    const json body = {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                       {"max_tokens", 6},
+                       {"temperature", 0},
+                       {"ignore_eos", true}};
+    auto [st, j] = d.post("/v1/chat/completions", body);
+    REQUIRE(st == 200);
+    const json& msg = j["choices"][0]["message"];
+    const std::string content = msg["content"].get<std::string>();
+    if (msg.contains("reasoning_content")) {
+        CHECK(content.find("<think>") == std::string::npos);
+    } else {
+        json plain = body;
+        auto [st2, j2] = d.post("/v1/chat/completions", plain);
+        CHECK(j2["choices"][0]["message"]["content"] == content);
+    }
+    json streamed = body;
+    streamed["stream"] = true;
+    const auto r = http_request(d.socket(), "POST", "/v1/chat/completions", streamed.dump(), 60s);
+    CHECK(r.status == 200);
+    CHECK_THAT(r.body, Catch::Contains("[DONE]"));
 }
