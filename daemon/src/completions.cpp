@@ -142,11 +142,14 @@ std::string dump(const json& j) {
     return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-// No tokenizer: a token is named by its id, as vLLM's return_tokens_as_token_ids does.
+// A logprobs entry's name of a token: the text it adds in the middle of a text (a
+// SentencePiece word with its leading space, as vLLM's incremental detokenisation names it;
+// part of a character as U+FFFD). No tokenizer: its id, as vLLM's return_tokens_as_token_ids
+// does.
 std::string token_name(const text::Tokenizer* tok, std::int32_t t) {
     if (tok) {
         try {
-            return tok->decode(std::span<const std::int32_t>(&t, 1), false);
+            return tok->token_text(t);
         } catch (const std::out_of_range&) {
         }
     }

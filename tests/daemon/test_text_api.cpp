@@ -190,6 +190,13 @@ TEST_CASE("text in, text out: the openai client and the tokenizer routes", "[int
         // The message is their join read as UTF-8, a byte sequence no character completes
         // (the random model's) one U+FFFD.
         CHECK(lossy_utf8(joined) == ch["message"]["content"].get<std::string>());
+        // Each entry's token is its bytes as text (U+FFFD for part of a character).
+        for (const auto& e : entries) {
+            std::string b;
+            for (const int x : e["bytes"].get<std::vector<int>>())
+                b += static_cast<char>(x);
+            CHECK(e["token"].get<std::string>() == lossy_utf8(b));
+        }
         CHECK(entries[0]["top_logprobs"].size() == 2);
     }
 

@@ -285,6 +285,12 @@ TEST_CASE("token bytes joined are the text, characters split over tokens include
     CHECK_THROWS_AS(t->token_bytes(-1), std::out_of_range);
     const Ids hello = t->encode(" world", false);
     CHECK(t->token_bytes(hello.back()) == " world");  // "▁world": its space kept
+    CHECK(t->token_text(hello.back()) == " world");
+    CHECK(t->decode(Ids{hello.back()}) == "world");  // decode alone strips it
+    // Part of a character: its bytes, and U+FFFD as text.
+    const Ids dragon = t->encode("龘", false);  // "▁" and three <0xNN> byte tokens
+    CHECK(t->token_bytes(dragon[1]).size() == 1);
+    CHECK(t->token_text(dragon[1]) == "\xEF\xBF\xBD");
 }
 
 #ifdef WRITESCOPE_TOKENIZE

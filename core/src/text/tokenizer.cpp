@@ -294,6 +294,10 @@ std::string Tokenizer::token_bytes(std::int32_t id) const {
     return out;
 }
 
+std::string Tokenizer::token_text(std::int32_t id) const {
+    return detail::repair_utf8(token_bytes(id));
+}
+
 const std::string& Tokenizer::id_to_token_ref(std::int32_t id) const {
     const Impl& m = *impl_;
     if (id < 0 || static_cast<std::size_t>(id) >= m.token_by_id.size() ||

@@ -73,6 +73,10 @@ class Tokenizer {
     // leading space stays). What OpenAI's logprobs "bytes" carry: the bytes of a run of tokens
     // joined are the text they decode to. Throws std::out_of_range for an unknown id.
     std::string token_bytes(std::int32_t id) const;
+    // The same as text: invalid UTF-8 (part of a character) as U+FFFD. What a logprobs entry
+    // names the token by, so that the names of a run of tokens join into its text where no
+    // character is split.
+    std::string token_text(std::int32_t id) const;
 
     std::optional<std::int32_t> token_to_id(std::string_view token) const;
     // The token's string as the vocabulary holds it (byte-level or SentencePiece form).
