@@ -100,6 +100,7 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& o) {
     so.block_tokens = B;
     so.max_seqs = o.max_batch;
     so.max_prompt_tokens = o.max_prompt_tokens;
+    so.prompt_u = o.prompt_u_to_gpu;
     // The pinned budget is hard: the step's pinned buffers and the seal bounce buffers come out
     // of it, and P gets the rest. (Sized for P taking the whole budget: an upper bound.)
     so.max_blocks = g_upper + kv_capacity(kv).slots[static_cast<int>(Region::P)] + o.max_batch;

@@ -84,21 +84,21 @@ const text::Tokenizer& need_tokenizer(const ModelText* text, std::string_view wh
 }
 
 // One prompt: text, encoded as transformers does by default (the post-processor's special
-// tokens included), or token ids; text_out gets the text, for echo. `what` names its ids in
+// tokens included), or token ids; text_out gets its text, for echo. `what` names its ids in
 // errors, `named` the prompt.
-std::vector<std::int32_t> one_prompt(const json& one, const ModelText* text, std::string* text_out,
+std::vector<std::int32_t> one_prompt(const json& one, const ModelText* text, EchoText* text_out,
                                      const std::string& what, const std::string& named) {
     if (one.is_string()) {
         const auto& tok = need_tokenizer(text, "a text \"prompt\"");
-        *text_out = one.get<std::string>();
-        return tok.encode(*text_out, true);
+        *text_out = {one.get<std::string>(), true};
+        return tok.encode(text_out->text, true);
     }
     if (!one.is_array())
         throw ApiError{400, fmt::format("{} must be a string or an array of token ids", named)};
     auto ids = token_ids(one, what);
     if (text && text->tokenizer) {
         try {
-            *text_out = text->tokenizer->decode(ids, false);
+            *text_out = {text->tokenizer->decode(ids, false), false};
         } catch (const std::out_of_range&) {
             // An id past the vocabulary: the scheduler refuses it by name.
         }
@@ -109,8 +109,7 @@ std::vector<std::int32_t> one_prompt(const json& one, const ModelText* text, std
 // The prompts: a string or an array of token ids (one prompt), or an array of strings or of
 // token-id arrays (one prompt each, as OpenAI takes them). texts gets each one's text.
 std::vector<std::vector<std::int32_t>> prompts_of(const json& body, const ModelText* text,
-                                                  std::vector<std::string>& texts,
-                                                  std::vector<std::uint8_t>& is_text) {
+                                                  std::vector<EchoText>& texts) {
     if (!body.contains("prompt"))
         throw ApiError{400, "\"prompt\" is required: a string or an array of token ids"};
     const auto& p = body.at("prompt");
@@ -120,9 +119,7 @@ std::vector<std::vector<std::int32_t>> prompts_of(const json& body, const ModelT
             throw ApiError{
                 400, fmt::format("\"prompt\" holds {} prompts; at most {}", p.size(), kMaxChoices)};
         texts.resize(p.size());
-        is_text.assign(p.size(), 0);
         for (std::size_t i = 0; i < p.size(); ++i) {
-            is_text[i] = p[i].is_string();
             const std::string what = fmt::format("prompt[{}]", i);
             if (!p[i].is_string() && !p[i].is_array())
                 throw ApiError{400, fmt::format("{} must be a string or an array of token ids "
@@ -133,7 +130,6 @@ std::vector<std::vector<std::int32_t>> prompts_of(const json& body, const ModelT
         return out;
     }
     texts.resize(1);
-    is_text.assign(1, p.is_string());
     out.push_back(one_prompt(p, text, &texts[0], "prompt", "\"prompt\""));
     return out;
 }
@@ -299,9 +295,8 @@ struct Completion {
     struct Choice {
         std::uint64_t request_id = 0;  // 0: not known yet (submit has not returned)
         bool cancel_when_known = false;
-        const std::string* echo = nullptr;  // its prompt's text, written first (echo)
-        bool echo_waits = false;    // streamed echo with logprobs: written with the prompt's scores
-        bool echo_is_text = false;  // the echo is the text given (not the ids' decode)
+        const EchoText* echo = nullptr;  // its prompt's text, written first (echo)
+        bool echo_waits = false;  // streamed echo with logprobs: written with the prompt's scores
         std::optional<text::StreamDecoder> decoder;
         std::string text;      // the detokenised completion so far (cut at a stop string)
         std::size_t sent = 0;  // bytes of text already written (streamed)
@@ -448,7 +443,7 @@ struct Completion {
             c.echo_waits = true;  // with the prompt's scores, which come with the first token
         } else if (c.echo) {
             sse(envelope(json::array({{{"index", i},
-                                       {"text", *c.echo},
+                                       {"text", c.echo->text},
                                        {"logprobs", nullptr},
                                        {"finish_reason", nullptr}}})));
         }
@@ -459,22 +454,22 @@ struct Completion {
     void on_prompt_scores(std::size_t i, Choice& c, const std::vector<model::SampledToken>& s) {
         if (chat() || !c.echo || req.logprobs < 0) return;
         if (!req.stream) {
-            c.logprobs.add_prompt(tok, s, req.logprobs, c.echo_is_text);
+            c.logprobs.add_prompt(tok, s, req.logprobs, c.echo->given_as_text);
             return;
         }
         Logprobs prompt;
-        prompt.add_prompt(tok, s, req.logprobs, c.echo_is_text);
+        prompt.add_prompt(tok, s, req.logprobs, c.echo->given_as_text);
         if (!c.echo_waits) return;
         c.echo_waits = false;
         sse(envelope(json::array({{{"index", i},
-                                   {"text", *c.echo},
+                                   {"text", c.echo->text},
                                    {"logprobs", prompt.to_json()},
                                    {"finish_reason", nullptr}}})));
     }
 
     void on_token(std::size_t i, Choice& c, const model::SampledToken& t) {
         c.tokens.push_back(t.token);
-        const std::size_t offset = (c.echo ? c.echo->size() : 0) + c.text.size();
+        const std::size_t offset = (c.echo ? c.echo->text.size() : 0) + c.text.size();
         std::string piece = c.decoder ? c.decoder->push(t.token) : std::string();
         const std::string ready = add_text(c, std::move(piece), false);
         json lp = nullptr;
@@ -647,7 +642,7 @@ struct Completion {
                     req.logprobs >= 0 ? json{{"content", c.chat_logprobs}} : json(nullptr);
                 if (req.return_token_ids) ch["token_ids"] = c.tokens;
             } else {
-                ch["text"] = c.echo ? *c.echo + c.text : c.text;
+                ch["text"] = c.echo ? c.echo->text + c.text : c.text;
                 ch["token_ids"] = c.tokens;
                 ch["logprobs"] = req.logprobs >= 0 ? c.logprobs.to_json() : json(nullptr);
             }
@@ -833,13 +828,10 @@ HttpResponse submit_generation(Service& service, const ServiceView& v, Generatio
     for (std::size_t k = 0; k < P; ++k) {
         c->prompt_tokens += k == 0 ? c->req.request.prompt.size()  // g was moved into c->req
                                    : c->req.more_prompts[k - 1].size();
-        const std::string* echo = !c->req.echo ? nullptr
-                                  : k == 0     ? &*c->req.echo
-                                               : &c->req.more_echo.at(k - 1);
+        const EchoText* echo = c->req.echo.empty() ? nullptr : &c->req.echo.at(k);
         for (std::size_t j = 0; j < n; ++j) {
             auto& ch = c->choices[k * n + j];
             ch.echo = echo;
-            ch.echo_is_text = k < c->req.text_prompts.size() && c->req.text_prompts[k];
             if (c->tok) ch.decoder.emplace(*c->tok, true);
             if (c->req.read_tool_calls && c->req.stream) ch.tool_reader.emplace();
             if (c->req.read_reasoning && c->req.stream) ch.reasoning_reader.emplace();
@@ -902,9 +894,8 @@ HttpResponse post_completions(Service& service, const HttpRequest& req) {
     const ModelText* text = service.text();
     Generation g;
     g.shape = Generation::Shape::completion;
-    std::vector<std::string> prompt_texts;
-    std::vector<std::vector<std::int32_t>> prompts =
-        prompts_of(body, text, prompt_texts, g.text_prompts);
+    std::vector<EchoText> prompt_texts;
+    std::vector<std::vector<std::int32_t>> prompts = prompts_of(body, text, prompt_texts);
     g.request.prompt = std::move(prompts.front());
     g.more_prompts.assign(std::make_move_iterator(prompts.begin() + 1),
                           std::make_move_iterator(prompts.end()));
@@ -931,8 +922,7 @@ HttpResponse post_completions(Service& service, const HttpRequest& req) {
             // With logprobs, the prompt's tokens are scored too (lm-eval-harness reads a
             // continuation's likelihood so).
             if (g.logprobs >= 0) g.request.prompt_logprobs = g.logprobs;
-            g.echo = prompt_texts.front();
-            g.more_echo.assign(prompt_texts.begin() + 1, prompt_texts.end());
+            g.echo = std::move(prompt_texts);
         }
     }
     if (present(body, "suffix")) throw ApiError{400, "\"suffix\" is not supported"};

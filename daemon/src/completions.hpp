@@ -41,23 +41,29 @@ std::string scheduler_metrics_text(const ServiceView& v);
 // --- shared by the two generation routes (completions.cpp)
 
 // What a generation route asks for once its body is parsed: n sequences of one prompt.
+// A prompt's text as echo writes it before the completion: the text given, or the decode of
+// the ids given (given_as_text false: the special tokens its encoding added, a BOS, are not in
+// a given text, and so take no room in it).
+struct EchoText {
+    std::string text;
+    bool given_as_text = false;
+};
+
 struct Generation {
     enum class Shape : std::uint8_t { completion, chat };
     Shape shape = Shape::completion;
     model::Request request;  // sequence i draws with seed + i when a seed is given
     std::size_t n = 1;
     bool stream = false, include_usage = false;
-    int logprobs = -1;                // -1: none; else the top-n count (chat: top_logprobs)
-    std::vector<std::string> stop;    // stop strings (at most 4, none empty)
-    std::optional<std::string> echo;  // completions' echo: the prompt's text, written first
+    int logprobs = -1;              // -1: none; else the top-n count (chat: top_logprobs)
+    std::vector<std::string> stop;  // stop strings (at most 4, none empty)
     // Completions' "prompt" as an array of several prompts: those after request.prompt, each
     // with n choices of its own (choice index = prompt × n + j, as OpenAI orders them; choice j
-    // of every prompt draws with seed + j) and, with echo, its text in more_echo.
+    // of every prompt draws with seed + j).
     std::vector<std::vector<std::int32_t>> more_prompts;
-    std::vector<std::string> more_echo;
-    // Per prompt (request.prompt first): given as text, so that its echo is that text and the
-    // special tokens the encoding added (a BOS) take no room in it.
-    std::vector<std::uint8_t> text_prompts;
+    // Completions' echo: each prompt's text (request.prompt's first), written before its
+    // choices' completions; empty without echo.
+    std::vector<EchoText> echo;
     bool return_token_ids = true;
     // Chat with tools: each choice's text is read for tool calls (tool_calls.hpp), taken out
     // of its content into message.tool_calls (streamed: delta.tool_calls), finish_reason

@@ -395,16 +395,21 @@ bool any_gpu_mode(const Options& o) {
                        [](const std::string& m) { return m != "cpu-only"; });
 }
 
+// A built-in model's first `layers` layers, headers only (sizes, no weights generated).
+std::unique_ptr<model::Model> headers_only(const std::string& name, int layers) {
+    model::ModelLoadOptions lo;
+    lo.headers_only = true;
+    lo.max_layers = layers;
+    return model::make_builtin_model(name, lo);
+}
+
 // The host memory one configuration holds at `layers` layers: every weight (the host copy is
 // the model; the GPU's are copies), and the engine's KV budgets: a GPU mode sizes both the
 // pinned and the pageable region for the whole KV (either may take all of the spill: the
 // router's share decides), the CPU-only product one.
 std::uint64_t host_need(const std::string& name, int layers, std::size_t context, std::size_t batch,
                         const Options& o) {
-    model::ModelLoadOptions lo;
-    lo.headers_only = true;
-    lo.max_layers = layers;
-    const std::unique_ptr<model::Model> h = model::make_builtin_model(name, lo);
+    const std::unique_ptr<model::Model> h = headers_only(name, layers);
     const model::ModelConfig& c = h->config();
     const std::uint64_t kv = kv_bytes(c.kv_geometry(c.dtype), batch, context, o.steps, o.block);
     return h->weight_bytes() + (any_gpu_mode(o) ? 2 * kv + (320ull << 20) : kv + (64ull << 20));
@@ -422,10 +427,7 @@ int layers_for(const std::string& name, int full_layers, std::size_t context, st
 
 // The weights of `layers` layers of a built-in model (headers only: nothing generated).
 std::uint64_t weight_bytes(const std::string& name, int layers) {
-    model::ModelLoadOptions lo;
-    lo.headers_only = true;
-    lo.max_layers = layers;
-    return model::make_builtin_model(name, lo)->weight_bytes();
+    return headers_only(name, layers)->weight_bytes();
 }
 
 // The largest aggregate's depth: all layers, unless their weights leave less than 4 GiB of
@@ -448,10 +450,7 @@ std::uint64_t aggregate_spill_budget(const std::string& name, int layers, std::u
 // sequence's KV (the T slots the setup sizes for them).
 std::size_t aggregate_max_sequences(const std::string& name, int layers, std::size_t context,
                                     const Options& o, std::uint64_t room, int full_layers) {
-    model::ModelLoadOptions lo;
-    lo.headers_only = true;
-    lo.max_layers = layers;
-    const auto h = model::make_builtin_model(name, lo);
+    const auto h = headers_only(name, layers);
     const model::ModelConfig& c = h->config();
     const std::uint64_t per = kv_bytes(c.kv_geometry(c.dtype), 1, context, o.steps, o.block);
     const double vram = o.vram_gib * static_cast<double>(1ull << 30) * layers / full_layers;

@@ -904,7 +904,7 @@ void EngineImpl::attend_prompt_device(std::size_t layer, std::size_t m, const vo
     // and layer either way, and the GPU attends a chunk's queries over it hundreds of times
     // faster than the CPU (docs/gpu-runtime.md, "U in prompt attention"); the CPU's part is the
     // layout, piece by piece, while the previous piece crosses PCIe.
-    const std::size_t piece = opts_.prompt_u_to_gpu ? gpu.prompt_u_piece_blocks() : 0;
+    const std::size_t piece = gpu.prompt_u_piece_blocks();
     const bool u_on_gpu = piece > 0 && !prompt_u_blocks_.empty();
     if (u_on_gpu) work.u_blocks = static_cast<std::uint32_t>(prompt_u_blocks_.size());
     const bool cpu_share = !u_on_gpu && !prompt_u_blocks_.empty();

@@ -34,7 +34,9 @@ struct EngineOptions {
     // sizes its workspace; 0: prompts are attended by the CPU).
     std::size_t max_prompt_tokens = 0;
     // Device-side prompts: the GPU attends the sequence's U blocks too, laid out linear by the
-    // CPU (false: the CPU attends them and its partials are merged; the measurement's baseline).
+    // CPU into pinned pieces (false: the backend is built without them and the CPU attends U, its
+    // partials merged; the measurement's baseline. The engine also leaves U to the CPU where the
+    // pieces would take more than a quarter of pinned_kv_bytes).
     bool prompt_u_to_gpu = true;
     // Pinned host memory the owner of the pinned budget set aside for others before
     // pinned_kv_bytes (the daemon's GPU model runtime: its staging for streaming experts); the
