@@ -108,6 +108,8 @@ ordered_json messages_of(const ordered_json& body) {
     return out;
 }
 
+}  // namespace
+
 // The request's tools for the template, checked: an array of {"type": "function", "function":
 // {"name", "description", "parameters"}}, rendered (as apply_chat_template(tools=...) does)
 // when tool_choice is "auto" (the default) and the template takes them; "none" renders none.
@@ -156,6 +158,8 @@ std::optional<ordered_json> tools_of(const ordered_json& body, const ModelText& 
     read_calls = true;
     return tools;
 }
+
+namespace {
 
 // The rendered prompt of a chat request's messages, as transformers' apply_chat_template gives
 // it: add_generation_prompt (default true), bos_token and eos_token from the tokenizer's

@@ -106,6 +106,8 @@ std::vector<std::int32_t> one_prompt(const json& one, const ModelText* text, Ech
     return ids;
 }
 
+}  // namespace
+
 // The prompts: a string or an array of token ids (one prompt), or an array of strings or of
 // token-id arrays (one prompt each, as OpenAI takes them). texts gets each one's text.
 std::vector<std::vector<std::int32_t>> prompts_of(const json& body, const ModelText* text,
@@ -133,6 +135,8 @@ std::vector<std::vector<std::int32_t>> prompts_of(const json& body, const ModelT
     out.push_back(one_prompt(p, text, &texts[0], "prompt", "\"prompt\""));
     return out;
 }
+
+namespace {
 
 std::string dump(const json& j) {
     return j.dump(-1, ' ', false, json::error_handler_t::replace);

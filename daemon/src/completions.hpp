@@ -86,6 +86,16 @@ void check_model_field(const nlohmann::json& body, const std::string& served);
 // ignore_eos, n, stream and stream_options, return_token_ids, the refused penalties and
 // logit_bias. With a tokenizer null, stop strings are refused.
 void parse_common_fields(const nlohmann::json& body, Generation& g, const ModelText* text);
+// Completions' "prompt": one prompt (a string or an array of token ids) or several (an array of
+// strings or of token-id arrays), encoded; texts gets each one's echo text. 400 naming what is
+// wrong (prompt[i]).
+std::vector<std::vector<std::int32_t>> prompts_of(const nlohmann::json& body, const ModelText* text,
+                                                  std::vector<EchoText>& texts);
+// chat_completions.cpp: the request's "tools" for the template (none: null), checked with
+// "tool_choice" and "parallel_tool_calls"; read_calls: the answer is read for tool calls. 400
+// naming what is wrong, also a template that takes no tools or writes them in another format.
+std::optional<nlohmann::ordered_json> tools_of(const nlohmann::ordered_json& body,
+                                               const ModelText& text, bool& read_calls);
 // Checks each prompt against server.max_prompt_tokens and prompt + max_tokens against the
 // context, then submits the n sequences of each; the response is filled by their events.
 HttpResponse submit_generation(Service& service, const ServiceView& v, Generation g);

@@ -2,12 +2,14 @@
 // loaded model and its scheduler (without one the route answers 503 before reading the body), so
 // this drives the routes' shared body parsing directly: parse_json_body, reject_unknown,
 // check_model_field and parse_common_fields (sampling, stop strings, n, stream, ...) with the tiny
-// chat model's tokenizer. ApiError is the expected refusal (a 4xx).
+// chat model's tokenizer, and completions' prompts (prompts_of) and chat's tools (tools_of).
+// ApiError is the expected refusal (a 4xx).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -49,6 +51,24 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             if (g.n == 0 || g.stop.size() > 4) std::abort();
             for (const auto& s : g.stop)
                 if (s.empty()) std::abort();
+        } catch (const ApiError& e) {
+            if (e.status < 400 || e.status >= 500) std::abort();
+        }
+        // The prompts (completions) and the tools (chat), each on its own: one prompt's text or
+        // ids, or several; tools checked against a template that renders none.
+        try {
+            const nlohmann::json body = parse_json_body(req);
+            if (chat) {
+                bool read_calls = true;
+                const auto tools =
+                    tools_of(nlohmann::ordered_json::parse(body.dump()), text, read_calls);
+                if (read_calls || (tools && !tools->is_array())) std::abort();
+            } else {
+                std::vector<EchoText> texts;
+                const auto prompts = prompts_of(body, &text, texts);
+                if (prompts.empty() || texts.size() != prompts.size() || prompts.size() > 128)
+                    std::abort();
+            }
         } catch (const ApiError& e) {
             if (e.status < 400 || e.status >= 500) std::abort();
         }
