@@ -29,6 +29,7 @@
 // split into attention, GPU experts, CPU experts and the rest, ms per layer; the parts run one
 // after another in it, so they add up to more than an unprofiled step's layer. --aggregate SEQxCTX:
 // one more run holding SEQ sequences of CTX tokens each, decoding.
+#include <malloc.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -126,6 +127,7 @@ struct Run {
     double host_bytes = 0, limit_ms = 0, efficiency = 0, r = 0;
     std::size_t in_g = 0, in_p = 0, in_u = 0;
     double pinned_gib = 0, vram_gib = 0;
+    double rss_gib = 0;  // the process's resident host memory once the KV is stored
     // One more step with the parts of each layer waited for (Runtime::profile_layers), ms per
     // layer: they run one after another there, so they add up to more than a step's layer.
     double prof_attention_ms = 0, prof_gpu_experts_ms = 0, prof_cpu_experts_ms = 0,
@@ -142,6 +144,15 @@ std::uint64_t kv_bytes(const KvGeometry& g, std::size_t batch, std::size_t conte
                        std::size_t steps, std::size_t B) {
     const std::uint64_t per_seq_blocks = (context + steps + 2 + B - 1) / B + 1;
     return batch * per_seq_blocks * B * g.bytes_per_token();
+}
+
+// The process's resident host memory now (VmRSS; 0 where /proc says nothing).
+std::uint64_t resident_bytes() {
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    while (std::getline(f, line))
+        if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+    return 0;
 }
 
 EngineOptions engine_options(const ModelSetup& s, const std::string& mode, std::size_t batch,
@@ -267,6 +278,7 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
         r.sequences = ids.size();
         batch = ids.size();
         fill(*e, *rt, ids, context);
+        r.rss_gib = gib(resident_bytes());
         const EngineStatus st = e->status();
         r.in_g = st.regions[static_cast<int>(Region::G)].used_blocks;
         r.in_p = st.regions[static_cast<int>(Region::P)].used_blocks;
@@ -592,6 +604,20 @@ std::unique_ptr<ModelSetup> setup_model(const std::string& name, model::ModelCon
     return sp;
 }
 
+// Lowers eo's VRAM budget until G holds at most `blocks` blocks. What the engine keeps of the
+// budget for its workspace is not known ahead (it grows with the blocks G could hold), so
+// engines are built and asked: each round takes off the blocks G holds over the cap.
+void cap_g_blocks(EngineOptions& eo, std::size_t blocks) {
+    const std::uint64_t per_block = eo.block_tokens * eo.geometry.bytes_per_token();
+    for (int round = 0; round < 4; ++round) {
+        const std::size_t g =
+            Engine::create(eo)->status().regions[static_cast<int>(Region::G)].capacity_blocks;
+        if (g <= blocks) return;
+        eo.vram_kv_bytes -= (g - blocks) * per_block;
+    }
+    throw std::runtime_error("G could not be capped at " + std::to_string(blocks) + " blocks");
+}
+
 // The prompt rate through the runtime at one sequence, writescope's (also with its host experts
 // never streamed: the cost model's comparison).
 struct PrefillResult {
@@ -616,11 +642,7 @@ PrefillResult measure_prefill(ModelSetup& s, const Options& o, const Ceilings& c
             EngineOptions eo = engine_options(s, m, 1, o.prefill, 1, o.block);
             eo.prompt_u_to_gpu = o.prompt_u_to_gpu;
             if (o.prefill_g_tokens > 0 && m != "cpu-only")
-                eo.vram_kv_bytes = std::min<std::uint64_t>(
-                    eo.vram_kv_bytes,
-                    s.t_bytes + (256ull << 20) +
-                        o.prefill_g_tokens *
-                            s.m->config().kv_geometry(s.m->config().dtype).bytes_per_token());
+                cap_g_blocks(eo, (o.prefill_g_tokens + o.block - 1) / o.block);
             auto e = calibrated_engine(s, m, eo);
             auto rt = runtime_for(
                 s, *e, m, 1,
@@ -704,11 +726,13 @@ std::string decode_config(ModelSetup& s, const std::string& name, std::size_t co
             "attention %.3f ms, rest %.3f ms; blocks G %zu P %zu U %zu, r %.2f; "
             "host %.2f GB/step -> limit %.2f ms, efficiency %.2f\n"
             "  %-10s   profiled step, ms per layer: attention %.3f, GPU experts %.3f, "
-            "CPU experts %.3f, rest %.3f; tracked A %.3g us/token, B %.3g us/token\n",
+            "CPU experts %.3f, rest %.3f; tracked A %.3g us/token, B %.3g us/token; resident "
+            "%.1f GiB (planned %.1f)\n",
             mode.c_str(), context, batch, r.tok_s, r.step_ms, r.attention_ms, r.rest_ms, r.in_g,
             r.in_p, r.in_u, r.r, r.host_bytes / 1e9, r.limit_ms, r.efficiency, "",
             r.prof_attention_ms, r.prof_gpu_experts_ms, r.prof_cpu_experts_ms, r.prof_rest_ms,
-            r.tracked_a * 1e6, r.tracked_b * 1e6);
+            r.tracked_a * 1e6, r.tracked_b * 1e6, r.rss_gib,
+            gib(host_need(name, c.num_layers, context, batch, o)));
     }
     double best_single = 0;
     for (const char* m : {"gpu-only", "cpu-only"})
@@ -773,7 +797,7 @@ std::string decode_config(ModelSetup& s, const std::string& name, std::size_t co
       << ", \"prefill_streamed_experts\": " << pre.streamed.streamed_experts
       << ", \"prefill_cpu_experts\": " << pre.streamed.cpu_experts
       << ", \"peak_vram_gib\": " << ws.vram_gib << ", \"peak_pinned_gib\": " << ws.pinned_gib
-      << ", \"peak_host_gib\": " << peak_host_gib() << "}";
+      << ", \"resident_gib\": " << ws.rss_gib << ", \"peak_host_gib\": " << peak_host_gib() << "}";
     std::printf("  -> writescope %.2fx the better single mode\n",
                 ws.ok && best_single > 0 ? ws.tok_s / best_single : 0.0);
     return j.str();
@@ -945,6 +969,12 @@ int run_generate(int argc, char** argv) {
             std::size_t max_batch = 1;  // the T slots and the ops' rows: this depth's largest batch
             for (const PlanItem& it : items)
                 if (it.layers == depth) max_batch = std::max(max_batch, it.batch);
+            // The previous depth's weights back to the system: glibc keeps freed heap pages
+            // resident (tensors of a few MiB come from the heap once a larger one was freed),
+            // and a deeper model's 40 GiB held so ran the next depth out of memory.
+            malloc_trim(0);
+            std::printf("\n%s: resident before %d layers are set up: %.1f GiB\n", name.c_str(),
+                        depth, gib(resident_bytes()));
             s = setup_model(name, *preset, depth, o, max_batch);
             if (!prefilled) {
                 pre = measure_prefill(*s, o, ceil, next_id);

@@ -12,7 +12,9 @@
 #   DECODE_MODES: ";"-separated model-decode modes (default: device-side, without graphs, staged, half the experts)
 #   GENERATE_ARGS: arguments for generate (its default depth is the most layers each
 #     configuration's host memory holds: one model per call keeps a call within 10 minutes, e.g.
-#     GENERATE_ARGS="--models mixtral-8x7b --steps 4 --json $OUT/generate-mixtral-8x7b.json";
+#     GENERATE_ARGS="--models qwen3-30b-a3b --steps 4 --json $OUT/generate-qwen3-30b-a3b.json";
+#     a full Mixtral (five depths) takes ~11 minutes: run its 128K x 16 apart with
+#     "--contexts 128K --batches 16", the rest with "--batches 1,4" and "--batches 16 --contexts 8K,32K";
 #     `writescope-bench generate --plan` prints the depths without a GPU)
 # Times on the H200 machine: build ~90 s, tests ~2 min, decode ~1 min per mode. A machine idle
 # for 30 s is given back, and the next call builds again.
