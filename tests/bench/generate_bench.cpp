@@ -23,8 +23,10 @@
 // (the spilled KV in P and U, and the host-resident experts routed to) ÷ the aggregate host
 // bandwidth measured in this run (the CPU reading while the copy engine streams pinned memory):
 // the limit of that step, and the step's efficiency against it; prefill tokens/s (a prompt of
-// --prefill tokens through the runtime); peak VRAM, pinned and host memory. --json writes the
-// records (docs/perf/generate-*.json). layer_ms: one more decode step, profiled
+// --prefill tokens through the runtime); peak VRAM, pinned and host memory, and the resident
+// memory once the KV is stored. --json writes the
+// records (docs/perf/generate-*.json), after each configuration. layer_ms: one more decode
+// step, profiled
 // (Runtime::profile_layers: the ops waited for around the attention and each side's experts),
 // split into attention, GPU experts, CPU experts and the rest, ms per layer; the parts run one
 // after another in it, so they add up to more than an unprofiled step's layer. --aggregate SEQxCTX:
@@ -962,6 +964,14 @@ int run_generate(int argc, char** argv) {
         std::set<int, std::greater<>> depths;
         for (const PlanItem& it : items)
             if (it.layers > 0) depths.insert(it.layers);
+        // The records measured so far, this model's in the order asked for: written after each
+        // configuration, so a run stopped at its time limit keeps every one it finished.
+        const auto write_so_far = [&] {
+            std::vector<std::string> all = records;
+            for (const PlanItem& it : items)
+                if (!it.record.empty()) all.push_back(it.record);
+            write_json(o.json, all);
+        };
         PrefillResult pre;
         bool prefilled = false;
         for (const int depth : depths) {
@@ -987,6 +997,7 @@ int run_generate(int argc, char** argv) {
                         ? decode_aggregate(*s, name, it.batch, it.context, o, ceil, next_id,
                                            aggregate_spill_budget(name, depth, host_room))
                         : decode_config(*s, name, it.context, it.batch, o, ceil, pre, next_id);
+                write_so_far();
             }
         }
         for (PlanItem& it : items) {
@@ -998,7 +1009,7 @@ int run_generate(int argc, char** argv) {
             }
             records.push_back(std::move(it.record));
         }
-        write_json(o.json, records);  // after each model: a run cut short keeps what it measured
+        write_json(o.json, records);
     }
     return 0;
 }
