@@ -24,13 +24,12 @@
 // bandwidth measured in this run (the CPU reading while the copy engine streams pinned memory):
 // the limit of that step, and the step's efficiency against it; prefill tokens/s (a prompt of
 // --prefill tokens through the runtime); peak VRAM, pinned and host memory, and the resident
-// memory once the KV is stored. --json writes the
-// records (docs/perf/generate-*.json), after each configuration. layer_ms: one more decode
-// step, profiled
-// (Runtime::profile_layers: the ops waited for around the attention and each side's experts),
-// split into attention, GPU experts, CPU experts and the rest, ms per layer; the parts run one
-// after another in it, so they add up to more than an unprofiled step's layer. --aggregate SEQxCTX:
-// one more run holding SEQ sequences of CTX tokens each, decoding.
+// memory once the KV is stored. --json writes the records (docs/perf/generate-*.json), after
+// each configuration. layer_ms: one more decode step, profiled (Runtime::profile_layers: the
+// ops waited for around the attention and each side's experts), split into attention, GPU
+// experts, CPU experts and the rest, ms per layer; the parts run one after another in it, so
+// they add up to more than an unprofiled step's layer. --aggregate SEQxCTX: one more run
+// holding SEQ sequences of CTX tokens each, decoding.
 #include <malloc.h>
 #include <sys/resource.h>
 
