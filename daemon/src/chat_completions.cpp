@@ -217,6 +217,35 @@ void check_response_format(const json& body) {
 
 }  // namespace
 
+namespace {
+
+// OpenAI's stored completions: nothing is stored here, so "store" may only be false, and
+// "metadata" (which only tags stored ones) is checked for its shape and otherwise unused.
+// "reasoning_effort" is refused by name: a template's own switch (chat_template_kwargs, e.g.
+// enable_thinking) is what these models take.
+void check_stored_fields(const json& body) {
+    if (present(body, "store")) {
+        if (!body["store"].is_boolean()) throw ApiError{400, "\"store\" must be a boolean"};
+        if (body["store"].get<bool>())
+            throw ApiError{400,
+                           "\"store\": true is not supported (this daemon stores no "
+                           "completions)"};
+    }
+    if (present(body, "metadata")) {
+        const auto& m = body["metadata"];
+        if (!m.is_object()) throw ApiError{400, "\"metadata\" must be an object of strings"};
+        for (const auto& [k, val] : m.items())
+            if (!val.is_string())
+                throw ApiError{400, fmt::format("\"metadata\".\"{}\" must be a string", k)};
+    }
+    if (present(body, "reasoning_effort"))
+        throw ApiError{400,
+                       "\"reasoning_effort\" is not supported (use chat_template_kwargs, "
+                       "e.g. {\"enable_thinking\": false}, where the template takes it)"};
+}
+
+}  // namespace
+
 HttpResponse post_chat_completions(Service& service, const HttpRequest& req) {
     if (!service.scheduler())
         throw ApiError{503, "no model is loaded: this daemon serves no completions"};
@@ -243,8 +272,12 @@ HttpResponse post_chat_completions(Service& service, const HttpRequest& req) {
                           "add_generation_prompt",
                           "frequency_penalty",
                           "presence_penalty",
+                          "repetition_penalty",
                           "logit_bias",
                           "user",
+                          "store",
+                          "metadata",
+                          "reasoning_effort",
                           "return_token_ids",
                           "response_format",
                           "tools",
@@ -252,6 +285,7 @@ HttpResponse post_chat_completions(Service& service, const HttpRequest& req) {
                           "parallel_tool_calls"});
     check_model_field(body, v.model.name);
     check_response_format(body);
+    check_stored_fields(body);
     const ModelText* text = service.text();
     const auto& tok = need_tokenizer(text, "POST /v1/chat/completions");
     Generation g;

@@ -60,6 +60,28 @@ bool present(const json& body, const char* name) {
     return body.contains(name) && !body.at(name).is_null();
 }
 
+// OpenAI's logit_bias: an object from token ids (decimal strings) to a bias each. A token
+// past the vocabulary is refused by the sampler at admission, by name.
+std::vector<std::pair<std::int32_t, float>> logit_bias_of(const json& o) {
+    if (!o.is_object())
+        throw ApiError{400, "\"logit_bias\" must be an object from token ids to biases"};
+    std::vector<std::pair<std::int32_t, float>> out;
+    out.reserve(o.size());
+    for (const auto& [key, v] : o.items()) {
+        std::int64_t id = 0;
+        const bool digits =
+            !key.empty() && key.size() <= 10 &&
+            std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (digits) id = std::stoll(key);
+        if (!digits || id > std::numeric_limits<std::int32_t>::max())
+            throw ApiError{400, fmt::format("\"logit_bias\" key \"{}\" is not a token id", key)};
+        if (!v.is_number())
+            throw ApiError{400, fmt::format("\"logit_bias\".\"{}\" must be a number", key)};
+        out.emplace_back(static_cast<std::int32_t>(id), static_cast<float>(v.get<double>()));
+    }
+    return out;
+}
+
 std::vector<std::int32_t> token_ids(const json& a, std::string_view what) {
     std::vector<std::int32_t> out;
     out.reserve(a.size());
@@ -758,12 +780,14 @@ void parse_common_fields(const json& body, Generation& g, const ModelText* text)
         if (!stops.empty()) need_tokenizer(text, "\"stop\" strings");
         g.stop = std::move(stops);
     }
-    for (const char* pen : {"frequency_penalty", "presence_penalty"})
-        if (present(body, pen) && number_of(body, pen) != 0)
-            throw ApiError{400, fmt::format("\"{}\" is not supported (only 0)", pen)};
-    if (present(body, "logit_bias") &&
-        !(body["logit_bias"].is_object() && body["logit_bias"].empty()))
-        throw ApiError{400, "\"logit_bias\" is not supported"};
+    // The ranges are the sampler's (SamplingParams::validate, checked with the rest).
+    if (present(body, "presence_penalty"))
+        sp.presence_penalty = static_cast<float>(number_of(body, "presence_penalty"));
+    if (present(body, "frequency_penalty"))
+        sp.frequency_penalty = static_cast<float>(number_of(body, "frequency_penalty"));
+    if (present(body, "repetition_penalty"))
+        sp.repetition_penalty = static_cast<float>(number_of(body, "repetition_penalty"));
+    if (present(body, "logit_bias")) sp.logit_bias = logit_bias_of(body["logit_bias"]);
     if (present(body, "user") && !body["user"].is_string())
         throw ApiError{400, "\"user\" must be a string"};
     if (present(body, "return_token_ids")) {
@@ -817,6 +841,11 @@ HttpResponse submit_generation(Service& service, const ServiceView& v, Generatio
         if (ids.empty()) throw ApiError{400, fmt::format("{} is empty (no tokens)", which)};
     }
     if (auto e = r.sampling.validate(); !e.empty()) throw ApiError{400, e};
+    for (const auto& [token, bias] : r.sampling.logit_bias)
+        if (v.model.vocab_size > 0 && token >= v.model.vocab_size)
+            throw ApiError{400, fmt::format("\"logit_bias\" names token {}, past the model's "
+                                            "vocabulary ({} tokens)",
+                                            token, v.model.vocab_size)};
 
     const ModelText* text = service.text();
     auto c = std::make_shared<Completion>();
@@ -890,6 +919,7 @@ HttpResponse post_completions(Service& service, const HttpRequest& req) {
                           "best_of",
                           "frequency_penalty",
                           "presence_penalty",
+                          "repetition_penalty",
                           "logit_bias",
                           "suffix",
                           "user",

@@ -11,8 +11,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -330,6 +332,70 @@ TEST_CASE("several prompts in one completion request: n choices each, in prompt 
          "prompt[1] (9 tokens)"},
     };
     for (const auto& [body, want] : refused) {
+        auto [code, e] = d.post("/v1/completions", body);
+        INFO(body.dump() << " -> " << e.dump());
+        CHECK(code == 400);
+        CHECK_THAT(e["error"]["message"].get<std::string>(), Catch::Contains(want));
+    }
+}
+
+TEST_CASE("logit bias and penalties: a penalized completion is the biased one step by step",
+          "[integration]") {
+    TempDir dir;
+    TextDaemon d(dir, "qwen3-moe-tiny");
+    const std::vector<std::int32_t> prompt = {1, 2, 3};
+    const auto complete = [&](const std::vector<std::int32_t>& p, int max_tokens, json extra) {
+        extra["prompt"] = p;
+        extra["max_tokens"] = max_tokens;
+        extra["temperature"] = 0;
+        extra["ignore_eos"] = true;
+        auto [st, j] = d.post("/v1/completions", extra);
+        INFO(extra.dump() << " -> " << j.dump());
+        REQUIRE(st == 200);
+        return j["choices"][0]["token_ids"].get<std::vector<std::int32_t>>();
+    };
+    const auto plain = complete(prompt, 10, json::object());
+    // +100 all but forces a token; -100 bans the greedy one.
+    CHECK(complete(prompt, 10, {{"logit_bias", {{"7", 100}}}}) == std::vector<std::int32_t>(10, 7));
+    CHECK(complete(prompt, 1, {{"logit_bias", {{std::to_string(plain[0]), -100}}}})[0] != plain[0]);
+    // A frequency or presence penalty is a logit bias of -(f * count + p) on each token the
+    // completion holds so far: each step of the penalized completion is the greedy token of its
+    // prefix computed again as a prompt with that bias (another path: the prefix prefilled, the
+    // penalty as a bias). Token 7 gets +8 throughout, so that the model repeats it (the plain
+    // completion repeats nothing) and the penalties change the completion.
+    const json lift = {{"7", 8}};
+    const auto lifted = complete(prompt, 10, {{"logit_bias", lift}});
+    CHECK(std::count(lifted.begin(), lifted.end(), 7) >= 5);
+    for (const auto& [f, p] : {std::pair{2.0, 0.0}, std::pair{0.0, 2.0}, std::pair{1.5, 0.5}}) {
+        const auto got = complete(
+            prompt, 10, {{"frequency_penalty", f}, {"presence_penalty", p}, {"logit_bias", lift}});
+        CHECK(got != lifted);
+        std::vector<std::int32_t> prefix = prompt;
+        std::map<std::int32_t, int> counts;
+        for (std::size_t k = 0; k < got.size(); ++k) {
+            json bias = lift;
+            for (const auto& [t, c] : counts)
+                bias[std::to_string(t)] = (t == 7 ? 8.0 : 0.0) - (f * c + p);
+            INFO("f " << f << " p " << p << " step " << k);
+            CHECK(complete(prefix, 1, {{"logit_bias", bias}})[0] == got[k]);
+            prefix.push_back(got[k]);
+            ++counts[got[k]];
+        }
+    }
+    const std::vector<std::pair<json, std::string>> refused = {
+        {{{"logit_bias", {{"320", 1}}}}, "names token 320, past the model's vocabulary"},
+        {{{"logit_bias", {{"-1", 1}}}}, "key \"-1\" is not a token id"},
+        {{{"logit_bias", {{"5", 150}}}}, "must be in [-100, 100], got 150"},
+        {{{"logit_bias", {{"5", "x"}}}}, "must be a number"},
+        {{{"logit_bias", {{"5", 1}, {"05", 2}}}}, "token 5 is biased twice"},
+        {{{"logit_bias", json::array()}}, "must be an object"},
+        {{{"frequency_penalty", 2.5}}, "frequency_penalty must be in [-2, 2], got 2.5"},
+        {{{"presence_penalty", "1"}}, "must be a number"},
+        {{{"repetition_penalty", 0}}, "repetition_penalty must be > 0"},
+    };
+    for (const auto& [extra, want] : refused) {
+        json body = extra;
+        body["prompt"] = prompt;
         auto [code, e] = d.post("/v1/completions", body);
         INFO(body.dump() << " -> " << e.dump());
         CHECK(code == 400);

@@ -134,6 +134,14 @@ std::size_t support(const std::vector<double>& p) {
         std::count_if(p.begin(), p.end(), [](double x) { return x > 0; }));
 }
 
+// What validate() says of default params changed by `mutate`.
+template <class Mutate>
+std::string validation_of(Mutate mutate) {
+    SamplingParams sp;
+    mutate(sp);
+    return sp.validate();
+}
+
 }  // namespace
 
 TEST_CASE("greedy is the argmax with ties to the lowest id", "[unit][sampler]") {
@@ -363,24 +371,22 @@ TEST_CASE("top logprobs with ties are ordered by id", "[unit][sampler]") {
 
 TEST_CASE("validate names the bad field and its range", "[unit][sampler]") {
     CHECK(SamplingParams{}.validate().empty());
-    auto message = [](auto mutate) {
-        SamplingParams sp;
-        mutate(sp);
-        return sp.validate();
-    };
-    CHECK(message([](SamplingParams& p) { p.temperature = 2.5f; }) ==
+    CHECK(validation_of([](SamplingParams& p) { p.temperature = 2.5f; }) ==
           "temperature must be in [0, 2], got 2.5");
-    CHECK_THAT(message([](SamplingParams& p) { p.temperature = -0.1f; }), Contains("temperature"));
-    CHECK_THAT(message([](SamplingParams& p) { p.temperature = std::nanf(""); }),
+    CHECK_THAT(validation_of([](SamplingParams& p) { p.temperature = -0.1f; }),
+               Contains("temperature"));
+    CHECK_THAT(validation_of([](SamplingParams& p) { p.temperature = std::nanf(""); }),
                Contains("temperature must be in [0, 2]"));
-    CHECK(message([](SamplingParams& p) { p.top_p = 0; }) == "top_p must be in (0, 1], got 0");
-    CHECK_THAT(message([](SamplingParams& p) { p.top_p = 1.01f; }), Contains("top_p"));
-    CHECK(message([](SamplingParams& p) { p.top_k = -2; }) ==
+    CHECK(validation_of([](SamplingParams& p) { p.top_p = 0; }) ==
+          "top_p must be in (0, 1], got 0");
+    CHECK_THAT(validation_of([](SamplingParams& p) { p.top_p = 1.01f; }), Contains("top_p"));
+    CHECK(validation_of([](SamplingParams& p) { p.top_k = -2; }) ==
           "top_k must be >= -1 (-1 and 0: off), got -2");
-    CHECK(message([](SamplingParams& p) { p.min_p = 1.5f; }) == "min_p must be in [0, 1], got 1.5");
-    CHECK(message([](SamplingParams& p) { p.logprobs = 21; }) ==
+    CHECK(validation_of([](SamplingParams& p) { p.min_p = 1.5f; }) ==
+          "min_p must be in [0, 1], got 1.5");
+    CHECK(validation_of([](SamplingParams& p) { p.logprobs = 21; }) ==
           "logprobs must be -1 (none) or in [0, 20], got 21");
-    CHECK_THAT(message([](SamplingParams& p) { p.logprobs = -2; }), Contains("logprobs"));
+    CHECK_THAT(validation_of([](SamplingParams& p) { p.logprobs = -2; }), Contains("logprobs"));
     for (int k : {-1, 0, 1, 100000}) {
         SamplingParams sp;
         sp.top_k = k;
@@ -505,4 +511,179 @@ TEST_CASE("a 152K vocabulary on every path without allocation", "[unit][sampler]
                     std::chrono::duration<double, std::milli>(t1 - t0).count() / kCalls,
                     support(ref));
     }
+}
+
+namespace {
+
+// Step 0 of sampler.hpp written plainly over the whole vocabulary: the bias, then the
+// repetition penalty over the prompt's and the output's tokens, then the frequency and presence
+// penalties over the output's counts. In fp32 as the sampler computes it (the same operations
+// in the same order), so that a draw never depends on a rounding between the two.
+std::vector<float> reference_adjusted(const std::vector<float>& raw, const SamplingParams& sp,
+                                      const std::vector<std::int32_t>& prompt,
+                                      const std::vector<std::int32_t>& output) {
+    std::vector<float> l = raw;
+    for (const auto& [t, b] : sp.logit_bias)
+        l[t] += b;
+    for (std::size_t t = 0; t < l.size(); ++t) {
+        const auto id = static_cast<std::int32_t>(t);
+        const auto count = std::count(output.begin(), output.end(), id);
+        const bool seen = count > 0 || std::find(prompt.begin(), prompt.end(), id) != prompt.end();
+        if (seen && sp.repetition_penalty != 1.0f)
+            l[t] = l[t] > 0 ? l[t] / sp.repetition_penalty : l[t] * sp.repetition_penalty;
+        if (count > 0)
+            l[t] -= sp.frequency_penalty * static_cast<float>(count) + sp.presence_penalty;
+    }
+    return l;
+}
+
+// The tokens one sampler draws from the same logits `steps` times.
+std::vector<std::int32_t> tokens_of(const SamplingParams& sp, const std::vector<float>& l,
+                                    int steps) {
+    Sampler s(sp, l.size());
+    std::vector<std::int32_t> got;
+    for (int i = 0; i < steps; ++i)
+        got.push_back(s.sample(l).token);
+    return got;
+}
+
+}  // namespace
+
+TEST_CASE("logit bias and penalties: greedy steps by hand", "[unit][sampler]") {
+    // Token 0 leads by 0.5 over token 1; the others are far behind.
+    const std::vector<float> l{3.0f, 2.5f, -4.0f, -5.0f};
+    SamplingParams sp;
+    sp.temperature = 0;
+    sp.logprobs = 0;
+    {
+        // A frequency penalty of 1 alternates them: 0 (3 > 2.5), then 1 (2 < 2.5), then 0
+        // (2 > 1.5), then 1 (1 < 1.5) ...
+        SamplingParams f = sp;
+        f.frequency_penalty = 1.0f;
+        CHECK(tokens_of(f, l, 6) == std::vector<std::int32_t>{0, 1, 0, 1, 0, 1});
+    }
+    {
+        // A presence penalty of 0.6 takes 0.6 once per token: 0, then 1 (2.4 < 2.5), then 0
+        // again (2.4 > 1.9), and 0 from then on (nothing grows).
+        SamplingParams p = sp;
+        p.presence_penalty = 0.6f;
+        CHECK(tokens_of(p, l, 5) == std::vector<std::int32_t>{0, 1, 0, 0, 0});
+    }
+    {
+        // Repetition 2 over a prompt holding token 0: 3 / 2 = 1.5 < 2.5, so 1 first; a negative
+        // logit of the prompt is multiplied (-4 · 2), never raised.
+        SamplingParams r = sp;
+        r.repetition_penalty = 2.0f;
+        const std::vector<std::int32_t> prompt{0, 2, 0};
+        Sampler s(r, l.size(), prompt);
+        CHECK(s.sample(l).token == 1);
+        CHECK(s.sample(l).token == 0);  // 1 is now 1.25, 0 is still 1.5
+        // The logprobs stay the raw ones (sampler.hpp): token 0's under the raw logits.
+        const SampledToken t = s.sample(l);
+        double sum = 0;
+        for (const float x : l)
+            sum += std::exp(static_cast<double>(x) - 3.0);
+        CHECK(t.logprob == Approx(-std::log(sum)).epsilon(1e-6));
+    }
+    {
+        // A bias of -100 bans a token; +100 forces one over a 7-point lead.
+        SamplingParams b = sp;
+        b.logit_bias = {{0, -100.0f}};
+        CHECK(Sampler(b, l.size()).sample(l).token == 1);
+        b.logit_bias = {{3, 100.0f}};
+        Sampler forced(b, l.size());
+        CHECK(forced.adjusts());
+        for (int i = 0; i < 3; ++i)
+            CHECK(forced.sample(l).token == 3);
+    }
+    CHECK_FALSE(Sampler(sp, l.size()).adjusts());
+}
+
+TEST_CASE("logit bias and penalties equal the sampler fed the reference's logits",
+          "[unit][sampler]") {
+    // Step 0 against reference_adjusted: a sampler with the bias and penalties over raw logits
+    // must choose, step after step, what one without them chooses over the reference's
+    // adjusted logits (the same seed, so the same draws), greedy and random, with and without
+    // cuts; the logprobs are the raw ones either way.
+    auto rng = writescope::test::seeded_rng("sampler penalties");
+    for (int round = 0; round < 60; ++round) {
+        const std::size_t vocab = 1 + rng() % 300;
+        std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+        SamplingParams sp;
+        sp.temperature = round % 3 == 0 ? 0.0f : 0.3f + 1.5f * std::abs(u(rng)) / 2.0f;
+        sp.top_k = round % 4 == 1 ? static_cast<int>(1 + rng() % vocab) : 0;
+        sp.top_p = round % 5 == 2 ? 0.5f + std::abs(u(rng)) / 4.1f : 1.0f;
+        sp.seed = rng();
+        sp.logprobs = static_cast<int>(rng() % 4);
+        sp.presence_penalty = round % 2 ? u(rng) : 0.0f;
+        sp.frequency_penalty = round % 3 ? u(rng) : 0.0f;
+        sp.repetition_penalty = round % 4 ? 0.5f + std::abs(u(rng)) : 1.0f;
+        const std::size_t biased = rng() % 4;
+        for (std::size_t i = 0; i < biased; ++i) {
+            const auto t = static_cast<std::int32_t>(rng() % vocab);
+            if (std::none_of(sp.logit_bias.begin(), sp.logit_bias.end(),
+                             [&](const auto& e) { return e.first == t; }))
+                sp.logit_bias.emplace_back(t, 25.0f * u(rng));
+        }
+        std::vector<std::int32_t> prompt(rng() % 20);
+        for (auto& t : prompt)
+            t = static_cast<std::int32_t>(rng() % vocab);
+        SamplingParams plain = sp;
+        plain.presence_penalty = plain.frequency_penalty = 0.0f;
+        plain.repetition_penalty = 1.0f;
+        plain.logit_bias.clear();
+        Sampler with(sp, vocab, prompt), without(plain, vocab);
+        std::vector<std::int32_t> output;
+        for (int step = 0; step < 24; ++step) {
+            // Logits with few distinct values, so that the penalties reorder ties and near ties.
+            std::vector<float> l(vocab);
+            for (float& x : l)
+                x = std::round(u(rng) * 4.0f) / 2.0f;
+            const SampledToken a = with.sample(l);
+            const SampledToken b = without.sample(reference_adjusted(l, sp, prompt, output));
+            INFO("round " << round << " step " << step << " vocab " << vocab);
+            REQUIRE(a.token == b.token);
+            const SampledToken raw = Sampler(plain, vocab).sample(l);
+            CHECK(a.top.size() == raw.top.size());
+            if (sp.logprobs >= 0 && !a.top.empty()) CHECK(a.top[0].token == raw.top[0].token);
+            output.push_back(a.token);
+        }
+    }
+}
+
+TEST_CASE("logit bias and penalty validation", "[unit][sampler]") {
+    CHECK(validation_of([](SamplingParams& p) { p.presence_penalty = 2.5f; }) ==
+          "presence_penalty must be in [-2, 2], got 2.5");
+    CHECK(validation_of([](SamplingParams& p) { p.frequency_penalty = -2.1f; }) ==
+          "frequency_penalty must be in [-2, 2], got -2.1");
+    CHECK(validation_of([](SamplingParams& p) { p.repetition_penalty = 0; }) ==
+          "repetition_penalty must be > 0, got 0");
+    CHECK_THAT(validation_of([](SamplingParams& p) { p.repetition_penalty = kInfF; }),
+               Contains("repetition_penalty"));
+    CHECK(validation_of([](SamplingParams& p) {
+              p.logit_bias = {{3, 100.5f}};
+          }) == "logit_bias: the bias of token 3 must be in [-100, 100], got 100.5");
+    CHECK(validation_of([](SamplingParams& p) {
+              p.logit_bias = {{-1, 1.0f}};
+          }) == "logit_bias: token -1 is negative");
+    CHECK(validation_of([](SamplingParams& p) {
+              p.logit_bias = {{4, 1.0f}, {2, 0.0f}, {4, 2.0f}};
+          }) == "logit_bias: token 4 is biased twice");
+    CHECK(validation_of([](SamplingParams& p) {
+              p.presence_penalty = -2.0f;
+              p.frequency_penalty = 2.0f;
+              p.repetition_penalty = 1e-3f;
+              p.logit_bias = {{0, -100.0f}, {1, 100.0f}};
+          }).empty());
+    SamplingParams past;
+    past.logit_bias = {{10, 1.0f}};
+    CHECK_THROWS_WITH(Sampler(past, 10), Contains("token 10 is not in the vocabulary (10 tokens)"));
+    SamplingParams rep;
+    rep.repetition_penalty = 1.5f;
+    const std::vector<std::int32_t> bad_prompt{1, 12};
+    CHECK_THROWS_WITH(Sampler(rep, 10, bad_prompt), Contains("prompt token 12"));
+    // Only the repetition penalty reads the prompt.
+    SamplingParams pres;
+    pres.presence_penalty = 1.0f;
+    CHECK_NOTHROW(Sampler(pres, 10, bad_prompt));
 }

@@ -54,10 +54,29 @@ std::string SamplingParams::validate() const {
     if (!(min_p >= 0.0f && min_p <= 1.0f)) return out_of_range("min_p", "in [0, 1]", min_p);
     if (logprobs < -1 || logprobs > kMaxLogprobs)
         return out_of_range("logprobs", "-1 (none) or in [0, 20]", logprobs);
+    if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f))
+        return out_of_range("presence_penalty", "in [-2, 2]", presence_penalty);
+    if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f))
+        return out_of_range("frequency_penalty", "in [-2, 2]", frequency_penalty);
+    if (!(repetition_penalty > 0.0f && std::isfinite(repetition_penalty)))
+        return out_of_range("repetition_penalty", "> 0", repetition_penalty);
+    std::vector<std::int32_t> biased;
+    biased.reserve(logit_bias.size());
+    for (const auto& [token, bias] : logit_bias) {
+        if (token < 0) return "logit_bias: token " + std::to_string(token) + " is negative";
+        if (!(bias >= -100.0f && bias <= 100.0f))
+            return "logit_bias: the bias of token " + std::to_string(token) +
+                   " must be in [-100, 100], got " + format_number(bias);
+        biased.push_back(token);
+    }
+    std::sort(biased.begin(), biased.end());
+    if (const auto d = std::adjacent_find(biased.begin(), biased.end()); d != biased.end())
+        return "logit_bias: token " + std::to_string(*d) + " is biased twice";
     return {};
 }
 
-Sampler::Sampler(const SamplingParams& params, std::size_t vocab)
+Sampler::Sampler(const SamplingParams& params, std::size_t vocab,
+                 std::span<const std::int32_t> prompt)
     : params_(params),
       vocab_(vocab),
       greedy_(params.temperature < SamplingParams::kGreedyTemperature),
@@ -72,6 +91,47 @@ Sampler::Sampler(const SamplingParams& params, std::size_t vocab)
         rank_.resize(vocab);
         weight_.resize(vocab);
     }
+    for (const auto& [token, bias] : params.logit_bias)
+        if (static_cast<std::size_t>(token) >= vocab)
+            throw std::invalid_argument("logit_bias: token " + std::to_string(token) +
+                                        " is not in the vocabulary (" + std::to_string(vocab) +
+                                        " tokens)");
+    penalizes_ = params.presence_penalty != 0.0f || params.frequency_penalty != 0.0f ||
+                 params.repetition_penalty != 1.0f;
+    adjusts_ = penalizes_ || !params.logit_bias.empty();
+    if (adjusts_) adjusted_.resize(vocab);
+    if (penalizes_) {
+        counts_.assign(vocab, 0);
+        in_prompt_.assign(vocab, 0);
+        // Only the repetition penalty reads the prompt.
+        if (params.repetition_penalty != 1.0f)
+            for (const std::int32_t t : prompt) {
+                if (t < 0 || static_cast<std::size_t>(t) >= vocab)
+                    throw std::invalid_argument("sampler: prompt token " + std::to_string(t) +
+                                                " is not in the vocabulary");
+                if (!in_prompt_[t]) penalized_.push_back(t);
+                in_prompt_[t] = 1;
+            }
+    }
+}
+
+std::span<const float> Sampler::adjust(std::span<const float> logits) {
+    float* a = adjusted_.data();
+    std::copy(logits.begin(), logits.end(), a);
+    for (const auto& [token, bias] : params_.logit_bias)
+        a[token] += bias;
+    const float rho = params_.repetition_penalty;
+    for (const std::int32_t t : penalized_) {
+        if (rho != 1.0f) a[t] = a[t] > 0.0f ? a[t] / rho : a[t] * rho;
+        if (const std::uint32_t c = counts_[t]; c > 0)
+            a[t] -= params_.frequency_penalty * static_cast<float>(c) + params_.presence_penalty;
+    }
+    return {a, vocab_};
+}
+
+void Sampler::record(std::int32_t token) {
+    if (!penalizes_) return;
+    if (counts_[token]++ == 0 && !in_prompt_[token]) penalized_.push_back(token);
 }
 
 SampledToken Sampler::sample(std::span<const float> logits) {
@@ -86,9 +146,16 @@ void Sampler::sample(std::span<const float> logits, SampledToken& out) {
     if (logits.size() != vocab_)
         throw std::invalid_argument("sampler: " + std::to_string(logits.size()) +
                                     " logits for a vocabulary of " + std::to_string(vocab_));
-    const Scan s = scan(logits);
-    out.token = greedy_ ? s.argmax : draw(logits, s);
-    fill_logprobs(logits, s, out, params_.logprobs);
+    const Scan raw = scan(logits);  // throws for NaN and all −inf before anything changes
+    if (adjusts_) {
+        const std::span<const float> a = adjust(logits);
+        const Scan s = scan(a);
+        out.token = greedy_ ? s.argmax : draw(a, s);
+    } else {
+        out.token = greedy_ ? raw.argmax : draw(logits, raw);
+    }
+    fill_logprobs(logits, raw, out, params_.logprobs);
+    record(out.token);
 }
 
 void Sampler::score(std::span<const float> logits, std::int32_t token, int top, SampledToken& out) {

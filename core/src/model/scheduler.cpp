@@ -349,7 +349,7 @@ bool Scheduler::admit_queued() {
         const std::size_t total = s->req.prompt.size() + s->req.max_tokens;
         Admission a;
         try {
-            s->sampler.emplace(s->req.sampling, vocab_);
+            s->sampler.emplace(s->req.sampling, vocab_, s->req.prompt);
             a = rt_.admit(s->id, total);
         } catch (const std::exception& e) {
             a = {false, e.what()};

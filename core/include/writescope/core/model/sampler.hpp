@@ -1,9 +1,16 @@
 // Token sampling from one sequence's next-token logits, with the request parameters of the
-// OpenAI API as vLLM implements them: temperature, top-k, top-p, min-p, seed and logprobs.
-// One Sampler per sequence: it owns the sequence's random engine, so a seeded request draws the
-// same tokens from the same logits whatever else runs beside it. Not thread-safe.
+// OpenAI API as vLLM implements them: logit bias, presence, frequency and repetition penalties,
+// temperature, top-k, top-p, min-p, seed and logprobs. One Sampler per sequence: it owns the
+// sequence's random engine and counts the tokens it sampled (for the penalties), so a seeded
+// request draws the same tokens from the same logits whatever else runs beside it. Not
+// thread-safe.
 //
 // What sample() computes, in this order (vLLM's, with min-p last as in its V0 sampler):
+//  0. With a logit bias or a penalty, on a copy of the logits (vLLM V1's order): each biased
+//     token's logit + its bias; then for every token of the prompt or of the output so far the
+//     repetition penalty ρ (l > 0: l / ρ, else l · ρ); then for every token of the output so
+//     far l − frequency_penalty · count − presence_penalty (count: the times sample() chose
+//     it). Everything below reads those logits, greedy included.
 //  1. temperature < 1e-5 (vLLM's epsilon; 0 included): greedy. The token is the argmax, ties to
 //     the lowest id; no random number is drawn and top-k / top-p / min-p change nothing (the
 //     argmax survives each of them).
@@ -33,9 +40,9 @@
 // A call that throws changes nothing (no random number is drawn).
 //
 // Logprobs (SamplingParams::logprobs ≥ 0) are vLLM's default "raw" ones: log_softmax of the raw
-// logits, before temperature and every cut, computed in fp64 and reported as fp32. A token of
-// probability 0 (−inf logit, or finite beside a +inf one) has logprob −inf; an API layer that
-// writes JSON has to map it (OpenAI writes −9999).
+// logits, before the bias, the penalties, temperature and every cut, computed in fp64 and reported
+// as fp32. A token of probability 0 (−inf logit, or finite beside a +inf one) has logprob −inf; an
+// API layer that writes JSON has to map it (OpenAI writes −9999).
 #pragma once
 
 #include <array>
@@ -45,6 +52,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace writescope::model {
@@ -61,6 +69,12 @@ struct SamplingParams {
     float min_p = 0.0f;                 // [0, 1]; 0: off
     std::optional<std::uint64_t> seed;  // none: seeded from std::random_device
     int logprobs = -1;  // −1: none; 0: the chosen token's; n ≤ 20: plus the top n
+    // Step 0 of the file comment. OpenAI's ranges for the first two; vLLM takes any ρ > 0.
+    float presence_penalty = 0.0f;    // [-2, 2]; 0: off
+    float frequency_penalty = 0.0f;   // [-2, 2]; 0: off
+    float repetition_penalty = 1.0f;  // > 0 (finite); 1: off
+    // (token ≥ 0, bias in [-100, 100]) added to the token's logit; each token at most once.
+    std::vector<std::pair<std::int32_t, float>> logit_bias;
 
     // Empty when every field is in range, else a message naming the first bad field, its range
     // and the value, e.g. "top_p must be in (0, 1], got 0".
@@ -83,10 +97,14 @@ struct SampledToken {
 
 class Sampler {
   public:
-    // Throws std::invalid_argument for params that fail validate() or a vocab of 0 or beyond
-    // int32 token ids. Allocates its workspace here (12 bytes per vocabulary entry; none when
-    // greedy); sampling allocates nothing more, except SampledToken::top in sample().
-    Sampler(const SamplingParams& params, std::size_t vocab);
+    // Throws std::invalid_argument for params that fail validate(), a vocab of 0 or beyond
+    // int32 token ids, or a biased or prompt token outside the vocabulary. `prompt`: the
+    // tokens the repetition penalty sees before the output (read here only). Allocates its
+    // workspace here (12 bytes per vocabulary entry when not greedy; 4 more with a bias or a
+    // penalty, and 4 + 1 for the penalties' counts); sampling allocates nothing more, except
+    // SampledToken::top in sample().
+    Sampler(const SamplingParams& params, std::size_t vocab,
+            std::span<const std::int32_t> prompt = {});
 
     // The next token from logits (vocab) fp32. Throws std::invalid_argument for a size other
     // than vocab, a NaN or all −inf (see the file comment).
@@ -105,6 +123,8 @@ class Sampler {
     bool greedy() const noexcept { return greedy_; }
     // The engine's seed: SamplingParams::seed, or the one drawn from std::random_device.
     std::uint64_t seed() const noexcept { return seed_; }
+    // Whether sample() reads adjusted logits (a bias or a penalty is set).
+    bool adjusts() const noexcept { return adjusts_; }
 
   private:
     // What one pass over the logits finds; computing it throws for NaN and all −inf.
@@ -117,6 +137,10 @@ class Sampler {
     // out.token's logprob and the `want` most likely tokens (want < 0: none, logprob NaN).
     void fill_logprobs(std::span<const float> logits, const Scan& s, SampledToken& out, int want);
     double next_uniform() noexcept;
+    // Step 0 into adjusted_; returns it.
+    std::span<const float> adjust(std::span<const float> logits);
+    // Counts a sampled token for the penalties.
+    void record(std::int32_t token);
 
     SamplingParams params_;
     std::size_t vocab_;
@@ -128,6 +152,12 @@ class Sampler {
     std::vector<double> weight_;      // (vocab) w_i by token id, fp64; valid where computed
     // The top-logprobs selection, best first: (logprobs) token ids.
     std::array<std::int32_t, SamplingParams::kMaxLogprobs> top_ids_{};
+    // Step 0 (empty without a bias or penalty).
+    bool adjusts_ = false, penalizes_ = false;
+    std::vector<float> adjusted_;          // (vocab) the logits after step 0
+    std::vector<std::uint32_t> counts_;    // (vocab) times sample() chose each token
+    std::vector<std::uint8_t> in_prompt_;  // (vocab) 1 for a token of the prompt
+    std::vector<std::int32_t> penalized_;  // the tokens in the prompt or the output, each once
 };
 
 }  // namespace writescope::model
