@@ -129,6 +129,11 @@ struct Run {
     std::size_t in_g = 0, in_p = 0, in_u = 0;
     double pinned_gib = 0, vram_gib = 0;
     double rss_gib = 0;  // the process's resident host memory once the KV is stored
+    // The host experts of a timed step: streamed to the GPU, and computed on the CPU (per step,
+    // summed over the layers), and the streaming policy's CPU model after the steps.
+    double streamed_per_step = 0, cpu_experts_per_step = 0;
+    double model_per_expert_s = 0, model_per_pair_s = 0;
+    bool streams = false;  // the runtime may stream host experts (some are host-resident)
     // One more step with the parts of each layer waited for (Runtime::profile_layers), ms per
     // layer: they run one after another there, so they add up to more than a step's layer.
     double prof_attention_ms = 0, prof_gpu_experts_ms = 0, prof_cpu_experts_ms = 0,
@@ -293,6 +298,7 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
         std::vector<std::int32_t> toks(batch);
         std::mt19937_64 rng(11);
         std::vector<double> step_s, attn_s, host_b;
+        model::ExpertStreamStats streams_before;  // after the warm-up step
         rt->take_expert_heat();
         for (std::size_t step = 0; step <= o.steps; ++step) {
             for (auto& t : toks)
@@ -300,6 +306,7 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
             const auto t0 = std::chrono::steady_clock::now();
             rt->decode(ids, toks, logits.data());
             const double dt = seconds_since(t0);
+            if (step == 0) streams_before = rt->expert_streaming();
             const StepReport rep = rt->last_step();
             const model::ExpertHeat heat = rt->take_expert_heat();
             double experts_host = 0;
@@ -319,6 +326,17 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
             attn_s.push_back(rep.seconds);
             host_b.push_back(spilled + experts_host);
             r.r = rep.r;
+        }
+        if (const model::ExpertStreamStats after = rt->expert_streaming(); after.available) {
+            const double steps = static_cast<double>(o.steps);
+            r.streams = true;
+            r.streamed_per_step =
+                static_cast<double>(after.streamed_experts - streams_before.streamed_experts) /
+                steps;
+            r.cpu_experts_per_step =
+                static_cast<double>(after.cpu_experts - streams_before.cpu_experts) / steps;
+            r.model_per_expert_s = after.cpu_per_expert_s;
+            r.model_per_pair_s = after.cpu_per_pair_s;
         }
         // The profiled step: each part waited for (after the timed steps: it perturbs nothing
         // they measured).
@@ -734,6 +752,12 @@ std::string decode_config(ModelSetup& s, const std::string& name, std::size_t co
             r.prof_attention_ms, r.prof_gpu_experts_ms, r.prof_cpu_experts_ms, r.prof_rest_ms,
             r.tracked_a * 1e6, r.tracked_b * 1e6, r.rss_gib,
             gib(host_need(name, c.num_layers, context, batch, o)));
+        if (r.streams)
+            std::printf(
+                "  %-10s   host experts per step: %.1f streamed, %.1f on the CPU (the policy's "
+                "CPU model: %.3f ms per expert + %.1f us per pair)\n",
+                "", r.streamed_per_step, r.cpu_experts_per_step, r.model_per_expert_s * 1e3,
+                r.model_per_pair_s * 1e6);
     }
     double best_single = 0;
     for (const char* m : {"gpu-only", "cpu-only"})
@@ -798,7 +822,10 @@ std::string decode_config(ModelSetup& s, const std::string& name, std::size_t co
       << ", \"prefill_streamed_experts\": " << pre.streamed.streamed_experts
       << ", \"prefill_cpu_experts\": " << pre.streamed.cpu_experts
       << ", \"peak_vram_gib\": " << ws.vram_gib << ", \"peak_pinned_gib\": " << ws.pinned_gib
-      << ", \"resident_gib\": " << ws.rss_gib << ", \"peak_host_gib\": " << peak_host_gib() << "}";
+      << ", \"resident_gib\": " << ws.rss_gib
+      << ", \"host_experts_per_step\": {\"streamed\": " << ws.streamed_per_step
+      << ", \"cpu\": " << ws.cpu_experts_per_step << "}"
+      << ", \"peak_host_gib\": " << peak_host_gib() << "}";
     std::printf("  -> writescope %.2fx the better single mode\n",
                 ws.ok && best_single > 0 ? ws.tok_s / best_single : 0.0);
     return j.str();
