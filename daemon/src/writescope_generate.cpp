@@ -113,6 +113,9 @@ int run(int argc, char** argv) {
     app.add_option("--top-p", sp.top_p);
     app.add_option("--top-k", sp.top_k);
     app.add_option("--min-p", sp.min_p);
+    app.add_option("--presence-penalty", sp.presence_penalty, "in [-2, 2]");
+    app.add_option("--frequency-penalty", sp.frequency_penalty, "in [-2, 2]");
+    app.add_option("--repetition-penalty", sp.repetition_penalty, "> 0; 1: off");
     app.add_option("--seed", seed)->each([&](const std::string&) { has_seed = true; });
     app.add_option("--logprobs", logprobs, "the chosen token's logprob and the top n");
     app.add_option("--stop-token-ids", stop_ids, "more ids that end the generation");

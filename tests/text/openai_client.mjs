@@ -281,12 +281,27 @@ const chatText = decode(chatRef.ids);
           r.choices.every((c) => c.logprobs.content.length === r.usage.completion_tokens / 3 && c.logprobs.content.every((e) => e.top_logprobs.length === 2 && typeof e.token === "string")),
           JSON.stringify(r.choices[0].logprobs));
 }
+{
+    // The client's sampling fields: logit_bias (an object of token ids as the SDK types it) and
+    // the penalties, against the token-id route given the same fields.
+    const banned = (await greedy(chatIds, 1)).ids[0];
+    const fields = { logit_bias: { [String(banned)]: -100 }, presence_penalty: 1.5, frequency_penalty: 0.5 };
+    const r = await client.chat.completions.create({ model: model.id, messages, max_tokens: 8, temperature: 0, ignore_eos: true, ...fields });
+    const want = await greedy(chatIds, 8, { ignore_eos: true, ...fields });
+    checkEqual("chat logit_bias and penalties: the token-id route's greedy text with the same fields", r.choices[0].message.content, decode(want.ids));
+    check("chat logit_bias -100: the greedy first token is banned", want.ids[0] !== banned, JSON.stringify(want.ids));
+    const s = await client.chat.completions.create({ model: model.id, messages, max_tokens: 2, temperature: 0, store: false, metadata: { run: "ci" }, user: "u" });
+    check("chat store: false with metadata is accepted", s.choices.length === 1);
+}
 for (const [what, body, needle] of [
     ["a bad role", { messages: [{ role: "wizard", content: "hi" }] }, "role"],
     ["n too large", { messages, n: 129 }, "\"n\""],
     ["an unknown field", { messages, frobnicate: 1 }, "frobnicate"],
     ["an image part", { messages: [{ role: "user", content: [{ type: "image_url", image_url: { url: "x" } }] }] }, "image_url"],
     ["a prompt longer than the context", { messages: [{ role: "user", content: "word ".repeat(600) }] }, "context"],
+    ["store: true", { messages, store: true }, "store"],
+    ["reasoning_effort", { messages, reasoning_effort: "low" }, "reasoning_effort"],
+    ["a logit_bias past the vocabulary", { messages, logit_bias: { "1000000": 5 } }, "logit_bias"],
 ]) {
     try {
         await client.chat.completions.create({ model: model.id, max_tokens: 4, ...body });
