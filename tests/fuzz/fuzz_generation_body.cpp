@@ -43,7 +43,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
                 reject_unknown(
                     body, {"model", "messages", "max_tokens", "temperature", "top_p", "top_k",
                            "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "n", "stream",
-                           "stream_options", "return_token_ids"});
+                           "stream_options", "return_token_ids", "logit_bias", "presence_penalty",
+                           "frequency_penalty", "repetition_penalty"});
             check_model_field(body, "qwen3-moe-tiny-chat");
             Generation g;
             g.shape = chat ? Generation::Shape::chat : Generation::Shape::completion;
@@ -51,6 +52,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             if (g.n == 0 || g.stop.size() > 4) std::abort();
             for (const auto& s : g.stop)
                 if (s.empty()) std::abort();
+            // logit_bias keys are token ids: never negative (the sampler's validate() names
+            // what else is wrong: a bias out of range, a token given twice).
+            for (const auto& [token, bias] : g.request.sampling.logit_bias)
+                if (token < 0) std::abort();
+            (void)g.request.sampling.validate();
         } catch (const ApiError& e) {
             if (e.status < 400 || e.status >= 500) std::abort();
         }
