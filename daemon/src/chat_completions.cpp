@@ -215,10 +215,6 @@ void check_response_format(const json& body) {
                                         type)};
 }
 
-}  // namespace
-
-namespace {
-
 // OpenAI's stored completions: nothing is stored here, so "store" may only be false, and
 // "metadata" (which only tags stored ones) is checked for its shape and otherwise unused.
 // "reasoning_effort" is refused by name: a template's own switch (chat_template_kwargs, e.g.

@@ -60,8 +60,9 @@ bool present(const json& body, const char* name) {
     return body.contains(name) && !body.at(name).is_null();
 }
 
-// OpenAI's logit_bias: an object from token ids (decimal strings) to a bias each. A token
-// past the vocabulary is refused by the sampler at admission, by name.
+// OpenAI's logit_bias: an object from token ids (decimal strings) to a bias each. The ranges
+// are checked with the other sampling fields (SamplingParams::validate), the vocabulary by
+// submit_generation.
 std::vector<std::pair<std::int32_t, float>> logit_bias_of(const json& o) {
     if (!o.is_object())
         throw ApiError{400, "\"logit_bias\" must be an object from token ids to biases"};
