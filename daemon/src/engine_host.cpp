@@ -10,7 +10,7 @@ EngineFactory real_engine_factory() {
 #if WRITESCOPE_HAVE_CUDA_MODEL
         // The GPU model runtime attends its prompt chunks on the device (Engine::attend_prompt
         // with a device stream): the engine's GPU side sizes that workspace for the runtime's
-        // chunk.
+        // chunk (model.prefill_chunk_tokens, set by engine_options_from_profile).
         if (o.gpu_index >= 0 && o.max_prompt_tokens == 0)
             o.max_prompt_tokens = model::RuntimeOptions{}.prefill_chunk_tokens;
         // Its expert staging is pinned too, within the same budget.
@@ -18,6 +18,9 @@ EngineFactory real_engine_factory() {
             o.pinned_reserved_bytes = expert_stream_pinned_bytes(o.pinned_kv_bytes);
             o.pinned_kv_bytes -= o.pinned_reserved_bytes;
         }
+#else
+        // The CPU model runtime attends its prompts on the host.
+        o.max_prompt_tokens = 0;
 #endif
         return Engine::create(o);
     };

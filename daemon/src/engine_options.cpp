@@ -190,6 +190,10 @@ EngineOptions engine_options_unplaced(const Profile& p, const MachineInfo& m,
             break;
     }
     o.vram_kv_bytes = o.gpu_index >= 0 ? p.hardware.vram_kv_budget : 0;
+    // A GPU engine's prompt workspace is sized for the model runtime's chunk (where the daemon
+    // has no GPU model runtime, its engine factory sets it back to 0: no prompt is attended on
+    // the device).
+    o.max_prompt_tokens = o.gpu_index >= 0 ? p.model.prefill_chunk_tokens : 0;
     // One VRAM budget: the KV's part is inside it (the weights take what it leaves).
     if (o.gpu_index >= 0 && p.hardware.vram_budget != 0 &&
         p.hardware.vram_kv_budget > p.hardware.vram_budget)

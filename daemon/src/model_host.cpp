@@ -301,6 +301,7 @@ ModelFactory real_model_factory() {
 
         model::RuntimeOptions ro;
         ro.max_batch = p.kv.max_batch;
+        ro.prefill_chunk_tokens = p.model.prefill_chunk_tokens;
         cpu::CpuModelOpsOptions oo;
         oo.threads = p.hardware.expert_threads > 0
                          ? static_cast<std::size_t>(p.hardware.expert_threads)

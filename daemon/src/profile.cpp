@@ -538,6 +538,14 @@ const std::vector<KeyDef>& key_table() {
             "seed of a built-in model's random weights (the same seed gives the same model)", false,
             [](Profile & p) -> auto& { return p.model.seed; }, 0,
             std::numeric_limits<std::int64_t>::max()));
+        t.push_back(int_key<std::size_t>(
+            "model", "prefill_chunk_tokens", "512",
+            "most prompt tokens one forward pass computes: larger chunks amortize the host "
+            "experts streamed to the GPU over more tokens (long prompts of models whose experts "
+            "do not fit) at the cost of workspace memory (taken from the VRAM budget) and of "
+            "the decode steps of other sequences waiting longer for each chunk; the host's and the "
+            "GPU's activation workspaces grow with it (Mixtral-8x7B: about 300 KiB per token)",
+            false, [](Profile & p) -> auto& { return p.model.prefill_chunk_tokens; }, 16, 4096));
         t.push_back(string_key(
             "model", "reasoning_parser", "\"none\"",
             "chat answers: think (an answer's leading `<think>` ... `</think>` block becomes "

@@ -69,6 +69,9 @@ struct Profile {
         // "think": a chat answer's leading <think>…</think> is message.reasoning_content
         // (reasoning.hpp); "none": it stays in the content.
         std::string reasoning_parser = "none";
+        // The most prompt tokens one forward pass computes (RuntimeOptions::prefill_chunk_tokens;
+        // the GPU engine's prompt workspace is sized for it too).
+        std::size_t prefill_chunk_tokens = 512;
         static constexpr int kAutoBuiltinLayers = 2;
     } model;
     struct Kv {

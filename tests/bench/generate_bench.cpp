@@ -90,6 +90,7 @@ struct Options {
     // The prompt rate's engine: G capped at this many tokens (0: the placement's G), so that a
     // long prompt spills into P and U; and who attends a prompt's U blocks (--prompt-u).
     std::size_t prefill_g_tokens = 0;
+    std::size_t prefill_chunk = 512;  // the runtimes' prompt chunk (model.prefill_chunk_tokens)
     bool prompt_u_to_gpu = true;
 };
 
@@ -113,7 +114,8 @@ struct ModelSetup {
     // Mode writescope-all-gpu: every expert on the GPU (outside the budget; made when asked).
     std::unique_ptr<cuda::DeviceModelWeights> dev_all;
     int full_layers = 0;
-    double scale = 1;  // layers / full layers
+    double scale = 1;         // layers / full layers
+    std::size_t chunk = 512;  // the runtimes' prompt chunk (--prefill-chunk)
     model::LayerParts layer_parts = model::LayerParts::automatic;
     std::uint64_t vram = 0, t_bytes = 0, engine_vram = 0;
     Calibration calibration;
@@ -179,7 +181,7 @@ EngineOptions engine_options(const ModelSetup& s, const std::string& mode, std::
     eo.gpu_index = 0;
     eo.mode = mode == "writescope-all-gpu" ? "writescope" : mode;
     eo.vram_kv_bytes = s.engine_vram;
-    eo.max_prompt_tokens = 512;  // the runtimes' chunk: prompts attended on the GPU
+    eo.max_prompt_tokens = s.chunk;  // the runtimes' chunk: prompts attended on the GPU
     // Either host region may take all of the spill (the router's share decides).
     eo.pinned_kv_bytes = all + (256u << 20);
     eo.host_kv_bytes = all + (64u << 20);
@@ -208,7 +210,7 @@ std::unique_ptr<model::Runtime> runtime_for(
     ro.layer_parts = s.layer_parts;
     ro.kv_dtype = s.m->config().dtype;
     ro.max_batch = batch;
-    ro.prefill_chunk_tokens = 512;
+    ro.prefill_chunk_tokens = s.chunk;
     if (mode == "cpu-only") return model::make_runtime(*s.m, *s.cpu_ops, e, ro);
     if (mode == "writescope-all-gpu") {
         if (!s.dev_all) s.dev_all = std::make_unique<cuda::DeviceModelWeights>(*s.m, nullptr);
@@ -561,7 +563,8 @@ std::unique_ptr<ModelSetup> setup_model(const std::string& name, model::ModelCon
     s.scale = static_cast<double>(c.num_layers) / static_cast<double>(full_layers);
     const model::OpLimits lim = model::op_limits(c);
     cpu::CpuModelOpsOptions co;
-    co.max_tokens = std::max<std::size_t>(512, max_batch);
+    s.chunk = o.prefill_chunk;
+    co.max_tokens = std::max<std::size_t>(o.prefill_chunk, max_batch);
     co.fit(lim);
     s.cpu_ops = std::make_unique<cpu::CpuModelOps>(co);
     cuda::CudaModelOpsOptions go;
@@ -898,7 +901,8 @@ int run_generate(int argc, char** argv) {
                 "  [--host GiB (the host memory to plan the layers with; default: what is\n"
                 "  available now)]\n"
                 "  [--prefill-g-tokens N (the prompt rate's G at most N tokens, so that the\n"
-                "  prompt spills into P and U)] [--prompt-u gpu|cpu (who attends its U blocks)]\n");
+                "  prompt spills into P and U)] [--prompt-u gpu|cpu (who attends its U blocks)]\n"
+                "  [--prefill-chunk N (the runtimes' prompt chunk, default 512)]\n");
         },
         [&](const std::string& a, auto& value) {
             if (sweep_option(a, value, o.models, o.contexts, o.batches)) return true;
@@ -912,6 +916,8 @@ int run_generate(int argc, char** argv) {
                 o.vram_gib = std::stod(value());
             else if (a == "--prefill")
                 o.prefill = parse_list(value()).at(0);
+            else if (a == "--prefill-chunk")
+                o.prefill_chunk = parse_list(value()).at(0);
             else if (a == "--pin-host-experts")
                 o.pin_host_experts = std::stoi(value()) != 0;
             else if (a == "--layer-parts") {

@@ -1,7 +1,9 @@
 #!/bin/bash
 # Builds and runs the GPU model tests and the GPU runtime's decode benchmark on the lent GPU
 # machine, logs under $OUT. Run from the repository root after `source .devdeps/unpack-deps.sh`.
-#   PHASES: any of "test decode generate prefill longprefill halves" (default "test decode");
+#   PHASES: any of "test decode generate prefill longprefill chunks halves aggregate" (default
+#     "test decode"); chunks: the prompt rate at chunks of 512 and 2048 tokens (Mixtral, Qwen3,
+#     8 layers);
 #     prefill: the prompt rate with and without expert streaming (Qwen3, Mixtral); longprefill:
 #     a 32K prompt spilling into P and U (G capped at 4K tokens), its U attended by the CPU and
 #     by the GPU; halves: decode batches in layer halves against whole layers (Qwen3 128K x 16,
@@ -66,6 +68,18 @@ if [[ " $PHASES " == *" prefill "* ]]; then
     --modes writescope --steps 4 --prefill 2048 > "$OUT/generate-prefill.txt" 2>&1
   echo "prefill rc=$?"
   grep -E "prefill|placement" "$OUT/generate-prefill.txt"
+fi
+if [[ $PHASES == *chunks* ]]; then
+  # The prompt chunk (model.prefill_chunk_tokens): 512 against 2048 tokens, 8 layers, the host
+  # experts streamed once per layer and chunk whatever its length.
+  for m in mixtral-8x7b qwen3-30b-a3b; do
+    for c in 512 2048; do
+      "$BENCH" generate --models "$m" --layers 8 --contexts 8K --batches 1 --modes writescope \
+        --steps 1 --prefill 4096 --prefill-chunk $c > "$OUT/generate-chunk-$m-$c.txt" 2>&1
+      echo "prompt chunk $c, $m rc=$?"
+      grep -E "prefill 4096|prefill's host" "$OUT/generate-chunk-$m-$c.txt" | cut -c1-300
+    done
+  done
 fi
 if [[ $PHASES == *longprefill* ]]; then
   for u in cpu gpu; do

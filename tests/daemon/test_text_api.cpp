@@ -70,6 +70,13 @@ class TextDaemon {
         return {r.status, json::parse(r.body)};
     }
 
+    json get(const std::string& route) {
+        const auto r = http_request(socket(), "GET", route, "", 60s);
+        INFO(route << " -> " << r.body);
+        REQUIRE(r.status == 200);
+        return json::parse(r.body);
+    }
+
   private:
     const TempDir& dir_;
     NotifySocket notify_;
@@ -401,6 +408,38 @@ TEST_CASE("logit bias and penalties: a penalized completion is the biased one st
         CHECK(code == 400);
         CHECK_THAT(e["error"]["message"].get<std::string>(), Catch::Contains(want));
     }
+}
+
+TEST_CASE("model.prefill_chunk_tokens: a prompt in chunks of 16 gives what one chunk gives",
+          "[integration]") {
+    std::vector<std::int32_t> prompt(150);
+    for (std::size_t i = 0; i < prompt.size(); ++i)
+        prompt[i] = static_cast<std::int32_t>((i * 37 + 11) % 300);
+    const json body = {
+        {"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}, {"ignore_eos", true}};
+    json whole, chunked;
+    std::uint64_t whole_chunks = 0, small_chunks = 0;
+    {
+        TempDir dir;
+        TextDaemon d(dir, "qwen3-moe-tiny");
+        CHECK(d.get("/v1/status")["model"]["prefill_chunk_tokens"] == 512);
+        auto [st, j] = d.post("/v1/completions", body);
+        REQUIRE(st == 200);
+        whole = j["choices"][0]["token_ids"];
+        whole_chunks = d.get("/v1/status")["scheduler"]["prefill_chunks"].get<std::uint64_t>();
+    }
+    {
+        TempDir dir;
+        TextDaemon d(dir, "qwen3-moe-tiny", "prefill_chunk_tokens = 16");
+        CHECK(d.get("/v1/status")["model"]["prefill_chunk_tokens"] == 16);
+        auto [st, j] = d.post("/v1/completions", body);
+        REQUIRE(st == 200);
+        chunked = j["choices"][0]["token_ids"];
+        small_chunks = d.get("/v1/status")["scheduler"]["prefill_chunks"].get<std::uint64_t>();
+    }
+    CHECK(chunked == whole);
+    // 150 tokens in chunks of 16: ten chunks more than in one (each daemon's warm-up included).
+    CHECK(small_chunks == whole_chunks + 9);
 }
 
 TEST_CASE("chat with tools: the template renders them, calls are read, what cannot be is named",
