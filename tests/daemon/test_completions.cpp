@@ -145,6 +145,20 @@ std::filesystem::path long_context_model(const TempDir& dir) {
     return out;
 }
 
+// Sends a streamed completion of `max_tokens` tokens after the prompt 1, 2, 3 (ignore_eos) on a
+// raw connection, which stays open until the caller closes it.
+void send_stream(RawConnection& c, int max_tokens) {
+    const std::string body = json{
+        {"prompt", {1, 2, 3}},
+        {"max_tokens", max_tokens},
+        {"ignore_eos", true},
+        {"stream", true}}.dump();
+    c.send(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body);
+}
+
 }  // namespace
 
 TEST_CASE("greedy completions are the reference tokens whole and streamed and the model is listed",
@@ -288,15 +302,7 @@ TEST_CASE("a client that disconnects mid-stream frees its sequence at once",
     Daemon d(tmp, profile_for(model));
     {
         RawConnection c(d.socket());
-        const std::string body = json{
-            {"prompt", {1, 2, 3}},
-            {"max_tokens", 60000},
-            {"ignore_eos", true},
-            {"stream", true}}.dump();
-        c.send(
-            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            "Content-Length: " +
-            std::to_string(body.size()) + "\r\n\r\n" + body);
+        send_stream(c, 60000);
         const auto got = c.read_all(300ms);
         INFO(got);
         REQUIRE_THAT(got, Catch::StartsWith("HTTP/1.1 200"));
@@ -314,6 +320,38 @@ TEST_CASE("a client that disconnects mid-stream frees its sequence at once",
     CHECK(st["scheduler"]["requests"]["length"] == 0);
     for (const auto& r : st["regions"])
         CHECK(r["reserved_bytes"] == 0);
+    d.stop();
+}
+
+TEST_CASE("a client that disconnects while its request waits for a slot leaves the daemon serving",
+          "[integration][daemon][completions]") {
+    // One sequence at a time: the second request queues behind the first. Its client going
+    // away cancelled it while the completion held its lock, and the cancelled event, delivered
+    // on that same thread, deadlocked the I/O thread and then the scheduler.
+    TempDir tmp;
+    const auto model = long_context_model(tmp);
+    Daemon d(tmp, profile_for(model, {{"max_batch = 4", "max_batch = 1"}}));
+    RawConnection running(d.socket());
+    send_stream(running, 60000);
+    REQUIRE(wait_until([&] { return d.get("/v1/status")["scheduler"]["running"] == 1; }, 10s));
+    for (int i = 0; i < 3; ++i) {
+        {
+            RawConnection queued(d.socket());
+            send_stream(queued, 8);
+            REQUIRE(
+                wait_until([&] { return d.get("/v1/status")["scheduler"]["queued"] == 1; }, 10s));
+        }  // closed while queued
+        json st;
+        REQUIRE(wait_until(
+            [&] {
+                st = d.get("/v1/status");
+                return st["scheduler"]["queued"] == 0;
+            },
+            10s));
+        CHECK(st["scheduler"]["requests"]["cancelled"] == i + 1);
+        CHECK(st["scheduler"]["running"] == 1);  // the first goes on
+        CHECK(d.get("/v1/health")["status"] == "ok");
+    }
     d.stop();
 }
 

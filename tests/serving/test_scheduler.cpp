@@ -211,14 +211,58 @@ TEST_CASE("cancellation frees the sequence's KV at once, queued or running", "[u
     REQUIRE(rb);
     CHECK(s.stats().queued == 1);
     REQUIRE(s.cancel(rb.id));
+    CHECK(s.stats().queued == 0);  // out of the queue at once; its event comes from the loop
+    b.wait_end();
     CHECK(b.last().kind == Kind::cancelled);
-    CHECK(s.stats().queued == 0);
     REQUIRE(s.cancel(ra.id));
     a.wait_end();
     CHECK(a.last().kind == Kind::cancelled);
     CHECK(wait_for([&] { return rt.live() == 0 && rt.reserved() == 0; }));
     CHECK(s.stats().cancelled == 2);
     CHECK_FALSE(s.cancel(999));
+}
+
+TEST_CASE("a queued request's cancelled event comes on the scheduler thread, not the caller's",
+          "[unit][serving]") {
+    // A completion cancels its queued choices while holding the lock its sink takes (when its
+    // client went away). The event delivered on the caller's thread deadlocked the daemon's I/O
+    // thread on that lock, and the scheduler behind it.
+    FakeRuntime rt(16, 1000, 4, 1);  // one sequence at a time
+    Scheduler s(rt);
+    Events a;
+    std::mutex held;
+    std::thread::id delivered_on;
+    std::vector<Kind> kinds;
+    std::condition_variable cv;
+    const auto ra = s.submit(greedy({1}, 200), a.sink());
+    a.wait_tokens(1);
+    const auto rb = s.submit(greedy({1}, 5), [&](const RequestEvent& e) {
+        std::lock_guard lock(held);
+        delivered_on = std::this_thread::get_id();
+        kinds.push_back(e.kind);
+        cv.notify_all();
+    });
+    REQUIRE(rb);
+    {
+        std::unique_lock lock(held);
+        REQUIRE(s.cancel(rb.id));  // under the sink's lock: returns without the event
+        REQUIRE(cv.wait_for(lock, 10s, [&] { return !kinds.empty(); }));
+    }
+    CHECK(kinds == std::vector<Kind>{Kind::cancelled});
+    CHECK(delivered_on != std::this_thread::get_id());
+    CHECK(s.stats().cancelled == 1);
+    REQUIRE(s.cancel(ra.id));
+    a.wait_end();
+    // Cancelled while queued and the loop stopping before it delivers: shutdown still does.
+    Scheduler t(rt);
+    Events c, d;
+    t.submit(greedy({1}, 200), c.sink());
+    c.wait_tokens(1);
+    const auto rd = t.submit(greedy({1}, 5), d.sink());
+    REQUIRE(t.cancel(rd.id));
+    t.shutdown();
+    CHECK(d.last().kind == Kind::cancelled);
+    CHECK(c.last().kind == Kind::cancelled);
 }
 
 TEST_CASE("a request that does not fit the budget is refused and the others run on",

@@ -168,25 +168,23 @@ SubmitResult Scheduler::submit(Request request, EventSink sink) {
 }
 
 bool Scheduler::cancel(std::uint64_t id) {
-    std::unique_ptr<Sequence> gone;
-    {
-        std::lock_guard lock(mu_);
-        const auto it = std::find_if(queued_.begin(), queued_.end(),
-                                     [&](const auto& s) { return s->id == id; });
-        if (it != queued_.end()) {
-            gone = std::move(*it);
-            queued_.erase(it);
-            stats_.queued = queued_.size();
-            ++stats_.cancelled;
-        } else {
-            if (id == 0 || id >= next_id_) return false;
-            // Admitted (or ended: the loop ignores ids it does not hold).
-            cancels_.push_back(id);
-            cv_.notify_all();
-            return true;
-        }
+    std::lock_guard lock(mu_);
+    const auto it =
+        std::find_if(queued_.begin(), queued_.end(), [&](const auto& s) { return s->id == id; });
+    if (it != queued_.end()) {
+        // Out of the queue now; its event is delivered by the loop, on the scheduler thread as
+        // every event is (a caller that holds its own lock while cancelling, as a completion
+        // closing its stream does, would otherwise get the event under that lock).
+        unqueued_.push_back(std::move(*it));
+        queued_.erase(it);
+        stats_.queued = queued_.size();
+        ++stats_.cancelled;
+    } else {
+        if (id == 0 || id >= next_id_) return false;
+        // Admitted (or ended: the loop ignores ids it does not hold).
+        cancels_.push_back(id);
     }
-    gone->deliver(gone->event(RequestEvent::Kind::cancelled));
+    cv_.notify_all();
     return true;
 }
 
@@ -268,14 +266,15 @@ void Scheduler::finish(Sequence& s, const RequestEvent& last) {
 void Scheduler::loop() {
     for (;;) {
         std::vector<std::uint64_t> cancels;
+        std::vector<std::unique_ptr<Sequence>> unqueued;  // cancelled while queued
         {
             std::unique_lock lock(mu_);
             stats_.prefilling = prefilling_.size();
             stats_.running = running_.size();
             admitted_ = prefilling_.size() + running_.size();
             auto has_work = [&] {
-                return !cancels_.empty() || !prefilling_.empty() || !running_.empty() ||
-                       (!queued_.empty() && admitted_ < max_sequences_);
+                return !cancels_.empty() || !unqueued_.empty() || !prefilling_.empty() ||
+                       !running_.empty() || (!queued_.empty() && admitted_ < max_sequences_);
             };
             for (;;) {
                 if (stop_) break;
@@ -295,7 +294,10 @@ void Scheduler::loop() {
                 std::deque<std::unique_ptr<Sequence>> queued;
                 queued.swap(queued_);
                 stats_.queued = 0;
+                unqueued.swap(unqueued_);
                 lock.unlock();
+                for (auto& s : unqueued)  // counted when cancel() took them out
+                    s->deliver(s->event(RequestEvent::Kind::cancelled));
                 for (auto& s : queued) {
                     count_end(RequestEvent::Kind::cancelled, {});
                     s->deliver(s->event(RequestEvent::Kind::cancelled));
@@ -311,7 +313,11 @@ void Scheduler::loop() {
                 return;
             }
             cancels.swap(cancels_);
+            unqueued.swap(unqueued_);
         }
+        for (auto& s : unqueued)
+            s->deliver(s->event(RequestEvent::Kind::cancelled));
+        unqueued.clear();
         for (const auto id : cancels)
             for (auto* list : {&prefilling_, &running_})
                 for (auto& s : *list)

@@ -27,12 +27,13 @@
 //
 // Nothing admitted is ever dropped: an admitted request ends with finished, cancelled or failed.
 // cancel(id) (any thread; the HTTP server calls it when a client disconnects) takes effect at
-// the next step boundary, at most one step later: a queued request leaves the queue, an admitted
-// one is released (its KV freed). An exception from the runtime fails the requests it concerns
-// with its message — prefill: that request; a decode step: every request of the step (the step
-// changed nothing the runtime can tell apart); a sampler error (a NaN logit): that request —
-// and the loop goes on. pause() holds the loop between steps (a recalibration needs the engine
-// alone); requests wait meanwhile.
+// the next step boundary, at most one step later: a queued request leaves the queue at once, an
+// admitted one is released (its KV freed); either's cancelled event comes from the loop, never
+// from cancel() itself, so a caller may cancel while holding a lock its sink takes. An exception
+// from the runtime fails the requests it concerns with its message — prefill: that request; a
+// decode step: every request of the step (the step changed nothing the runtime can tell apart); a
+// sampler error (a NaN logit): that request — and the loop goes on. pause() holds the loop between
+// steps (a recalibration needs the engine alone); requests wait meanwhile.
 //
 // Shutdown: stop_accepting() refuses new submissions (ErrorKind::unavailable) while queued and
 // running requests go on (drain); shutdown() cancels whatever is left (cancelled events), then
@@ -214,6 +215,8 @@ class Scheduler {
     std::condition_variable cv_;       // the loop waits for work, or for resume()
     std::condition_variable held_cv_;  // pause() waits for the loop to be held
     std::deque<std::unique_ptr<Sequence>> queued_;
+    // Cancelled while queued: out of the queue, their cancelled events owed (the loop's).
+    std::vector<std::unique_ptr<Sequence>> unqueued_;
     std::vector<std::uint64_t> cancels_;
     std::uint64_t next_id_ = 1;
     std::size_t admitted_ = 0;  // prefilling + running, as the loop last published
