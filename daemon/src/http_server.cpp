@@ -60,7 +60,9 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
 
     asio::awaitable<void> accept_loop();
     asio::awaitable<void> serve(local::socket socket);
-    asio::awaitable<bool> write(Stream& stream, const HttpResponse& r, bool keep_alive);
+    // head_only: a HEAD request's answer, the GET's head with its Content-Length, no body.
+    asio::awaitable<bool> write(Stream& stream, const HttpResponse& r, bool keep_alive,
+                                bool head_only = false);
     asio::awaitable<bool> write_stream(Stream& stream, ResponseStream& rs, bool keep_alive);
     asio::awaitable<void> linger(Stream& stream);
     asio::awaitable<void> wait_for_ready(std::string_view method, std::string_view target,
@@ -96,17 +98,28 @@ asio::awaitable<void> HttpServer::Impl::accept_loop() {
 }
 
 asio::awaitable<bool> HttpServer::Impl::write(Stream& stream, const HttpResponse& r,
-                                              bool keep_alive) {
-    http::response<http::string_body> res{static_cast<http::status>(r.status), 11};
-    res.set(http::field::server, "writescoped/" WRITESCOPE_VERSION);
-    res.set(http::field::content_type, r.content_type);
-    res.set(http::field::cache_control, "no-store");
-    for (const auto& [name, value] : r.headers)
-        res.set(name, value);
-    res.body() = r.body;
-    res.keep_alive(keep_alive);
-    res.prepare_payload();
+                                              bool keep_alive, bool head_only) {
+    const auto fields = [&](auto& res) {
+        res.set(http::field::server, "writescoped/" WRITESCOPE_VERSION);
+        res.set(http::field::content_type, r.content_type);
+        res.set(http::field::cache_control, "no-store");
+        for (const auto& [name, value] : r.headers)
+            res.set(name, value);
+        res.keep_alive(keep_alive);
+    };
     stream.expires_after(limits().request_timeout);
+    if (head_only) {
+        http::response<http::empty_body> res{static_cast<http::status>(r.status), 11};
+        fields(res);
+        res.content_length(r.body.size());
+        http::response_serializer<http::empty_body> sr{res};
+        auto [ec, n] = co_await http::async_write_header(stream, sr, use_tuple);
+        co_return !ec;
+    }
+    http::response<http::string_body> res{static_cast<http::status>(r.status), 11};
+    fields(res);
+    res.body() = r.body;
+    res.prepare_payload();
     auto [ec, n] = co_await http::async_write(stream, res, use_tuple);
     co_return !ec;
 }
@@ -292,7 +305,12 @@ asio::awaitable<void> HttpServer::Impl::serve(local::socket socket) {
                 break;
             }
             auto& req = parser.get();
-            const bool counted = !always_answered(req.method(), req.target());
+            // HEAD is answered as GET is, without the body (RFC 9110 9.3.2).
+            const bool head_only = req.method() == http::verb::head;
+            const std::string method =
+                head_only ? std::string("GET") : std::string(req.method_string());
+            const bool counted =
+                !always_answered(head_only ? http::verb::get : req.method(), req.target());
             if (counted) ++in_flight;
             struct Done {
                 std::size_t& n;
@@ -312,14 +330,13 @@ asio::awaitable<void> HttpServer::Impl::serve(local::socket socket) {
                                                     "server.max_concurrent_requests = {})",
                                                     lim.max_concurrent_requests));
             } else {
-                co_await wait_for_ready(req.method_string(), req.target(), peer,
-                                        lim.request_timeout);
-                early = api.answer_without_body(req.method_string(), req.target(), peer);
+                co_await wait_for_ready(method, req.target(), peer, lim.request_timeout);
+                early = api.answer_without_body(method, req.target(), peer);
             }
             if (early) {
                 const bool body_unread = !parser.is_done();
                 const bool keep = !body_unread && req.keep_alive() && !stopping;
-                if (!co_await write(stream, *early, keep) || !keep) {
+                if (!co_await write(stream, *early, keep, head_only) || !keep) {
                     linger_after = body_unread;
                     break;
                 }
@@ -365,14 +382,13 @@ asio::awaitable<void> HttpServer::Impl::serve(local::socket socket) {
             }
             HttpResponse res;
             try {
-                res = api.handle({std::string(req.method_string()), std::string(req.target()),
-                                  std::move(req.body()), peer});
+                res = api.handle({method, std::string(req.target()), std::move(req.body()), peer});
             } catch (const std::exception& e) {
                 res = api.reject(500, fmt::format("internal error: {}", e.what()));
             }
             const bool keep = req.keep_alive() && !stopping;
             const bool written = res.stream ? co_await write_stream(stream, *res.stream, keep)
-                                            : co_await write(stream, res, keep);
+                                            : co_await write(stream, res, keep, head_only);
             if (!written || !keep || stopping) break;
         }
         // Out of the loop, so a lingering connection no longer counts as a request in flight.

@@ -283,6 +283,35 @@ TEST_CASE("malformed requests get 400 in the error shape and are counted", "[uni
     CHECK_THAT(metrics, Catch::Contains("route=\"/v1/policy\",code=\"400\"} 1"));
 }
 
+TEST_CASE("HEAD is answered as GET without the body, and the connection goes on",
+          "[unit][daemon][http]") {
+    Served s(ServerLimits{});
+    Client c(s.socket());
+    // Two requests on one connection: the HEAD's answer carries the GET's Content-Length and no
+    // body, so the next answer follows its head at once.
+    c.send(
+        "HEAD /v1/health HTTP/1.1\r\nHost: x\r\n\r\n"
+        "GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    const std::string got = c.read_all();
+    REQUIRE(c.closed());
+    const auto second = got.find("HTTP/1.1 ", 1);
+    REQUIRE(second != std::string::npos);
+    const std::string head = got.substr(0, second), rest = got.substr(second);
+    CHECK_THAT(head, Catch::StartsWith("HTTP/1.1 200"));
+    CHECK_THAT(head, Catch::EndsWith("\r\n\r\n"));  // nothing after the head
+    const auto body_at = rest.find("\r\n\r\n");
+    REQUIRE(body_at != std::string::npos);
+    const std::string body = rest.substr(body_at + 4);
+    CHECK(json::parse(body)["status"] == "ok");
+    CHECK_THAT(head, Catch::Contains("Content-Length: " + std::to_string(body.size())));
+    // A route that takes no GET refuses HEAD too, with the error's head alone.
+    Client p(s.socket());
+    p.send("HEAD /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    const std::string refused = p.read_all();
+    CHECK_THAT(refused, Catch::StartsWith("HTTP/1.1 405"));
+    CHECK_THAT(refused, Catch::EndsWith("\r\n\r\n"));
+}
+
 TEST_CASE("a connection's peer credentials decide who may change state", "[unit][daemon][http]") {
     Served s(ServerLimits{});
     const std::string put =
