@@ -538,6 +538,7 @@ struct Route {
 const std::vector<Route>& routes() {
     static const std::vector<Route> table = {
         {"/v1/health", {{"GET", get_health}}},
+        {"/health", {{"GET", get_health}}},  // vLLM's path, for probes written for it
         {"/v1/status", {{"GET", get_status}}},
         {"/v1/calibration", {{"GET", get_calibration}, {"POST", post_calibration}}},
         {"/v1/policy", {{"GET", get_policy}, {"PUT", put_policy}}},
@@ -618,7 +619,7 @@ bool state_changing(std::string_view method, std::string_view path) {
 // server holds it, bounded by server.request_timeout), so the request that made systemd start a
 // socket-activated daemon is served rather than refused.
 bool answers_while_starting(std::string_view path) {
-    return path == "/v1/health" || path == "/v1/status" || path == "/metrics";
+    return path == "/v1/health" || path == "/health" || path == "/v1/status" || path == "/metrics";
 }
 
 Routing route(const Service& service, std::string_view method, const Target& target,

@@ -234,7 +234,8 @@ asio::awaitable<void> HttpServer::Impl::wait_for_ready(std::string_view method,
 // clients hold every slot), and they take no body.
 bool always_answered(http::verb method, std::string_view target) {
     const auto path = target.substr(0, target.find('?'));
-    return method == http::verb::get && (path == "/v1/health" || path == "/v1/status");
+    return method == http::verb::get &&
+           (path == "/v1/health" || path == "/health" || path == "/v1/status");
 }
 
 asio::awaitable<void> HttpServer::Impl::serve(local::socket socket) {

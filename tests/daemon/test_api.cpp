@@ -103,8 +103,8 @@ void wait_for_job(Harness& h) {
 TEST_CASE("every route answers 503 in the error shape while starting", "[unit][daemon][api]") {
     TempDir dir;
     Harness h(test_profile(dir.path()));
-    for (const auto* path :
-         {"/v1/health", "/v1/status", "/v1/calibration", "/v1/policy", "/v1/history", "/metrics"}) {
+    for (const auto* path : {"/v1/health", "/health", "/v1/status", "/v1/calibration", "/v1/policy",
+                             "/v1/history", "/metrics"}) {
         INFO(path);
         const auto r = h.call("GET", path);
         require_error(r, 503, "unavailable_error");
@@ -125,6 +125,7 @@ TEST_CASE("routes answer after boot and errors keep the shape", "[unit][daemon][
     REQUIRE(h.service->phase() == Phase::ready);
 
     CHECK(h.get("/v1/health")["status"] == "ok");
+    CHECK(h.get("/health")["status"] == "ok");  // vLLM's path
     const auto st = h.get("/v1/status");
     CHECK(st["state"] == "ready");
     CHECK(st["model"]["name"] == "qwen3-30b-a3b");
