@@ -329,6 +329,10 @@ class Daemon {
 }  // namespace
 
 int run_daemon(const DaemonArgs& args) {
+    // Whatever the exit, the last notifications (a failure status, STOPPING=1) go out first.
+    struct Flush {
+        ~Flush() { notify_flush(std::chrono::seconds(2)); }
+    } flush;
     log_notice("daemon.starting", "writescoped {} starting (pid {})", WRITESCOPE_VERSION,
                ::getpid());
     CheckedProfile checked;

@@ -7,9 +7,15 @@
 
 namespace writescope::daemon {
 
-// Sends newline-separated assignments ("READY=1\nSTATUS=ready"). Failures are logged once and
-// otherwise ignored: the service manager going away must not stop the daemon.
+// Sends newline-separated assignments ("READY=1\nSTATUS=ready") without waiting: they are
+// queued, in order, for a sender thread (a manager that reads its notifications late must not
+// stall the caller; systemd_notify.cpp says how the queue stays small). Failures are logged once
+// and otherwise ignored: the service manager going away must not stop the daemon.
 void notify(std::string_view assignments);
+
+// Waits until every queued notification is sent, at most `timeout`; false when some were not
+// (before the process exits, so that STOPPING=1 or a failure status reaches the manager).
+bool notify_flush(std::chrono::milliseconds timeout);
 
 // "RELOADING=1" with the MONOTONIC_USEC= newer managers expect alongside it.
 void notify_reloading();

@@ -7,7 +7,12 @@
 #include <signal.h>
 
 #include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -76,6 +81,7 @@ class Daemon {
         REQUIRE(r.status == 200);
         return json::parse(r.body);
     }
+    void signal(int sig) { proc_->signal(sig); }
     // SIGTERM: the daemon drains and exits 0.
     void stop() {
         proc_->signal(SIGTERM);
@@ -353,6 +359,149 @@ TEST_CASE("a client that disconnects while its request waits for a slot leaves t
         CHECK(d.get("/v1/health")["status"] == "ok");
     }
     d.stop();
+}
+
+TEST_CASE("a soak of random clients, a third going away, with reloads and probes beside",
+          "[integration][daemon][completions]") {
+    // What a long-running daemon meets, compressed: clients that stream or not, ask for several
+    // choices, penalties, logprobs, and a third of them hang up at a random moment (queued,
+    // prefilling or decoding: two sequences at a time, so requests queue); meanwhile SIGHUP
+    // reloads and status, metrics and health probes. Every answer that is read must be whole,
+    // and at the end nothing is held and the daemon still serves.
+    TempDir tmp;
+    Daemon d(tmp,
+             profile_for(models_dir() / "qwen3-moe-tiny", {{"max_batch = 4", "max_batch = 2"}}));
+    std::mutex mu;
+    std::map<std::string, int> outcomes;  // what the clients saw, checked on this thread
+    std::vector<std::string> broken;      // answers read to the end that were not whole
+    const auto note = [&](const std::string& what, const std::string& bad = {}) {
+        std::lock_guard lock(mu);
+        ++outcomes[what];
+        if (!bad.empty() && broken.size() < 5) broken.push_back(what + ": " + bad);
+    };
+    const auto deadline = std::chrono::steady_clock::now() + 6s;
+    const auto client = [&](unsigned seed) {
+        std::mt19937 rng(seed);
+        const auto pick = [&](int lo, int hi) {
+            return std::uniform_int_distribution<int>(lo, hi)(rng);
+        };
+        while (std::chrono::steady_clock::now() < deadline) {
+            json prompt = json::array();
+            for (int i = pick(1, 30); i > 0; --i)
+                prompt.push_back(pick(1, 300));
+            const bool stream = pick(0, 1) == 1;
+            json body = {
+                {"prompt", prompt}, {"max_tokens", pick(1, 24)}, {"temperature", pick(0, 2) * 0.7},
+                {"n", pick(1, 2)},  {"ignore_eos", true},        {"stream", stream}};
+            if (pick(0, 3) == 0) body["presence_penalty"] = 1.0;
+            if (pick(0, 3) == 0) body["logprobs"] = 2;
+            const std::string text = body.dump();
+            std::optional<RawConnection> conn;
+            try {
+                conn.emplace(d.socket());
+            } catch (const std::exception& e) {
+                note(std::string("connect failed: ") + e.what());
+                continue;
+            }
+            RawConnection& c = *conn;
+            c.send(
+                "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                "application/json\r\nConnection: close\r\nContent-Length: " +
+                std::to_string(text.size()) + "\r\n\r\n" + text);
+            if (pick(0, 2) == 0) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(pick(0, 20)));
+                note("hung up");
+                continue;  // closed here, at whatever point the request has reached
+            }
+            const std::string got = c.read_all(30s);
+            if (!c.closed()) {
+                note("no end", got.substr(0, 200));
+                continue;
+            }
+            const bool ok = got.starts_with("HTTP/1.1 200");
+            const bool whole = stream ? got.find("data: [DONE]") != std::string::npos
+                                      : got.find("\"choices\"") != std::string::npos;
+            note(ok ? (stream ? "streamed" : "whole") : got.substr(0, 12),
+                 ok && !whole ? got.substr(0, 200) : std::string());
+        }
+    };
+    std::vector<std::thread> clients;
+    for (unsigned i = 0; i < 6; ++i)
+        clients.emplace_back(client, 1000 + i);
+    int probes = 0, probe_failures = 0;
+    while (std::chrono::steady_clock::now() < deadline) {
+        d.signal(SIGHUP);
+        for (const char* target : {"/v1/health", "/v1/status", "/metrics"}) {
+            ++probes;
+            try {
+                probe_failures += http_request(d.socket(), "GET", target, {}, 10s).status != 200;
+            } catch (const std::exception& e) {
+                ++probe_failures;
+                note(std::string("probe failed: ") + e.what());
+            }
+        }
+        std::this_thread::sleep_for(150ms);
+    }
+    for (auto& t : clients)
+        t.join();
+    INFO(d.log().substr(0, 4000));
+    for (const auto& [what, count] : outcomes)
+        UNSCOPED_INFO(what << ": " << count);
+    CHECK(broken.empty());
+    CHECK(probe_failures == 0);
+    CHECK(probes > 10);
+    CHECK(outcomes["hung up"] > 0);
+    CHECK(outcomes["streamed"] + outcomes["whole"] > 20);
+    CHECK(outcomes["no end"] == 0);
+    json st;
+    REQUIRE(wait_until(
+        [&] {
+            st = d.get("/v1/status");
+            return st["scheduler"]["sequences"] == 0 && st["scheduler"]["queued"] == 0;
+        },
+        20s));
+    CHECK(st["scheduler"]["step_errors"] == 0);
+    CHECK(st["scheduler"]["requests"]["failed"] == 0);
+    for (const auto& r : st["regions"])
+        CHECK(r["reserved_bytes"] == 0);
+    CHECK(d.get("/v1/health")["status"] == "ok");
+    d.stop();
+}
+
+TEST_CASE("a service manager that does not read its notifications never stalls the daemon",
+          "[integration][daemon]") {
+    // sd_notify blocks while the manager's datagram queue (10 by default) is full: the boot's
+    // stage statuses alone filled it, and the daemon never got ready; reloads under load
+    // stalled its I/O thread. Notifications now go out on a thread of their own.
+    TempDir tmp;
+    write_text(tmp / "profile.toml", profile_for(models_dir() / "qwen3-moe-tiny"));
+    NotifySocket deaf(tmp / "notify.sock");  // bound, never read
+    const std::string sock = (tmp / "api.sock").string();
+    Process p({writescoped_path(), "--config", (tmp / "profile.toml").string(), "--socket", sock,
+               "--state-dir", (tmp / "state").string()},
+              tmp / "daemon.log",
+              std::map<std::string, std::optional<std::string>>{{"NOTIFY_SOCKET", deaf.path()}});
+    const auto answers = [&](const std::string& method, const std::string& target,
+                             const std::string& body) {
+        try {
+            return http_request(sock, method, target, body, 5s).status == 200;
+        } catch (const std::exception&) {
+            return false;
+        }
+    };
+    INFO(read_text(tmp / "daemon.log"));
+    REQUIRE(wait_until([&] { return answers("GET", "/v1/health", {}); }, 30s));
+    const std::string completion = json{{"prompt", {1, 2, 3}}, {"max_tokens", 4}}.dump();
+    for (int i = 0; i < 30; ++i) {
+        p.signal(SIGHUP);  // RELOADING=1, READY=1 and a status each, none of them read
+        CHECK(answers("POST", "/v1/completions", completion));
+    }
+    CHECK(answers("GET", "/v1/health", {}));
+    p.signal(SIGTERM);
+    const auto st = p.wait(15s);  // its last notifications wait at most 2 s
+    REQUIRE(st);
+    CHECK(st->exited);
+    CHECK(st->code == 0);
 }
 
 TEST_CASE("a request over the KV budget gets its error while another stream goes on",
