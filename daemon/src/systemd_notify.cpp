@@ -3,12 +3,14 @@
 #include <systemd/sd-daemon.h>
 #include <time.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 
 #include <fmt/format.h>
@@ -35,8 +37,15 @@ class Notifier {
         {
             std::lock_guard lock(mu_);
             if (!started_) {
-                started_ = true;
-                std::thread([this] { run(); }).detach();
+                try {
+                    std::thread([this] { run(); }).detach();
+                    started_ = true;
+                } catch (const std::system_error&) {
+                    // No thread to be had (resources): this one is sent here, the next ones
+                    // try again to start the sender.
+                    send(m);
+                    return;
+                }
             }
             if (status_only(m) && !queued_.empty() && status_only(queued_.back()))
                 queued_.back() = std::move(m);
@@ -52,6 +61,11 @@ class Notifier {
 
   private:
     static constexpr std::size_t kMaxQueued = 64;
+    void send(const std::string& m) {
+        const int rc = sd_notify(0, m.c_str());
+        if (rc < 0 && !warned_.exchange(true))
+            log_warning("notify.failed", "sd_notify failed: {}", std::strerror(-rc));
+    }
     static bool status_only(const std::string& m) {
         return m.starts_with("STATUS=") && m.find('\n') == std::string::npos;
     }
@@ -63,11 +77,7 @@ class Notifier {
             queued_.pop_front();
             sending_ = true;
             lock.unlock();
-            const int rc = sd_notify(0, m.c_str());
-            if (rc < 0 && !warned_) {
-                warned_ = true;
-                log_warning("notify.failed", "sd_notify failed: {}", std::strerror(-rc));
-            }
+            send(m);
             lock.lock();
             sending_ = false;
             cv_.notify_all();
@@ -77,7 +87,8 @@ class Notifier {
     std::mutex mu_;
     std::condition_variable cv_;
     std::deque<std::string> queued_;
-    bool started_ = false, sending_ = false, warned_ = false;
+    bool started_ = false, sending_ = false;
+    std::atomic<bool> warned_{false};
 };
 
 }  // namespace
