@@ -61,8 +61,8 @@ bool present(const json& body, const char* name) {
 }
 
 // OpenAI's logit_bias: an object from token ids (decimal strings) to a bias each. The ranges
-// are checked with the other sampling fields (SamplingParams::validate), the vocabulary by
-// submit_generation.
+// are checked with the other sampling fields (SamplingParams::validate), the vocabulary by the
+// scheduler's submit, as the prompt's tokens are.
 std::vector<std::pair<std::int32_t, float>> logit_bias_of(const json& o) {
     if (!o.is_object())
         throw ApiError{400, "\"logit_bias\" must be an object from token ids to biases"};
@@ -842,11 +842,6 @@ HttpResponse submit_generation(Service& service, const ServiceView& v, Generatio
         if (ids.empty()) throw ApiError{400, fmt::format("{} is empty (no tokens)", which)};
     }
     if (auto e = r.sampling.validate(); !e.empty()) throw ApiError{400, e};
-    for (const auto& [token, bias] : r.sampling.logit_bias)
-        if (v.model.vocab_size > 0 && token >= v.model.vocab_size)
-            throw ApiError{400, fmt::format("\"logit_bias\" names token {}, past the model's "
-                                            "vocabulary ({} tokens)",
-                                            token, v.model.vocab_size)};
 
     const ModelText* text = service.text();
     auto c = std::make_shared<Completion>();

@@ -1,7 +1,5 @@
 #include "engine_host.hpp"
 
-#include "writescope/core/model/runtime.hpp"
-
 namespace writescope::daemon {
 
 EngineFactory real_engine_factory() {
@@ -9,10 +7,8 @@ EngineFactory real_engine_factory() {
         EngineOptions o = opts;
 #if WRITESCOPE_HAVE_CUDA_MODEL
         // The GPU model runtime attends its prompt chunks on the device (Engine::attend_prompt
-        // with a device stream): the engine's GPU side sizes that workspace for the runtime's
-        // chunk (model.prefill_chunk_tokens, set by engine_options_from_profile).
-        if (o.gpu_index >= 0 && o.max_prompt_tokens == 0)
-            o.max_prompt_tokens = model::RuntimeOptions{}.prefill_chunk_tokens;
+        // with a device stream): engine_options_from_profile sized that workspace for the
+        // runtime's chunk (model.prefill_chunk_tokens).
         // Its expert staging is pinned too, within the same budget.
         if (o.gpu_index >= 0 && o.pinned_reserved_bytes == 0) {
             o.pinned_reserved_bytes = expert_stream_pinned_bytes(o.pinned_kv_bytes);

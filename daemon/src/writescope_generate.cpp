@@ -159,14 +159,14 @@ int run(int argc, char** argv) {
     cpu::CpuModelOpsOptions co;
     co.threads = static_cast<std::size_t>(std::max(0, profile.hardware.expert_threads));
     co.pin = false;
-    co.max_tokens = std::max<std::size_t>(512, eo.max_batch);
+    co.max_tokens = std::max<std::size_t>(profile.model.prefill_chunk_tokens, eo.max_batch);
     const model::OpLimits lim = model::op_limits(cfg);
     co.fit(lim);
     cpu::CpuModelOps ops(co);
     model::RuntimeOptions ro;
     ro.kv_dtype = eo.geometry.dtype;
     ro.max_batch = eo.max_batch;
-    ro.prefill_chunk_tokens = 512;
+    ro.prefill_chunk_tokens = profile.model.prefill_chunk_tokens;
     const auto rt = model::make_runtime(*m, ops, *engine, ro);
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
@@ -177,7 +177,7 @@ int run(int argc, char** argv) {
     std::unique_ptr<NpyWriter> npy;
     if (!logits_path.empty()) npy = std::make_unique<NpyWriter>(logits_path, V);
 
-    model::Sampler sampler(sp, V);
+    model::Sampler sampler(sp, V, prompt);  // the repetition penalty sees the prompt too
     const auto t0 = std::chrono::steady_clock::now();
     const std::size_t chunk = rt->prefill_chunk_tokens();
     std::vector<float> logits((npy ? chunk : 1) * V);

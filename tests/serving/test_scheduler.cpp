@@ -306,6 +306,11 @@ TEST_CASE("submit refuses bad requests at once, naming the limit", "[unit][servi
     Request bad = greedy({1}, 4);
     bad.sampling.top_p = 0;
     CHECK_THAT(refused(bad).message, Contains("top_p"));
+    Request biased = greedy({1}, 4);
+    biased.sampling.logit_bias = {{3, 1.0f}, {16, 2.0f}};  // vocabulary of 16
+    const RequestError past = refused(biased);
+    CHECK(past.kind == ErrorKind::invalid);
+    CHECK(past.message == "logit_bias names token 16, past the model's vocabulary (16 tokens)");
     // One running, one queued: the next is refused as busy.
     s.pause();
     Events a, b;

@@ -146,15 +146,19 @@ void Sampler::sample(std::span<const float> logits, SampledToken& out) {
     if (logits.size() != vocab_)
         throw std::invalid_argument("sampler: " + std::to_string(logits.size()) +
                                     " logits for a vocabulary of " + std::to_string(vocab_));
-    const Scan raw = scan(logits);  // throws for NaN and all −inf before anything changes
-    if (adjusts_) {
-        const std::span<const float> a = adjust(logits);
-        const Scan s = scan(a);
-        out.token = greedy_ ? s.argmax : draw(a, s);
-    } else {
-        out.token = greedy_ ? raw.argmax : draw(logits, raw);
+    if (!adjusts_) {
+        const Scan s = scan(logits);  // throws for NaN and all −inf before anything changes
+        out.token = greedy_ ? s.argmax : draw(logits, s);
+        fill_logprobs(logits, s, out, params_.logprobs);
+        return;
     }
-    fill_logprobs(logits, raw, out, params_.logprobs);
+    // Step 0's copy carries a NaN or an all −inf of the raw logits (a finite bias or penalty
+    // changes neither), so its scan throws for them before anything changes; the raw logits
+    // are scanned again only for the logprobs.
+    const std::span<const float> a = adjust(logits);
+    const Scan s = scan(a);
+    out.token = greedy_ ? s.argmax : draw(a, s);
+    fill_logprobs(logits, params_.logprobs >= 0 ? scan(logits) : s, out, params_.logprobs);
     record(out.token);
 }
 

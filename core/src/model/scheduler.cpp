@@ -131,6 +131,11 @@ SubmitResult Scheduler::submit(Request request, EventSink sink) {
                           text("prompt token ", t, " at position ", i,
                                " is outside the vocabulary (0 to ", vocab_ - 1, ")"));
     }
+    for (const auto& [token, bias] : request.sampling.logit_bias)
+        if (static_cast<std::size_t>(token) >= vocab_)
+            return refuse(ErrorKind::invalid,
+                          text("logit_bias names token ", token, ", past the model's vocabulary (",
+                               vocab_, " tokens)"));
     if (request.max_tokens < 1) return refuse(ErrorKind::invalid, "max_tokens must be at least 1");
     if (request.prompt_logprobs < -1 || request.prompt_logprobs > SamplingParams::kMaxLogprobs)
         return refuse(ErrorKind::invalid,
