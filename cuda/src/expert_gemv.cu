@@ -86,9 +86,10 @@ __global__ void __launch_bounds__(kWarps * 32) gate_up_kernel(const ExpertGemvAr
     if (!warp_work(a, a.ffn, w)) return;
     const int lane = threadIdx.x % 32, first = w.first, count = w.count;
     const std::size_t row = w.row;
+    if (!a.gate[w.e] || !a.up[w.e]) return;  // the down kernel writes its partials as zeros
     const std::size_t H = a.hidden, es = dtype_bytes(D);
-    const auto* gate = static_cast<const char*>(a.gate[w.e]) + row * H * es;
-    const auto* up = static_cast<const char*>(a.up[w.e]) + row * H * es;
+    const auto* gate = static_cast<const char*>(a.gate[w.e]) + (a.ffn_begin + row) * H * es;
+    const auto* up = static_cast<const char*>(a.up[w.e]) + (a.ffn_begin + row) * H * es;
     for (int t0 = 0; t0 < count; t0 += kTokens) {
         const int nt = min(kTokens, count - t0);
         const float* x[kTokens];
@@ -140,7 +141,14 @@ __global__ void __launch_bounds__(kWarps * 32) down_kernel(const ExpertGemvArgs 
     const int lane = threadIdx.x % 32, first = w.first, count = w.count;
     const std::size_t row = w.row;
     const std::size_t F = a.ffn, es = dtype_bytes(D);
-    const auto* down = static_cast<const char*>(a.down[w.e]) + row * F * es;
+    if (!a.gate[w.e] || !a.up[w.e] || !a.down[w.e]) {
+        if (lane == 0)
+            for (int t = 0; t < count; ++t)
+                a.partial[static_cast<std::size_t>(first + t) * a.hidden + row] = 0.0f;
+        return;
+    }
+    const std::size_t ld = a.down_ld ? a.down_ld : F;
+    const auto* down = static_cast<const char*>(a.down[w.e]) + (row * ld + a.ffn_begin) * es;
     const auto* h = static_cast<const char*>(a.h);
     for (int t0 = 0; t0 < count; t0 += kTokens) {
         const int nt = min(kTokens, count - t0);

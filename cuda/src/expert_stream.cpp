@@ -210,11 +210,17 @@ std::size_t ExpertStream::pin(const void* data, std::size_t bytes) {
         const std::uintptr_t stop = it != locked_.end() ? std::min(end, it->begin) : end;
         void* p = reinterpret_cast<void*>(begin);
         const std::size_t n = stop - begin;
-        // Read-only first: a checkpoint mapped read-only cannot be registered otherwise.
-        cudaError_t e = cudaHostRegister(p, n, cudaHostRegisterPortable | cudaHostRegisterReadOnly);
+        // Read-only first: a checkpoint mapped read-only cannot be registered otherwise. Mapped,
+        // so that kernels may read the experts in place.
+        constexpr unsigned kFlags = cudaHostRegisterPortable | cudaHostRegisterMapped;
+        cudaError_t e = cudaHostRegister(p, n, kFlags | cudaHostRegisterReadOnly);
         if (e != cudaSuccess) {
             cudaGetLastError();
-            e = cudaHostRegister(p, n, cudaHostRegisterPortable);
+            e = cudaHostRegister(p, n, kFlags);
+        }
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            e = cudaHostRegister(p, n, cudaHostRegisterPortable);  // copied, never read in place
         }
         if (e != cudaSuccess) {
             cudaGetLastError();
@@ -222,7 +228,17 @@ std::size_t ExpertStream::pin(const void* data, std::size_t bytes) {
                                      std::to_string(n) + " bytes at " + std::to_string(begin) +
                                      ": " + cudaGetErrorString(e));
         }
-        locked_.insert(it, Locked{begin, stop});
+        Locked r{begin, stop, 0, false};
+        void* dev = nullptr;
+        if (cudaHostGetDevicePointer(&dev, p, 0) == cudaSuccess && dev) {
+            r.device_offset =
+                reinterpret_cast<std::intptr_t>(dev) - static_cast<std::intptr_t>(begin);
+            r.mapped = true;
+        } else {
+            cudaGetLastError();
+        }
+        locked_.insert(it, r);
+        ++pin_generation_;
         pinned_host_ += n;
         added += n;
         begin = stop;
@@ -236,6 +252,21 @@ std::size_t ExpertStream::segment(const void* p, std::size_t n) const noexcept {
                                [](std::uintptr_t x, const Locked& r) { return x < r.end; });
     if (it == locked_.end() || it->begin > a) return 0;
     return static_cast<std::size_t>(std::min<std::uintptr_t>(n, it->end - a));
+}
+
+const void* ExpertStream::device_view(const void* p, std::size_t n) const noexcept {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    auto it = std::upper_bound(locked_.begin(), locked_.end(), a,
+                               [](std::uintptr_t x, const Locked& r) { return x < r.end; });
+    if (n == 0 || it == locked_.end() || it->begin > a || !it->mapped) return nullptr;
+    const std::intptr_t offset = it->device_offset;
+    // Ranges registered one after another are mapped apart: one view needs one offset.
+    for (std::uintptr_t end = it->end; end < a + n; end = it->end) {
+        ++it;
+        if (it == locked_.end() || it->begin != end || !it->mapped || it->device_offset != offset)
+            return nullptr;
+    }
+    return reinterpret_cast<const void*>(static_cast<std::intptr_t>(a) + offset);
 }
 
 bool ExpertStream::locked(const void* p, std::size_t n) const noexcept {

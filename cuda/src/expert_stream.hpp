@@ -95,8 +95,15 @@ class ExpertStream {
     // Page-locks [data, data + bytes) widened to whole pages, skipping pages already locked
     // by an earlier call; a part inside a locked range is then copied to its slot directly (one
     // cudaMemcpyAsync, no pinned piece). Returns the bytes newly locked. Call between jobs.
+    // The ranges are mapped for the device too (cudaHostRegisterMapped), so that its kernels may
+    // read them across the bus (CudaModelOps::moe_in_place).
     std::size_t pin(const void* data, std::size_t bytes);
     std::size_t pinned_host_bytes() const noexcept { return pinned_host_; }
+    // The device's address of [p, p + n) when it lies in locked ranges mapped at one offset
+    // (one range, or adjacent ones the device sees at their host addresses); null otherwise.
+    const void* device_view(const void* p, std::size_t n) const noexcept;
+    // Bumped by every pin() that locks something: tables of device views built before are stale.
+    std::uint64_t pin_generation() const noexcept { return pin_generation_; }
 
     std::size_t slot_bytes() const noexcept { return opts_.slot_bytes; }
     std::size_t device_bytes() const noexcept { return opts_.slot_bytes * opts_.slots; }
@@ -148,9 +155,12 @@ class ExpertStream {
     // destruction).
     struct Locked {
         std::uintptr_t begin = 0, end = 0;
+        std::intptr_t device_offset = 0;  // the device's address of begin, minus begin
+        bool mapped = false;              // cudaHostGetDevicePointer gave one
     };
     std::vector<Locked> locked_;
     std::size_t pinned_host_ = 0;
+    std::uint64_t pin_generation_ = 0;
 
     std::unique_ptr<CopyPool> pool_;
     mutable std::mutex m_;

@@ -87,7 +87,11 @@ void launch_combine(const float* partial, std::size_t hidden, const std::int32_t
 // launch_group_pairs, CTA row j serves the j-th expert with pairs (meta's list), so the grid
 // is sized by min(experts, max_pairs) and nothing waits for the counts. Every expert of the
 // span has weights of one shape and dtype (checked by the caller) in 16-byte aligned rows
-// (expert_gemv_fits).
+// (expert_gemv_fits). An expert whose pointers are null (a span's experts the device cannot read,
+// which the routing should not name) writes zero partials: it adds nothing, and reads nothing.
+// A row range (ffn_begin, down_ld): the kernels compute the experts' intermediate rows
+// [ffn_begin, ffn_begin + ffn) of the down_ld rows they have (gate and up from row ffn_begin;
+// down's columns from ffn_begin, its rows down_ld apart): one side's part of a split expert.
 struct ExpertGemvArgs {
     const void* const* gate;         // (experts) device pointers: (ffn, hidden)
     const void* const* up;           // (experts): (ffn, hidden)
@@ -97,9 +101,11 @@ struct ExpertGemvArgs {
     std::size_t experts, hidden, ffn;
     std::size_t max_pairs;  // n · k: a bound on the pairs and on the experts with pairs
     DType dtype;
-    const float* x;  // (n, hidden) fp32: the inputs, rounded to dtype as they are read
-    void* h;         // (max_pairs, ffn) in dtype: silu(gate · x) · (up · x)
-    float* partial;  // (max_pairs, hidden) fp32: down · h
+    const float* x;             // (n, hidden) fp32: the inputs, rounded to dtype as they are read
+    void* h;                    // (max_pairs, ffn) in dtype: silu(gate · x) · (up · x)
+    float* partial;             // (max_pairs, hidden) fp32: down · h
+    std::size_t ffn_begin = 0;  // a multiple of 16 bytes of elements
+    std::size_t down_ld = 0;    // down's row stride in elements (0: ffn)
 };
 bool expert_gemv_fits(std::size_t hidden, std::size_t ffn, DType dtype) noexcept;
 void launch_expert_gate_up(const ExpertGemvArgs& a, void* stream);

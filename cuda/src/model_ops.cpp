@@ -145,6 +145,17 @@ struct CudaModelOps::Impl {
         DType dtype = DType::bf16;
     };
     std::unordered_map<const model::FfnWeights*, ExpertTable> tables;
+    // The same for spans of HOST views read in place (moe_in_place): the device's views of the
+    // page-locked experts, null for the others; rebuilt when pin_host locked more.
+    std::unordered_map<const model::FfnWeights*, ExpertTable> in_place_tables;
+    std::uint64_t in_place_generation = 0;
+    // moe_in_place's timing: events around its kernels, read at the next call.
+    struct EventDel {
+        void operator()(cudaEvent_t e) const noexcept { cudaEventDestroy(e); }
+    };
+    std::unique_ptr<CUevent_st, EventDel> in_place_start, in_place_end;
+    bool in_place_pending = false;
+    double in_place_seconds = 0;
     // Recordings: instantiated graphs, destroyed with the ops.
     struct GraphDel {
         void operator()(cudaGraphExec_t g) const noexcept { cudaGraphExecDestroy(g); }
@@ -343,6 +354,14 @@ struct CudaModelOps::Impl {
             too_large(what, "the number of experts", ne, "max_experts", opts.max_experts);
     }
     const ExpertTable& table_for(std::span<const model::FfnWeights> experts);
+    const ExpertTable& in_place_table(std::span<const model::FfnWeights> experts);
+    void moe_in_place(std::span<const model::FfnWeights> experts, const float* x, std::size_t n,
+                      const model::MoeRouting& routing, float* y);
+    // GEMV args for a call over table t, with its row range (std::invalid_argument if the range
+    // is not one MoeRouting allows or the kernels take).
+    detail::ExpertGemvArgs gemv_args(const ExpertTable& t, std::size_t n,
+                                     const model::MoeRouting& routing, const float* x,
+                                     const char* what) const;
 
     // After a wait on the stream: an expert index the GEMV path refused.
     void check_reported() const {
@@ -400,6 +419,145 @@ const CudaModelOps::Impl::ExpertTable& CudaModelOps::Impl::table_for(
     check(cudaStreamSynchronize(stream), "moe expert table");  // once per span: host freed next
     t.ok = true;
     return t;
+}
+
+const CudaModelOps::Impl::ExpertTable& CudaModelOps::Impl::in_place_table(
+    std::span<const model::FfnWeights> experts) {
+    const std::uint64_t generation = xs ? xs->pin_generation() : 0;
+    if (generation != in_place_generation) {
+        in_place_tables.clear();
+        in_place_generation = generation;
+    }
+    const auto same = [](const model::FfnWeights& a, const model::FfnWeights& b) {
+        const auto eq = [](const model::Matrix& p, const model::Matrix& q) {
+            return p.data == q.data && p.rows == q.rows && p.cols == q.cols && p.dtype == q.dtype;
+        };
+        return eq(a.gate, b.gate) && eq(a.up, b.up) && eq(a.down, b.down);
+    };
+    const auto it = in_place_tables.find(experts.data());
+    if (it != in_place_tables.end() && it->second.experts.size() == experts.size() &&
+        std::equal(experts.begin(), experts.end(), it->second.experts.begin(), same))
+        return it->second;
+    if (in_place_tables.size() >= 4096) in_place_tables.clear();
+    ExpertTable& t = in_place_tables[experts.data()];
+    t = ExpertTable{};
+    t.experts.assign(experts.begin(), experts.end());
+    const std::size_t ne = experts.size();
+    if (ne == 0 || !xs) return t;
+    std::vector<const void*> dev(3 * ne, nullptr);
+    bool any = false;
+    for (std::size_t e = 0; e < ne; ++e) {
+        const model::FfnWeights& f = experts[e];
+        if (!f.gate.data || !f.up.data || !f.down.data) continue;
+        if (!any) {
+            t.hidden = f.gate.cols;
+            t.ffn = f.gate.rows;
+            t.dtype = f.gate.dtype;
+        }
+        const auto fits = [&](const model::Matrix& mx, std::size_t rows, std::size_t cols) {
+            return mx.rows == rows && mx.cols == cols && mx.dtype == t.dtype &&
+                   reinterpret_cast<std::uintptr_t>(mx.data) % 16 == 0;
+        };
+        if (!fits(f.gate, t.ffn, t.hidden) || !fits(f.up, t.ffn, t.hidden) ||
+            !fits(f.down, t.hidden, t.ffn))
+            return t;  // mixed shapes: not read in place
+        const void* gv = xs->device_view(f.gate.data, f.gate.bytes());
+        const void* uv = xs->device_view(f.up.data, f.up.bytes());
+        const void* dv = xs->device_view(f.down.data, f.down.bytes());
+        if (!gv || !uv || !dv) continue;  // not page-locked (or not mapped): stays null
+        dev[e] = gv;
+        dev[ne + e] = uv;
+        dev[2 * ne + e] = dv;
+        any = true;
+    }
+    if (!any || t.hidden > opts.max_hidden || t.ffn > opts.max_ffn ||
+        !detail::expert_gemv_fits(t.hidden, t.ffn, t.dtype))
+        return t;
+    t.ptrs = DevMem(3 * ne * sizeof(void*), "moe_in_place expert table");
+    bytes += 3 * ne * sizeof(void*);
+    check(cudaMemcpyAsync(t.ptrs.p, dev.data(), 3 * ne * sizeof(void*), cudaMemcpyHostToDevice,
+                          stream),
+          "moe_in_place expert table");
+    check(cudaStreamSynchronize(stream), "moe_in_place expert table");
+    t.ok = true;
+    return t;
+}
+
+detail::ExpertGemvArgs CudaModelOps::Impl::gemv_args(const ExpertTable& t, std::size_t n,
+                                                     const model::MoeRouting& routing,
+                                                     const float* x, const char* what) const {
+    const std::size_t ne = t.experts.size();
+    std::size_t f0 = 0, f1 = t.ffn;
+    if (routing.partial()) {
+        f0 = routing.ffn_begin;
+        f1 = routing.ffn_end;
+        const std::size_t es = dtype_bytes(t.dtype);
+        if (f0 % model::MoeRouting::kFfnRowAlign != 0 || f0 >= f1 || f1 > t.ffn ||
+            ((f1 - f0) * es) % 16 != 0)
+            throw std::invalid_argument(
+                std::string("CudaModelOps::") + what + ": the row range [" + std::to_string(f0) +
+                ", " + std::to_string(f1) + ") is not within the experts' " +
+                std::to_string(t.ffn) + " rows from a multiple of " +
+                std::to_string(model::MoeRouting::kFfnRowAlign) + " in whole 16-byte pieces");
+    }
+    const auto* p = t.ptrs.as<const void*>();
+    detail::ExpertGemvArgs a{
+        p,  p + ne,   p + 2 * ne,    meta.as<std::int32_t>(), pair_token.as<std::int32_t>(),
+        ne, t.hidden, f1 - f0,       n * routing.k,           t.dtype,
+        x,  h.p,      xg.as<float>()};
+    a.ffn_begin = f0;
+    a.down_ld = t.ffn;
+    return a;
+}
+
+void CudaModelOps::Impl::moe_in_place(std::span<const model::FfnWeights> experts, const float* x,
+                                      std::size_t n, const model::MoeRouting& routing, float* y) {
+    if (!xs)
+        throw std::logic_error(
+            "CudaModelOps::moe_in_place: no host memory is page-locked for the device (the ops "
+            "were constructed with stream_expert_bytes = 0)");
+    use();
+    if (recording) throw std::logic_error("CudaModelOps::moe_in_place: called while recording");
+    if (n == 0 || routing.k == 0) return;
+    const std::size_t k = routing.k, ne = experts.size();
+    check_limits("moe_in_place", n, k, ne);
+    if (n > kGemvTokens) too_large("moe_in_place", "n", n, "in_place_tokens", kGemvTokens);
+    const ExpertTable& t = in_place_table(experts);
+    if (!t.ok)
+        throw std::invalid_argument(
+            "CudaModelOps::moe_in_place: no expert of the span is page-locked and mapped for the "
+            "device in one shape the kernels take (pin_host)");
+    const detail::ExpertGemvArgs a = gemv_args(t, n, routing, x, "moe_in_place");
+    if (!in_place_start) {
+        cudaEvent_t e0 = nullptr, e1 = nullptr;
+        check(cudaEventCreate(&e0), "moe_in_place: cudaEventCreate");
+        in_place_start.reset(e0);
+        check(cudaEventCreate(&e1), "moe_in_place: cudaEventCreate");
+        in_place_end.reset(e1);
+    }
+    if (in_place_pending) {
+        // The last call's kernels: done by now in any real use (the caller waited for a later
+        // download), so this returns at once.
+        in_place_pending = false;
+        float ms = 0;
+        if (cudaEventSynchronize(in_place_end.get()) == cudaSuccess &&
+            cudaEventElapsedTime(&ms, in_place_start.get(), in_place_end.get()) == cudaSuccess)
+            in_place_seconds = ms * 1e-3;
+        cudaGetLastError();
+    }
+    check(cudaEventRecord(in_place_start.get(), stream), "moe_in_place: cudaEventRecord");
+    detail::launch_group_pairs(routing.expert, n, k, ne, meta.as<std::int32_t>(),
+                               pair_token.as<std::int32_t>(), pair_of.as<std::int32_t>(), stream);
+    launched("moe_in_place: grouping kernel");
+    detail::launch_expert_gate_up(a, stream);
+    launched("moe_in_place: expert gate/up kernel");
+    detail::launch_expert_down(a, stream);
+    launched("moe_in_place: expert down kernel");
+    detail::launch_combine(xg.as<float>(), t.hidden, pair_of.as<std::int32_t>(), routing.weight, n,
+                           k, y, stream, meta.as<std::int32_t>() + ne + 1, bad_dev);
+    launched("moe_in_place: combine kernel");
+    check(cudaEventRecord(in_place_end.get(), stream), "moe_in_place: cudaEventRecord");
+    in_place_pending = true;
 }
 
 // After the grouping kernel (meta): the counts come down (one wait on the stream), then every
@@ -466,16 +624,17 @@ void CudaModelOps::Impl::moe(std::span<const model::FfnWeights> experts, const f
     auto* off = meta.as<std::int32_t>();
     const ExpertTable* gemv = n <= kGemvTokens ? &table_for(experts) : nullptr;
     if (gemv && !gemv->ok) gemv = nullptr;
+    if (routing.partial() && !gemv)
+        throw std::invalid_argument("CudaModelOps::moe: a row range needs the GEMV path (at most " +
+                                    std::to_string(kGemvTokens) +
+                                    " tokens, every expert on the device in one shape)");
+    const detail::ExpertGemvArgs a =
+        gemv ? gemv_args(*gemv, n, routing, x, "moe") : detail::ExpertGemvArgs{};
     detail::launch_group_pairs(routing.expert, n, k, ne, off, pair_token.as<std::int32_t>(),
                                pair_of.as<std::int32_t>(), stream);
     launched("moe: grouping kernel");
     if (gemv) {
         // Nothing waits: the kernels read the counts where the grouping wrote them.
-        const auto* p = gemv->ptrs.as<const void*>();
-        detail::ExpertGemvArgs a{
-            p,  p + ne,       p + 2 * ne,    off,   pair_token.as<std::int32_t>(),
-            ne, gemv->hidden, gemv->ffn,     n * k, gemv->dtype,
-            x,  h.p,          xg.as<float>()};
         detail::launch_expert_gate_up(a, stream);
         launched("moe: expert gate/up kernel");
         detail::launch_expert_down(a, stream);
@@ -611,6 +770,22 @@ std::size_t CudaModelOps::stream_expert_bytes() const noexcept {
 void CudaModelOps::moe_streamed(std::span<const model::FfnWeights> host_experts, const float* x,
                                 std::size_t n, const model::MoeRouting& routing, float* y) {
     impl_->moe_streamed(host_experts, x, n, routing, y);
+}
+std::size_t CudaModelOps::in_place_tokens() const noexcept {
+    return impl_->xs ? std::min(kGemvTokens, impl_->opts.max_tokens) : 0;
+}
+bool CudaModelOps::reads_in_place(const model::FfnWeights& e) const noexcept {
+    const detail::ExpertStream* xs = impl_->xs.get();
+    return xs && e.gate.data && e.up.data && e.down.data &&
+           xs->device_view(e.gate.data, e.gate.bytes()) &&
+           xs->device_view(e.up.data, e.up.bytes()) && xs->device_view(e.down.data, e.down.bytes());
+}
+void CudaModelOps::moe_in_place(std::span<const model::FfnWeights> host_experts, const float* x,
+                                std::size_t n, const model::MoeRouting& routing, float* y) {
+    impl_->moe_in_place(host_experts, x, n, routing, y);
+}
+double CudaModelOps::last_in_place_seconds() const noexcept {
+    return impl_->in_place_seconds;
 }
 model::ModelOps::StreamStats CudaModelOps::last_stream() const noexcept {
     if (!impl_->xs) return {};

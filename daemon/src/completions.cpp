@@ -1008,6 +1008,21 @@ json expert_streaming_json(const ModelPlacement& p, const std::optional<model::S
     return j;
 }
 
+// Decode steps' host experts split by rows with the GPU: null when off; else since start the
+// calls split, the expert bytes each side read, the GPU's share of the rows now and each side's
+// measured rate (bytes per second, 0 before any).
+json host_expert_rows_json(const ModelPlacement& p, const std::optional<model::SchedulerStats>& s) {
+    if (!p.split_host_experts) return nullptr;
+    if (!s) return {{"calls", 0}};
+    const model::ExpertStreamStats& x = s->expert_streaming;
+    return {{"calls", x.rows_split_calls},
+            {"gpu_share", x.rows_ops_share},
+            {"gpu_bytes", x.rows_ops_bytes},
+            {"cpu_bytes", x.rows_cpu_bytes},
+            {"gpu_bytes_per_second", x.rows_ops_rate},
+            {"cpu_bytes_per_second", x.rows_cpu_rate}};
+}
+
 // Where the model runs: "cpu", or the GPU's share (bytes per class, experts per layer) and the
 // hit rate of the GPU-resident experts over the routing since start (null before any).
 json placement_json(const ModelPlacement& p, const std::optional<model::SchedulerStats>& s) {
@@ -1028,7 +1043,8 @@ json placement_json(const ModelPlacement& p, const std::optional<model::Schedule
             {"decode",
              {{"device_attention", p.device_attention},
               {"cuda_graphs", p.cuda_graphs},
-              {"layer_parts", p.layer_parts}}},
+              {"layer_parts", p.layer_parts},
+              {"host_expert_rows", host_expert_rows_json(p, s)}}},
             {"prefill",
              {{"device_attention", p.device_prompts},
               {"expert_streaming", expert_streaming_json(p, s)}}},
@@ -1133,6 +1149,14 @@ std::string scheduler_metrics_text(const ServiceView& v) {
         one("writescope_expert_cpu_total", "counter",
             "Host-resident experts (per layer and call) the CPU computed.",
             static_cast<double>(s.expert_streaming.cpu_experts));
+    }
+    if (v.model.placement.split_host_experts) {
+        one("writescope_expert_rows_gpu_bytes_total", "counter",
+            "Bytes of host-resident experts the GPU read in place (its rows of split experts).",
+            static_cast<double>(s.expert_streaming.rows_ops_bytes));
+        one("writescope_expert_rows_cpu_bytes_total", "counter",
+            "Bytes of host-resident experts the CPU read for experts split by rows.",
+            static_cast<double>(s.expert_streaming.rows_cpu_bytes));
     }
     one("writescope_prompt_tokens_total", "counter", "Prompt tokens prefilled.",
         static_cast<double>(s.prompt_tokens));

@@ -151,6 +151,16 @@ std::string render_status(const json& s) {
             streaming = fmt::format("; host experts streamed {}, on the CPU {}",
                                     u64(es, "streamed_experts"), u64(es, "cpu_experts"));
         }
+        // Decode steps' host experts split by rows: "; decode host experts split by rows, GPU 31%".
+        if (pl.contains("decode") && pl["decode"].is_object() &&
+            pl["decode"].contains("host_expert_rows") &&
+            pl["decode"]["host_expert_rows"].is_object()) {
+            const auto& hr = pl["decode"]["host_expert_rows"];
+            streaming += u64(hr, "calls") > 0
+                             ? fmt::format("; decode host experts split by rows, GPU {}",
+                                           ratio(num(hr, "gpu_share")))
+                             : std::string("; decode host experts split by rows");
+        }
         rows.push_back(
             {"runtime",
              str(pl, "device") == "gpu"

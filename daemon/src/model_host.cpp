@@ -255,16 +255,20 @@ void start_gpu_runtime(ModelHost& host, const Profile& prof, int gpu,
     p.stream_expert_bytes = ops->stream_expert_bytes();
     p.stream_pinned_bytes = ops->stream_expert_bytes() ? stream_pinned : 0;
     p.locked_host_bytes = ops->pinned_host_bytes();
+    p.split_host_experts =
+        ro.expert_rows != model::ExpertRows::off && pl.host_experts > 0 && p.locked_host_bytes > 0;
     host.runtime = std::move(runtime);
     host.device_weights = std::move(weights);
     host.ops = std::move(ops);
     log_info("model.placement", "GPU {} model runtime ({}): {} (in {} of {}); experts {}{}", gpu,
              p.gpu_kernel, p.summary, format_size_human(wb.bytes), wb.origin, order,
              p.stream_expert_bytes
-                 ? fmt::format("; prompt chunks may stream host experts ({} page-locked in {:.1f} "
-                               "s, {} pinned staging)",
-                               format_size_human(p.locked_host_bytes), lock_seconds,
-                               format_size_human(p.stream_pinned_bytes))
+                 ? fmt::format(
+                       "; prompt chunks may stream host experts ({} page-locked in {:.1f} "
+                       "s, {} pinned staging){}",
+                       format_size_human(p.locked_host_bytes), lock_seconds,
+                       format_size_human(p.stream_pinned_bytes),
+                       p.split_host_experts ? "; decode steps split them by rows with the GPU" : "")
                  : std::string());
 }
 #endif
@@ -302,6 +306,8 @@ ModelFactory real_model_factory() {
         model::RuntimeOptions ro;
         ro.max_batch = p.kv.max_batch;
         ro.prefill_chunk_tokens = p.model.prefill_chunk_tokens;
+        ro.expert_rows =
+            p.hardware.split_host_experts ? model::ExpertRows::automatic : model::ExpertRows::off;
         cpu::CpuModelOpsOptions oo;
         oo.threads = p.hardware.expert_threads > 0
                          ? static_cast<std::size_t>(p.hardware.expert_threads)

@@ -45,6 +45,9 @@ struct ModelPlacement {
     std::uint64_t stream_expert_bytes = 0, stream_pinned_bytes = 0;
     // Host memory of the host-resident experts page-locked for it (hardware.lock_host_experts).
     std::uint64_t locked_host_bytes = 0;
+    // Decode steps split the host experts by rows with the GPU (hardware.split_host_experts,
+    // with experts in host memory page-locked for the GPU).
+    bool split_host_experts = false;
 };
 
 struct ModelHost {

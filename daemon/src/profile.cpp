@@ -498,6 +498,14 @@ const std::vector<KeyDef>& key_table() {
             "a 64MiB pinned staging taken from pinned_kv_budget, a few GB/s); no effect on the "
             "CPU runtime",
             false, [](Profile & p) -> auto& { return p.hardware.lock_host_experts; }));
+        t.push_back(bool_key(
+            "hardware", "split_host_experts", "true",
+            "decode steps split each routed expert left in host memory by rows between the CPU "
+            "and the GPU, which reads its share of the page-locked expert across PCIe while the "
+            "CPU computes the rest, the share balanced by the two sides' measured rates (needs "
+            "lock_host_experts; false: the CPU computes them whole); no effect on the CPU "
+            "runtime",
+            false, [](Profile & p) -> auto& { return p.hardware.split_host_experts; }));
         // --- model
         t.push_back(path_key(
             "model", "source", "\"qwen3-30b-a3b\"",

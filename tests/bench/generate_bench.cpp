@@ -92,6 +92,10 @@ struct Options {
     std::size_t prefill_g_tokens = 0;
     std::size_t prefill_chunk = 512;  // the runtimes' prompt chunk (model.prefill_chunk_tokens)
     bool prompt_u_to_gpu = true;
+    // Host experts split by rows with the GPU (RuntimeOptions::expert_rows; --expert-rows
+    // off|auto|SHARE, a share fixing the GPU's part).
+    model::ExpertRows expert_rows = model::ExpertRows::automatic;
+    double expert_rows_share = 0;
 };
 
 double peak_host_gib() {
@@ -117,6 +121,8 @@ struct ModelSetup {
     double scale = 1;         // layers / full layers
     std::size_t chunk = 512;  // the runtimes' prompt chunk (--prefill-chunk)
     model::LayerParts layer_parts = model::LayerParts::automatic;
+    model::ExpertRows expert_rows = model::ExpertRows::automatic;
+    double expert_rows_share = 0;
     std::uint64_t vram = 0, t_bytes = 0, engine_vram = 0;
     Calibration calibration;
     bool calibrated = false;
@@ -136,6 +142,9 @@ struct Run {
     double streamed_per_step = 0, cpu_experts_per_step = 0;
     double model_per_expert_s = 0, model_per_pair_s = 0;
     bool streams = false;  // the runtime may stream host experts (some are host-resident)
+    // The host experts split by rows with the GPU: GB per step each side read, the GPU's share
+    // after the steps, and each side's measured rate (GB/s).
+    double rows_gpu_gb = 0, rows_cpu_gb = 0, rows_share = 0, rows_gpu_rate = 0, rows_cpu_rate = 0;
     // One more step with the parts of each layer waited for (Runtime::profile_layers), ms per
     // layer: they run one after another there, so they add up to more than a step's layer.
     double prof_attention_ms = 0, prof_gpu_experts_ms = 0, prof_cpu_experts_ms = 0,
@@ -208,6 +217,8 @@ std::unique_ptr<model::Runtime> runtime_for(
     model::RuntimeOptions ro;
     ro.expert_streaming = streaming;
     ro.layer_parts = s.layer_parts;
+    ro.expert_rows = s.expert_rows;
+    ro.expert_rows_share = s.expert_rows_share;
     ro.kv_dtype = s.m->config().dtype;
     ro.max_batch = batch;
     ro.prefill_chunk_tokens = s.chunk;
@@ -339,6 +350,19 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
                 static_cast<double>(after.cpu_experts - streams_before.cpu_experts) / steps;
             r.model_per_expert_s = after.cpu_per_expert_s;
             r.model_per_pair_s = after.cpu_per_pair_s;
+        }
+        if (const model::ExpertStreamStats after = rt->expert_streaming();
+            after.rows_split_calls > streams_before.rows_split_calls) {
+            const double steps = static_cast<double>(o.steps);
+            r.rows_gpu_gb =
+                static_cast<double>(after.rows_ops_bytes - streams_before.rows_ops_bytes) / 1e9 /
+                steps;
+            r.rows_cpu_gb =
+                static_cast<double>(after.rows_cpu_bytes - streams_before.rows_cpu_bytes) / 1e9 /
+                steps;
+            r.rows_share = after.rows_ops_share;
+            r.rows_gpu_rate = after.rows_ops_rate / 1e9;
+            r.rows_cpu_rate = after.rows_cpu_rate / 1e9;
         }
         // The profiled step: each part waited for (after the timed steps: it perturbs nothing
         // they measured).
@@ -553,6 +577,8 @@ std::unique_ptr<ModelSetup> setup_model(const std::string& name, model::ModelCon
     auto sp = std::make_unique<ModelSetup>();
     ModelSetup& s = *sp;
     s.layer_parts = o.layer_parts;
+    s.expert_rows = o.expert_rows;
+    s.expert_rows_share = o.expert_rows_share;
     const auto t_load = std::chrono::steady_clock::now();
     const int full_layers = preset.num_layers;
     s.full_layers = full_layers;
@@ -761,6 +787,12 @@ std::string decode_config(ModelSetup& s, const std::string& name, std::size_t co
                 "CPU model: %.3f ms per expert + %.1f us per pair)\n",
                 "", r.streamed_per_step, r.cpu_experts_per_step, r.model_per_expert_s * 1e3,
                 r.model_per_pair_s * 1e6);
+        if (r.rows_gpu_gb > 0)
+            std::printf(
+                "  %-10s   host experts split by rows: GPU share %.3f, per step %.2f GB read by "
+                "the GPU in place, %.2f GB by the CPU (rates measured beside each other: GPU "
+                "%.1f GB/s, CPU %.1f GB/s)\n",
+                "", r.rows_share, r.rows_gpu_gb, r.rows_cpu_gb, r.rows_gpu_rate, r.rows_cpu_rate);
     }
     double best_single = 0;
     for (const char* m : {"gpu-only", "cpu-only"})
@@ -828,6 +860,9 @@ std::string decode_config(ModelSetup& s, const std::string& name, std::size_t co
       << ", \"resident_gib\": " << ws.rss_gib
       << ", \"host_experts_per_step\": {\"streamed\": " << ws.streamed_per_step
       << ", \"cpu\": " << ws.cpu_experts_per_step << "}"
+      << ", \"host_experts_by_rows\": {\"gpu_share\": " << ws.rows_share
+      << ", \"gpu_gb_per_step\": " << ws.rows_gpu_gb << ", \"cpu_gb_per_step\": " << ws.rows_cpu_gb
+      << ", \"gpu_gb_s\": " << ws.rows_gpu_rate << ", \"cpu_gb_s\": " << ws.rows_cpu_rate << "}"
       << ", \"peak_host_gib\": " << peak_host_gib() << "}";
     std::printf("  -> writescope %.2fx the better single mode\n",
                 ws.ok && best_single > 0 ? ws.tok_s / best_single : 0.0);
@@ -902,7 +937,9 @@ int run_generate(int argc, char** argv) {
                 "  available now)]\n"
                 "  [--prefill-g-tokens N (the prompt rate's G at most N tokens, so that the\n"
                 "  prompt spills into P and U)] [--prompt-u gpu|cpu (who attends its U blocks)]\n"
-                "  [--prefill-chunk N (the runtimes' prompt chunk, default 512)]\n");
+                "  [--prefill-chunk N (the runtimes' prompt chunk, default 512)]\n"
+                "  [--expert-rows off|auto|SHARE (host experts split by rows with the GPU,\n"
+                "  which reads its rows in place; SHARE fixes the GPU's part; default auto)]\n");
         },
         [&](const std::string& a, auto& value) {
             if (sweep_option(a, value, o.models, o.contexts, o.batches)) return true;
@@ -920,7 +957,16 @@ int run_generate(int argc, char** argv) {
                 o.prefill_chunk = parse_list(value()).at(0);
             else if (a == "--pin-host-experts")
                 o.pin_host_experts = std::stoi(value()) != 0;
-            else if (a == "--layer-parts") {
+            else if (a == "--expert-rows") {
+                const std::string v = value();
+                o.expert_rows_share = 0;
+                if (v == "off" || v == "0") {
+                    o.expert_rows = model::ExpertRows::off;
+                } else {
+                    o.expert_rows = model::ExpertRows::automatic;
+                    if (v != "auto") o.expert_rows_share = std::stod(v);
+                }
+            } else if (a == "--layer-parts") {
                 const std::string v = value();
                 o.layer_parts = v == "0" || v == "off"      ? model::LayerParts::off
                                 : v == "1" || v == "always" ? model::LayerParts::always

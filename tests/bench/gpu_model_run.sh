@@ -1,7 +1,7 @@
 #!/bin/bash
 # Builds and runs the GPU model tests and the GPU runtime's decode benchmark on the lent GPU
 # machine, logs under $OUT. Run from the repository root after `source .devdeps/unpack-deps.sh`.
-#   PHASES: any of "test decode generate prefill longprefill chunks halves aggregate" (default
+#   PHASES: any of "test decode generate prefill longprefill chunks halves aggregate rows" (default
 #     "test decode"); chunks: the prompt rate at chunks of 512 and 2048 tokens (Mixtral, Qwen3,
 #     8 layers);
 #     prefill: the prompt rate with and without expert streaming (Qwen3, Mixtral); longprefill:
@@ -10,6 +10,8 @@
 #     experts split and all on the GPU); aggregate: the largest aggregate context of 128K-token
 #     sequences each model of AGG_MODELS (default all three; ~2-3 min each) holds at its full
 #     depth under the 32 GiB VRAM budget, decoding
+#   rows: decode with the host experts split by rows with the GPU against the CPU alone
+#     (Mixtral and Qwen3, 8 layers, 8K, batches 1 and 4);
 #   DECODE_ARGS: extra arguments for model-decode (default: the three models, context 1024)
 #   DECODE_MODES: ";"-separated model-decode modes (default: device-side, without graphs, staged, half the experts)
 #   GENERATE_ARGS: arguments for generate (its default depth is the most layers each
@@ -97,6 +99,20 @@ if [[ $PHASES == *aggregate* ]]; then
       > "$OUT/generate-aggregate-$m.txt" 2>&1
     echo "aggregate $m rc=$?"
     grep -E "layers per|largest" "$OUT/generate-aggregate-$m.txt" | cut -c1-400
+  done
+fi
+if [[ $PHASES == *rows* ]]; then
+  # Host experts split by rows with the GPU (it reads its rows in place) against the CPU alone:
+  # decode at batches 1 and 4, 8 layers (ROWS_MODELS, ROWS_ARGS to change them).
+  for m in ${ROWS_MODELS:-mixtral-8x7b qwen3-30b-a3b}; do
+    for rows in off auto; do
+      # shellcheck disable=SC2086
+      "$BENCH" generate --models "$m" --layers 8 --contexts 8K --batches 1,4 --modes writescope \
+        --steps 6 --prefill 512 --expert-rows $rows ${ROWS_ARGS:-} \
+        --json "$OUT/generate-rows-$m-$rows.json" > "$OUT/generate-rows-$m-$rows.txt" 2>&1
+      echo "rows $rows, $m rc=$?"
+      grep -E "ctx|split by rows|host experts per step" "$OUT/generate-rows-$m-$rows.txt" | cut -c1-260
+    done
   done
 fi
 if [[ $PHASES == *halves* ]]; then

@@ -8,6 +8,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "allocation_counter.hpp"
@@ -100,12 +101,15 @@ Experts random_experts(const MoeCase& c, DType dt, const Routing& r, std::mt1993
 struct MoeRef {
     std::vector<double> y, bound, scale;
 };
+// f0, f1: the intermediate rows the partial FFN sums over (MoeRouting's row range; f1 0: all).
 MoeRef reference_moe(const MoeCase& c, DType dt, const Experts& ex, const std::vector<float>& x,
-                     const std::vector<float>& y0, std::size_t n, const Routing& r, bool amx) {
+                     const std::vector<float>& y0, std::size_t n, const Routing& r, bool amx,
+                     std::size_t f0 = 0, std::size_t f1 = 0) {
+    if (f1 == 0) f1 = c.ffn;
     MoeRef ref{std::vector<double>(n * c.hidden), std::vector<double>(n * c.hidden),
                std::vector<double>(n * c.hidden)};
     const double eps32 = std::ldexp(1.0, -24);
-    const double tol_in = test::dot_bound(c.hidden, amx), tol_down = test::dot_bound(c.ffn, amx);
+    const double tol_in = test::dot_bound(c.hidden, amx), tol_down = test::dot_bound(f1 - f0, amx);
     std::vector<double> xr(c.hidden), hr(c.ffn), dh(c.ffn);
     for (std::size_t t = 0; t < n; ++t) {
         for (std::size_t i = 0; i < c.hidden; ++i) {
@@ -121,7 +125,7 @@ MoeRef reference_moe(const MoeCase& c, DType dt, const Experts& ex, const std::v
             const test::RandomMatrix& g = *ex.gate[e];
             const test::RandomMatrix& u = *ex.up[e];
             const test::RandomMatrix& d = *ex.down[e];
-            for (std::size_t f = 0; f < c.ffn; ++f) {
+            for (std::size_t f = f0; f < f1; ++f) {
                 double gs = 0, ga = 0, us = 0, ua = 0;
                 for (std::size_t i = 0; i < c.hidden; ++i) {
                     gs += g.at(f, i) * xr[i];
@@ -145,7 +149,7 @@ MoeRef reference_moe(const MoeCase& c, DType dt, const Experts& ex, const std::v
             }
             for (std::size_t o = 0; o < c.hidden; ++o) {
                 double s = 0, a = 0, b = 0;
-                for (std::size_t f = 0; f < c.ffn; ++f) {
+                for (std::size_t f = f0; f < f1; ++f) {
                     s += d.at(o, f) * hr[f];
                     a += std::fabs(d.at(o, f) * hr[f]);
                     b += std::fabs(d.at(o, f)) * dh[f];
@@ -215,6 +219,77 @@ TEST_CASE("moe matches the per-token fp64 reference for every ISA and dtype", "[
                 "%.3g\n",
                 ops[o]->kernel_name(), ops[o]->threads(), std::string(dtype_name(dt)).c_str(),
                 worst_rel[o], worst_of_bound[o]);
+    }
+}
+
+TEST_CASE("moe over a row range is the partial FFN of those rows, and the parts sum to the whole",
+          "[unit][model]") {
+    // The CPU's share of a host expert split by rows with the GPU (MoeRouting::ffn_begin): gate
+    // and up from row f0, down's columns from f0 with its rows' full stride.
+    auto rng = test::seeded_rng("cpu moe rows");
+    const MoeCase cases[] = {{"256/192, 8 experts, k 2", 256, 192, 8, 2},
+                             {"128/130, 16 experts, k 4", 128, 130, 16, 4}};
+    double worst = 0;
+    for (Isa isa : cpu::supported_isas()) {
+        CpuModelOps ops(options(isa, 3));
+        const bool amx = std::string(ops.kernel_name()).find("amx") != std::string::npos;
+        for (DType dt : kDtypes)
+            for (const MoeCase& c : cases)
+                for (std::size_t n : {1, 5, 40}) {
+                    const Routing r = random_routing(n, c.k, c.experts, rng);
+                    const Experts ex = random_experts(c, dt, r, rng);
+                    const auto x = test::random_floats(n * c.hidden, -2.0f, 2.0f, rng);
+                    const auto y0 = test::random_floats(n * c.hidden, -1.0f, 1.0f, rng);
+                    std::vector<float> whole = y0;
+                    for (std::size_t f0 = 0, f1 = 0; f0 < c.ffn; f0 = f1) {
+                        f1 = std::min(c.ffn, f0 + model::MoeRouting::kFfnRowAlign *
+                                                      (1 + rng() % 2));  // parts of 64 or 128
+                        const MoeRef ref = reference_moe(c, dt, ex, x, y0, n, r, amx, f0, f1);
+                        model::MoeRouting view = r.view(c.k);
+                        view.ffn_begin = f0;
+                        view.ffn_end = f1;
+                        std::vector<float> y = y0;
+                        ops.moe(ex.views, x.data(), n, view, y.data());
+                        double of_bound = 0;
+                        for (std::size_t i = 0; i < y.size(); ++i) {
+                            const double err = std::fabs(y[i] - ref.y[i]);
+                            of_bound = std::max(of_bound, err / ref.bound[i]);
+                            whole[i] += y[i] - y0[i];
+                        }
+                        INFO(ops.kernel_name() << " " << dtype_name(dt) << " " << c.name << " n "
+                                               << n << " rows [" << f0 << ", " << f1 << ")");
+                        REQUIRE(of_bound <= 1.0);
+                    }
+                    // The parts' sum against the whole FFN, relative to its scale.
+                    const MoeRef ref = reference_moe(c, dt, ex, x, y0, n, r, amx);
+                    double rel = 0;
+                    for (std::size_t i = 0; i < whole.size(); ++i)
+                        rel = std::max(rel, std::fabs(whole[i] - ref.y[i]) / ref.scale[i]);
+                    INFO(ops.kernel_name() << " " << dtype_name(dt) << " " << c.name << " n " << n);
+                    REQUIRE(rel < (dt == DType::f32 ? 1e-5 : 2e-2));
+                    worst = std::max(worst, dt == DType::f32 ? rel : 0.0);
+                }
+    }
+    std::printf("moe by row ranges: the parts' sum, fp32, max |y - ref| / scale = %.3g\n", worst);
+}
+
+TEST_CASE("moe refuses a row range that is not aligned or not within the rows, leaving y alone",
+          "[unit][model]") {
+    CpuModelOps ops(options(cpu::detected_isa(), 2));
+    auto rng = test::seeded_rng("cpu moe bad rows");
+    const MoeCase c{"", 64, 192, 4, 2};
+    const Routing r = random_routing(3, c.k, c.experts, rng);
+    const Experts ex = random_experts(c, DType::bf16, r, rng);
+    const auto x = test::random_floats(3 * c.hidden, -1.0f, 1.0f, rng);
+    for (const auto& [f0, f1] : std::vector<std::pair<std::size_t, std::size_t>>{
+             {8, 192}, {64, 64}, {128, 64}, {0, 193}, {192, 256}}) {
+        model::MoeRouting view = r.view(c.k);
+        view.ffn_begin = f0;
+        view.ffn_end = f1;
+        std::vector<float> y(3 * c.hidden, 0.25f);
+        INFO("rows [" << f0 << ", " << f1 << ")");
+        REQUIRE_THROWS_AS(ops.moe(ex.views, x.data(), 3, view, y.data()), std::invalid_argument);
+        REQUIRE(std::all_of(y.begin(), y.end(), [](float v) { return v == 0.25f; }));
     }
 }
 

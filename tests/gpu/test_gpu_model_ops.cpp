@@ -232,8 +232,11 @@ void moe_reference(const MoeShape& s, DType d, const std::vector<HostMatrix>& ga
                    const std::vector<HostMatrix>& up, const std::vector<HostMatrix>& down,
                    const std::vector<float>& x, const std::vector<float>& y0,
                    const std::vector<std::int32_t>& ex, const std::vector<float>& wt, std::size_t t,
-                   std::vector<double>& y, std::vector<double>& bound) {
+                   std::vector<double>& y, std::vector<double>& bound, std::size_t r0 = 0,
+                   std::size_t r1 = 0) {
+    // [r0, r1): the intermediate rows of a partial FFN (MoeRouting's row range; r1 0: all).
     const std::size_t H = s.hidden, F = s.ffn, k = s.k;
+    if (r1 == 0) r1 = F;
     std::vector<double> xr(H), h(F), dh(F);
     for (std::size_t c = 0; c < H; ++c)
         xr[c] = round_to(x[t * H + c], d);
@@ -244,13 +247,13 @@ void moe_reference(const MoeShape& s, DType d, const std::vector<HostMatrix>& ga
         y[o] = y0[t * H + o];
         mag[o] = std::fabs(y0[t * H + o]);
     }
-    const double tol_in = (double(H) + 2) * kU, tol_down = (double(F) + 2) * kU;
+    const double tol_in = (double(H) + 2) * kU, tol_down = (double(r1 - r0) + 2) * kU;
     for (std::size_t j = 0; j < k; ++j) {
         const std::int32_t e = ex[t * k + j];
         if (e < 0) continue;
         const std::size_t q = static_cast<std::size_t>(e) % s.distinct;
         const double w = wt[t * k + j];
-        for (std::size_t r = 0; r < F; ++r) {
+        for (std::size_t r = r0; r < r1; ++r) {
             double g = 0, ag = 0, u = 0, au = 0;
             for (std::size_t c = 0; c < H; ++c) {
                 const double pg = gate[q].at(r, c) * xr[c], pu = up[q].at(r, c) * xr[c];
@@ -268,7 +271,7 @@ void moe_reference(const MoeShape& s, DType d, const std::vector<HostMatrix>& ga
         }
         for (std::size_t o = 0; o < H; ++o) {
             double p = 0, a = 0, b = 0;
-            for (std::size_t r = 0; r < F; ++r) {
+            for (std::size_t r = r0; r < r1; ++r) {
                 const double dw = down[q].at(o, r);
                 p += dw * h[r];
                 a += std::fabs(dw) * (std::fabs(h[r]) + dh[r]);
@@ -809,6 +812,154 @@ TEST_CASE("GPU moe_streamed matches moe, the CPU and the fp64 reference", "[gpu]
         // Ops that do not stream have nothing to read pinned ranges with.
         REQUIRE_THROWS_AS(gpu_ops().pin_host(ranges), std::logic_error);
     }
+}
+
+TEST_CASE("GPU moe_in_place reads page-locked host experts' rows, as the CPU and fp64 do",
+          "[gpu]") {
+    if (!have_gpu()) FAIL("no GPU: run the gpu label only on a GPU machine");
+    auto rng = test::seeded_rng("gpu model moe_in_place");
+    // The device's share of host experts split by rows: rows [0, s) read across the bus from
+    // the page-locked host matrices, the CPU's rows [s, ffn) beside them; the two against the
+    // fp64 partial FFNs, and their sum against the whole one.
+    const MoeShape shapes[] = {{"odd", 72, 40, 5, 3, 5, true},
+                               {"qwen3-30b-a3b", 2048, 768, 128, 8, 16, false},
+                               {"deepseek-v2-lite", 2048, 1408, 64, 6, 16, false},
+                               {"mixtral-8x7b", 4096, 14336, 8, 2, 2, false}};
+    // Ops with streaming on (its page-locked ranges are mapped for the device), made after the
+    // host matrices they pin, so that they unpin them before the matrices are freed.
+    const auto ops_for = [](std::size_t expert_bytes) {
+        cuda::CudaModelOpsOptions o = gpu_opts();
+        o.max_tokens = 64;
+        o.stream_expert_bytes = expert_bytes;
+        o.stream_slots = 1;
+        o.stream_min_area = 0;
+        return o;
+    };
+    for (const auto& s : shapes)
+        for (DType d : {DType::bf16, DType::f32}) {
+            std::vector<HostMatrix> gate, up, down;
+            for (std::size_t q = 0; q < s.distinct; ++q) {
+                gate.emplace_back(s.ffn, s.hidden, d, rng());
+                up.emplace_back(s.ffn, s.hidden, d, rng());
+                down.emplace_back(s.hidden, s.ffn, d, rng());
+            }
+            cuda::CudaModelOps ops(ops_for(3 * s.hidden * s.ffn * dtype_bytes(d)));
+            REQUIRE(ops.in_place_tokens() == 64);
+            std::vector<model::FfnWeights> host_experts;
+            for (std::size_t e = 0; e < s.experts; ++e) {
+                const std::size_t q = e % s.distinct;
+                host_experts.push_back({gate[q].m, up[q].m, down[q].m});
+            }
+            REQUIRE_FALSE(ops.reads_in_place(host_experts[0]));  // not page-locked yet
+            std::vector<cuda::CudaModelOps::HostRange> ranges;
+            for (std::size_t q = 0; q < s.distinct; ++q)
+                for (const HostMatrix* mx : {&gate[q], &up[q], &down[q]})
+                    ranges.push_back({mx->m.data, mx->m.bytes()});
+            ops.pin_host(ranges);
+            REQUIRE(ops.reads_in_place(host_experts[0]));
+            for (std::size_t n : {1u, 4u, 16u, 64u}) {
+                const std::size_t H = s.hidden, k = s.k;
+                const std::size_t parts = s.ffn / model::MoeRouting::kFfnRowAlign;
+                const std::size_t split =
+                    model::MoeRouting::kFfnRowAlign *
+                    std::uniform_int_distribution<std::size_t>(1, parts - 1)(rng);
+                const auto x = random_floats(n * H, -1.0f, 1.0f, rng);
+                const auto y0 = random_floats(n * H, -1.0f, 1.0f, rng);
+                std::vector<std::int32_t> ex(n * k);
+                std::vector<float> wt(n * k);
+                std::vector<std::int32_t> perm(s.experts);
+                std::uniform_real_distribution<float> uw(0.05f, 1.0f);
+                for (std::size_t t = 0; t < n; ++t) {
+                    std::iota(perm.begin(), perm.end(), 0);
+                    std::shuffle(perm.begin(), perm.end(), rng);
+                    for (std::size_t j = 0; j < k; ++j) {
+                        ex[t * k + j] = perm[j];
+                        wt[t * k + j] = uw(rng);
+                        if (s.skips && (t + j) % 4 == 1) ex[t * k + j] = -1;
+                    }
+                }
+                const model::MoeRouting ops_part{ex.data(), wt.data(), k, 0, split};
+                const model::MoeRouting cpu_part{ex.data(), wt.data(), k, split, s.ffn};
+                std::vector<float> yc = y0, yrest = y0;
+                cpu_ops().moe(host_experts, x.data(), n, ops_part, yc.data());
+                cpu_ops().moe(host_experts, x.data(), n, cpu_part, yrest.data());
+                const auto xd = to_device(x), exd = to_device(ex), wtd = to_device(wt);
+                auto yd = to_device(y0);
+                model::MoeRouting dev_part = ops_part;
+                dev_part.expert = dptr<std::int32_t>(exd);
+                dev_part.weight = dptr<float>(wtd);
+                ops.moe_in_place(host_experts, dptr<float>(xd), n, dev_part, dptr<float>(yd));
+                std::vector<float> yg(n * H);
+                ops.download(yg.data(), yd.data(), yg.size() * sizeof(float));
+                const double per_token = 3.0 * double(k) * double(H) * double(s.ffn);
+                double worst = 0, worst_sum = 0, err2 = 0, ref2 = 0;
+                std::vector<double> ya, ba, yb, bb;
+                for (std::size_t t : ref_tokens(n, per_token, 1.5e8, rng)) {
+                    moe_reference(s, d, gate, up, down, x, y0, ex, wt, t, ya, ba, 0, split);
+                    moe_reference(s, d, gate, up, down, x, y0, ex, wt, t, yb, bb, split, s.ffn);
+                    for (std::size_t o2 = 0; o2 < H; ++o2) {
+                        const std::size_t i = t * H + o2;
+                        const double eg = std::fabs(yg[i] - ya[o2]);
+                        worst = std::max(worst, std::isnan(eg) ? 1e30 : eg / ba[o2]);
+                        // The two parts' sum (the runtime adds the CPU's to the device's).
+                        const double sum = double(yg[i]) + double(yrest[i]) - double(y0[i]);
+                        const double want = ya[o2] + yb[o2] - double(y0[i]);
+                        const double slack = 4 * kU * (std::fabs(yg[i]) + std::fabs(yrest[i]));
+                        const double es = std::fabs(sum - want);
+                        worst_sum = std::max(worst_sum, es / (ba[o2] + bb[o2] + slack));
+                        err2 += eg * eg;
+                        ref2 += (ya[o2] - y0[i]) * (ya[o2] - y0[i]);
+                    }
+                }
+                const double bmax = *std::max_element(ba.begin(), ba.end());
+                double worst_gc = 0;
+                for (std::size_t i = 0; i < n * H; ++i) {
+                    const double e = std::fabs(double(yg[i]) - yc[i]);
+                    worst_gc = std::max(worst_gc, std::isnan(e) ? 1e30 : e / (2 * bmax));
+                }
+                std::printf(
+                    "moe_in_place %-16s %s n=%2zu rows [0, %5zu) of %5zu: |gpu-fp64|/bound %.3f, "
+                    "||gpu-fp64||/||part|| %.2e, |gpu-cpu|/(2 max bound) %.3f, parts' sum "
+                    "|err|/bound %.3f\n",
+                    s.what, name(d), n, split, s.ffn, worst, std::sqrt(err2 / ref2), worst_gc,
+                    worst_sum);
+                REQUIRE(worst <= 1.0);
+                REQUIRE(worst_gc <= 1.0);
+                REQUIRE(worst_sum <= 1.0);
+            }
+            REQUIRE(ops.last_in_place_seconds() > 0);  // the call before the last, timed
+        }
+    // Refusals: a range the kernels do not take, too many tokens, ops without streaming.
+    const MoeShape s = shapes[0];
+    std::vector<HostMatrix> mats;
+    mats.emplace_back(s.ffn, s.hidden, DType::bf16, rng());
+    mats.emplace_back(s.ffn, s.hidden, DType::bf16, rng());
+    mats.emplace_back(s.hidden, s.ffn, DType::bf16, rng());
+    const std::vector<model::FfnWeights> one{{mats[0].m, mats[1].m, mats[2].m}};
+    cuda::CudaModelOps ops(ops_for(one[0].bytes()));
+    ops.pin_host(std::vector<cuda::CudaModelOps::HostRange>{{mats[0].m.data, mats[0].m.bytes()},
+                                                            {mats[1].m.data, mats[1].m.bytes()},
+                                                            {mats[2].m.data, mats[2].m.bytes()}});
+    const auto xd = to_device(random_floats(65 * s.hidden, -1.0f, 1.0f, rng));
+    const auto exd = to_device(std::vector<std::int32_t>(65, 0));
+    const auto wtd = to_device(std::vector<float>(65, 1.0f));
+    auto yd = to_device(std::vector<float>(65 * s.hidden, 0.0f));
+    const auto route = [&](std::size_t b, std::size_t e) {
+        return model::MoeRouting{dptr<std::int32_t>(exd), dptr<float>(wtd), 1, b, e};
+    };
+    REQUIRE_THROWS_AS(ops.moe_in_place(one, dptr<float>(xd), 1, route(8, 40), dptr<float>(yd)),
+                      std::invalid_argument);
+    REQUIRE_THROWS_AS(ops.moe_in_place(one, dptr<float>(xd), 1, route(0, 41), dptr<float>(yd)),
+                      std::invalid_argument);
+    REQUIRE_THROWS_AS(ops.moe_in_place(one, dptr<float>(xd), 65, route(0, 16), dptr<float>(yd)),
+                      std::length_error);
+    REQUIRE_THROWS_AS(
+        gpu_ops().moe_in_place(one, dptr<float>(xd), 1, route(0, 16), dptr<float>(yd)),
+        std::logic_error);
+    REQUIRE(gpu_ops().in_place_tokens() == 0);
+    std::vector<float> y(65 * s.hidden);
+    ops.download(y.data(), yd.data(), y.size() * sizeof(float));
+    REQUIRE(std::all_of(y.begin(), y.end(), [](float v) { return v == 0.0f; }));
 }
 
 TEST_CASE("GPU route gives the CPU's experts and weights", "[gpu]") {

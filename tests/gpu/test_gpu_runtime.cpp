@@ -36,22 +36,26 @@ struct GpuRuntime {
     std::unique_ptr<model::Runtime> runtime;
 
     // stream: the host-resident experts of every call streamed to the GPU (ExpertStreaming::
-    // always, through a pinned ring of small pieces so that it wraps).
+    // always, through a pinned ring of small pieces so that it wraps). rows: the host experts
+    // page-locked and split by rows with the GPU, which reads its rows in place (streaming
+    // off; rows_share > 0 fixes the GPU's share).
     GpuRuntime(const model::Model& m, std::size_t chunk, bool split, std::unique_ptr<Engine> e,
                std::size_t max_batch = 4, bool device_attention = true, bool graphs = true,
-               bool stream = false, model::LayerParts layer_parts = model::LayerParts::automatic)
+               bool stream = false, model::LayerParts layer_parts = model::LayerParts::automatic,
+               bool rows = false, double rows_share = 0)
         : engine(std::move(e)) {
         const model::OpLimits lim = model::op_limits(m.config());
         cuda::CudaModelOpsOptions co;
         co.max_tokens = std::max(chunk, max_batch);
         co.fit(lim);
-        if (stream) {
+        if (stream || rows) {
             co.stream_expert_bytes = model::largest_expert_bytes(m.weights());
             co.stream_pinned_bytes = 64 << 10;
         }
         ops = std::make_unique<cuda::CudaModelOps>(co);
         host_ops = std::make_unique<cpu::CpuModelOps>(cpu_ops_options(m.config(), co.max_tokens));
         const auto mask = split_mask(m);
+        if (rows && split) ops->pin_host(cuda::host_expert_ranges(m, &mask));
         weights = std::make_unique<cuda::DeviceModelWeights>(m, split ? &mask : nullptr);
         model::RuntimeOptions ro;
         ro.prefill_chunk_tokens = chunk;
@@ -61,6 +65,8 @@ struct GpuRuntime {
         ro.cuda_graphs = graphs;
         ro.expert_streaming = stream ? model::ExpertStreaming::always : model::ExpertStreaming::off;
         ro.layer_parts = layer_parts;
+        ro.expert_rows = rows ? model::ExpertRows::automatic : model::ExpertRows::off;
+        ro.expert_rows_share = rows_share;
         runtime = model::make_runtime(m, *ops, *engine, ro, {&weights->weights(), host_ops.get()});
     }
 };
@@ -112,11 +118,18 @@ TEST_CASE(
         const auto dir = models_dir() / name;
         const Reference ref = read_reference(dir);
         const auto m = model::load_model_dir(dir);
-        for (const int mode : {0, 1, 2}) {  // experts all on the GPU, split, split and streamed
-            const bool split = mode > 0, stream = mode == 2;
-            const char* what = stream ? "streamed" : split ? "split" : "GPU";
+        // Experts all on the GPU, split, split and streamed, split with the host experts' rows
+        // split again (the GPU reading its rows in place), at a measured share and at half.
+        for (const int mode : {0, 1, 2, 3, 4}) {
+            const bool split = mode > 0, stream = mode == 2, rows = mode >= 3;
+            const char* what = mode == 4 ? "rows-half"
+                               : rows    ? "rows"
+                               : stream  ? "streamed"
+                               : split   ? "split"
+                                         : "GPU";
             for (const std::size_t chunk : {std::size_t{128}, std::size_t{7}}) {
-                GpuRuntime g(*m, chunk, split, small_engine(*m, 16, 4), 4, true, true, stream);
+                GpuRuntime g(*m, chunk, split, small_engine(*m, 16, 4), 4, true, true, stream,
+                             model::LayerParts::automatic, rows, mode == 4 ? 0.5 : 0.0);
                 CpuRuntime c(*m, chunk);
                 for (std::size_t i = 0; i < ref.prompts.size(); ++i) {
                     const Errors eg = teacher_forced(*g.runtime, ref.prompts[i]);
@@ -147,6 +160,19 @@ TEST_CASE(
                     INFO(name << " streamed, chunk " << chunk);
                     CHECK(st.streamed_experts > 0);
                     CHECK(st.cpu_experts == 0);
+                }
+                if (rows && m->config().num_experts > 0) {
+                    const model::ExpertStreamStats st = g.runtime->expert_streaming();
+                    std::printf(
+                        "[gpu] runtime %-24s chunk %3zu: %llu calls split by rows, GPU share "
+                        "%.3f, %.2f MB read in place, %.2f MB by the CPU\n",
+                        name.c_str(), chunk, static_cast<unsigned long long>(st.rows_split_calls),
+                        st.rows_ops_share, static_cast<double>(st.rows_ops_bytes) / 1e6,
+                        static_cast<double>(st.rows_cpu_bytes) / 1e6);
+                    INFO(name << " rows, chunk " << chunk);
+                    CHECK(st.rows_split_calls > 0);
+                    CHECK(st.rows_ops_bytes > 0);
+                    CHECK(st.rows_cpu_bytes > 0);
                 }
             }
         }

@@ -32,6 +32,10 @@ struct DeviceEmulation {
     std::size_t moe_record_max = 64;
     std::size_t stream_bytes = 0;
     double stream_rate = 25e9;
+    // Reading host experts in place (moe_in_place, for streaming ops): every host expert with
+    // weights is readable, each call run at once and reported to take in_place_seconds.
+    bool in_place = false;
+    double in_place_seconds = 1e-4;
 };
 
 class CountingOps final : public model::ModelOps {
@@ -42,6 +46,8 @@ class CountingOps final : public model::ModelOps {
     std::size_t uploads = 0, downloads = 0, moe_calls = 0, moe_tokens = 0;
     std::size_t recorded_calls = 0, replays = 0;
     std::size_t streamed_calls = 0, streamed_experts = 0;
+    std::size_t in_place_calls = 0;
+    model::MoeRouting last_in_place_routing;
 
     void linear(const model::Matrix& w, const float* x, std::size_t n, float* y) override {
         op([=, this] { inner_.linear(w, x, n, y); });
@@ -79,6 +85,22 @@ class CountingOps final : public model::ModelOps {
         streamed_experts += s.experts;
         inner_.moe(host_experts, x, n, routing, y);
         last_stream_ = s;
+    }
+    std::size_t in_place_tokens() const noexcept override { return dev_.in_place ? 64 : 0; }
+    bool reads_in_place(const model::FfnWeights& e) const noexcept override {
+        return dev_.in_place && e.gate.data && e.up.data && e.down.data;
+    }
+    void moe_in_place(std::span<const model::FfnWeights> host_experts, const float* x,
+                      std::size_t n, const model::MoeRouting& routing, float* y) override {
+        if (!dev_.in_place) throw std::logic_error("CountingOps: no in-place reads");
+        if (n > 64) throw std::length_error("CountingOps: moe_in_place over more than 64 tokens");
+        not_recording("moe_in_place");
+        ++in_place_calls;
+        last_in_place_routing = routing;
+        inner_.moe(host_experts, x, n, routing, y);
+    }
+    double last_in_place_seconds() const noexcept override {
+        return in_place_calls > 1 ? dev_.in_place_seconds : 0;
     }
     StreamStats last_stream() const noexcept override {
         if (last_stream_.bytes) return last_stream_;

@@ -62,6 +62,10 @@ struct Binding {
     // Whether a prompt chunk's host-resident experts may be streamed to the ops
     // (RuntimeOptions::expert_streaming).
     ExpertStreaming streaming = ExpertStreaming::automatic;
+    // Whether a decode call's host experts may be split by rows with the ops, and a fixed
+    // share (RuntimeOptions::expert_rows, expert_rows_share).
+    ExpertRows rows = ExpertRows::automatic;
+    double rows_share = 0;
 };
 
 struct Profile {

@@ -63,6 +63,7 @@ FeedForward::FeedForward(const Binding& b)
       ops_(b.ops),
       host_ops_(b.host_ops),
       profile_(b.profile),
+      rows_policy_(b.rows_share),
       routing_params_(routing_params(b.model.config())) {
     const auto& c = m_.config();
     const auto& host = m_.weights().layers;
@@ -115,6 +116,11 @@ FeedForward::FeedForward(const Binding& b)
         y_ops_ = OpsBuffer<float>(ops_, max_tokens * hidden);
         x_host_.resize(max_tokens * hidden);
         y_host_.resize(max_tokens * hidden);
+        if (b.rows != ExpertRows::off && ops_.in_place_tokens() > 0) {
+            rows_mode_ = b.rows;
+            rows_ops_ = OpsBuffer<std::int32_t>(ops_, max_tokens * k);
+            rows_seen_.assign(E, 0);
+        }
         if (ops_.stream_expert_bytes() > 0 && b.streaming != ExpertStreaming::off) {
             streaming_ = b.streaming;
             pairs_.assign(E, 0);
@@ -217,8 +223,23 @@ void FeedForward::run_split(std::size_t layer, const float* xn, std::size_t n, f
     after_ops();
     if (!any_host) return;
     const std::span<const FfnWeights> host_experts = m_.weights().layers[layer].experts;
+    // Split by rows when the ops read every routed host expert in place (a decode call): the
+    // ops read rows [0, s) of each across the bus while the CPU computes rows [s, ffn) below,
+    // both partial sums into h. No whole expert is streamed then (for a few tokens a whole
+    // expert's copy costs more than the CPU's part of it).
+    for (std::size_t i = 0; i < n * k; ++i) {
+        const std::int32_t e = ids[i];
+        split_host_[i] = e >= 0 && on_host[static_cast<std::size_t>(e)] ? e : -1;
+    }
+    const std::size_t ops_rows = pick_rows(host_experts, n);
+    if (ops_rows > 0 && !pairs_.empty()) {
+        std::fill(streamed_.begin(), streamed_.end(), 0);
+        std::fill(pairs_.begin(), pairs_.end(), 0);
+        for (std::size_t i = 0; i < n * k; ++i)
+            if (split_host_[i] >= 0) ++pairs_[static_cast<std::size_t>(split_host_[i])];
+    }
     bool streaming = false;
-    if (streaming_ != ExpertStreaming::off && pick_streamed(layer, n, ids)) {
+    if (ops_rows == 0 && streaming_ != ExpertStreaming::off && pick_streamed(layer, n, ids)) {
         streaming = true;
         // The ops copy these in and run them while the CPU computes the others below.
         stream_ops_.upload(std::span<const std::int32_t>(stream_host_.data(), n * k));
@@ -240,13 +261,40 @@ void FeedForward::run_split(std::size_t layer, const float* xn, std::size_t n, f
         for (std::size_t e = 0; e < on_host.size(); ++e)
             cpu_experts += on_host[e] && pairs_[e] > 0 && !streamed_[e];
     }
+    std::size_t ffn = 0, row_bytes = 0;
+    if (ops_rows > 0) {
+        const Matrix& g = host_experts[static_cast<std::size_t>(first_cpu_expert_)].gate;
+        ffn = g.rows;
+        row_bytes = 3 * g.cols * dtype_bytes(g.dtype);  // a row of gate and up, a column of down
+        rows_row_bytes_ = row_bytes;
+        rows_ops_.upload(std::span<const std::int32_t>(split_host_.data(), n * k));
+        timed(profile_, ops_, &LayerTimes::ops_experts, [&] {
+            ops_.moe_in_place(host_experts, xn, n,
+                              MoeRouting{rows_ops_.data(), route_weights(n), k, 0, ops_rows}, h);
+        });
+        // The device's time for the split before this one (read as this one started).
+        rows_policy_.observe_ops(rows_pending_, ops_.last_in_place_seconds());
+        rows_pending_ = static_cast<double>(rows_experts_ * ops_rows);
+        ++stats_.rows_split_calls;
+        stats_.rows_ops_bytes += rows_experts_ * ops_rows * row_bytes;
+        stats_.rows_cpu_bytes += rows_experts_ * (ffn - ops_rows) * row_bytes;
+    }
     std::fill_n(y_host_.begin(), n * hidden, 0.0f);
     const double t0 = steady_seconds();
     timed(profile_, *host_ops_, &LayerTimes::host_experts, [&] {
-        host_ops_->moe(host_experts, x, n, MoeRouting{split_host_.data(), wts, k}, y_host_.data());
+        host_ops_->moe(host_experts, x, n,
+                       MoeRouting{split_host_.data(), wts, k, ops_rows, ops_rows ? ffn : 0},
+                       y_host_.data());
     });
+    const double cpu_seconds = steady_seconds() - t0;
+    if (ops_rows > 0) {
+        rows_policy_.observe_cpu(static_cast<double>(rows_experts_ * (ffn - ops_rows)),
+                                 cpu_seconds);
+    } else if (!pairs_.empty()) {
+        // (A split call's CPU time is a part's: the streaming model sees whole experts only.)
+        policy_.observe_cpu(cpu_experts, cpu_pairs, cpu_seconds, streaming);
+    }
     if (!pairs_.empty()) {
-        policy_.observe_cpu(cpu_experts, cpu_pairs, steady_seconds() - t0, streaming);
         stats_.cpu_experts += cpu_experts;
         stats_.cpu_pairs += cpu_pairs;
     }
@@ -301,6 +349,29 @@ bool FeedForward::pick_streamed(std::size_t layer, std::size_t n, const std::int
     return true;
 }
 
+std::size_t FeedForward::pick_rows(std::span<const FfnWeights> host_experts, std::size_t n) {
+    rows_experts_ = 0;
+    first_cpu_expert_ = -1;
+    if (rows_mode_ == ExpertRows::off || n > ops_.in_place_tokens()) return 0;
+    const std::size_t k = k_;
+    bool readable = true;
+    for (std::size_t i = 0; i < n * k; ++i) {
+        const std::int32_t e = split_host_[i];
+        if (e < 0 || rows_seen_[static_cast<std::size_t>(e)]) continue;
+        rows_seen_[static_cast<std::size_t>(e)] = 1;
+        if (first_cpu_expert_ < 0) first_cpu_expert_ = e;
+        ++rows_experts_;
+        readable = readable && ops_.reads_in_place(host_experts[static_cast<std::size_t>(e)]);
+    }
+    for (std::size_t i = 0; i < n * k; ++i)
+        if (split_host_[i] >= 0) rows_seen_[static_cast<std::size_t>(split_host_[i])] = 0;
+    if (!readable || rows_experts_ == 0) return 0;
+    const std::size_t ffn = host_experts[static_cast<std::size_t>(first_cpu_expert_)].gate.rows;
+    // Parts of whole 32 rows where the rows allow, so that the CPU's part keeps its AMX tiles.
+    const std::size_t align = ffn % 32 == 0 && ffn >= 64 ? 32 : MoeRouting::kFfnRowAlign;
+    return rows_policy_.ops_rows(ffn, align);
+}
+
 void FeedForward::observe_stream() {
     if (!stream_pending_) return;
     stream_pending_ = false;
@@ -310,6 +381,11 @@ void FeedForward::observe_stream() {
 
 ExpertStreamStats FeedForward::stream_stats() const {
     ExpertStreamStats s = stats_;
+    if (rows_mode_ != ExpertRows::off) {
+        s.rows_ops_share = rows_policy_.share();
+        s.rows_ops_rate = rows_policy_.ops_rate() * static_cast<double>(rows_row_bytes_);
+        s.rows_cpu_rate = rows_policy_.cpu_rate() * static_cast<double>(rows_row_bytes_);
+    }
     if (!s.available) return s;
     s.cpu_per_expert_s = policy_.per_expert();
     s.cpu_per_pair_s = policy_.per_pair();

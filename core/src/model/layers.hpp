@@ -12,6 +12,7 @@
 #include "architecture.hpp"
 #include "blocks.hpp"
 #include "writescope/core/function_ref.hpp"
+#include "writescope/core/model/expert_rows_policy.hpp"
 #include "writescope/core/model/expert_stream_policy.hpp"
 #include "writescope/core/model/ops_buffer.hpp"
 #include "writescope/core/model/placement.hpp"
@@ -89,6 +90,10 @@ class FeedForward {
     bool pick_streamed(std::size_t layer, std::size_t n, const std::int32_t* ids);
     // The ops' last stream into the cost model, once a later call has waited for it.
     void observe_stream();
+    // A split call's CPU experts (slots in split_host_) split by rows with the ops: the ops'
+    // rows [0, s) of each (0: no split: a call of more tokens than the ops read in place, or a
+    // routed expert they cannot read), with the distinct experts counted into rows_experts_.
+    std::size_t pick_rows(std::span<const FfnWeights> host_experts, std::size_t n);
 
     const Model& m_;
     const ModelWeights& w_;
@@ -137,6 +142,17 @@ class FeedForward {
     OpsBuffer<std::int32_t> stream_ops_;
     bool stream_pending_ = false;
     ExpertStreamStats stats_;
+    // Split by rows (Binding::rows): the mode, the share's policy, the slots the ops run (the
+    // CPU's, uploaded), the experts seen in a call, and the last split's ops rows awaiting the
+    // device's time (ModelOps::last_in_place_seconds reports the call before the last).
+    ExpertRows rows_mode_ = ExpertRows::off;
+    model::ExpertRowsPolicy rows_policy_;
+    OpsBuffer<std::int32_t> rows_ops_;
+    std::vector<std::uint8_t> rows_seen_;
+    std::size_t rows_experts_ = 0;
+    std::int32_t first_cpu_expert_ = -1;
+    std::size_t rows_row_bytes_ = 0;  // the last split's bytes per expert row (for the rates)
+    double rows_pending_ = 0;
     // The routing's counts in the ops' memory (layers × bins_, cumulative mod 2^32; none for a
     // model without MoE layers), and on the host the last read and the one before.
     std::size_t bins_ = 0;

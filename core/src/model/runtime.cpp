@@ -66,8 +66,9 @@ class RuntimeImpl final : public Runtime {
             throw std::invalid_argument("model " + c.name +
                                         ": the embeddings, the final norm and the head must be "
                                         "in the ops' memory");
-        arch_ = make_architecture(
-            {model, w_, ops, rw.host_ops, opts.kv_dtype, rows_, &profile_, opts.expert_streaming});
+        arch_ =
+            make_architecture({model, w_, ops, rw.host_ops, opts.kv_dtype, rows_, &profile_,
+                               opts.expert_streaming, opts.expert_rows, opts.expert_rows_share});
         profile_.on = opts.profile_layers;
         const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
         const std::size_t es = dtype_bytes(opts.kv_dtype);

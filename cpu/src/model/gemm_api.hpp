@@ -16,7 +16,7 @@ namespace writescope::cpu::detail {
 // contract names); the AVX-512 kernel of bf16 weights takes bf16 rows (vdpbf16ps operands).
 enum class XRep : std::uint8_t { f32, bf16 };
 
-// One block of a GEMM: y[t·ldy + (r − r0)] = Σ_c w[r·cols + c] · x_t[c] for the output rows r in
+// One block of a GEMM: y[t·ldy + (r − r0)] = Σ_c w[r·ldw + c] · x_t[c] for the output rows r in
 // [r0, r1) and the tokens t in [0, n), fp32 accumulation. x_t is row t of the activations: at
 // x + t·ldx, or at x + rows[t]·ldx when rows is given (the tokens routed to one expert, read in
 // place). ldx and ldy count elements of their buffers. Nothing is read beyond cols in either
@@ -25,6 +25,7 @@ struct GemmBlock {
     const void* w;  // (rows, cols) row-major in `dtype`: the whole matrix
     DType dtype;
     std::size_t cols;
+    std::size_t ldw;  // w's row stride in elements, at least cols (0: cols): a column slice
     std::size_t r0, r1;
     const void* x;  // activation rows, XRep of the kernel and dtype (gemm_xrep)
     std::size_t ldx;

@@ -112,7 +112,7 @@ void block_tokens(DType d, const Rows& rw, const float* const* xt, std::size_t t
 }  // namespace
 
 void gemm_block_avx2(const GemmBlock& b) noexcept {
-    const std::size_t wrow = b.cols * (b.dtype == DType::f32 ? 4 : 2);
+    const std::size_t wrow = (b.ldw ? b.ldw : b.cols) * (b.dtype == DType::f32 ? 4 : 2);
     const auto* x = static_cast<const float*>(b.x);
     const auto* wbase = static_cast<const char*>(b.w);
     for (std::size_t r = b.r0; r < b.r1;) {

@@ -176,7 +176,7 @@ void amx_rows(const GemmBlock& b, std::size_t groups) noexcept {
         cfg.rows[t] = 16, cfg.colsb[t] = 64;
     _tile_loadconfig(&cfg);
     auto* packed = static_cast<std::uint32_t*>(b.amx_scratch);  // (cols / 2, 16)
-    const std::size_t pairs = b.cols / 2, wstride = b.cols * 2;
+    const std::size_t pairs = b.cols / 2, wstride = (b.ldw ? b.ldw : b.cols) * 2;
     const auto* xbase = static_cast<const char*>(b.x);
     alignas(64) float c[16 * 16];
     for (std::size_t t0 = 0; t0 < b.n; t0 += 16) {
@@ -222,7 +222,7 @@ void gemm_block_avx512(const GemmBlock& b0) noexcept {
         b.y += 16 * groups;
     }
     const std::size_t xsize = b.dtype == DType::bf16 ? 2 : 4;  // XRep::bf16 or f32
-    const std::size_t wrow = b.cols * (b.dtype == DType::f32 ? 4 : 2);
+    const std::size_t wrow = (b.ldw ? b.ldw : b.cols) * (b.dtype == DType::f32 ? 4 : 2);
     const auto* xbase = static_cast<const char*>(b.x);
     const auto* wbase = static_cast<const char*>(b.w);
     for (std::size_t r = b.r0; r < b.r1;) {

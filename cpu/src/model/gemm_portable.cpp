@@ -42,8 +42,9 @@ float dot32(const float* w, const float* x, std::size_t cols) noexcept {
 void gemm_block_portable(const GemmBlock& b) noexcept {
     const auto* x = static_cast<const float*>(b.x);
     const std::size_t esize = dtype_bytes(b.dtype);
+    const std::size_t ldw = b.ldw ? b.ldw : b.cols;
     for (std::size_t r = b.r0; r < b.r1; ++r) {
-        const auto* wrow = static_cast<const unsigned char*>(b.w) + r * b.cols * esize;
+        const auto* wrow = static_cast<const unsigned char*>(b.w) + r * ldw * esize;
         for (std::size_t t = 0; t < b.n; ++t) {
             const float* xt = x + (b.rows ? b.rows[t] : t) * b.ldx;
             float v = 0;

@@ -273,10 +273,20 @@ void CpuModelOps::Impl::moe(std::span<const model::FfnWeights> experts, const fl
                 std::string(dtype_name(d)) + ", all with data");
     }
     if (!shape) return;  // every slot skipped
-    const std::size_t hidden = shape->gate.cols, ffn = shape->gate.rows;
+    const std::size_t hidden = shape->gate.cols, full_ffn = shape->gate.rows;
     const DType dtype = shape->gate.dtype;
     if (hidden > opts.max_hidden) too_large("moe", "hidden", hidden, "max_hidden", opts.max_hidden);
-    if (ffn > opts.max_ffn) too_large("moe", "ffn", ffn, "max_ffn", opts.max_ffn);
+    if (full_ffn > opts.max_ffn) too_large("moe", "ffn", full_ffn, "max_ffn", opts.max_ffn);
+    // A row range: gate and up from row f0, down's columns from f0 (its rows keep their stride).
+    const std::size_t f0 = routing.ffn_begin;
+    const std::size_t f1 = routing.partial() ? routing.ffn_end : full_ffn;
+    if (routing.partial() &&
+        (f0 % model::MoeRouting::kFfnRowAlign != 0 || f0 >= f1 || f1 > full_ffn))
+        throw std::invalid_argument("CpuModelOps::moe: the row range [" + std::to_string(f0) +
+                                    ", " + std::to_string(f1) + ") is not within the experts' " +
+                                    std::to_string(full_ffn) + " rows from a multiple of " +
+                                    std::to_string(model::MoeRouting::kFfnRowAlign));
+    const std::size_t ffn = f1 - f0;
 
     // Offsets, the used experts and the pairs in expert order (token order within one).
     const std::size_t workers = pool.concurrency();
@@ -348,8 +358,8 @@ void CpuModelOps::Impl::moe(std::span<const model::FfnWeights> experts, const fl
             GemmBlock b{};
             b.dtype = dtype;
             b.cols = hidden;
-            b.r0 = it.r0;
-            b.r1 = r1;
+            b.r0 = f0 + it.r0;  // y stays relative to the block's first row
+            b.r1 = f0 + r1;
             b.x = xbase;
             b.ldx = ldq;
             b.rows = pair_token.get() + it.u->first_pair + it.t0;
@@ -381,9 +391,11 @@ void CpuModelOps::Impl::moe(std::span<const model::FfnWeights> experts, const fl
             const Item it = find(item, tile, tiles);
             const std::size_t pair = it.u->first_pair + it.t0;
             GemmBlock b{};
-            b.w = experts[it.u->expert].down.data;
+            b.w = static_cast<const std::byte*>(experts[it.u->expert].down.data) +
+                  f0 * dtype_bytes(dtype);
             b.dtype = dtype;
             b.cols = ffn;
+            b.ldw = full_ffn;
             b.r0 = it.r0;
             b.r1 = std::min(hidden, it.r0 + tile);
             b.x = hbase + pair * ldh * esize;

@@ -151,6 +151,17 @@ class CudaModelOps final : public model::ModelOps {
     void moe_streamed(std::span<const model::FfnWeights> host_experts, const float* x,
                       std::size_t n, const model::MoeRouting& routing, float* y) override;
     StreamStats last_stream() const noexcept override;
+    // Reading host experts in place (model::ModelOps): with streaming on (its page-locked
+    // ranges are mapped for the device), up to 64 tokens (the expert GEMV kernels over the
+    // device's views of the page-locked experts). moe_in_place throws std::logic_error when
+    // streaming is off or while recording, std::invalid_argument when no expert of the span is
+    // readable in one shape or the row range is not one the kernels take, and what moe()
+    // throws for bad routing (reported at the next wait, as moe()'s GEMV path).
+    std::size_t in_place_tokens() const noexcept override;
+    bool reads_in_place(const model::FfnWeights& host_expert) const noexcept override;
+    void moe_in_place(std::span<const model::FfnWeights> host_experts, const float* x,
+                      std::size_t n, const model::MoeRouting& routing, float* y) override;
+    double last_in_place_seconds() const noexcept override;
     std::size_t max_tokens() const noexcept override;
     const char* kernel_name() const noexcept override;  // "cublas-sm90" and the like
     int threads() const noexcept override;              // the GPU's multiprocessors

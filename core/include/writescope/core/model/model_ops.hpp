@@ -61,6 +61,15 @@ struct MoeRouting {
     const std::int32_t* expert = nullptr;  // (n, k)
     const float* weight = nullptr;         // (n, k)
     std::size_t k = 0;
+    // The intermediate rows [ffn_begin, ffn_end) of every expert (ffn_end 0: all of them): the
+    // partial FFN down[:, b:e] · (silu(gate[b:e] · x) ⊙ (up[b:e] · x)). Over a partition of the
+    // rows the partial FFNs sum to the whole one, up to the order of the additions (a host
+    // expert's rows split between the CPU and the GPU: docs/gpu-runtime.md). ffn_begin is a
+    // multiple of kFfnRowAlign and the range within the experts' rows, or moe() throws
+    // std::invalid_argument.
+    std::size_t ffn_begin = 0, ffn_end = 0;
+    static constexpr std::size_t kFfnRowAlign = 16;
+    bool partial() const noexcept { return ffn_begin != 0 || ffn_end != 0; }
 };
 
 class ModelOps {
@@ -173,6 +182,31 @@ class ModelOps {
         throw std::logic_error("these ops cannot stream experts");
     }
     virtual StreamStats last_stream() const noexcept { return {}; }
+
+    // Reading host-resident experts in place (docs/gpu-runtime.md, "Host experts split by
+    // rows"): the device's kernels read the experts' weights across the bus where they lie
+    // (page-locked and mapped for it), for a decode step's share of their rows (MoeRouting's row
+    // range) while the CPU computes the rest. Ops that cannot (the default, and every host-memory
+    // implementation) report 0 tokens.
+    //
+    // in_place_tokens(): the most tokens of one moe_in_place call (0: never). reads_in_place(e):
+    // whether the device can read this host expert's three matrices now. moe_in_place: y += what
+    // moe() computes over host_experts, whose views are HOST memory (x, routing and y are the
+    // ops' memory, as for moe()); every expert routed to must be one reads_in_place() accepts
+    // (another adds nothing); nothing waits for the device. last_in_place_seconds(): the device's
+    // seconds for the call before the last one (timed on the device, read when the next call
+    // starts, by when it has finished); 0 before two calls.
+    virtual std::size_t in_place_tokens() const noexcept { return 0; }
+    virtual bool reads_in_place(const FfnWeights& host_expert) const noexcept {
+        (void)host_expert;
+        return false;
+    }
+    virtual void moe_in_place(std::span<const FfnWeights> host_experts, const float* x,
+                              std::size_t n, const MoeRouting& routing, float* y) {
+        (void)host_experts, (void)x, (void)n, (void)routing, (void)y;
+        throw std::logic_error("these ops cannot read host experts in place");
+    }
+    virtual double last_in_place_seconds() const noexcept { return 0; }
 
     // Largest n the implementation was sized for (it allocates nothing for n up to this).
     virtual std::size_t max_tokens() const noexcept = 0;

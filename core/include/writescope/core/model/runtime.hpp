@@ -25,6 +25,7 @@ class ModelOps;
 
 enum class ExpertStreaming { off, automatic, always };
 enum class LayerParts { off, automatic, always };
+enum class ExpertRows { off, automatic };
 
 inline constexpr std::size_t kLayerPartsTrial = 8, kLayerPartsRetrial = 512;
 
@@ -62,6 +63,15 @@ struct RuntimeOptions {
     // (by 3 % or more for halves), trying again every kLayerPartsRetrial steps; `always` and
     // `off` fix it. Never while profiling (the profile waits around every part).
     LayerParts layer_parts = LayerParts::automatic;
+    // A decode call's host-resident experts, with ops that read host memory in place
+    // (ModelOps::in_place_tokens) and every host expert the call routes to readable there:
+    // `automatic` splits each one's intermediate rows between the ops (rows [0, s), read across
+    // the bus) and the CPU (the rest), s balancing the two sides' measured rates
+    // (ExpertRowsPolicy), so that the expert phase reads host memory at the aggregate rate of
+    // the CPU and the bus rather than the CPU's alone; `off` leaves them to the CPU.
+    // expert_rows_share > 0 fixes the ops' share instead (tests, benchmarks).
+    ExpertRows expert_rows = ExpertRows::automatic;
+    double expert_rows_share = 0;
 };
 
 // Host-resident experts since the runtime started: those the CPU computed and those streamed to
@@ -74,6 +84,11 @@ struct ExpertStreamStats {
     std::uint64_t streamed_experts = 0, streamed_pairs = 0, streamed_bytes = 0;
     double cpu_per_expert_s = 0, cpu_per_pair_s = 0, stream_bytes_per_s = 0;
     double cpu_slowdown = 1;  // the CPU's time beside a stream over its time alone
+    // Split by rows (RuntimeOptions::expert_rows): the calls split, the expert weight bytes the
+    // ops read in place and the CPU read in them, the ops' share of the rows now, and each
+    // side's measured rate in expert weight bytes per second (0 while unmeasured).
+    std::uint64_t rows_split_calls = 0, rows_ops_bytes = 0, rows_cpu_bytes = 0;
+    double rows_ops_share = 0, rows_ops_rate = 0, rows_cpu_rate = 0;
 };
 
 // Seconds of the last decode step, summed over its layers (RuntimeOptions::profile_layers):

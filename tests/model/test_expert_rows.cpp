@@ -1,0 +1,159 @@
+// Host-resident experts split by rows with ops that read host memory in place
+// (RuntimeOptions::expert_rows): the share's policy (model::ExpertRowsPolicy) on made-up
+// measurements, and the runtime over ops apart from host memory that read in place (apart_ops.hpp's
+// emulation: the ops' rows run on the ops' side, the rest on the host ops) against transformers'
+// logits, batched decode steps and greedy tokens.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <vector>
+
+#include "apart_ops.hpp"
+#include "reference_model.hpp"
+#include "writescope/core/model/expert_rows_policy.hpp"
+
+using namespace writescope;
+using namespace writescope::test;
+using Policy = model::ExpertRowsPolicy;
+
+TEST_CASE("the rows policy starts from its guess and rounds the ops' rows to whole parts",
+          "[model][rows]") {
+    Policy p;
+    CHECK(p.share() == Policy::kFirstShare);
+    CHECK(p.ops_rows(768, 32) == 224);     // 0.3 · 768 = 230.4 → 7 parts of 32
+    CHECK(p.ops_rows(14336, 32) == 4288);  // 134.4 → 134 parts
+    CHECK(p.ops_rows(32, 16) == 16);       // the one split two parts allow
+    CHECK(p.ops_rows(31, 16) == 0);        // fewer than two parts: no split
+    CHECK(p.ops_rows(100, 0) == 0);
+    Policy fixed(0.99);  // a fixed share still leaves the CPU a part
+    CHECK(fixed.ops_rows(768, 32) == 736);
+    fixed.observe_cpu(1000, 1e-3);
+    fixed.observe_ops(1, 1);
+    CHECK(fixed.share() == Approx(0.99));
+}
+
+TEST_CASE("the rows policy balances the two sides' measured rates", "[model][rows]") {
+    Policy p;
+    // Only one side measured: the guess stays.
+    p.observe_cpu(100'000, 1e-3);
+    CHECK(p.share() == Policy::kFirstShare);
+    // The ops at a third of the CPU's rate: a quarter of the rows, both sides then equal.
+    p.observe_ops(100'000 / 3.0, 1e-3);
+    CHECK(p.share() == Approx(0.25));
+    CHECK(p.cpu_rate() == Approx(1e8));
+    // Rates that drift are followed: the ops as fast as the CPU, call after call.
+    for (int i = 0; i < 200; ++i)
+        p.observe_ops(100'000, 1e-3);
+    CHECK(p.share() == Approx(0.5).epsilon(1e-3));
+    // Measurements that do not add up change nothing; the share stays within its bounds.
+    p.observe_ops(0, 1);
+    p.observe_ops(10, -1);
+    p.observe_cpu(10, 0.0 / 0.0);
+    CHECK(p.share() == Approx(0.5).epsilon(1e-3));
+    for (int i = 0; i < 400; ++i)
+        p.observe_ops(1, 1);  // the ops nearly stopped
+    CHECK(p.share() == Policy::kMinShare);
+    CHECK(p.ops_rows(768, 32) == 32);  // still a part, so the ops' rate stays measured
+    for (int i = 0; i < 400; ++i)
+        p.observe_ops(1e12, 1);
+    CHECK(p.share() == Policy::kMaxShare);
+}
+
+namespace {
+
+struct RowsSetup {
+    std::unique_ptr<Engine> engine;
+    std::unique_ptr<CountingOps> ops, host_ops;
+    model::ModelWeights weights;
+    std::unique_ptr<model::Runtime> runtime;
+};
+
+RowsSetup rows_setup(const model::Model& m, std::size_t chunk, model::ExpertRows mode,
+                     double share = 0) {
+    RowsSetup s;
+    s.engine = small_engine(m, 16, 4);
+    const auto co = cpu_ops_options(m.config(), std::max<std::size_t>(chunk, 4));
+    DeviceEmulation dev;
+    dev.stream_bytes = std::size_t{1} << 30;
+    dev.in_place = true;
+    s.ops = std::make_unique<CountingOps>(co, /*host_memory=*/false, dev);
+    s.weights = without_experts(m, split_keeps);
+    s.host_ops = std::make_unique<CountingOps>(co, /*host_memory=*/true);
+    model::RuntimeOptions ro;
+    ro.prefill_chunk_tokens = chunk;
+    ro.max_batch = 4;
+    ro.kv_dtype = m.config().dtype;
+    ro.expert_streaming = model::ExpertStreaming::off;
+    ro.expert_rows = mode;
+    ro.expert_rows_share = share;
+    s.runtime = model::make_runtime(m, *s.ops, *s.engine, ro, {&s.weights, s.host_ops.get()});
+    return s;
+}
+
+}  // namespace
+
+TEST_CASE("a runtime splitting its host experts by rows reproduces transformers' logits and tokens",
+          "[model][rows]") {
+    for (const std::string& name : reference_model_names()) {
+        const auto dir = models_dir() / name;
+        const Reference ref = read_reference(dir);
+        const auto m = model::load_model_dir(dir);
+        if (m->config().num_experts == 0) continue;
+        for (const double share : {0.0, 0.5}) {
+            RowsSetup s = rows_setup(*m, 7, model::ExpertRows::automatic, share);
+            for (std::size_t i = 0; i < ref.prompts.size(); ++i) {
+                const Errors e = teacher_forced(*s.runtime, ref.prompts[i]);
+                std::fprintf(stderr,
+                             "%-24s rows split (share %s) prompt %zu: relative logit error %.3g "
+                             "(bound %.0e)\n",
+                             name.c_str(), share > 0 ? "0.5" : "measured", i, e.rel(),
+                             tolerance(ref));
+                INFO(name << " share " << share << " prompt " << i);
+                CHECK(e.rel() <= tolerance(ref));
+            }
+            // Several sequences in one decode step.
+            for (const Errors& e : batched(*s.runtime, ref)) {
+                INFO(name << " share " << share << " batched");
+                CHECK(e.rel() <= tolerance(ref));
+            }
+            INFO(name << " share " << share);
+            const model::ExpertStreamStats st = s.runtime->expert_streaming();
+            CHECK(s.ops->in_place_calls > 0);
+            CHECK(s.host_ops->moe_calls > 0);
+            CHECK(st.rows_split_calls == s.ops->in_place_calls);
+            CHECK(st.rows_ops_bytes > 0);
+            CHECK(st.rows_cpu_bytes > 0);
+            // The ops took the first rows, the CPU the rest.
+            const model::MoeRouting& last = s.ops->last_in_place_routing;
+            const std::size_t ffn = static_cast<std::size_t>(m->config().moe_intermediate_size > 0
+                                                                 ? m->config().moe_intermediate_size
+                                                                 : m->config().intermediate_size);
+            CHECK(last.ffn_begin == 0);
+            CHECK(last.ffn_end > 0);
+            CHECK(last.ffn_end < ffn);
+            if (share > 0) CHECK(st.rows_ops_share == Approx(0.5));
+            if (share == 0) CHECK(st.rows_cpu_rate > 0);  // the CPU's parts were measured
+            if (share == 0) CHECK(st.rows_ops_rate > 0);
+        }
+        if (ref.dtype != "float32") continue;  // bf16 near ties: test_reference_models.cpp
+        RowsSetup s = rows_setup(*m, 16, model::ExpertRows::automatic);
+        for (std::size_t i = 0; i < ref.prompts.size(); ++i) {
+            INFO(name << " greedy prompt " << i);
+            CHECK(greedy(*s.runtime, ref.prompts[i].ids, ref.prompts[i].greedy.size()) ==
+                  ref.prompts[i].greedy);
+        }
+    }
+}
+
+TEST_CASE("with the rows split off, or ops that cannot read in place, the CPU runs whole experts",
+          "[model][rows]") {
+    const auto dir = models_dir() / "qwen3-moe-tiny";
+    const Reference ref = read_reference(dir);
+    const auto m = model::load_model_dir(dir);
+    RowsSetup s = rows_setup(*m, 16, model::ExpertRows::off);
+    const Errors e = teacher_forced(*s.runtime, ref.prompts[0]);
+    CHECK(e.rel() <= tolerance(ref));
+    CHECK(s.ops->in_place_calls == 0);
+    CHECK(s.host_ops->moe_calls > 0);
+    CHECK(s.runtime->expert_streaming().rows_split_calls == 0);
+}
