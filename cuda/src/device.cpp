@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -21,7 +22,9 @@ std::string bytes_str(std::uint64_t b) {
 }
 
 void check(cudaError_t e, const std::string& what) {
-    if (e != cudaSuccess) throw std::runtime_error(what + ": " + cudaGetErrorString(e));
+    if (e == cudaSuccess) return;
+    cudaGetLastError();  // not left for the next launch's check to report as its own
+    throw std::runtime_error(what + ": " + cudaGetErrorString(e));
 }
 
 }  // namespace
@@ -243,13 +246,41 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
     }
     return *this;
 }
+namespace {
+
+// A copy between host and device in pieces that each lie within the host range's first page,
+// its whole pages or its last page. A host page may be page-locked (cudaHostRegister) on
+// behalf of another object that shares it (the GPU runtime locks host-resident experts widened
+// to whole pages, and a checkpoint's tensors share their boundary pages), and CUDA refuses a
+// copy whose host range straddles the end of a locked range ("invalid argument"); a piece
+// within one page, or within whole pages the object owns, never does.
+void copy_paged(char* dev, const char* host, std::size_t bytes, bool to_device, const char* what) {
+    constexpr std::uintptr_t kPage = 4096;
+    const auto a = reinterpret_cast<std::uintptr_t>(host);
+    const std::uintptr_t head_end =
+        std::min<std::uintptr_t>(a + bytes, (a + kPage - 1) / kPage * kPage);
+    const std::uintptr_t tail_begin = std::max(head_end, (a + bytes) / kPage * kPage);
+    const std::uintptr_t cuts[4] = {a, head_end, tail_begin, a + bytes};
+    for (int i = 0; i < 3; ++i) {
+        const std::size_t n = cuts[i + 1] - cuts[i];
+        if (n == 0) continue;
+        const std::size_t off = cuts[i] - a;
+        check(to_device
+                  ? cudaMemcpy(dev + off, host + off, n, cudaMemcpyHostToDevice)
+                  : cudaMemcpy(const_cast<char*>(host) + off, dev + off, n, cudaMemcpyDeviceToHost),
+              what);
+    }
+}
+
+}  // namespace
+
 void DeviceBuffer::upload(const void* host, std::size_t bytes, std::size_t offset) {
-    check(cudaMemcpy(static_cast<char*>(ptr_) + offset, host, bytes, cudaMemcpyHostToDevice),
-          "upload");
+    copy_paged(static_cast<char*>(ptr_) + offset, static_cast<const char*>(host), bytes, true,
+               "upload");
 }
 void DeviceBuffer::download(void* host, std::size_t bytes, std::size_t offset) const {
-    check(cudaMemcpy(host, static_cast<const char*>(ptr_) + offset, bytes, cudaMemcpyDeviceToHost),
-          "download");
+    copy_paged(static_cast<char*>(ptr_) + offset, static_cast<const char*>(host), bytes, false,
+               "download");
 }
 void DeviceBuffer::fill_bytes(int value) {
     check(cudaMemset(ptr_, value, bytes_), "memset");

@@ -44,6 +44,7 @@ constexpr std::size_t kGemvTokens = 64;
 
 void check(cudaError_t e, const char* what) {
     if (e == cudaSuccess) return;
+    cudaGetLastError();  // not left for the next launch's check to report as its own
     std::string m = "CudaModelOps: ";
     m += what;
     m += ": ";

@@ -500,9 +500,11 @@ const std::vector<KeyDef>& key_table() {
             false, [](Profile & p) -> auto& { return p.hardware.lock_host_experts; }));
         t.push_back(bool_key(
             "hardware", "split_host_experts", "true",
-            "decode steps split each routed expert left in host memory by rows between the CPU "
-            "and the GPU, which reads its share of the page-locked expert across PCIe while the "
-            "CPU computes the rest, the share balanced by the two sides' measured rates (needs "
+            "decode steps may split each routed expert left in host memory by rows between the "
+            "CPU and the GPU, which reads its share of the page-locked expert across PCIe while "
+            "the CPU computes the rest (the share balanced by the two sides' measured rates); "
+            "decode steps are timed both ways per batch size and split only where that is "
+            "faster, which depends on whether the CPU alone saturates host memory (needs "
             "lock_host_experts; false: the CPU computes them whole); no effect on the CPU "
             "runtime",
             false, [](Profile & p) -> auto& { return p.hardware.split_host_experts; }));

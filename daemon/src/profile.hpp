@@ -60,9 +60,9 @@ struct Profile {
         // The GPU model runtime page-locks the routed experts it leaves in host memory, so that
         // prompt chunks stream them to the GPU at the PCIe rate.
         bool lock_host_experts = true;
-        // Decode steps split each host-resident expert by rows between the CPU and the GPU,
+        // Decode steps may split each host-resident expert by rows between the CPU and the GPU,
         // which reads its rows of the page-locked experts across PCIe (RuntimeOptions::
-        // expert_rows): the expert phase reads host memory at the CPU's and the bus's rate.
+        // expert_rows, automatic: where timed faster).
         bool split_host_experts = true;
     } hardware;
     struct Model {

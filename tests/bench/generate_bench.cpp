@@ -311,15 +311,19 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
         std::vector<std::int32_t> toks(batch);
         std::mt19937_64 rng(11);
         std::vector<double> step_s, attn_s, host_b;
-        model::ExpertStreamStats streams_before;  // after the warm-up step
+        model::ExpertStreamStats streams_before;  // after the warm-up steps
         rt->take_expert_heat();
-        for (std::size_t step = 0; step <= o.steps; ++step) {
+        // Warm-up: one step, and the automatic rows split's trial (its choice is then timed).
+        const std::size_t warm = s.expert_rows == model::ExpertRows::automatic && mode != "cpu-only"
+                                     ? 1 + model::kExpertRowsTrial
+                                     : 1;
+        for (std::size_t step = 0; step < warm + o.steps; ++step) {
             for (auto& t : toks)
                 t = static_cast<std::int32_t>(rng() % V);
             const auto t0 = std::chrono::steady_clock::now();
             rt->decode(ids, toks, logits.data());
             const double dt = seconds_since(t0);
-            if (step == 0) streams_before = rt->expert_streaming();
+            if (step + 1 == warm) streams_before = rt->expert_streaming();
             const StepReport rep = rt->last_step();
             const model::ExpertHeat heat = rt->take_expert_heat();
             double experts_host = 0;
@@ -334,7 +338,7 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
             } else {
                 experts_host = static_cast<double>(rt->last_weight_bytes());
             }
-            if (step == 0) continue;  // warm-up
+            if (step < warm) continue;  // warm-up
             step_s.push_back(dt);
             attn_s.push_back(rep.seconds);
             host_b.push_back(spilled + experts_host);
@@ -938,8 +942,10 @@ int run_generate(int argc, char** argv) {
                 "  [--prefill-g-tokens N (the prompt rate's G at most N tokens, so that the\n"
                 "  prompt spills into P and U)] [--prompt-u gpu|cpu (who attends its U blocks)]\n"
                 "  [--prefill-chunk N (the runtimes' prompt chunk, default 512)]\n"
-                "  [--expert-rows off|auto|SHARE (host experts split by rows with the GPU,\n"
-                "  which reads its rows in place; SHARE fixes the GPU's part; default auto)]\n");
+                "  [--expert-rows off|auto|always|SHARE (host experts split by rows with the\n"
+                "  GPU, which reads its rows in place: auto times decode steps both ways first\n"
+                "  and keeps the faster; always splits; SHARE splits with the GPU's part fixed;\n"
+                "  default auto)]\n");
         },
         [&](const std::string& a, auto& value) {
             if (sweep_option(a, value, o.models, o.contexts, o.batches)) return true;
@@ -962,9 +968,11 @@ int run_generate(int argc, char** argv) {
                 o.expert_rows_share = 0;
                 if (v == "off" || v == "0") {
                     o.expert_rows = model::ExpertRows::off;
-                } else {
+                } else if (v == "auto") {
                     o.expert_rows = model::ExpertRows::automatic;
-                    if (v != "auto") o.expert_rows_share = std::stod(v);
+                } else {
+                    o.expert_rows = model::ExpertRows::always;
+                    if (v != "always") o.expert_rows_share = std::stod(v);
                 }
             } else if (a == "--layer-parts") {
                 const std::string v = value();

@@ -105,7 +105,7 @@ if [[ $PHASES == *rows* ]]; then
   # Host experts split by rows with the GPU (it reads its rows in place) against the CPU alone:
   # decode at batches 1 and 4, 8 layers (ROWS_MODELS, ROWS_ARGS to change them).
   for m in ${ROWS_MODELS:-mixtral-8x7b qwen3-30b-a3b}; do
-    for rows in off auto; do
+    for rows in off always auto; do
       # shellcheck disable=SC2086
       "$BENCH" generate --models "$m" --layers 8 --contexts 8K --batches 1,4 --modes writescope \
         --steps 6 --prefill 512 --expert-rows $rows ${ROWS_ARGS:-} \

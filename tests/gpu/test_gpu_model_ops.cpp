@@ -9,7 +9,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <new>
 #include <numeric>
 #include <random>
 #include <string>
@@ -73,15 +76,22 @@ struct SplitMix {
 };
 
 // A host weight matrix of random values in [-1, 1) of its dtype.
+// In pages of its own, as the runtime's host weights are (a mapped checkpoint's, or a generated
+// model's): pin_host locks whole pages, which must hold nothing else the test copies.
 struct HostMatrix {
-    std::vector<std::byte> bytes;
+    struct PageFree {
+        void operator()(std::byte* p) const noexcept { std::free(p); }
+    };
+    std::unique_ptr<std::byte, PageFree> bytes;
     model::Matrix m;
     HostMatrix(std::size_t rows, std::size_t cols, DType d, std::uint64_t seed) {
-        bytes.resize(rows * cols * dtype_bytes(d));
+        const std::size_t n = rows * cols * dtype_bytes(d);
+        bytes.reset(static_cast<std::byte*>(std::aligned_alloc(4096, (n + 4095) / 4096 * 4096)));
+        if (!bytes) throw std::bad_alloc();
         SplitMix g{seed};
         for (std::size_t i = 0; i < rows * cols; ++i)
-            store_from_f32(bytes.data(), i, d, g.uniform());
-        m = {bytes.data(), d, rows, cols};
+            store_from_f32(bytes.get(), i, d, g.uniform());
+        m = {bytes.get(), d, rows, cols};
     }
     double at(std::size_t r, std::size_t c) const noexcept {
         return load_as_f32(m.data, r * m.cols + c, m.dtype);

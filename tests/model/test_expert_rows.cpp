@@ -100,7 +100,7 @@ TEST_CASE("a runtime splitting its host experts by rows reproduces transformers'
         const auto m = model::load_model_dir(dir);
         if (m->config().num_experts == 0) continue;
         for (const double share : {0.0, 0.5}) {
-            RowsSetup s = rows_setup(*m, 7, model::ExpertRows::automatic, share);
+            RowsSetup s = rows_setup(*m, 7, model::ExpertRows::always, share);
             for (std::size_t i = 0; i < ref.prompts.size(); ++i) {
                 const Errors e = teacher_forced(*s.runtime, ref.prompts[i]);
                 std::fprintf(stderr,
@@ -136,13 +136,49 @@ TEST_CASE("a runtime splitting its host experts by rows reproduces transformers'
             if (share == 0) CHECK(st.rows_ops_rate > 0);
         }
         if (ref.dtype != "float32") continue;  // bf16 near ties: test_reference_models.cpp
-        RowsSetup s = rows_setup(*m, 16, model::ExpertRows::automatic);
+        RowsSetup s = rows_setup(*m, 16, model::ExpertRows::always);
         for (std::size_t i = 0; i < ref.prompts.size(); ++i) {
             INFO(name << " greedy prompt " << i);
             CHECK(greedy(*s.runtime, ref.prompts[i].ids, ref.prompts[i].greedy.size()) ==
                   ref.prompts[i].greedy);
         }
     }
+}
+
+TEST_CASE("automatic splits by rows on its trial's steps, then as the trial found, per batch size",
+          "[model][rows]") {
+    const auto dir = models_dir() / "mixtral-tiny";
+    const Reference ref = read_reference(dir);
+    const auto m = model::load_model_dir(dir);
+    RowsSetup s = rows_setup(*m, 16, model::ExpertRows::automatic);
+    const std::vector<std::int32_t>& prompt = ref.prompts[0].ids;
+    const std::uint64_t id = 3;
+    REQUIRE(s.runtime->admit(id, prompt.size() + 40).ok);
+    std::vector<float> logits(s.runtime->vocab_size());
+    s.runtime->prefill(id, prompt, logits.data());
+    // Prompt chunks are not the trial's: none split.
+    CHECK(s.runtime->expert_streaming().rows_split_calls == 0);
+    std::vector<int> split;
+    for (std::size_t step = 0; step < 2 * model::kExpertRowsTrial; ++step) {
+        const std::uint64_t before = s.runtime->expert_streaming().rows_split_calls;
+        const std::int32_t tok = argmax(logits.data(), logits.size());
+        s.runtime->decode(std::span<const std::uint64_t>(&id, 1),
+                          std::span<const std::int32_t>(&tok, 1), logits.data());
+        split.push_back(s.runtime->expert_streaming().rows_split_calls > before ? 1 : 0);
+    }
+    INFO("split steps: " << [&] {
+        std::string t;
+        for (int v : split)
+            t += std::to_string(v);
+        return t;
+    }());
+    // The trial: steps 2, 3, 6 and 7 split, the others not.
+    for (std::size_t step = 0; step < model::kExpertRowsTrial; ++step)
+        CHECK(split[step] == (step / 2 % 2 == 1 ? 1 : 0));
+    // Then one way for every step, whichever was faster here.
+    for (std::size_t step = model::kExpertRowsTrial + 1; step < split.size(); ++step)
+        CHECK(split[step] == split[model::kExpertRowsTrial]);
+    s.runtime->release(id);
 }
 
 TEST_CASE("with the rows split off, or ops that cannot read in place, the CPU runs whole experts",

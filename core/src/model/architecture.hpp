@@ -42,6 +42,11 @@ class Architecture {
     virtual ExpertHeat take_heat() = 0;
     // The host-resident experts' counters and streaming model (FeedForward::stream_stats).
     virtual ExpertStreamStats stream_stats() const = 0;
+    // Host experts split by rows (RuntimeOptions::expert_rows): whether a call may split them
+    // (the mode not off, a layer with host experts, ops that read host memory in place), and
+    // the runtime's choice for the calls that follow (an automatic trial's, per step).
+    virtual bool splits_rows() const noexcept { return false; }
+    virtual void allow_rows(bool on) noexcept { (void)on; }
 };
 
 // What an architecture computes with: the model (its config, and its own weights in host memory,

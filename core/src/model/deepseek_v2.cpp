@@ -111,6 +111,8 @@ class DeepseekV2 final : public Architecture {
     bool records_safely() const noexcept override { return ffn_.records_safely(); }
     ExpertHeat take_heat() override { return ffn_.take_heat(); }
     ExpertStreamStats stream_stats() const override { return ffn_.stream_stats(); }
+    bool splits_rows() const noexcept override { return ffn_.splits_rows(); }
+    void allow_rows(bool on) noexcept override { ffn_.allow_rows(on); }
 
   private:
     const Model& m_;

@@ -116,7 +116,7 @@ FeedForward::FeedForward(const Binding& b)
         y_ops_ = OpsBuffer<float>(ops_, max_tokens * hidden);
         x_host_.resize(max_tokens * hidden);
         y_host_.resize(max_tokens * hidden);
-        if (b.rows != ExpertRows::off && ops_.in_place_tokens() > 0) {
+        if (b.rows != ExpertRows::off && ops_.in_place_tokens() > 0 && host_ops_) {
             rows_mode_ = b.rows;
             rows_ops_ = OpsBuffer<std::int32_t>(ops_, max_tokens * k);
             rows_seen_.assign(E, 0);
@@ -352,7 +352,7 @@ bool FeedForward::pick_streamed(std::size_t layer, std::size_t n, const std::int
 std::size_t FeedForward::pick_rows(std::span<const FfnWeights> host_experts, std::size_t n) {
     rows_experts_ = 0;
     first_cpu_expert_ = -1;
-    if (rows_mode_ == ExpertRows::off || n > ops_.in_place_tokens()) return 0;
+    if (rows_mode_ == ExpertRows::off || !rows_allowed_ || n > ops_.in_place_tokens()) return 0;
     const std::size_t k = k_;
     bool readable = true;
     for (std::size_t i = 0; i < n * k; ++i) {

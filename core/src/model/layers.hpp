@@ -73,6 +73,8 @@ class FeedForward {
     // Tokens routed to each expert since the last take (the placement's routing frequencies).
     ExpertHeat take_heat();
     ExpertStreamStats stream_stats() const;
+    bool splits_rows() const noexcept { return rows_mode_ != ExpertRows::off; }
+    void allow_rows(bool on) noexcept { rows_allowed_ = on; }
     // No layer splits its experts with the host ops (whose split waits for the routing): the
     // block's work on the ops can be recorded and replayed (ModelOps::begin_record).
     bool records_safely() const noexcept {
@@ -149,6 +151,7 @@ class FeedForward {
     model::ExpertRowsPolicy rows_policy_;
     OpsBuffer<std::int32_t> rows_ops_;
     std::vector<std::uint8_t> rows_seen_;
+    bool rows_allowed_ = true;  // the runtime's choice (RuntimeOptions::expert_rows automatic)
     std::size_t rows_experts_ = 0;
     std::int32_t first_cpu_expert_ = -1;
     std::size_t rows_row_bytes_ = 0;  // the last split's bytes per expert row (for the rates)
@@ -183,6 +186,8 @@ class StandardArchitecture final : public Architecture {
     bool records_safely() const noexcept override { return ffn_.records_safely(); }
     ExpertHeat take_heat() override { return ffn_.take_heat(); }
     ExpertStreamStats stream_stats() const override { return ffn_.stream_stats(); }
+    bool splits_rows() const noexcept override { return ffn_.splits_rows(); }
+    void allow_rows(bool on) noexcept override { ffn_.allow_rows(on); }
 
   private:
     StandardAttention attention_;

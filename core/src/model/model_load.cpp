@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <new>
 #include <set>
 #include <thread>
 
@@ -146,7 +148,13 @@ class LoadedModel final : public Model {
   public:
     // The directory's mapped files (null for a generated model) and the generated buffers.
     std::unique_ptr<WeightFiles> files;
-    std::vector<std::unique_ptr<std::byte[]>> buffers;
+    // Each generated matrix in pages of its own: the GPU runtime page-locks host-resident
+    // experts widened to whole pages (CudaModelOps::pin_host), and a page it locks must hold
+    // nothing else, or copies of that other object across the bus would straddle a locked range.
+    struct PageFree {
+        void operator()(std::byte* p) const noexcept { std::free(p); }
+    };
+    std::vector<std::unique_ptr<std::byte, PageFree>> buffers;
     std::map<const Vector*, std::vector<float>> vectors;
 
     void finish(const std::vector<TensorSlot>& slots) {
@@ -257,7 +265,11 @@ std::unique_ptr<Model> make_random_model(const ModelConfig& config, std::uint64_
             const std::size_t n = s.matrix->rows * s.matrix->cols;
             // Not zeroed first: every element is generated (a serial memset of each tensor
             // took as long as filling it).
-            auto buf = std::make_unique_for_overwrite<std::byte[]>(n * dtype_bytes(config.dtype));
+            constexpr std::size_t kPage = 4096;
+            const std::size_t bytes = n * dtype_bytes(config.dtype);
+            std::unique_ptr<std::byte, LoadedModel::PageFree> buf(static_cast<std::byte*>(
+                std::aligned_alloc(kPage, std::max(kPage, (bytes + kPage - 1) / kPage * kPage))));
+            if (!buf) throw std::bad_alloc();
             // Embeddings are N(0, 1) so the first norm sees unit-scale rows; everything else
             // uses the init's std.
             const bool embed = s.name == "model.embed_tokens.weight";

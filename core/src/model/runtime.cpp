@@ -210,6 +210,13 @@ class RuntimeImpl final : public Runtime {
         const double t_start = steady_seconds();
         can_halve_last_ = false;
         const bool profile = profile_.on;
+        // Host experts split by rows (RuntimeOptions::expert_rows): automatic follows its trial
+        // per batch size (a profiled step is not timed).
+        const bool rows_trial =
+            opts_.expert_rows == ExpertRows::automatic && arch_->splits_rows() && !profile;
+        const bool rows_on = opts_.expert_rows == ExpertRows::always ||
+                             (opts_.expert_rows == ExpertRows::automatic && rows_now(n));
+        arch_->allow_rows(rows_on);
         LayerTimes& times = profile_.times;
         times = {};
         const double t_step = profile ? steady_seconds() : 0.0;
@@ -283,6 +290,7 @@ class RuntimeImpl final : public Runtime {
         head(0, n, logits);
         last_bytes_ = fixed_bytes_ + arch_->take_ffn_bytes();
         if (can_halve_last_) parts_timed(n, last_in_parts_, steady_seconds() - t_start);
+        if (rows_trial) rows_timed(n, rows_on, steady_seconds() - t_start);
         if (profile) {
             times.total = steady_seconds() - t_step;
             last_times_ = times;
@@ -443,6 +451,7 @@ class RuntimeImpl final : public Runtime {
         const std::size_t layers = static_cast<std::size_t>(c.num_layers);
         for (std::size_t i = 0; i < m; ++i)
             pos_[i] = static_cast<std::int64_t>(held + i);
+        arch_->allow_rows(opts_.expert_rows == ExpertRows::always);  // the trial is decode's
         detail::check_token_ids(tokens, vocab_size());
         const std::int64_t* pos = inputs(tokens, m);
         ops_.embed(w_.embed, host_ ? tokens.data() : ids_.data(), m, h_.data());
@@ -520,6 +529,35 @@ class RuntimeImpl final : public Runtime {
         if (at + 1 == kLayerPartsTrial && c.timed[0] && c.timed[1])
             c.halves = c.seconds[1] / static_cast<double>(c.timed[1]) <
                        0.97 * c.seconds[0] / static_cast<double>(c.timed[0]);
+    }
+    // ExpertRows::automatic, per batch size: as PartsChoice, the trial splitting on steps 2, 3,
+    // 6 and 7 of each kExpertRowsRetrial (so that with the halves' trial, which halves the odd
+    // ones, each way of one is timed with both ways of the other).
+    struct RowsChoice {
+        double seconds[2] = {0, 0};
+        std::size_t timed[2] = {0, 0};
+        std::size_t steps = 0;
+        bool split = false;
+    };
+    std::unordered_map<std::size_t, RowsChoice> rows_choice_;
+    bool rows_now(std::size_t n) {
+        RowsChoice& c = rows_choice_[n];
+        const std::size_t at = c.steps % kExpertRowsRetrial;
+        return at < kExpertRowsTrial ? at / 2 % 2 == 1 : c.split;
+    }
+    void rows_timed(std::size_t n, bool split, double seconds) {
+        RowsChoice& c = rows_choice_[n];
+        const std::size_t at = c.steps++ % kExpertRowsRetrial;
+        if (at >= kExpertRowsTrial) return;
+        if (at == 0) {
+            c.seconds[0] = c.seconds[1] = 0;
+            c.timed[0] = c.timed[1] = 0;
+        }
+        c.seconds[split] += seconds;
+        ++c.timed[split];
+        if (at + 1 == kExpertRowsTrial && c.timed[0] && c.timed[1])
+            c.split = c.seconds[1] / static_cast<double>(c.timed[1]) <
+                      0.97 * c.seconds[0] / static_cast<double>(c.timed[0]);
     }
     // Per batch size, for at most kMaxRecordedBatches sizes (the first ones seen; the others
     // launch every call): each recording holds an instantiated graph per segment on the device.

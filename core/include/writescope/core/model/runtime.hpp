@@ -25,9 +25,10 @@ class ModelOps;
 
 enum class ExpertStreaming { off, automatic, always };
 enum class LayerParts { off, automatic, always };
-enum class ExpertRows { off, automatic };
+enum class ExpertRows { off, automatic, always };
 
 inline constexpr std::size_t kLayerPartsTrial = 8, kLayerPartsRetrial = 512;
+inline constexpr std::size_t kExpertRowsTrial = 8, kExpertRowsRetrial = 512;
 
 struct RuntimeOptions {
     std::size_t prefill_chunk_tokens = 512;  // most prompt tokens computed in one forward pass
@@ -65,10 +66,15 @@ struct RuntimeOptions {
     LayerParts layer_parts = LayerParts::automatic;
     // A decode call's host-resident experts, with ops that read host memory in place
     // (ModelOps::in_place_tokens) and every host expert the call routes to readable there:
-    // `automatic` splits each one's intermediate rows between the ops (rows [0, s), read across
-    // the bus) and the CPU (the rest), s balancing the two sides' measured rates
-    // (ExpertRowsPolicy), so that the expert phase reads host memory at the aggregate rate of
-    // the CPU and the bus rather than the CPU's alone; `off` leaves them to the CPU.
+    // split, each one's intermediate rows go to the ops (rows [0, s), read across the bus) and
+    // to the CPU (the rest), s balancing the two sides' measured rates (ExpertRowsPolicy), so
+    // that the expert phase may read host memory at the rate of the CPU and the bus together
+    // rather than the CPU's alone. Whether that is faster depends on the host: where the CPU
+    // alone nearly saturates host memory, the bus's reads only take from the CPU's (measured on
+    // the H200 machine: docs/perf.md). `automatic` times decode steps both ways per batch size
+    // (alternate pairs of steps, kExpertRowsTrial of them) and splits only where that was 3 %
+    // faster or more, trying again every kExpertRowsRetrial steps; `always` splits every
+    // such call (prompt chunks of at most in_place_tokens() too); `off` never.
     // expert_rows_share > 0 fixes the ops' share instead (tests, benchmarks).
     ExpertRows expert_rows = ExpertRows::automatic;
     double expert_rows_share = 0;
