@@ -44,12 +44,42 @@ struct F16Bits {
     __device__ static float from(std::uint16_t h) { return from_f16_bits(h); }
     __device__ static std::uint16_t to(float x) { return to_f16_bits(x); }
 };
+// 8 bytes of 16-bit weights: 4 elements (matrices aligned to 8 bytes only).
+template <class Bits>
+struct Vec8 {
+    static constexpr int N = 4;
+    __device__ static void load(const void* p, float (&f)[N]) {
+        const uint2 v = *static_cast<const uint2*>(p);
+        const std::uint32_t w[2] = {v.x, v.y};
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            f[2 * i] = Bits::from(static_cast<std::uint16_t>(w[i] & 0xffffu));
+            f[2 * i + 1] = Bits::from(static_cast<std::uint16_t>(w[i] >> 16));
+        }
+    }
+    __device__ static float round(float x) {
+        return Bits::from(Bits::to(x));
+    }
+};
 template <DType D>
 struct Vec;
 template <>
 struct Vec<DType::bf16> : Vec16<Bf16Bits> {};
 template <>
 struct Vec<DType::f16> : Vec16<F16Bits> {};
+// The loads a kernel takes: 16 bytes, or 8 for narrow 16-bit matrices (fp32 is never narrow).
+template <DType D, bool Narrow>
+struct Load {
+    using type = Vec<D>;
+};
+template <>
+struct Load<DType::bf16, true> {
+    using type = Vec8<Bf16Bits>;
+};
+template <>
+struct Load<DType::f16, true> {
+    using type = Vec8<F16Bits>;
+};
 template <>
 struct Vec<DType::f32> {
     static constexpr int N = 4;
@@ -79,9 +109,9 @@ __device__ inline bool warp_work(const ExpertGemvArgs& a, std::size_t rows, Warp
 }
 
 // h[pair, row] = round(silu(gate_row · x) · (up_row · x)) for the expert's pairs.
-template <DType D>
+template <DType D, bool Narrow>
 __global__ void __launch_bounds__(kWarps * 32) gate_up_kernel(const ExpertGemvArgs a) {
-    using V = Vec<D>;
+    using V = typename Load<D, Narrow>::type;
     WarpWork w;
     if (!warp_work(a, a.ffn, w)) return;
     const int lane = threadIdx.x % 32, first = w.first, count = w.count;
@@ -133,9 +163,9 @@ __global__ void __launch_bounds__(kWarps * 32) gate_up_kernel(const ExpertGemvAr
 }
 
 // partial[pair, row] = down_row · h[pair] (fp32) for the expert's pairs.
-template <DType D>
+template <DType D, bool Narrow>
 __global__ void __launch_bounds__(kWarps * 32) down_kernel(const ExpertGemvArgs a) {
-    using V = Vec<D>;
+    using V = typename Load<D, Narrow>::type;
     WarpWork w;
     if (!warp_work(a, a.hidden, w)) return;
     const int lane = threadIdx.x % 32, first = w.first, count = w.count;
@@ -175,7 +205,7 @@ __global__ void __launch_bounds__(kWarps * 32) down_kernel(const ExpertGemvArgs 
     }
 }
 
-template <template <DType> class K>
+template <template <DType, bool> class K>
 void launch_for(const ExpertGemvArgs& a, std::size_t rows, void* stream) {
     const std::size_t active = std::min(a.experts, a.max_pairs);
     if (active == 0 || rows == 0) return;
@@ -183,27 +213,33 @@ void launch_for(const ExpertGemvArgs& a, std::size_t rows, void* stream) {
                     static_cast<unsigned>(active));
     switch (a.dtype) {
         case DType::bf16:
-            K<DType::bf16>::launch(grid, a, stream);
+            if (a.narrow)
+                K<DType::bf16, true>::launch(grid, a, stream);
+            else
+                K<DType::bf16, false>::launch(grid, a, stream);
             break;
         case DType::f16:
-            K<DType::f16>::launch(grid, a, stream);
+            if (a.narrow)
+                K<DType::f16, true>::launch(grid, a, stream);
+            else
+                K<DType::f16, false>::launch(grid, a, stream);
             break;
         case DType::f32:
-            K<DType::f32>::launch(grid, a, stream);
+            K<DType::f32, false>::launch(grid, a, stream);
             break;
     }
 }
 
-template <DType D>
+template <DType D, bool Narrow>
 struct GateUp {
     static void launch(dim3 grid, const ExpertGemvArgs& a, void* stream) {
-        gate_up_kernel<D><<<grid, kWarps * 32, 0, as_stream(stream)>>>(a);
+        gate_up_kernel<D, Narrow><<<grid, kWarps * 32, 0, as_stream(stream)>>>(a);
     }
 };
-template <DType D>
+template <DType D, bool Narrow>
 struct Down {
     static void launch(dim3 grid, const ExpertGemvArgs& a, void* stream) {
-        down_kernel<D><<<grid, kWarps * 32, 0, as_stream(stream)>>>(a);
+        down_kernel<D, Narrow><<<grid, kWarps * 32, 0, as_stream(stream)>>>(a);
     }
 };
 

@@ -106,6 +106,9 @@ struct ExpertGemvArgs {
     float* partial;             // (max_pairs, hidden) fp32: down · h
     std::size_t ffn_begin = 0;  // a multiple of 16 bytes of elements
     std::size_t down_ld = 0;    // down's row stride in elements (0: ffn)
+    // 8-byte loads of the weights: 16-bit dtypes whose matrices are 8-byte aligned only (a
+    // checkpoint's tensors read in place where the file put them).
+    bool narrow = false;
 };
 bool expert_gemv_fits(std::size_t hidden, std::size_t ffn, DType dtype) noexcept;
 void launch_expert_gate_up(const ExpertGemvArgs& a, void* stream);

@@ -142,6 +142,7 @@ struct CudaModelOps::Impl {
         std::vector<model::FfnWeights> experts;  // what it was built from
         DevMem ptrs;                             // (3, experts) device pointers: gate, up, down
         bool ok = false;
+        bool narrow = false;  // some matrix 8-byte aligned only (16-bit dtypes): 8-byte loads
         std::size_t hidden = 0, ffn = 0;
         DType dtype = DType::bf16;
     };
@@ -455,13 +456,18 @@ const CudaModelOps::Impl::ExpertTable& CudaModelOps::Impl::in_place_table(
             t.ffn = f.gate.rows;
             t.dtype = f.gate.dtype;
         }
+        // 16-byte aligned, or 8 for 16-bit dtypes (the kernels' narrow loads).
+        const std::uintptr_t align = dtype_bytes(t.dtype) == 2 ? 8 : 16;
         const auto fits = [&](const model::Matrix& mx, std::size_t rows, std::size_t cols) {
             return mx.rows == rows && mx.cols == cols && mx.dtype == t.dtype &&
-                   reinterpret_cast<std::uintptr_t>(mx.data) % 16 == 0;
+                   reinterpret_cast<std::uintptr_t>(mx.data) % align == 0;
+        };
+        const auto narrow = [](const model::Matrix& mx) {
+            return reinterpret_cast<std::uintptr_t>(mx.data) % 16 != 0;
         };
         if (!fits(f.gate, t.ffn, t.hidden) || !fits(f.up, t.ffn, t.hidden) ||
             !fits(f.down, t.hidden, t.ffn))
-            return t;  // mixed shapes: not read in place
+            continue;  // another shape, or rows not in 16-byte pieces: stays null
         const void* gv = xs->device_view(f.gate.data, f.gate.bytes());
         const void* uv = xs->device_view(f.up.data, f.up.bytes());
         const void* dv = xs->device_view(f.down.data, f.down.bytes());
@@ -469,6 +475,7 @@ const CudaModelOps::Impl::ExpertTable& CudaModelOps::Impl::in_place_table(
         dev[e] = gv;
         dev[ne + e] = uv;
         dev[2 * ne + e] = dv;
+        t.narrow = t.narrow || narrow(f.gate) || narrow(f.up) || narrow(f.down);
         any = true;
     }
     if (!any || t.hidden > opts.max_hidden || t.ffn > opts.max_ffn ||
@@ -508,6 +515,7 @@ detail::ExpertGemvArgs CudaModelOps::Impl::gemv_args(const ExpertTable& t, std::
         x,  h.p,      xg.as<float>()};
     a.ffn_begin = f0;
     a.down_ld = t.ffn;
+    a.narrow = t.narrow;
     return a;
 }
 
@@ -777,7 +785,16 @@ std::size_t CudaModelOps::in_place_tokens() const noexcept {
 }
 bool CudaModelOps::reads_in_place(const model::FfnWeights& e) const noexcept {
     const detail::ExpertStream* xs = impl_->xs.get();
-    return xs && e.gate.data && e.up.data && e.down.data &&
+    // The expert GEMV kernels' loads: matrices 16-byte aligned (8 for 16-bit dtypes: the narrow
+    // loads) in whole 16-byte rows (a mapped checkpoint's tensors lie where the file put them).
+    const auto aligned = [](const model::Matrix& m) {
+        return reinterpret_cast<std::uintptr_t>(m.data) % (dtype_bytes(m.dtype) == 2 ? 8 : 16) == 0;
+    };
+    return xs && e.gate.data && e.up.data && e.down.data && aligned(e.gate) && aligned(e.up) &&
+           aligned(e.down) && e.up.rows == e.gate.rows && e.up.cols == e.gate.cols &&
+           e.down.rows == e.gate.cols && e.down.cols == e.gate.rows &&
+           e.gate.rows <= impl_->opts.max_ffn && e.gate.cols <= impl_->opts.max_hidden &&
+           detail::expert_gemv_fits(e.gate.cols, e.gate.rows, e.gate.dtype) &&
            xs->device_view(e.gate.data, e.gate.bytes()) &&
            xs->device_view(e.up.data, e.up.bytes()) && xs->device_view(e.down.data, e.down.bytes());
 }

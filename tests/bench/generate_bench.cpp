@@ -284,7 +284,9 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
         auto rt = runtime_for(s, *e, mode, batch);
         std::vector<std::uint64_t> ids;
         for (std::size_t b = 0; b < batch; ++b) {
-            const Admission a = rt->admit(first_id + b, context + o.steps + 2);
+            // Room for the warm-up steps too (the rows split's trial: below).
+            const Admission a =
+                rt->admit(first_id + b, context + o.steps + 2 + model::kExpertRowsTrial);
             if (!a.ok) {
                 if (spill_budget > 0 && b > 0) {
                     r.refusal = a.error;

@@ -117,11 +117,18 @@ TEST_CASE(
     for (const std::string& name : reference_model_names()) {
         const auto dir = models_dir() / name;
         const Reference ref = read_reference(dir);
-        const auto m = model::load_model_dir(dir);
+        const auto loaded = model::load_model_dir(dir);
+        // The same checkpoint copied into memory of the model's own, page-aligned: the rows
+        // split reads fp32 experts in place only 16-byte aligned, which the files' offsets need
+        // not give (bf16 needs 8).
+        model::ModelLoadOptions copy;
+        copy.copy_data = true;
+        const auto copied = model::load_model_dir(dir, copy);
         // Experts all on the GPU, split, split and streamed, split with the host experts' rows
         // split again (the GPU reading its rows in place), at a measured share and at half.
         for (const int mode : {0, 1, 2, 3, 4}) {
             const bool split = mode > 0, stream = mode == 2, rows = mode >= 3;
+            const auto& m = rows ? copied : loaded;
             const char* what = mode == 4 ? "rows-half"
                                : rows    ? "rows"
                                : stream  ? "streamed"

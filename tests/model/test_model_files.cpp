@@ -121,6 +121,16 @@ TEST_CASE("a random model saved as a Hugging Face directory loads back with the 
         CHECK(cut->config().num_layers == 2);
         CHECK(cut->full_layers() == 3);
         CHECK_THAT(cut->description(), Catch::Contains("2 of 3 layers"));
+        // Copied instead of mapped: page-aligned matrices of its own, the same logits.
+        model::ModelLoadOptions c;
+        c.copy_data = true;
+        const auto copied = model::load_model_dir(d.path, c);
+        const model::Matrix& a = back->weights().layers.back().o_proj;
+        const model::Matrix& b = copied->weights().layers.back().o_proj;
+        CHECK(a.data != b.data);
+        CHECK(reinterpret_cast<std::uintptr_t>(b.data) % 4096 == 0);
+        CHECK(std::memcmp(a.data, b.data, a.bytes()) == 0);
+        CHECK(greedy_logits(*copied, prompt) == greedy_logits(*back, prompt));
     }
 }
 

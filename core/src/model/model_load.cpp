@@ -175,6 +175,15 @@ class LoadedModel final : public Model {
     ModelWeights& mutable_weights() { return weights_; }
 };
 
+// `bytes` (uninitialised) in whole pages of their own (LoadedModel::buffers says why).
+std::unique_ptr<std::byte, LoadedModel::PageFree> page_buffer(std::size_t bytes) {
+    constexpr std::size_t kPage = 4096;
+    std::unique_ptr<std::byte, LoadedModel::PageFree> buf(static_cast<std::byte*>(
+        std::aligned_alloc(kPage, std::max(kPage, (bytes + kPage - 1) / kPage * kPage))));
+    if (!buf) throw std::bad_alloc();
+    return buf;
+}
+
 int cut_layers(const ModelConfig& c, int max_layers) {
     return max_layers > 0 ? std::min(max_layers, c.num_layers) : c.num_layers;
 }
@@ -236,6 +245,13 @@ std::unique_ptr<Model> load_model_dir(const fs::path& dir, const ModelLoadOption
         if (s.matrix) {
             s.matrix->dtype = t->dtype;  // headers only too: weight_bytes() counts the file's
             s.matrix->data = t->data;    // null without data
+            if (opts.copy_data && t->data) {
+                const std::size_t bytes = s.matrix->bytes();
+                auto buf = page_buffer(bytes);
+                std::memcpy(buf.get(), t->data, bytes);
+                s.matrix->data = buf.get();
+                m->buffers.push_back(std::move(buf));
+            }
         } else if (!opts.headers_only) {
             own_vector_as_f32(*s.vector, t->data, t->dtype, m->vectors[s.vector]);
         }
@@ -265,11 +281,7 @@ std::unique_ptr<Model> make_random_model(const ModelConfig& config, std::uint64_
             const std::size_t n = s.matrix->rows * s.matrix->cols;
             // Not zeroed first: every element is generated (a serial memset of each tensor
             // took as long as filling it).
-            constexpr std::size_t kPage = 4096;
-            const std::size_t bytes = n * dtype_bytes(config.dtype);
-            std::unique_ptr<std::byte, LoadedModel::PageFree> buf(static_cast<std::byte*>(
-                std::aligned_alloc(kPage, std::max(kPage, (bytes + kPage - 1) / kPage * kPage))));
-            if (!buf) throw std::bad_alloc();
+            auto buf = page_buffer(n * dtype_bytes(config.dtype));
             // Embeddings are N(0, 1) so the first norm sees unit-scale rows; everything else
             // uses the init's std.
             const bool embed = s.name == "model.embed_tokens.weight";

@@ -48,6 +48,11 @@ struct ModelLoadOptions {
     std::uint64_t seed = 0;  // built-in models: the random weights' seed
     // Read and validate the headers only (--check-config): no data mapped, no weights.
     bool headers_only = false;
+    // A directory's matrices copied into page-aligned memory of the model's own instead of
+    // mapped from the files (whose tensors lie at the offsets the files give them): what tests
+    // of the in-place expert reads need from a checkpoint whose fp32 tensors are not 16-byte
+    // aligned. Costs the weights in anonymous memory.
+    bool copy_data = false;
 };
 
 class Model {
