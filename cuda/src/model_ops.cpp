@@ -356,6 +356,32 @@ struct CudaModelOps::Impl {
             too_large(what, "the number of experts", ne, "max_experts", opts.max_experts);
     }
     const ExpertTable& table_for(std::span<const model::FfnWeights> experts);
+    using Tables = std::unordered_map<const model::FfnWeights*, ExpertTable>;
+    // The table built for this span while it holds the same weights (null: none).
+    static const ExpertTable* cached(const Tables& tables,
+                                     std::span<const model::FfnWeights> experts) {
+        const auto same = [](const model::FfnWeights& a, const model::FfnWeights& b) {
+            const auto eq = [](const model::Matrix& x, const model::Matrix& y) {
+                return x.data == y.data && x.rows == y.rows && x.cols == y.cols &&
+                       x.dtype == y.dtype;
+            };
+            return eq(a.gate, b.gate) && eq(a.up, b.up) && eq(a.down, b.down);
+        };
+        const auto it = tables.find(experts.data());
+        if (it != tables.end() && it->second.experts.size() == experts.size() &&
+            std::equal(experts.begin(), experts.end(), it->second.experts.begin(), same))
+            return &it->second;
+        return nullptr;
+    }
+    // An empty table for the span, to build (the cache cleared first when it grew large: spans
+    // of weights long gone).
+    static ExpertTable& fresh(Tables& tables, std::span<const model::FfnWeights> experts) {
+        if (tables.size() >= 4096) tables.clear();
+        ExpertTable& t = tables[experts.data()];
+        t = ExpertTable{};
+        t.experts.assign(experts.begin(), experts.end());
+        return t;
+    }
     const ExpertTable& in_place_table(std::span<const model::FfnWeights> experts);
     void moe_in_place(std::span<const model::FfnWeights> experts, const float* x, std::size_t n,
                       const model::MoeRouting& routing, float* y);
@@ -377,20 +403,8 @@ struct CudaModelOps::Impl {
 
 const CudaModelOps::Impl::ExpertTable& CudaModelOps::Impl::table_for(
     std::span<const model::FfnWeights> experts) {
-    const auto same = [](const model::FfnWeights& a, const model::FfnWeights& b) {
-        const auto eq = [](const model::Matrix& x, const model::Matrix& y) {
-            return x.data == y.data && x.rows == y.rows && x.cols == y.cols && x.dtype == y.dtype;
-        };
-        return eq(a.gate, b.gate) && eq(a.up, b.up) && eq(a.down, b.down);
-    };
-    const auto it = tables.find(experts.data());
-    if (it != tables.end() && it->second.experts.size() == experts.size() &&
-        std::equal(experts.begin(), experts.end(), it->second.experts.begin(), same))
-        return it->second;
-    if (tables.size() >= 4096) tables.clear();  // spans of weights long gone
-    ExpertTable& t = tables[experts.data()];
-    t = ExpertTable{};
-    t.experts.assign(experts.begin(), experts.end());
+    if (const ExpertTable* hit = cached(tables, experts)) return *hit;
+    ExpertTable& t = fresh(tables, experts);
     const std::size_t ne = experts.size();
     if (ne == 0 || !experts[0].gate.data) return t;
     t.hidden = experts[0].gate.cols;
@@ -430,20 +444,8 @@ const CudaModelOps::Impl::ExpertTable& CudaModelOps::Impl::in_place_table(
         in_place_tables.clear();
         in_place_generation = generation;
     }
-    const auto same = [](const model::FfnWeights& a, const model::FfnWeights& b) {
-        const auto eq = [](const model::Matrix& p, const model::Matrix& q) {
-            return p.data == q.data && p.rows == q.rows && p.cols == q.cols && p.dtype == q.dtype;
-        };
-        return eq(a.gate, b.gate) && eq(a.up, b.up) && eq(a.down, b.down);
-    };
-    const auto it = in_place_tables.find(experts.data());
-    if (it != in_place_tables.end() && it->second.experts.size() == experts.size() &&
-        std::equal(experts.begin(), experts.end(), it->second.experts.begin(), same))
-        return it->second;
-    if (in_place_tables.size() >= 4096) in_place_tables.clear();
-    ExpertTable& t = in_place_tables[experts.data()];
-    t = ExpertTable{};
-    t.experts.assign(experts.begin(), experts.end());
+    if (const ExpertTable* hit = cached(in_place_tables, experts)) return *hit;
+    ExpertTable& t = fresh(in_place_tables, experts);
     const std::size_t ne = experts.size();
     if (ne == 0 || !xs) return t;
     std::vector<const void*> dev(3 * ne, nullptr);

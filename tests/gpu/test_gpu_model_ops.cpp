@@ -239,6 +239,26 @@ struct MoeShape {
     bool skips;                                     // some slots −1
 };
 
+// k distinct experts per token of n, weights in [0.05, 1), some slots skipped (−1) where the
+// shape has skips.
+void random_routing(const MoeShape& s, std::size_t n, std::mt19937_64& rng,
+                    std::vector<std::int32_t>& ex, std::vector<float>& wt) {
+    const std::size_t k = s.k;
+    ex.assign(n * k, 0);
+    wt.assign(n * k, 0.0f);
+    std::vector<std::int32_t> perm(s.experts);
+    std::uniform_real_distribution<float> uw(0.05f, 1.0f);
+    for (std::size_t t = 0; t < n; ++t) {
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        for (std::size_t j = 0; j < k; ++j) {
+            ex[t * k + j] = perm[j];
+            wt[t * k + j] = uw(rng);
+            if (s.skips && (t + j) % 4 == 1) ex[t * k + j] = -1;
+        }
+    }
+}
+
 // The fp64 value of y0[t] + Σ_j w_j FFN_{e_j}(round(x[t])) and its bound (see the file comment;
 // h = silu(g)·u adds the fp32 error of g and u through its derivatives and of its own three
 // operations, then the rounding to the weight dtype of at most one ulp).
@@ -401,19 +421,9 @@ TEST_CASE("GPU moe matches the CPU and the fp64 reference", "[gpu]") {
                 // x of the scale an RMSNorm output has; routing: k distinct experts per token.
                 const auto x = random_floats(n * H, -1.0f, 1.0f, rng);
                 const auto y0 = random_floats(n * H, -1.0f, 1.0f, rng);
-                std::vector<std::int32_t> ex(n * k);
-                std::vector<float> wt(n * k);
-                std::vector<std::int32_t> perm(s.experts);
-                std::uniform_real_distribution<float> uw(0.05f, 1.0f);
-                for (std::size_t t = 0; t < n; ++t) {
-                    std::iota(perm.begin(), perm.end(), 0);
-                    std::shuffle(perm.begin(), perm.end(), rng);
-                    for (std::size_t j = 0; j < k; ++j) {
-                        ex[t * k + j] = perm[j];
-                        wt[t * k + j] = uw(rng);
-                        if (s.skips && (t + j) % 4 == 1) ex[t * k + j] = -1;
-                    }
-                }
+                std::vector<std::int32_t> ex;
+                std::vector<float> wt;
+                random_routing(s, n, rng, ex, wt);
                 std::vector<float> yc = y0;
                 cpu_ops().moe(host_experts, x.data(), n, {ex.data(), wt.data(), k}, yc.data());
                 const auto xd = to_device(x), exd = to_device(ex), wtd = to_device(wt);
@@ -882,19 +892,9 @@ TEST_CASE("GPU moe_in_place reads page-locked host experts' rows, as the CPU and
                     std::uniform_int_distribution<std::size_t>(1, parts - 1)(rng);
                 const auto x = random_floats(n * H, -1.0f, 1.0f, rng);
                 const auto y0 = random_floats(n * H, -1.0f, 1.0f, rng);
-                std::vector<std::int32_t> ex(n * k);
-                std::vector<float> wt(n * k);
-                std::vector<std::int32_t> perm(s.experts);
-                std::uniform_real_distribution<float> uw(0.05f, 1.0f);
-                for (std::size_t t = 0; t < n; ++t) {
-                    std::iota(perm.begin(), perm.end(), 0);
-                    std::shuffle(perm.begin(), perm.end(), rng);
-                    for (std::size_t j = 0; j < k; ++j) {
-                        ex[t * k + j] = perm[j];
-                        wt[t * k + j] = uw(rng);
-                        if (s.skips && (t + j) % 4 == 1) ex[t * k + j] = -1;
-                    }
-                }
+                std::vector<std::int32_t> ex;
+                std::vector<float> wt;
+                random_routing(s, n, rng, ex, wt);
                 const model::MoeRouting ops_part{ex.data(), wt.data(), k, 0, split};
                 const model::MoeRouting cpu_part{ex.data(), wt.data(), k, split, s.ffn};
                 std::vector<float> yc = y0, yrest = y0;

@@ -13,6 +13,7 @@
 
 #include "architecture.hpp"
 #include "blocks.hpp"
+#include "step_trial.hpp"
 #include "writescope/core/model/model.hpp"
 #include "writescope/core/model/model_ops.hpp"
 #include "writescope/core/model/ops_buffer.hpp"
@@ -215,7 +216,7 @@ class RuntimeImpl final : public Runtime {
         const bool rows_trial =
             opts_.expert_rows == ExpertRows::automatic && arch_->splits_rows() && !profile;
         const bool rows_on = opts_.expert_rows == ExpertRows::always ||
-                             (opts_.expert_rows == ExpertRows::automatic && rows_now(n));
+                             (opts_.expert_rows == ExpertRows::automatic && rows_trial_.second(n));
         arch_->allow_rows(rows_on);
         LayerTimes& times = profile_.times;
         times = {};
@@ -289,8 +290,8 @@ class RuntimeImpl final : public Runtime {
             ++held_[seq_ids[i]];
         head(0, n, logits);
         last_bytes_ = fixed_bytes_ + arch_->take_ffn_bytes();
-        if (can_halve_last_) parts_timed(n, last_in_parts_, steady_seconds() - t_start);
-        if (rows_trial) rows_timed(n, rows_on, steady_seconds() - t_start);
+        if (can_halve_last_) parts_trial_.timed(n, last_in_parts_, steady_seconds() - t_start);
+        if (rows_trial) rows_trial_.timed(n, rows_on, steady_seconds() - t_start);
         if (profile) {
             times.total = steady_seconds() - t_step;
             last_times_ = times;
@@ -501,63 +502,15 @@ class RuntimeImpl final : public Runtime {
     bool graphs_ = false;            // decode segments recorded and replayed (cuda_graphs)
     bool last_in_parts_ = false;     // the last decode step's layers in halves (layer_parts)
     bool can_halve_last_ = false;    // ... and it could have gone either way (automatic)
-    // LayerParts::automatic, per batch size: the steps timed each way during a trial (halves on
-    // odd steps), the choice since, and the steps run at that size.
-    struct PartsChoice {
-        double seconds[2] = {0, 0};
-        std::size_t timed[2] = {0, 0};
-        std::size_t steps = 0;
-        bool halves = false;
-    };
-    std::unordered_map<std::size_t, PartsChoice> parts_choice_;
+    // LayerParts::automatic: halves on the odd steps of the trial. ExpertRows::automatic: the
+    // rows split on steps 2, 3, 6 and 7, so that each way of one trial is timed with both ways
+    // of the other.
+    detail::StepTrial parts_trial_{kLayerPartsTrial, kLayerPartsRetrial,
+                                   [](std::size_t at) { return at % 2 == 1; }};
+    detail::StepTrial rows_trial_{kExpertRowsTrial, kExpertRowsRetrial,
+                                  [](std::size_t at) { return at / 2 % 2 == 1; }};
     bool halves_now(std::size_t n) {
-        if (opts_.layer_parts == LayerParts::always) return true;
-        PartsChoice& c = parts_choice_[n];
-        const std::size_t at = c.steps % kLayerPartsRetrial;
-        return at < kLayerPartsTrial ? at % 2 == 1 : c.halves;
-    }
-    void parts_timed(std::size_t n, bool halves, double seconds) {
-        PartsChoice& c = parts_choice_[n];
-        const std::size_t at = c.steps++ % kLayerPartsRetrial;
-        if (at >= kLayerPartsTrial) return;
-        if (at == 0) {
-            c.seconds[0] = c.seconds[1] = 0;
-            c.timed[0] = c.timed[1] = 0;
-        }
-        c.seconds[halves] += seconds;
-        ++c.timed[halves];
-        if (at + 1 == kLayerPartsTrial && c.timed[0] && c.timed[1])
-            c.halves = c.seconds[1] / static_cast<double>(c.timed[1]) <
-                       0.97 * c.seconds[0] / static_cast<double>(c.timed[0]);
-    }
-    // ExpertRows::automatic, per batch size: as PartsChoice, the trial splitting on steps 2, 3,
-    // 6 and 7 of each kExpertRowsRetrial (so that with the halves' trial, which halves the odd
-    // ones, each way of one is timed with both ways of the other).
-    struct RowsChoice {
-        double seconds[2] = {0, 0};
-        std::size_t timed[2] = {0, 0};
-        std::size_t steps = 0;
-        bool split = false;
-    };
-    std::unordered_map<std::size_t, RowsChoice> rows_choice_;
-    bool rows_now(std::size_t n) {
-        RowsChoice& c = rows_choice_[n];
-        const std::size_t at = c.steps % kExpertRowsRetrial;
-        return at < kExpertRowsTrial ? at / 2 % 2 == 1 : c.split;
-    }
-    void rows_timed(std::size_t n, bool split, double seconds) {
-        RowsChoice& c = rows_choice_[n];
-        const std::size_t at = c.steps++ % kExpertRowsRetrial;
-        if (at >= kExpertRowsTrial) return;
-        if (at == 0) {
-            c.seconds[0] = c.seconds[1] = 0;
-            c.timed[0] = c.timed[1] = 0;
-        }
-        c.seconds[split] += seconds;
-        ++c.timed[split];
-        if (at + 1 == kExpertRowsTrial && c.timed[0] && c.timed[1])
-            c.split = c.seconds[1] / static_cast<double>(c.timed[1]) <
-                      0.97 * c.seconds[0] / static_cast<double>(c.timed[0]);
+        return opts_.layer_parts == LayerParts::always || parts_trial_.second(n);
     }
     // Per batch size, for at most kMaxRecordedBatches sizes (the first ones seen; the others
     // launch every call): each recording holds an instantiated graph per segment on the device.
