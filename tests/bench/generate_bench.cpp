@@ -145,6 +145,9 @@ struct Run {
     // The host experts split by rows with the GPU: GB per step each side read, the GPU's share
     // after the steps, and each side's measured rate (GB/s).
     double rows_gpu_gb = 0, rows_cpu_gb = 0, rows_share = 0, rows_gpu_rate = 0, rows_cpu_rate = 0;
+    // The automatic choices' trials at this batch size (Runtime::step_trials), ms per step
+    // each way in one process: printed, and as JSON.
+    std::string trials, trials_json = "[]";
     // One more step with the parts of each layer waited for (Runtime::profile_layers), ms per
     // layer: they run one after another there, so they add up to more than a step's layer.
     double prof_attention_ms = 0, prof_gpu_experts_ms = 0, prof_cpu_experts_ms = 0,
@@ -369,6 +372,30 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
             r.rows_share = after.rows_ops_share;
             r.rows_gpu_rate = after.rows_ops_rate / 1e9;
             r.rows_cpu_rate = after.rows_cpu_rate / 1e9;
+        }
+        {
+            std::ostringstream tj;
+            tj << "[";
+            bool first = true;
+            for (const model::StepTrialResult& t : rt->step_trials()) {
+                if (t.batch != batch || t.steps[0] + t.steps[1] == 0) continue;
+                const bool rows = std::string(t.choice) == "expert_rows";
+                char line[256];
+                std::snprintf(line, sizeof line,
+                              "%s trial%s: %.2f ms/step %s (%zu steps), %.2f ms %s (%zu) -> %s; ",
+                              t.choice, t.done ? "" : " (unfinished)", t.mean_seconds[0] * 1e3,
+                              rows ? "whole" : "whole layers", t.steps[0], t.mean_seconds[1] * 1e3,
+                              rows ? "split" : "halves", t.steps[1],
+                              t.chose_second ? (rows ? "split" : "halves") : "whole");
+                r.trials += line;
+                tj << (first ? "" : ", ") << "{\"choice\": \"" << t.choice << "\", \"ms\": ["
+                   << t.mean_seconds[0] * 1e3 << ", " << t.mean_seconds[1] * 1e3
+                   << "], \"steps\": [" << t.steps[0] << ", " << t.steps[1]
+                   << "], \"chose_second\": " << (t.chose_second ? "true" : "false") << "}";
+                first = false;
+            }
+            tj << "]";
+            r.trials_json = tj.str();
         }
         // The profiled step: each part waited for (after the timed steps: it perturbs nothing
         // they measured).
@@ -799,6 +826,7 @@ std::string decode_config(ModelSetup& s, const std::string& name, std::size_t co
                 "the GPU in place, %.2f GB by the CPU (rates measured beside each other: GPU "
                 "%.1f GB/s, CPU %.1f GB/s)\n",
                 "", r.rows_share, r.rows_gpu_gb, r.rows_cpu_gb, r.rows_gpu_rate, r.rows_cpu_rate);
+        if (!r.trials.empty()) std::printf("  %-10s   %s\n", "", r.trials.c_str());
     }
     double best_single = 0;
     for (const char* m : {"gpu-only", "cpu-only"})
@@ -869,7 +897,8 @@ std::string decode_config(ModelSetup& s, const std::string& name, std::size_t co
       << ", \"host_experts_by_rows\": {\"gpu_share\": " << ws.rows_share
       << ", \"gpu_gb_per_step\": " << ws.rows_gpu_gb << ", \"cpu_gb_per_step\": " << ws.rows_cpu_gb
       << ", \"gpu_gb_s\": " << ws.rows_gpu_rate << ", \"cpu_gb_s\": " << ws.rows_cpu_rate << "}"
-      << ", \"peak_host_gib\": " << peak_host_gib() << "}";
+      << ", \"step_trials\": " << ws.trials_json << ", \"peak_host_gib\": " << peak_host_gib()
+      << "}";
     std::printf("  -> writescope %.2fx the better single mode\n",
                 ws.ok && best_single > 0 ? ws.tok_s / best_single : 0.0);
     return j.str();

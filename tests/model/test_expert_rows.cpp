@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "apart_ops.hpp"
@@ -178,6 +179,20 @@ TEST_CASE("automatic splits by rows on its trial's steps, then as the trial foun
     // Then one way for every step, whichever was faster here.
     for (std::size_t step = model::kExpertRowsTrial + 1; step < split.size(); ++step)
         CHECK(split[step] == split[model::kExpertRowsTrial]);
+    // The trial as reported: four steps each way, timed, and the way chosen.
+    bool reported = false;
+    for (const model::StepTrialResult& t : s.runtime->step_trials()) {
+        if (std::string(t.choice) != "expert_rows" || t.batch != 1) continue;
+        reported = true;
+        CHECK(t.done);
+        CHECK(t.steps[0] == model::kExpertRowsTrial / 2);
+        CHECK(t.steps[1] == model::kExpertRowsTrial / 2);
+        CHECK(t.mean_seconds[0] > 0);
+        CHECK(t.mean_seconds[1] > 0);
+        CHECK(t.chose_second == (split[model::kExpertRowsTrial] == 1));
+        CHECK(t.chose_second == (t.mean_seconds[1] < 0.97 * t.mean_seconds[0]));
+    }
+    CHECK(reported);
     s.runtime->release(id);
 }
 

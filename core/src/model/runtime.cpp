@@ -122,6 +122,12 @@ class RuntimeImpl final : public Runtime {
     bool device_prompts() const noexcept override { return device_prompts_; }
     bool records_decode() const noexcept override { return graphs_; }
     bool last_step_in_parts() const noexcept override { return last_in_parts_; }
+    std::vector<StepTrialResult> step_trials() const override {
+        std::vector<StepTrialResult> out;
+        parts_trial_.report("layer_parts", out);
+        rows_trial_.report("expert_rows", out);
+        return out;
+    }
     std::size_t decode_recordings() const noexcept override {
         std::size_t n = 0;
         for (const auto& entry : recordings_)

@@ -6,6 +6,9 @@
 
 #include <cstddef>
 #include <unordered_map>
+#include <vector>
+
+#include "writescope/core/model/runtime.hpp"
 
 namespace writescope::model::detail {
 
@@ -35,6 +38,22 @@ class StepTrial {
         if (at + 1 == trial_ && c.timed[0] && c.timed[1])
             c.second = c.seconds[1] / static_cast<double>(c.timed[1]) <
                        0.97 * c.seconds[0] / static_cast<double>(c.timed[0]);
+    }
+
+    // The last trial at each batch size (choice: the name reported).
+    void report(const char* choice, std::vector<StepTrialResult>& out) const {
+        for (const auto& [n, c] : choices_) {
+            StepTrialResult r;
+            r.choice = choice;
+            r.batch = n;
+            for (int w = 0; w < 2; ++w) {
+                r.steps[w] = c.timed[w];
+                r.mean_seconds[w] = c.timed[w] ? c.seconds[w] / static_cast<double>(c.timed[w]) : 0;
+            }
+            r.chose_second = c.second;
+            r.done = c.steps >= trial_;
+            out.push_back(r);
+        }
     }
 
   private:

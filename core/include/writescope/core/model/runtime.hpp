@@ -13,6 +13,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "writescope/core/engine.hpp"
 #include "writescope/core/model/model_config.hpp"
@@ -101,6 +102,18 @@ struct ExpertStreamStats {
 // the engine's attention; the feed-forward blocks on the runtime's ops (routed experts resident
 // there, shared experts, dense MLPs) and the routed experts on the host ops (the CPU's share
 // of a GPU runtime); and the whole step (the rest is total minus the three).
+// The last trial of a decode-step choice made by timing both ways (RuntimeOptions::layer_parts
+// and expert_rows, automatic) at one batch size: the mean seconds of its steps each way (0 when
+// none ran that way), and whether the second way (halves; the rows split) was chosen.
+struct StepTrialResult {
+    const char* choice = "";  // "layer_parts" or "expert_rows"
+    std::size_t batch = 0;
+    std::size_t steps[2] = {0, 0};
+    double mean_seconds[2] = {0, 0};
+    bool chose_second = false;
+    bool done = false;  // the trial ran all its steps (else the choice is the last trial's)
+};
+
 struct LayerTimes {
     double attention = 0, ops_experts = 0, host_experts = 0, total = 0;
 };
@@ -151,6 +164,8 @@ class Runtime {
     virtual bool device_prompts() const noexcept { return false; }
     // The last decode step attended its layers in two halves (RuntimeOptions::layer_parts).
     virtual bool last_step_in_parts() const noexcept { return false; }
+    // The last trial of each choice timed both ways, per batch size (empty when none ran).
+    virtual std::vector<StepTrialResult> step_trials() const { return {}; }
     // Decode steps replay recordings (RuntimeOptions::cuda_graphs took effect).
     virtual bool records_decode() const noexcept { return false; }
     // Batch sizes whose decode segments are recorded and replayed now (0 without recordings).
