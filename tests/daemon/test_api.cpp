@@ -711,3 +711,40 @@ TEST_CASE("a GPU placement's expert streaming and layer halves reach status and 
     CHECK(served_model_json(v)["placement"]["prefill"]["expert_streaming"].is_null());
     CHECK_THAT(scheduler_metrics_text(v), !Catch::Contains("writescope_expert_streamed_total"));
 }
+
+TEST_CASE("a GPU placement's host experts split by rows reach status, metrics and the CLI",
+          "[unit][daemon][api]") {
+    ServiceView v;
+    v.model.loaded = true;
+    v.model.name = "m";
+    ModelPlacement& p = v.model.placement;
+    p.gpu = true;
+    p.device_attention = true;
+    // Off (hardware.split_host_experts false, or nothing page-locked): null, no families.
+    CHECK(served_model_json(v)["placement"]["decode"]["host_expert_rows"].is_null());
+    CHECK_THAT(scheduler_metrics_text(v), !Catch::Contains("writescope_expert_rows_gpu_bytes"));
+    p.split_host_experts = true;
+    CHECK(served_model_json(v)["placement"]["decode"]["host_expert_rows"]["calls"] == 0);
+    model::SchedulerStats s;
+    s.expert_streaming.rows_split_calls = 96;
+    s.expert_streaming.rows_ops_bytes = 3ull << 30;
+    s.expert_streaming.rows_cpu_bytes = 7ull << 30;
+    s.expert_streaming.rows_ops_share = 0.31;
+    s.expert_streaming.rows_ops_rate = 4.1e10;
+    s.expert_streaming.rows_cpu_rate = 9.2e10;
+    v.scheduler = s;
+    const nlohmann::json rows = served_model_json(v)["placement"]["decode"]["host_expert_rows"];
+    CHECK(rows["calls"] == 96);
+    CHECK(rows["gpu_share"] == Approx(0.31));
+    CHECK(rows["gpu_bytes"] == 3ull << 30);
+    CHECK(rows["cpu_bytes"] == 7ull << 30);
+    CHECK(rows["gpu_bytes_per_second"] == Approx(4.1e10));
+    CHECK(rows["cpu_bytes_per_second"] == Approx(9.2e10));
+    const std::string metrics = scheduler_metrics_text(v);
+    CHECK_THAT(metrics, Catch::Contains("writescope_expert_rows_gpu_bytes_total 3221225472"));
+    CHECK_THAT(metrics, Catch::Contains("writescope_expert_rows_cpu_bytes_total 7516192768"));
+    // writescopectl status names it with the GPU's share.
+    nlohmann::json st;
+    st["model"] = served_model_json(v);
+    CHECK_THAT(render_status(st), Catch::Contains("decode host experts split by rows, GPU 0.310"));
+}
