@@ -899,8 +899,11 @@ std::string decode_config(ModelSetup& s, const std::string& name, std::size_t co
       << ", \"gpu_gb_s\": " << ws.rows_gpu_rate << ", \"cpu_gb_s\": " << ws.rows_cpu_rate << "}"
       << ", \"step_trials\": " << ws.trials_json << ", \"peak_host_gib\": " << peak_host_gib()
       << "}";
-    std::printf("  -> writescope %.2fx the better single mode\n",
-                ws.ok && best_single > 0 ? ws.tok_s / best_single : 0.0);
+    if (ws.ok && best_single > 0)
+        std::printf("  -> writescope %.2fx the better single mode\n", ws.tok_s / best_single);
+    else
+        std::printf("  -> writescope against the single modes: not run (%s)\n",
+                    ws.ok ? "neither single mode ran" : "writescope did not run");
     return j.str();
 }
 
