@@ -30,7 +30,8 @@ B=${BUILD_DIR:-/tmp/ws-gpu-build}
 t0=$(date +%s)
 # The test binaries only when the tests run (a bench-only call builds less).
 targets=(writescope-bench)
-if [[ $PHASES == *test* ]]; then targets+=(test-gpu test-gpu-model-ops test-gpu-runtime); fi
+# test-cpu-model too: the H200's host has AMX, which the CI machines lack (its tile path).
+if [[ $PHASES == *test* ]]; then targets+=(test-gpu test-gpu-model-ops test-gpu-runtime test-cpu-model); fi
 if ! cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DWRITESCOPE_BUILD_DAEMON=OFF \
     -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/build.log" 2>&1 ||
    ! ninja -C "$B" "${targets[@]}" >> "$OUT/build.log" 2>&1; then
@@ -46,6 +47,9 @@ if [[ $PHASES == *test* ]]; then
     echo "$t rc=$?"
     tail -n 2 "$OUT/$t.txt"
   done
+  "$B/tests/cpu_model/test-cpu-model" > "$OUT/test-cpu-model.txt" 2>&1
+  echo "test-cpu-model rc=$? ($(grep -m1 -o 'amx[a-z0-9-]*' "$OUT/test-cpu-model.txt" || echo 'no AMX'))"
+  tail -n 2 "$OUT/test-cpu-model.txt"
 fi
 if [[ $PHASES == *decode* ]]; then
   modes=("--gpu 1" "--gpu 1 --no-graphs" "--gpu 1 --staged" "--gpu 0.5")
