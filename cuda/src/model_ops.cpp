@@ -383,6 +383,27 @@ struct CudaModelOps::Impl {
         return t;
     }
     const ExpertTable& in_place_table(std::span<const model::FfnWeights> experts);
+    // The device's views of a host expert's gate, up and down when the expert GEMV kernels can
+    // read them in place: page-locked and mapped, in one shape and dtype within the ops' limits,
+    // 16-byte aligned (8 for 16-bit dtypes: the narrow loads) in whole 16-byte rows (a mapped
+    // checkpoint's tensors lie where the file put them). False otherwise.
+    bool in_place_views(const model::FfnWeights& f, const void* (&views)[3]) const noexcept {
+        if (!xs || !f.gate.data || !f.up.data || !f.down.data) return false;
+        const std::size_t hid = f.gate.cols, ffn = f.gate.rows;
+        const DType d = f.gate.dtype;
+        const std::uintptr_t align = dtype_bytes(d) == 2 ? 8 : 16;
+        const auto fits = [&](const model::Matrix& mx, std::size_t rows, std::size_t cols) {
+            return mx.rows == rows && mx.cols == cols && mx.dtype == d &&
+                   reinterpret_cast<std::uintptr_t>(mx.data) % align == 0;
+        };
+        if (!fits(f.gate, ffn, hid) || !fits(f.up, ffn, hid) || !fits(f.down, hid, ffn) ||
+            hid > opts.max_hidden || ffn > opts.max_ffn || !detail::expert_gemv_fits(hid, ffn, d))
+            return false;
+        views[0] = xs->device_view(f.gate.data, f.gate.bytes());
+        views[1] = xs->device_view(f.up.data, f.up.bytes());
+        views[2] = xs->device_view(f.down.data, f.down.bytes());
+        return views[0] && views[1] && views[2];
+    }
     void moe_in_place(std::span<const model::FfnWeights> experts, const float* x, std::size_t n,
                       const model::MoeRouting& routing, float* y);
     // GEMV args for a call over table t, with its row range (std::invalid_argument if the range
@@ -447,42 +468,26 @@ const CudaModelOps::Impl::ExpertTable& CudaModelOps::Impl::in_place_table(
     if (const ExpertTable* hit = cached(in_place_tables, experts)) return *hit;
     ExpertTable& t = fresh(in_place_tables, experts);
     const std::size_t ne = experts.size();
-    if (ne == 0 || !xs) return t;
     std::vector<const void*> dev(3 * ne, nullptr);
     bool any = false;
     for (std::size_t e = 0; e < ne; ++e) {
         const model::FfnWeights& f = experts[e];
-        if (!f.gate.data || !f.up.data || !f.down.data) continue;
+        const void* v[3];
+        if (!in_place_views(f, v)) continue;  // not readable in place: stays null
         if (!any) {
             t.hidden = f.gate.cols;
             t.ffn = f.gate.rows;
             t.dtype = f.gate.dtype;
+        } else if (f.gate.cols != t.hidden || f.gate.rows != t.ffn || f.gate.dtype != t.dtype) {
+            continue;  // another shape than the first's: stays null
         }
-        // 16-byte aligned, or 8 for 16-bit dtypes (the kernels' narrow loads).
-        const std::uintptr_t align = dtype_bytes(t.dtype) == 2 ? 8 : 16;
-        const auto fits = [&](const model::Matrix& mx, std::size_t rows, std::size_t cols) {
-            return mx.rows == rows && mx.cols == cols && mx.dtype == t.dtype &&
-                   reinterpret_cast<std::uintptr_t>(mx.data) % align == 0;
-        };
-        const auto narrow = [](const model::Matrix& mx) {
-            return reinterpret_cast<std::uintptr_t>(mx.data) % 16 != 0;
-        };
-        if (!fits(f.gate, t.ffn, t.hidden) || !fits(f.up, t.ffn, t.hidden) ||
-            !fits(f.down, t.hidden, t.ffn))
-            continue;  // another shape, or rows not in 16-byte pieces: stays null
-        const void* gv = xs->device_view(f.gate.data, f.gate.bytes());
-        const void* uv = xs->device_view(f.up.data, f.up.bytes());
-        const void* dv = xs->device_view(f.down.data, f.down.bytes());
-        if (!gv || !uv || !dv) continue;  // not page-locked (or not mapped): stays null
-        dev[e] = gv;
-        dev[ne + e] = uv;
-        dev[2 * ne + e] = dv;
-        t.narrow = t.narrow || narrow(f.gate) || narrow(f.up) || narrow(f.down);
+        for (int m = 0; m < 3; ++m)
+            dev[m * ne + e] = v[m];
+        for (const model::Matrix* mx : {&f.gate, &f.up, &f.down})
+            t.narrow = t.narrow || reinterpret_cast<std::uintptr_t>(mx->data) % 16 != 0;
         any = true;
     }
-    if (!any || t.hidden > opts.max_hidden || t.ffn > opts.max_ffn ||
-        !detail::expert_gemv_fits(t.hidden, t.ffn, t.dtype))
-        return t;
+    if (!any) return t;
     t.ptrs = DevMem(3 * ne * sizeof(void*), "moe_in_place expert table");
     bytes += 3 * ne * sizeof(void*);
     check(cudaMemcpyAsync(t.ptrs.p, dev.data(), 3 * ne * sizeof(void*), cudaMemcpyHostToDevice,
@@ -786,19 +791,8 @@ std::size_t CudaModelOps::in_place_tokens() const noexcept {
     return impl_->xs ? std::min(kGemvTokens, impl_->opts.max_tokens) : 0;
 }
 bool CudaModelOps::reads_in_place(const model::FfnWeights& e) const noexcept {
-    const detail::ExpertStream* xs = impl_->xs.get();
-    // The expert GEMV kernels' loads: matrices 16-byte aligned (8 for 16-bit dtypes: the narrow
-    // loads) in whole 16-byte rows (a mapped checkpoint's tensors lie where the file put them).
-    const auto aligned = [](const model::Matrix& m) {
-        return reinterpret_cast<std::uintptr_t>(m.data) % (dtype_bytes(m.dtype) == 2 ? 8 : 16) == 0;
-    };
-    return xs && e.gate.data && e.up.data && e.down.data && aligned(e.gate) && aligned(e.up) &&
-           aligned(e.down) && e.up.rows == e.gate.rows && e.up.cols == e.gate.cols &&
-           e.down.rows == e.gate.cols && e.down.cols == e.gate.rows &&
-           e.gate.rows <= impl_->opts.max_ffn && e.gate.cols <= impl_->opts.max_hidden &&
-           detail::expert_gemv_fits(e.gate.cols, e.gate.rows, e.gate.dtype) &&
-           xs->device_view(e.gate.data, e.gate.bytes()) &&
-           xs->device_view(e.up.data, e.up.bytes()) && xs->device_view(e.down.data, e.down.bytes());
+    const void* views[3];
+    return impl_->in_place_views(e, views);
 }
 void CudaModelOps::moe_in_place(std::span<const model::FfnWeights> host_experts, const float* x,
                                 std::size_t n, const model::MoeRouting& routing, float* y) {

@@ -19,16 +19,16 @@ std::size_t ExpertRowsPolicy::ops_rows(std::size_t ffn, std::size_t align) const
     return std::clamp<std::size_t>(units, 1, ffn / align - 1) * align;
 }
 
-void ExpertRowsPolicy::observe_cpu(double rows, double seconds) noexcept {
-    if (!(rows > 0) || !(seconds > 0) || !std::isfinite(seconds)) return;
-    const double r = rows / seconds;
+void ExpertRowsPolicy::observe_cpu(double bytes, double seconds) noexcept {
+    if (!(bytes > 0) || !(seconds > 0) || !std::isfinite(seconds)) return;
+    const double r = bytes / seconds;
     cpu_rate_ = cpu_rate_ > 0 ? cpu_rate_ + kWeight * (r - cpu_rate_) : r;
     update();
 }
 
-void ExpertRowsPolicy::observe_ops(double rows, double seconds) noexcept {
-    if (!(rows > 0) || !(seconds > 0) || !std::isfinite(seconds)) return;
-    const double r = rows / seconds;
+void ExpertRowsPolicy::observe_ops(double bytes, double seconds) noexcept {
+    if (!(bytes > 0) || !(seconds > 0) || !std::isfinite(seconds)) return;
+    const double r = bytes / seconds;
     ops_rate_ = ops_rate_ > 0 ? ops_rate_ + kWeight * (r - ops_rate_) : r;
     update();
 }

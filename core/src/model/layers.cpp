@@ -116,14 +116,10 @@ FeedForward::FeedForward(const Binding& b)
         y_ops_ = OpsBuffer<float>(ops_, max_tokens * hidden);
         x_host_.resize(max_tokens * hidden);
         y_host_.resize(max_tokens * hidden);
-        if (b.rows != ExpertRows::off && ops_.in_place_tokens() > 0 && host_ops_) {
-            rows_mode_ = b.rows;
-            rows_ops_ = OpsBuffer<std::int32_t>(ops_, max_tokens * k);
-            rows_seen_.assign(E, 0);
-        }
+        pairs_.assign(E, 0);
+        if (b.rows != ExpertRows::off && ops_.in_place_tokens() > 0) rows_mode_ = b.rows;
         if (ops_.stream_expert_bytes() > 0 && b.streaming != ExpertStreaming::off) {
             streaming_ = b.streaming;
-            pairs_.assign(E, 0);
             streamed_.assign(E, 0);
             stream_host_.resize(max_tokens * k);
             stream_ops_ = OpsBuffer<std::int32_t>(ops_, max_tokens * k);
@@ -223,23 +219,20 @@ void FeedForward::run_split(std::size_t layer, const float* xn, std::size_t n, f
     after_ops();
     if (!any_host) return;
     const std::span<const FfnWeights> host_experts = m_.weights().layers[layer].experts;
+    // The host pairs per expert (what both choices below read), none streamed yet.
+    std::fill(pairs_.begin(), pairs_.end(), 0);
+    std::fill(streamed_.begin(), streamed_.end(), 0);
+    for (std::size_t i = 0; i < n * k; ++i) {
+        const std::int32_t e = ids[i];
+        if (e >= 0 && on_host[static_cast<std::size_t>(e)]) ++pairs_[static_cast<std::size_t>(e)];
+    }
     // Split by rows when the ops read every routed host expert in place (a decode call): the
     // ops read rows [0, s) of each across the bus while the CPU computes rows [s, ffn) below,
     // both partial sums into h. No whole expert is streamed then (for a few tokens a whole
     // expert's copy costs more than the CPU's part of it).
-    for (std::size_t i = 0; i < n * k; ++i) {
-        const std::int32_t e = ids[i];
-        split_host_[i] = e >= 0 && on_host[static_cast<std::size_t>(e)] ? e : -1;
-    }
-    const std::size_t ops_rows = pick_rows(host_experts, n);
-    if (ops_rows > 0 && !pairs_.empty()) {
-        std::fill(streamed_.begin(), streamed_.end(), 0);
-        std::fill(pairs_.begin(), pairs_.end(), 0);
-        for (std::size_t i = 0; i < n * k; ++i)
-            if (split_host_[i] >= 0) ++pairs_[static_cast<std::size_t>(split_host_[i])];
-    }
+    const RowsSplit rows = pick_rows(host_experts, n);
     bool streaming = false;
-    if (ops_rows == 0 && streaming_ != ExpertStreaming::off && pick_streamed(layer, n, ids)) {
+    if (rows.ops_rows == 0 && streaming_ != ExpertStreaming::off && pick_streamed(layer, n, ids)) {
         streaming = true;
         // The ops copy these in and run them while the CPU computes the others below.
         stream_ops_.upload(std::span<const std::int32_t>(stream_host_.data(), n * k));
@@ -257,47 +250,40 @@ void FeedForward::run_split(std::size_t layer, const float* xn, std::size_t n, f
     }
     if (cpu_pairs == 0) return;
     std::size_t cpu_experts = 0;
-    if (!pairs_.empty()) {
-        for (std::size_t e = 0; e < on_host.size(); ++e)
-            cpu_experts += on_host[e] && pairs_[e] > 0 && !streamed_[e];
-    }
-    std::size_t ffn = 0, row_bytes = 0;
-    if (ops_rows > 0) {
-        const Matrix& g = host_experts[static_cast<std::size_t>(first_cpu_expert_)].gate;
-        ffn = g.rows;
-        row_bytes = 3 * g.cols * dtype_bytes(g.dtype);  // a row of gate and up, a column of down
-        rows_row_bytes_ = row_bytes;
-        rows_ops_.upload(std::span<const std::int32_t>(split_host_.data(), n * k));
+    for (std::size_t e = 0; e < pairs_.size(); ++e)
+        cpu_experts += pairs_[e] > 0 && (streamed_.empty() || !streamed_[e]);
+    if (rows.ops_rows > 0) {
+        // split_ops_ again: the upload is ordered after the resident experts' call that read it.
+        split_ops_.upload(std::span<const std::int32_t>(split_host_.data(), n * k));
         timed(profile_, ops_, &LayerTimes::ops_experts, [&] {
             ops_.moe_in_place(host_experts, xn, n,
-                              MoeRouting{rows_ops_.data(), route_weights(n), k, 0, ops_rows}, h);
+                              MoeRouting{split_ops_.data(), route_weights(n), k, 0, rows.ops_rows},
+                              h);
         });
         // The device's time for the split before this one (read as this one started).
         rows_policy_.observe_ops(rows_pending_, ops_.last_in_place_seconds());
-        rows_pending_ = static_cast<double>(rows_experts_ * ops_rows);
+        rows_pending_ = static_cast<double>(rows.ops_bytes);
         ++stats_.rows_split_calls;
-        stats_.rows_ops_bytes += rows_experts_ * ops_rows * row_bytes;
-        stats_.rows_cpu_bytes += rows_experts_ * (ffn - ops_rows) * row_bytes;
+        stats_.rows_ops_bytes += rows.ops_bytes;
+        stats_.rows_cpu_bytes += rows.cpu_bytes;
     }
     std::fill_n(y_host_.begin(), n * hidden, 0.0f);
     const double t0 = steady_seconds();
     timed(profile_, *host_ops_, &LayerTimes::host_experts, [&] {
-        host_ops_->moe(host_experts, x, n,
-                       MoeRouting{split_host_.data(), wts, k, ops_rows, ops_rows ? ffn : 0},
-                       y_host_.data());
+        host_ops_->moe(
+            host_experts, x, n,
+            MoeRouting{split_host_.data(), wts, k, rows.ops_rows, rows.ops_rows ? rows.ffn : 0},
+            y_host_.data());
     });
     const double cpu_seconds = steady_seconds() - t0;
-    if (ops_rows > 0) {
-        rows_policy_.observe_cpu(static_cast<double>(rows_experts_ * (ffn - ops_rows)),
-                                 cpu_seconds);
-    } else if (!pairs_.empty()) {
+    if (rows.ops_rows > 0) {
+        rows_policy_.observe_cpu(static_cast<double>(rows.cpu_bytes), cpu_seconds);
+    } else if (streaming_ != ExpertStreaming::off) {
         // (A split call's CPU time is a part's: the streaming model sees whole experts only.)
         policy_.observe_cpu(cpu_experts, cpu_pairs, cpu_seconds, streaming);
     }
-    if (!pairs_.empty()) {
-        stats_.cpu_experts += cpu_experts;
-        stats_.cpu_pairs += cpu_pairs;
-    }
+    stats_.cpu_experts += cpu_experts;
+    stats_.cpu_pairs += cpu_pairs;
     y_ops_.upload(std::span<const float>(y_host_.data(), n * hidden));
     observe_stream();  // the upload waited for the stream to be enqueued
     ops_.add(h, y_ops_.data(), n * hidden);
@@ -307,16 +293,9 @@ bool FeedForward::pick_streamed(std::size_t layer, std::size_t n, const std::int
     const std::size_t k = k_;
     const std::vector<std::uint8_t>& on_host = on_host_[layer];
     const auto& experts = m_.weights().layers[layer].experts;
-    std::fill(pairs_.begin(), pairs_.end(), 0);
-    std::fill(streamed_.begin(), streamed_.end(), 0);
-    for (std::size_t i = 0; i < n * k; ++i) {
-        const std::int32_t e = ids[i];
-        if (e >= 0 && static_cast<std::size_t>(e) < on_host.size() &&
-            on_host[static_cast<std::size_t>(e)])
-            ++pairs_[static_cast<std::size_t>(e)];
-    }
-    // The candidates: host experts with pairs the ops' staging holds, most pairs first (ties in
-    // index order, so that a call's choice does not depend on anything but its routing).
+    // The candidates (pairs_ counted by run_split): host experts with pairs the ops' staging holds,
+    // most pairs first (ties in index order, so that a call's choice does not depend on anything
+    // but its routing).
     order_.clear();
     const std::uint64_t most = ops_.stream_expert_bytes();
     for (std::size_t e = 0; e < on_host.size(); ++e)
@@ -349,27 +328,28 @@ bool FeedForward::pick_streamed(std::size_t layer, std::size_t n, const std::int
     return true;
 }
 
-std::size_t FeedForward::pick_rows(std::span<const FfnWeights> host_experts, std::size_t n) {
-    rows_experts_ = 0;
-    first_cpu_expert_ = -1;
-    if (rows_mode_ == ExpertRows::off || !rows_allowed_ || n > ops_.in_place_tokens()) return 0;
-    const std::size_t k = k_;
-    bool readable = true;
-    for (std::size_t i = 0; i < n * k; ++i) {
-        const std::int32_t e = split_host_[i];
-        if (e < 0 || rows_seen_[static_cast<std::size_t>(e)]) continue;
-        rows_seen_[static_cast<std::size_t>(e)] = 1;
-        if (first_cpu_expert_ < 0) first_cpu_expert_ = e;
-        ++rows_experts_;
-        readable = readable && ops_.reads_in_place(host_experts[static_cast<std::size_t>(e)]);
+FeedForward::RowsSplit FeedForward::pick_rows(std::span<const FfnWeights> host_experts,
+                                              std::size_t n) const {
+    RowsSplit r;
+    if (rows_mode_ == ExpertRows::off || !rows_allowed_ || n > ops_.in_place_tokens()) return r;
+    std::size_t experts = 0;
+    const FfnWeights* any = nullptr;
+    for (std::size_t e = 0; e < pairs_.size(); ++e) {
+        if (pairs_[e] == 0) continue;
+        if (!ops_.reads_in_place(host_experts[e])) return r;  // all of them or none
+        ++experts;
+        any = &host_experts[e];
     }
-    for (std::size_t i = 0; i < n * k; ++i)
-        if (split_host_[i] >= 0) rows_seen_[static_cast<std::size_t>(split_host_[i])] = 0;
-    if (!readable || rows_experts_ == 0) return 0;
-    const std::size_t ffn = host_experts[static_cast<std::size_t>(first_cpu_expert_)].gate.rows;
+    if (!any) return r;
+    r.ffn = any->gate.rows;
     // Parts of whole 32 rows where the rows allow, so that the CPU's part keeps its AMX tiles.
-    const std::size_t align = ffn % 32 == 0 && ffn >= 64 ? 32 : MoeRouting::kFfnRowAlign;
-    return rows_policy_.ops_rows(ffn, align);
+    const std::size_t align = r.ffn % 32 == 0 && r.ffn >= 64 ? 32 : MoeRouting::kFfnRowAlign;
+    r.ops_rows = rows_policy_.ops_rows(r.ffn, align);
+    // A row of gate and of up and a column of down, per expert.
+    const std::uint64_t row_bytes = 3 * any->gate.cols * dtype_bytes(any->gate.dtype);
+    r.ops_bytes = experts * r.ops_rows * row_bytes;
+    r.cpu_bytes = experts * (r.ffn - r.ops_rows) * row_bytes;
+    return r;
 }
 
 void FeedForward::observe_stream() {
@@ -383,8 +363,8 @@ ExpertStreamStats FeedForward::stream_stats() const {
     ExpertStreamStats s = stats_;
     if (rows_mode_ != ExpertRows::off) {
         s.rows_ops_share = rows_policy_.share();
-        s.rows_ops_rate = rows_policy_.ops_rate() * static_cast<double>(rows_row_bytes_);
-        s.rows_cpu_rate = rows_policy_.cpu_rate() * static_cast<double>(rows_row_bytes_);
+        s.rows_ops_rate = rows_policy_.ops_rate();
+        s.rows_cpu_rate = rows_policy_.cpu_rate();
     }
     if (!s.available) return s;
     s.cpu_per_expert_s = policy_.per_expert();

@@ -92,10 +92,15 @@ class FeedForward {
     bool pick_streamed(std::size_t layer, std::size_t n, const std::int32_t* ids);
     // The ops' last stream into the cost model, once a later call has waited for it.
     void observe_stream();
-    // A split call's CPU experts (slots in split_host_) split by rows with the ops: the ops'
-    // rows [0, s) of each (0: no split: a call of more tokens than the ops read in place, or a
-    // routed expert they cannot read), with the distinct experts counted into rows_experts_.
-    std::size_t pick_rows(std::span<const FfnWeights> host_experts, std::size_t n);
+    // A split call's host experts (those with pairs_) split by rows with the ops: the ops'
+    // rows [0, s) of each (ops_rows 0: no split: the mode off or not chosen, a call of more
+    // tokens than the ops read in place, or a routed expert they cannot read), and the weight
+    // bytes each side reads.
+    struct RowsSplit {
+        std::size_t ops_rows = 0, ffn = 0;
+        std::uint64_t ops_bytes = 0, cpu_bytes = 0;
+    };
+    RowsSplit pick_rows(std::span<const FfnWeights> host_experts, std::size_t n) const;
 
     const Model& m_;
     const ModelWeights& w_;
@@ -132,11 +137,11 @@ class FeedForward {
     OpsBuffer<std::int32_t> split_ops_;
     OpsBuffer<float> y_ops_;
     std::vector<float> x_host_, y_host_;
+    std::vector<std::size_t> pairs_;  // a split call's (token, slot) pairs per host expert
     // Streaming: the mode, the model, the call's candidates (host experts with pairs, by pairs),
     // the streamed slots (others −1) and the ops' copy of them, the counters.
     ExpertStreaming streaming_ = ExpertStreaming::off;
     model::ExpertStreamPolicy policy_;
-    std::vector<std::size_t> pairs_;
     std::vector<std::int32_t> order_;
     std::vector<model::ExpertStreamPolicy::Candidate> candidates_;
     std::vector<std::uint8_t> streamed_;
@@ -144,17 +149,12 @@ class FeedForward {
     OpsBuffer<std::int32_t> stream_ops_;
     bool stream_pending_ = false;
     ExpertStreamStats stats_;
-    // Split by rows (Binding::rows): the mode, the share's policy, the slots the ops run (the
-    // CPU's, uploaded), the experts seen in a call, and the last split's ops rows awaiting the
-    // device's time (ModelOps::last_in_place_seconds reports the call before the last).
+    // Split by rows (Binding::rows): the mode, the share's policy, the runtime's choice
+    // (RuntimeOptions::expert_rows automatic), and the last split's bytes on the ops awaiting
+    // the device's time (ModelOps::last_in_place_seconds reports the call before the last).
     ExpertRows rows_mode_ = ExpertRows::off;
     model::ExpertRowsPolicy rows_policy_;
-    OpsBuffer<std::int32_t> rows_ops_;
-    std::vector<std::uint8_t> rows_seen_;
-    bool rows_allowed_ = true;  // the runtime's choice (RuntimeOptions::expert_rows automatic)
-    std::size_t rows_experts_ = 0;
-    std::int32_t first_cpu_expert_ = -1;
-    std::size_t rows_row_bytes_ = 0;  // the last split's bytes per expert row (for the rates)
+    bool rows_allowed_ = true;
     double rows_pending_ = 0;
     // The routing's counts in the ops' memory (layers × bins_, cumulative mod 2^32; none for a
     // model without MoE layers), and on the host the last read and the one before.

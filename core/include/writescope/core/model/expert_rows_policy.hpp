@@ -5,8 +5,8 @@
 // Both sides read host memory at once, so the expert phase reads it at the aggregate rate
 // instead of the CPU's alone.
 //
-// The share s ÷ ffn balances the two sides' times: each side's rate (expert rows per second,
-// measured while the other runs, so under the contention of a real step) is followed by an
+// The share s ÷ ffn balances the two sides' times: each side's rate (expert weight bytes per
+// second, measured while the other runs, so under the contention of a real step) is followed by an
 // exponential average, and the share is the ops' rate over the sum, so that both sides would
 // take the same time. It starts from a guess (the bus's rate against the CPU's, about a third)
 // and is kept within [kMinShare, kMaxShare], so that neither side's rate goes unmeasured. A
@@ -28,12 +28,13 @@ class ExpertRowsPolicy {
     // The ops' rows [0, s) of an expert with `ffn` rows: the share rounded to a multiple of
     // `align` rows, at least `align` and at most ffn − align; 0 when ffn < 2·align (no split).
     std::size_t ops_rows(std::size_t ffn, std::size_t align) const noexcept;
-    // One side's part of a split call: `rows` expert rows (over all its experts) in `seconds`.
-    void observe_cpu(double rows, double seconds) noexcept;
-    void observe_ops(double rows, double seconds) noexcept;
+    // One side's part of a split call: `bytes` of expert weights (over all its experts) read
+    // in `seconds`.
+    void observe_cpu(double bytes, double seconds) noexcept;
+    void observe_ops(double bytes, double seconds) noexcept;
 
     double share() const noexcept { return share_; }
-    // Expert rows per second of each side (0 while unmeasured).
+    // Expert weight bytes per second of each side (0 while unmeasured).
     double cpu_rate() const noexcept { return cpu_rate_; }
     double ops_rate() const noexcept { return ops_rate_; }
 
