@@ -9,8 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "apart_ops.hpp"
-#include "reference_model.hpp"
+#include "split_runtime.hpp"
 #include "writescope/core/model/expert_rows_policy.hpp"
 
 using namespace writescope;
@@ -62,33 +61,18 @@ TEST_CASE("the rows policy balances the two sides' measured rates", "[model][row
 
 namespace {
 
-struct RowsSetup {
-    std::unique_ptr<Engine> engine;
-    std::unique_ptr<CountingOps> ops, host_ops;
-    model::ModelWeights weights;
-    std::unique_ptr<model::Runtime> runtime;
-};
+using RowsSetup = SplitRuntime;
 
 RowsSetup rows_setup(const model::Model& m, std::size_t chunk, model::ExpertRows mode,
                      double share = 0) {
-    RowsSetup s;
-    s.engine = small_engine(m, 16, 4);
-    const auto co = cpu_ops_options(m.config(), std::max<std::size_t>(chunk, 4));
     DeviceEmulation dev;
     dev.stream_bytes = std::size_t{1} << 30;
     dev.in_place = true;
-    s.ops = std::make_unique<CountingOps>(co, /*host_memory=*/false, dev);
-    s.weights = without_experts(m, split_keeps);
-    s.host_ops = std::make_unique<CountingOps>(co, /*host_memory=*/true);
     model::RuntimeOptions ro;
-    ro.prefill_chunk_tokens = chunk;
-    ro.max_batch = 4;
-    ro.kv_dtype = m.config().dtype;
     ro.expert_streaming = model::ExpertStreaming::off;
     ro.expert_rows = mode;
     ro.expert_rows_share = share;
-    s.runtime = model::make_runtime(m, *s.ops, *s.engine, ro, {&s.weights, s.host_ops.get()});
-    return s;
+    return split_runtime(m, chunk, dev, ro);
 }
 
 }  // namespace

@@ -7,8 +7,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "apart_ops.hpp"
-#include "reference_model.hpp"
+#include "split_runtime.hpp"
 #include "writescope/core/model/expert_stream_policy.hpp"
 
 using namespace writescope;
@@ -152,31 +151,16 @@ TEST_CASE("the expert stream policy separates an expert's fixed cost from its pa
 
 namespace {
 
-struct StreamSetup {
-    std::unique_ptr<Engine> engine;
-    std::unique_ptr<CountingOps> ops, host_ops;
-    model::ModelWeights weights;
-    std::unique_ptr<model::Runtime> runtime;
-};
+using StreamSetup = SplitRuntime;
 
 StreamSetup stream_setup(const model::Model& m, std::size_t chunk, model::ExpertStreaming mode,
                          std::size_t stream_bytes, double stream_rate = 25e9) {
-    StreamSetup s;
-    s.engine = small_engine(m, 16, 4);
-    const auto co = cpu_ops_options(m.config(), std::max<std::size_t>(chunk, 4));
     DeviceEmulation dev;
     dev.stream_bytes = stream_bytes;
     dev.stream_rate = stream_rate;
-    s.ops = std::make_unique<CountingOps>(co, /*host_memory=*/false, dev);
-    s.weights = without_experts(m, split_keeps);
-    s.host_ops = std::make_unique<CountingOps>(co, /*host_memory=*/true);
     model::RuntimeOptions ro;
-    ro.prefill_chunk_tokens = chunk;
-    ro.max_batch = 4;
-    ro.kv_dtype = m.config().dtype;
     ro.expert_streaming = mode;
-    s.runtime = model::make_runtime(m, *s.ops, *s.engine, ro, {&s.weights, s.host_ops.get()});
-    return s;
+    return split_runtime(m, chunk, dev, ro);
 }
 
 }  // namespace
