@@ -172,9 +172,11 @@ __global__ void __launch_bounds__(kWarps * 32) down_kernel(const ExpertGemvArgs 
     const std::size_t row = w.row;
     const std::size_t F = a.ffn, es = dtype_bytes(D);
     if (!a.gate[w.e] || !a.up[w.e] || !a.down[w.e]) {
-        if (lane == 0)
+        if (lane == 0) {
             for (int t = 0; t < count; ++t)
                 a.partial[static_cast<std::size_t>(first + t) * a.hidden + row] = 0.0f;
+            if (a.unbacked && row == 0) atomicCAS(a.unbacked, -1, -2 - w.e);
+        }
         return;
     }
     const std::size_t ld = a.down_ld ? a.down_ld : F;

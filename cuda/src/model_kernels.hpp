@@ -77,8 +77,9 @@ void launch_count_ids(const std::int32_t* ids, std::size_t n, std::size_t bins,
                       std::uint32_t* counts, void* stream);
 
 // y (n, hidden) += Σ_j weight[t, j] · partial[pair_of[t, j]] in slot order (skipping −1).
-// bad (device, may be null): the grouping's out-of-range index (meta + experts + 1); when it is
-// ≥ 0 y is left alone and, if *report (host-mapped) is still −1, the index is written there.
+// bad (device, may be null): the grouping's out-of-range index (meta + experts + 1), or −2 − e
+// for an expert e without weights the GEMV kernels met (ExpertGemvArgs::unbacked); when it is
+// not −1 y is left alone and, if *report (host-mapped) is still −1, the value is written there.
 void launch_combine(const float* partial, std::size_t hidden, const std::int32_t* pair_of,
                     const float* weight, std::size_t n, std::size_t k, float* y, void* stream,
                     const std::int32_t* bad = nullptr, std::int32_t* report = nullptr);
@@ -109,6 +110,11 @@ struct ExpertGemvArgs {
     // 8-byte loads of the weights: 16-bit dtypes whose matrices are 8-byte aligned only (a
     // checkpoint's tensors read in place where the file put them).
     bool narrow = false;
+    // An expert of the table without weights (null pointers: host-resident, or not readable in
+    // place) that has pairs writes zero partials and, if this is set, −2 − e here (the
+    // grouping's meta + experts + 1, which the combine reads: it then leaves y alone and reports
+    // the expert). The caller masks such experts' slots to −1; a pair there is its error.
+    std::int32_t* unbacked = nullptr;
 };
 bool expert_gemv_fits(std::size_t hidden, std::size_t ffn, DType dtype) noexcept;
 void launch_expert_gate_up(const ExpertGemvArgs& a, void* stream);

@@ -2,14 +2,16 @@
 // workspaces, the cuBLAS GEMMs, and the launches of the kernels of model_kernels.cu and
 // moe_kernels.cu.
 //
-// moe has two paths. Up to kGemvTokens tokens (decode steps), with every expert of the span
-// on the device in one shape: the expert GEMV kernels (expert_gemv.cu) serve the experts with
-// pairs straight from the grouping's device-side list, and nothing waits for the host; an
-// out-of-range expert index then leaves y alone and is reported (std::out_of_range) by the
-// next call that waits for the stream. Otherwise (prompt chunks, host-resident experts in the
-// span) cuBLAS GEMMs per expert: the pair count of every expert is needed on the host to size
-// them, so the grouping kernel's offsets (a few hundred bytes) come down into pinned memory
-// once per call, with one wait on the stream.
+// moe has two paths. Up to kGemvTokens tokens (decode steps), with the span's experts that have
+// weights on the device in one shape (host-resident ones, all views null, beside them: a split
+// layer, whose caller masks their slots): the expert GEMV kernels (expert_gemv.cu) serve the
+// experts with pairs straight from the grouping's device-side list, and nothing waits for the
+// host; an out-of-range expert index, or a pair routed to an expert without weights, then
+// leaves y alone and is reported (std::out_of_range, std::invalid_argument) by the next call
+// that waits for the stream. Otherwise (prompt chunks, mixed shapes) cuBLAS GEMMs per expert:
+// the pair count of every expert is needed on the host to size them, so the grouping kernel's
+// offsets (a few hundred bytes) come down into pinned memory once per call, with one wait on
+// the stream.
 //
 // moe_streamed is the GEMM path over host-resident experts, expert by expert: the grouping, the
 // counts and the gather as above on the calling thread, then the per-expert loop on the expert
@@ -415,8 +417,13 @@ struct CudaModelOps::Impl {
     // After a wait on the stream: an expert index the GEMV path refused.
     void check_reported() const {
         const std::int32_t bad = *bad_host;
-        if (bad < 0) return;
+        if (bad == -1) return;
         *bad_host = -1;
+        if (bad < -1)
+            throw std::invalid_argument(
+                "CudaModelOps::moe: expert " + std::to_string(-2 - bad) +
+                " was routed to but has no weights the device reads (a host-resident expert "
+                "whose slots were not masked to -1; a call since the last wait; y was left alone)");
         throw std::out_of_range("CudaModelOps::moe: expert index " + std::to_string(bad) +
                                 " out of range (a call since the last wait; y was left alone)");
     }
@@ -427,24 +434,33 @@ const CudaModelOps::Impl::ExpertTable& CudaModelOps::Impl::table_for(
     if (const ExpertTable* hit = cached(tables, experts)) return *hit;
     ExpertTable& t = fresh(tables, experts);
     const std::size_t ne = experts.size();
-    if (ne == 0 || !experts[0].gate.data) return t;
-    t.hidden = experts[0].gate.cols;
-    t.ffn = experts[0].gate.rows;
-    t.dtype = experts[0].gate.dtype;
+    const auto backed =
+        std::find_if(experts.begin(), experts.end(),
+                     [](const model::FfnWeights& f) { return f.gate.data != nullptr; });
+    if (backed == experts.end()) return t;
+    t.hidden = backed->gate.cols;
+    t.ffn = backed->gate.rows;
+    t.dtype = backed->gate.dtype;
     const auto fits = [&](const model::Matrix& mx, std::size_t rows, std::size_t cols) {
         return mx.data && mx.rows == rows && mx.cols == cols && mx.dtype == t.dtype &&
                reinterpret_cast<std::uintptr_t>(mx.data) % 16 == 0;
     };
-    std::vector<const void*> host(3 * ne);
+    // Experts without weights here (host-resident: all three views null) stay null in the
+    // table: the split masks their slots, and the kernels report a pair routed to one.
+    std::vector<const void*> host(3 * ne, nullptr);
+    bool any = false;
     for (std::size_t e = 0; e < ne; ++e) {
         const model::FfnWeights& f = experts[e];
+        if (!f.gate.data && !f.up.data && !f.down.data && opts.gemv_beside_host) continue;
         if (!fits(f.gate, t.ffn, t.hidden) || !fits(f.up, t.ffn, t.hidden) ||
             !fits(f.down, t.hidden, t.ffn))
-            return t;  // host-resident or mixed experts: the GEMM path checks what is routed
+            return t;  // mixed shapes or partial views: the GEMM path checks what is routed
         host[e] = f.gate.data;
         host[ne + e] = f.up.data;
         host[2 * ne + e] = f.down.data;
+        any = true;
     }
+    if (!any) return t;
     if (t.hidden > opts.max_hidden || t.ffn > opts.max_ffn ||
         !detail::expert_gemv_fits(t.hidden, t.ffn, t.dtype))
         return t;
@@ -523,6 +539,7 @@ detail::ExpertGemvArgs CudaModelOps::Impl::gemv_args(const ExpertTable& t, std::
     a.ffn_begin = f0;
     a.down_ld = t.ffn;
     a.narrow = t.narrow;
+    a.unbacked = meta.as<std::int32_t>() + ne + 1;
     return a;
 }
 
@@ -643,7 +660,7 @@ void CudaModelOps::Impl::moe(std::span<const model::FfnWeights> experts, const f
     if (routing.partial() && !gemv)
         throw std::invalid_argument("CudaModelOps::moe: a row range needs the GEMV path (at most " +
                                     std::to_string(kGemvTokens) +
-                                    " tokens, every expert on the device in one shape)");
+                                    " tokens, the experts on the device in one shape)");
     const detail::ExpertGemvArgs a =
         gemv ? gemv_args(*gemv, n, routing, x, "moe") : detail::ExpertGemvArgs{};
     detail::launch_group_pairs(routing.expert, n, k, ne, off, pair_token.as<std::int32_t>(),

@@ -98,7 +98,7 @@ __global__ void combine_kernel(const float* __restrict__ partial, std::size_t hi
                                const float* __restrict__ weight, std::size_t n, std::size_t k,
                                float* __restrict__ y, const std::int32_t* bad,
                                std::int32_t* report) {
-    if (bad && *bad >= 0) {
+    if (bad && *bad != -1) {
         if (report && blockIdx.x == 0 && threadIdx.x == 0) atomicCAS(report, -1, *bad);
         return;
     }

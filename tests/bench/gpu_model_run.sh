@@ -12,6 +12,8 @@
 #     depth under the 32 GiB VRAM budget, decoding
 #   rows: decode with the host experts split by rows with the GPU against the CPU alone
 #     (Mixtral and Qwen3, 8 layers, 8K, batches 1 and 4);
+#   GPU_TESTS: the GPU test programs the test phase runs (default: test-gpu-model-ops
+#     test-gpu-runtime test-gpu; test-cpu-model always runs there)
 #   DECODE_ARGS: extra arguments for model-decode (default: the three models, context 1024)
 #   DECODE_MODES: ";"-separated model-decode modes (default: device-side, without graphs, staged, half the experts)
 #   GENERATE_ARGS: arguments for generate (its default depth is the most layers each
@@ -42,7 +44,7 @@ fi
 echo "built in $(( $(date +%s) - t0 )) s"
 BENCH="$B/tests/bench/writescope-bench"
 if [[ $PHASES == *test* ]]; then
-  for t in test-gpu-model-ops test-gpu-runtime test-gpu; do
+  for t in ${GPU_TESTS:-test-gpu-model-ops test-gpu-runtime test-gpu}; do
     "$B/tests/gpu/$t" > "$OUT/$t.txt" 2>&1
     echo "$t rc=$?"
     tail -n 2 "$OUT/$t.txt"

@@ -45,6 +45,9 @@ struct Options {
     double gpu = -1;      // < 0: CPU only; else the share of each layer's routed experts on the GPU
     bool staged = false;  // --staged: the engine's side through host memory every layer
     bool graphs = true;   // --no-graphs: every kernel launched, no recordings
+    // --split-gemm: a split layer's resident experts on the GEMM path with its wait (the GPU
+    // ops' gemv_beside_host off: the "before")
+    bool split_gemm = false;
 };
 
 }  // namespace
@@ -79,12 +82,13 @@ int run_model_decode(int argc, char** argv) {
             o.staged = true;
         else if (a == "--no-graphs")
             o.graphs = false;
+        else if (a == "--split-gemm")
+            o.split_gemm = true;
         else if (a == "--help") {
             std::printf(
                 "writescope-bench model-decode [--models a,b] [--layers 2] [--batch 1,4,16]\n"
                 "  [--context 1024] [--steps 16] [--threads N] [--gpu SHARE [--staged] "
-                "[--no-graphs]] [--json "
-                "FILE]\n");
+                "[--no-graphs] [--split-gemm]] [--json FILE]\n");
             return 0;
         } else
             throw std::invalid_argument("unknown option " + a);
@@ -144,6 +148,7 @@ int run_model_decode(int argc, char** argv) {
             cuda::CudaModelOpsOptions go;
             go.max_tokens = co.max_tokens;
             go.fit(lim);
+            go.gemv_beside_host = !o.split_gemm;
             gpu_ops = std::make_unique<cuda::CudaModelOps>(go);
             std::vector<std::vector<std::uint8_t>> on(m->weights().layers.size());
             for (std::size_t l = 0; l < on.size(); ++l) {
@@ -155,9 +160,10 @@ int run_model_decode(int argc, char** argv) {
             dev = std::make_unique<cuda::DeviceModelWeights>(*m, &on);
             std::printf(
                 "%s: %zu experts on the GPU, %zu on the CPU, %.2f GB of weights on the "
-                "GPU\n",
+                "GPU; a split layer's GPU experts on the %s path\n",
                 name.c_str(), dev->gpu_experts(), dev->host_experts(),
-                static_cast<double>(dev->bytes()) / 1e9);
+                static_cast<double>(dev->bytes()) / 1e9,
+                o.split_gemm ? "GEMM (waits for the counts)" : "GEMV");
             ops = gpu_ops.get();
             rw = {&dev->weights(), cpu_ops.get()};
         }

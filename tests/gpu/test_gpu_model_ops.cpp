@@ -513,6 +513,59 @@ TEST_CASE("GPU moe refuses a bad expert index and leaves y alone", "[gpu]") {
     REQUIRE(to_host<float>(yd, 16) == y0);
 }
 
+TEST_CASE("GPU moe serves a split layer's resident experts on the GEMV path", "[gpu]") {
+    if (!have_gpu()) FAIL("no GPU");
+    auto rng = test::seeded_rng("gpu model moe split layer");
+    // Four experts, 1 and 3 host-resident (no device views): the layer a split runs.
+    constexpr std::size_t H = 64, F = 128, E = 4, k = 2, n = 5;
+    cuda::DeviceWeights dw;
+    std::vector<HostMatrix> mats;
+    std::vector<model::FfnWeights> all, split;
+    for (std::size_t e = 0; e < E; ++e) {
+        mats.emplace_back(F, H, DType::bf16, rng());
+        mats.emplace_back(F, H, DType::bf16, rng());
+        mats.emplace_back(H, F, DType::bf16, rng());
+        const auto* m = &mats[mats.size() - 3];
+        all.push_back(dw.upload(model::FfnWeights{m[0].m, m[1].m, m[2].m}));
+        split.push_back(e % 2 == 1 ? model::FfnWeights{} : all.back());
+    }
+    const auto x = random_floats(n * H, -1, 1, rng), y0 = random_floats(n * H, -1, 1, rng);
+    const auto wt = random_floats(n * k, 0, 1, rng);
+    // The host experts' slots masked, as FeedForward::run_split does.
+    std::vector<std::int32_t> ex(n * k);
+    for (auto& e : ex)
+        e = std::uniform_int_distribution<std::int32_t>(0, E - 1)(rng);
+    for (auto& e : ex)
+        if (e % 2 == 1) e = -1;
+    ex[0] = 0, ex[1] = 2;  // both resident experts get pairs
+    const auto xd = to_device(x), exd = to_device(ex), wtd = to_device(wt);
+    const model::MoeRouting r{dptr<std::int32_t>(exd), dptr<float>(wtd), k};
+    auto ya = to_device(y0), yb = to_device(y0);
+    gpu_ops().moe(all, dptr<float>(xd), n, r, dptr<float>(ya));
+    gpu_ops().moe(split, dptr<float>(xd), n, r, dptr<float>(yb));
+    const auto a = to_host<float>(ya, n * H), b = to_host<float>(yb, n * H);
+    REQUIRE(a == b);  // the same kernels over the same weights
+    REQUIRE(a != y0);
+    // A pair routed to a host expert: the call does not wait (the GEMM path would refuse at
+    // the call), the next wait reports it, and y is left alone.
+    auto bad = ex;
+    bad[3] = 3;
+    const auto badd = to_device(bad);
+    auto yc = to_device(y0);
+    REQUIRE_NOTHROW(gpu_ops().moe(split, dptr<float>(xd), n,
+                                  {dptr<std::int32_t>(badd), dptr<float>(wtd), k},
+                                  dptr<float>(yc)));
+    REQUIRE_THROWS_AS(gpu_ops().synchronize(), std::invalid_argument);
+    REQUIRE(to_host<float>(yc, n * H) == y0);
+    gpu_ops().synchronize();  // reported once
+    // A span with no expert on the device takes the GEMM path, which skips the masked slots.
+    const std::vector<model::FfnWeights> none(E);
+    const auto masked = to_device(std::vector<std::int32_t>(n * k, -1));
+    gpu_ops().moe(none, dptr<float>(xd), n, {dptr<std::int32_t>(masked), dptr<float>(wtd), k},
+                  dptr<float>(yc));
+    REQUIRE(to_host<float>(yc, n * H) == y0);
+}
+
 TEST_CASE("GPU moe_streamed matches moe, the CPU and the fp64 reference", "[gpu]") {
     if (!have_gpu()) FAIL("no GPU: run the gpu label only on a GPU machine");
     auto rng = test::seeded_rng("gpu model moe_streamed");

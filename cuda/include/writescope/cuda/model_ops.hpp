@@ -86,6 +86,11 @@ struct CudaModelOpsOptions {
     // Threads that copy each piece from pageable into pinned memory, the stream's worker thread
     // included (stream_copy_threads − 1 helpers are started; 0 counts as 1).
     unsigned stream_copy_threads = 4;
+    // The expert GEMV kernels serve decode calls (up to 64 tokens) over spans with host-resident
+    // experts beside the device's too (a split layer's resident experts; the host ones' slots
+    // masked). false: such spans take the GEMM path and its wait for the counts, as before
+    // 2026-12-02 (the benchmark's "before").
+    bool gemv_beside_host = true;
     // Sized for a model's widest shapes (model::op_limits): hidden, FFN, experts per call and
     // per token.
     void fit(const model::OpLimits& lim) noexcept {

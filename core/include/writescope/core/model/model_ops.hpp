@@ -89,7 +89,9 @@ class ModelOps {
     // once per call). A dense MLP is one expert with weight 1 for every token. An expert index
     // out of range throws std::out_of_range with y as it was: at the call, or, for ops that
     // do not wait for the device there (CudaModelOps with few tokens), at the next call that
-    // waits for it (download).
+    // waits for it (download). Experts whose views are null (not in the ops' memory: a split
+    // layer's host-resident ones) may be in the span; a pair routed to one throws
+    // std::invalid_argument, at the call or at the next wait likewise.
     virtual void moe(std::span<const FfnWeights> experts, const float* x, std::size_t n,
                      const MoeRouting& routing, float* y) = 0;
 
