@@ -193,7 +193,7 @@ EngineOptions engine_options_unplaced(const Profile& p, const MachineInfo& m,
     // A GPU engine's prompt workspace is sized for the model runtime's chunk (where the daemon
     // has no GPU model runtime, its engine factory sets it back to 0: no prompt is attended on
     // the device).
-    o.max_prompt_tokens = o.gpu_index >= 0 ? p.model.prefill_chunk_tokens : 0;
+    o.max_prompt_tokens = o.gpu_index >= 0 ? prefill_chunk_tokens(p, true) : 0;
     // One VRAM budget: the KV's part is inside it (the weights take what it leaves).
     if (o.gpu_index >= 0 && p.hardware.vram_budget != 0 &&
         p.hardware.vram_kv_budget > p.hardware.vram_budget)

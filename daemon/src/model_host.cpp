@@ -305,7 +305,12 @@ ModelFactory real_model_factory() {
 
         model::RuntimeOptions ro;
         ro.max_batch = p.kv.max_batch;
-        ro.prefill_chunk_tokens = p.model.prefill_chunk_tokens;
+#if WRITESCOPE_HAVE_CUDA_MODEL
+        const bool gpu_model = engine.status().gpu;
+#else
+        const bool gpu_model = false;
+#endif
+        ro.prefill_chunk_tokens = prefill_chunk_tokens(p, gpu_model);
         ro.expert_rows =
             p.hardware.split_host_experts ? model::ExpertRows::automatic : model::ExpertRows::off;
         cpu::CpuModelOpsOptions oo;

@@ -141,6 +141,41 @@ KeyDef int_key(std::string_view sec, std::string_view name, std::string_view def
             [f](const Profile& p) { return fmt::format("{}", read(f, p)); }};
 }
 
+// An integer in [lo, hi] or "auto", which stores automatic (outside [lo, hi]); `what` names
+// the value in the message for another string ("a layer count").
+template <class T>
+KeyDef auto_int_key(std::string_view sec, std::string_view name, std::string_view def,
+                    std::string_view doc, bool reloadable, Field<T> f, T automatic, std::int64_t lo,
+                    std::int64_t hi, std::string_view what, std::string_view hint) {
+    return {sec,
+            name,
+            def,
+            doc,
+            reloadable,
+            [=](const toml::node& n, Profile& p) -> std::string {
+                if (n.is_string()) {
+                    const auto s = *n.value<std::string>();
+                    if (s != "auto")
+                        return fmt::format("\"{}\" is not {}: expected \"auto\" or an integer ({})",
+                                           s, what, hint);
+                    f(p) = automatic;
+                    return {};
+                }
+                if (!n.is_integer())
+                    return fmt::format("expected \"auto\" or an integer, got {}", type_name(n));
+                const auto v = *n.value<std::int64_t>();
+                if (v < lo || v > hi)
+                    return fmt::format("{} is out of range: expected {}..{} or \"auto\"", v, lo,
+                                       hi);
+                f(p) = static_cast<T>(v);
+                return {};
+            },
+            [f, automatic](const Profile& p) {
+                const T v = read(f, p);
+                return v == automatic ? std::string("\"auto\"") : fmt::format("{}", v);
+            }};
+}
+
 // A float in [lo, hi] (or (lo, hi] when lo_open); integers are accepted too.
 KeyDef float_key(std::string_view sec, std::string_view name, std::string_view def,
                  std::string_view doc, bool reloadable, Field<double> f, double lo, bool lo_open,
@@ -514,48 +549,29 @@ const std::vector<KeyDef>& key_table() {
             "a built-in preset (qwen3-30b-a3b, mixtral-8x7b, deepseek-v2-lite) or the path of a "
             "Hugging Face model directory (a leading ~ is the home directory)",
             false, [](Profile & p) -> auto& { return p.model.source; }, 4096));
-        t.push_back(
-            {"model", "layers", "\"auto\"",
-             "keep only the first N decoder layers (0: all); \"auto\": 2 of a built-in model (its "
-             "random weights are generated in host memory at start: qwen3-30b-a3b cut to 2 layers "
-             "is 3.5 GiB), every layer of a model directory",
-             false,
-             [](const toml::node& n, Profile& p) -> std::string {
-                 if (n.is_string()) {
-                     const auto s = *n.value<std::string>();
-                     if (s != "auto")
-                         return fmt::format(
-                             "\"{}\" is not a layer count: expected \"auto\" or an "
-                             "integer (0: all)",
-                             s);
-                     p.model.layers = -1;
-                     return {};
-                 }
-                 if (!n.is_integer())
-                     return fmt::format("expected \"auto\" or an integer, got {}", type_name(n));
-                 const auto v = *n.value<std::int64_t>();
-                 if (v < 0 || v > 1024)
-                     return fmt::format("{} is out of range: expected 0..1024 or \"auto\"", v);
-                 p.model.layers = static_cast<int>(v);
-                 return {};
-             },
-             [](const Profile& p) {
-                 return p.model.layers < 0 ? std::string("\"auto\"")
-                                           : fmt::format("{}", p.model.layers);
-             }});
+        t.push_back(auto_int_key<int>(
+            "model", "layers", "\"auto\"",
+            "keep only the first N decoder layers (0: all); \"auto\": 2 of a built-in model (its "
+            "random weights are generated in host memory at start: qwen3-30b-a3b cut to 2 layers "
+            "is 3.5 GiB), every layer of a model directory",
+            false, [](Profile & p) -> auto& { return p.model.layers; }, -1, 0, 1024,
+            "a layer count", "0: all"));
         t.push_back(int_key<std::uint64_t>(
             "model", "seed", "0",
             "seed of a built-in model's random weights (the same seed gives the same model)", false,
             [](Profile & p) -> auto& { return p.model.seed; }, 0,
             std::numeric_limits<std::int64_t>::max()));
-        t.push_back(int_key<std::size_t>(
-            "model", "prefill_chunk_tokens", "512",
-            "most prompt tokens one forward pass computes: larger chunks amortize the host "
-            "experts streamed to the GPU over more tokens (long prompts of models whose experts "
-            "do not fit) at the cost of workspace memory (taken from the VRAM budget) and of "
-            "the decode steps of other sequences waiting longer for each chunk; the host's and the "
-            "GPU's activation workspaces grow with it (Mixtral-8x7B: about 300 KiB per token)",
-            false, [](Profile & p) -> auto& { return p.model.prefill_chunk_tokens; }, 16, 4096));
+        t.push_back(auto_int_key<std::size_t>(
+            "model", "prefill_chunk_tokens", "\"auto\"",
+            "most prompt tokens one forward pass computes (16 to 4096, or \"auto\": 2048 where "
+            "the model runs on the GPU, 512 on the CPU): larger chunks amortize the host experts "
+            "streamed to the GPU over more tokens (long prompts of models whose experts do not "
+            "fit: 2048 against 512 prefills 2-3x faster) at the cost of workspace memory (taken "
+            "from the VRAM budget: about 0.6-1 MiB per token) and of the decode steps of other "
+            "sequences waiting longer for each chunk; the host's activation workspace grows "
+            "with it too (Mixtral-8x7B: about 300 KiB per token)",
+            false, [](Profile & p) -> auto& { return p.model.prefill_chunk_tokens; }, 0, 16, 4096,
+            "a token count", "16..4096"));
         t.push_back(string_key(
             "model", "reasoning_parser", "\"none\"",
             "chat answers: think (an answer's leading `<think>` ... `</think>` block becomes "

@@ -74,8 +74,13 @@ struct Profile {
         // (reasoning.hpp); "none": it stays in the content.
         std::string reasoning_parser = "none";
         // The most prompt tokens one forward pass computes (RuntimeOptions::prefill_chunk_tokens;
-        // the GPU engine's prompt workspace is sized for it too).
-        std::size_t prefill_chunk_tokens = 512;
+        // the GPU engine's prompt workspace is sized for it too); 0 ("auto"): kAutoChunkGpu
+        // where the model runs on the GPU, kAutoChunkCpu on the CPU (prefill_chunk_tokens()).
+        std::size_t prefill_chunk_tokens = 0;
+        // Measured on the H200 (docs/perf.md, "The prompt chunk"): with host experts streamed
+        // per chunk, 2048 prefills Mixtral 3.1x and Qwen3 2.0x as fast as 512. The CPU gains
+        // nothing from larger chunks and would only hold decode steps back longer.
+        static constexpr std::size_t kAutoChunkGpu = 2048, kAutoChunkCpu = 512;
         static constexpr int kAutoBuiltinLayers = 2;
     } model;
     struct Kv {
@@ -144,6 +149,13 @@ class ProfileError : public std::runtime_error {
 
 // The built-in defaults (every key at its default).
 const Profile& default_profile();
+
+// model.prefill_chunk_tokens resolved: the configured value, or for "auto" the default of the
+// runtime that runs the model (gpu_model: the GPU model runtime).
+inline std::size_t prefill_chunk_tokens(const Profile& p, bool gpu_model) noexcept {
+    if (p.model.prefill_chunk_tokens != 0) return p.model.prefill_chunk_tokens;
+    return gpu_model ? Profile::Model::kAutoChunkGpu : Profile::Model::kAutoChunkCpu;
+}
 
 // Parses profile text; keys left out keep their defaults. Throws ProfileError listing every
 // problem ("FILE:LINE:COLUMN: section.key: message" per line of what()).

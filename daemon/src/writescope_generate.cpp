@@ -159,14 +159,16 @@ int run(int argc, char** argv) {
     cpu::CpuModelOpsOptions co;
     co.threads = static_cast<std::size_t>(std::max(0, profile.hardware.expert_threads));
     co.pin = false;
-    co.max_tokens = std::max<std::size_t>(profile.model.prefill_chunk_tokens, eo.max_batch);
+    // The CPU model runtime (this tool has no GPU model ops): its chunk.
+    const std::size_t chunk_tokens = daemon::prefill_chunk_tokens(profile, false);
+    co.max_tokens = std::max<std::size_t>(chunk_tokens, eo.max_batch);
     const model::OpLimits lim = model::op_limits(cfg);
     co.fit(lim);
     cpu::CpuModelOps ops(co);
     model::RuntimeOptions ro;
     ro.kv_dtype = eo.geometry.dtype;
     ro.max_batch = eo.max_batch;
-    ro.prefill_chunk_tokens = profile.model.prefill_chunk_tokens;
+    ro.prefill_chunk_tokens = chunk_tokens;
     const auto rt = model::make_runtime(*m, ops, *engine, ro);
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();

@@ -90,7 +90,9 @@ struct Options {
     // The prompt rate's engine: G capped at this many tokens (0: the placement's G), so that a
     // long prompt spills into P and U; and who attends a prompt's U blocks (--prompt-u).
     std::size_t prefill_g_tokens = 0;
-    std::size_t prefill_chunk = 512;  // the runtimes' prompt chunk (model.prefill_chunk_tokens)
+    // The runtimes' prompt chunk (model.prefill_chunk_tokens); 0: the daemon's "auto", 2048 for
+    // the GPU runtimes and 512 for cpu-only.
+    std::size_t prefill_chunk = 0;
     bool prompt_u_to_gpu = true;
     // Host experts split by rows with the GPU (RuntimeOptions::expert_rows; --expert-rows
     // off|auto|SHARE, a share fixing the GPU's part).
@@ -118,8 +120,9 @@ struct ModelSetup {
     // Mode writescope-all-gpu: every expert on the GPU (outside the budget; made when asked).
     std::unique_ptr<cuda::DeviceModelWeights> dev_all;
     int full_layers = 0;
-    double scale = 1;         // layers / full layers
-    std::size_t chunk = 512;  // the runtimes' prompt chunk (--prefill-chunk)
+    double scale = 1;             // layers / full layers
+    std::size_t chunk = 2048;     // the GPU runtimes' prompt chunk (--prefill-chunk)
+    std::size_t cpu_chunk = 512;  // cpu-only's
     model::LayerParts layer_parts = model::LayerParts::automatic;
     model::ExpertRows expert_rows = model::ExpertRows::automatic;
     double expert_rows_share = 0;
@@ -224,7 +227,7 @@ std::unique_ptr<model::Runtime> runtime_for(
     ro.expert_rows_share = s.expert_rows_share;
     ro.kv_dtype = s.m->config().dtype;
     ro.max_batch = batch;
-    ro.prefill_chunk_tokens = s.chunk;
+    ro.prefill_chunk_tokens = mode == "cpu-only" ? s.cpu_chunk : s.chunk;
     if (mode == "cpu-only") return model::make_runtime(*s.m, *s.cpu_ops, e, ro);
     if (mode == "writescope-all-gpu") {
         if (!s.dev_all) s.dev_all = std::make_unique<cuda::DeviceModelWeights>(*s.m, nullptr);
@@ -622,8 +625,9 @@ std::unique_ptr<ModelSetup> setup_model(const std::string& name, model::ModelCon
     s.scale = static_cast<double>(c.num_layers) / static_cast<double>(full_layers);
     const model::OpLimits lim = model::op_limits(c);
     cpu::CpuModelOpsOptions co;
-    s.chunk = o.prefill_chunk;
-    co.max_tokens = std::max<std::size_t>(o.prefill_chunk, max_batch);
+    s.chunk = o.prefill_chunk ? o.prefill_chunk : 2048;
+    s.cpu_chunk = o.prefill_chunk ? o.prefill_chunk : 512;
+    co.max_tokens = std::max({s.chunk, s.cpu_chunk, max_batch});
     co.fit(lim);
     s.cpu_ops = std::make_unique<cpu::CpuModelOps>(co);
     cuda::CudaModelOpsOptions go;
@@ -975,7 +979,8 @@ int run_generate(int argc, char** argv) {
                 "  available now)]\n"
                 "  [--prefill-g-tokens N (the prompt rate's G at most N tokens, so that the\n"
                 "  prompt spills into P and U)] [--prompt-u gpu|cpu (who attends its U blocks)]\n"
-                "  [--prefill-chunk N (the runtimes' prompt chunk, default 512)]\n"
+                "  [--prefill-chunk N (the runtimes' prompt chunk; default the daemon's auto:\n"
+                "  2048 for the GPU runtimes, 512 for cpu-only)]\n"
                 "  [--expert-rows off|auto|always|SHARE (host experts split by rows with the\n"
                 "  GPU, which reads its rows in place: auto times decode steps both ways first\n"
                 "  and keeps the faster; always splits; SHARE splits with the GPU's part fixed;\n"

@@ -65,7 +65,7 @@ for i in 1 2 3; do
 done
 $CTL --json status > "$OUT/daemon-status-after.json" 2>&1
 $CTL status > "$OUT/daemon-status-after.txt" 2>&1
-python3 -c "import json; p=json.load(open('$OUT/daemon-status-after.json'))['model']['placement']; print('prefill:', json.dumps(p.get('prefill')))" 2>&1
+python3 -c "import json; m=json.load(open('$OUT/daemon-status-after.json'))['model']; print('prompt chunk:', m.get('prefill_chunk_tokens'), 'tokens; prefill:', json.dumps(m['placement'].get('prefill')))" 2>&1
 kill -TERM $pid; wait $pid
 echo "daemon exit $?"
 grep -E "model\.|engine\.|error|warning" "$OUT/daemon.log" | head -20

@@ -54,6 +54,15 @@ MachineInfo machine_without_gpu() {
     return m;
 }
 
+// One H200 with its driver loaded.
+MachineInfo machine_with_one_gpu() {
+    MachineInfo m = machine_without_gpu();
+    m.gpu_driver_loaded = true;
+    m.gpu_driver = "580.65.06";
+    m.gpus = {{"0000:01:00.0", "NVIDIA H200", "GPU-a"}};
+    return m;
+}
+
 }  // namespace
 
 TEST_CASE("defaults are the documented values", "[unit][daemon][profile]") {
@@ -348,10 +357,7 @@ TEST_CASE("one VRAM budget holds the KV's part", "[unit][daemon][profile]") {
     CHECK_THAT(i.message, Catch::Contains("out of range"));
     if (build_has_cuda()) {
         // With a GPU the KV's part must fit in the budget.
-        MachineInfo one = machine_without_gpu();
-        one.gpu_driver_loaded = true;
-        one.gpu_driver = "580.65.06";
-        one.gpus = {{"0000:01:00.0", "NVIDIA H200", "GPU-a"}};
+        const MachineInfo one = machine_with_one_gpu();
         p = default_profile();
         p.hardware.gpu = {GpuChoice::index, 0};
         p.hardware.vram_budget = 8ull << 30;  // below the default 16 GiB of KV
@@ -366,6 +372,40 @@ TEST_CASE("one VRAM budget holds the KV's part", "[unit][daemon][profile]") {
         p.hardware.vram_budget = 24ull << 30;
         CHECK(engine_options_from_profile(p, one, "t").vram_kv_bytes == 16ull << 30);
     }
+}
+
+TEST_CASE("model.prefill_chunk_tokens: \"auto\" is 2048 for the GPU model runtime, 512 on the CPU",
+          "[unit][daemon][profile]") {
+    const Profile& d = default_profile();
+    CHECK(d.model.prefill_chunk_tokens == 0);  // "auto"
+    CHECK(prefill_chunk_tokens(d, true) == 2048);
+    CHECK(prefill_chunk_tokens(d, false) == 512);
+    CHECK(profile_value(d, "model.prefill_chunk_tokens") == "\"auto\"");
+    Profile p = parse_profile("[model]\nprefill_chunk_tokens = 1024\n", "t");
+    CHECK(prefill_chunk_tokens(p, true) == 1024);
+    CHECK(prefill_chunk_tokens(p, false) == 1024);
+    CHECK(parse_profile(render_profile_toml(p, false), "render").model.prefill_chunk_tokens ==
+          1024);
+    CHECK(parse_profile("[model]\nprefill_chunk_tokens = \"auto\"\n", "t")
+              .model.prefill_chunk_tokens == 0);
+    auto i = only_issue("[model]\nprefill_chunk_tokens = \"big\"\n");
+    CHECK(i.key == "model.prefill_chunk_tokens");
+    CHECK_THAT(i.message, Catch::Contains("auto"));
+    i = only_issue("[model]\nprefill_chunk_tokens = 8\n");
+    CHECK_THAT(i.message, Catch::Contains("out of range"));
+    i = only_issue("[model]\nprefill_chunk_tokens = 1.5\n");
+    CHECK_THAT(i.message, Catch::Contains("integer"));
+    if (build_has_cuda()) {
+        // A GPU engine's prompt workspace is sized for the GPU runtime's chunk.
+        const MachineInfo one = machine_with_one_gpu();
+        Profile g = default_profile();
+        g.hardware.gpu = {GpuChoice::index, 0};
+        g.hardware.vram_budget = 24ull << 30;
+        CHECK(engine_options_from_profile(g, one, "t").max_prompt_tokens == 2048);
+        g.model.prefill_chunk_tokens = 256;
+        CHECK(engine_options_from_profile(g, one, "t").max_prompt_tokens == 256);
+    }
+    CHECK(engine_options_from_profile(d, machine_without_gpu(), "t").max_prompt_tokens == 0);
 }
 
 TEST_CASE(
