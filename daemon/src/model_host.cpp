@@ -122,10 +122,11 @@ model::ExpertHeat measure_routing(model::Runtime& rt, std::span<const std::int32
 // ops; host_ops runs the experts left in host memory. Throws model::PlacementError when the
 // weights' part of hardware.vram_budget cannot hold the weights that must be there.
 void start_gpu_runtime(ModelHost& host, const Profile& prof, int gpu,
-                       const model::RuntimeOptions& ro, Engine& engine,
+                       const model::RuntimeOptions& opts, Engine& engine,
                        const ExpertHistory& history) {
     const model::Model& m = *host.model;
     const model::OpLimits lim = model::op_limits(m.config());
+    model::RuntimeOptions ro = opts;
     cuda::CudaModelOpsOptions go;
     go.device = gpu;
     go.max_tokens = std::max(ro.prefill_chunk_tokens, ro.max_batch);
@@ -151,6 +152,27 @@ void start_gpu_runtime(ModelHost& host, const Profile& prof, int gpu,
         }
     };
     make_ops();
+    if (prof.model.prefill_chunk_tokens == 0 &&
+        ro.prefill_chunk_tokens > Profile::Model::kAutoChunkCpu) {
+        // "auto": the GPU's chunk where its larger workspace costs at most a quarter of what the
+        // CPU's chunk would leave the weights (a small VRAM budget keeps its experts instead).
+        const std::uint64_t large = ops->workspace_bytes();
+        go.max_tokens = std::max(Profile::Model::kAutoChunkCpu, ro.max_batch);
+        make_ops();
+        const std::uint64_t extra =
+            large > ops->workspace_bytes() ? large - ops->workspace_bytes() : 0;
+        if (extra <= wb.bytes / 4) {
+            go.max_tokens = std::max(ro.prefill_chunk_tokens, ro.max_batch);
+            make_ops();
+        } else {
+            log_info("model.placement",
+                     "prompt chunks of {} tokens (model.prefill_chunk_tokens \"auto\"): {} would "
+                     "take {} more workspace, over a quarter of the weights' {}",
+                     Profile::Model::kAutoChunkCpu, ro.prefill_chunk_tokens,
+                     format_size_human(extra), format_size_human(wb.bytes));
+            ro.prefill_chunk_tokens = Profile::Model::kAutoChunkCpu;
+        }
+    }
     const model::ExpertHeat heat = history ? history(host.heat_key) : model::ExpertHeat{};
     std::uint64_t routed = heat.total();
     std::string order = routed ? fmt::format("hottest first by {} routed slots of history", routed)

@@ -564,12 +564,14 @@ const std::vector<KeyDef>& key_table() {
         t.push_back(auto_int_key<std::size_t>(
             "model", "prefill_chunk_tokens", "\"auto\"",
             "most prompt tokens one forward pass computes (16 to 4096, or \"auto\": 2048 where "
-            "the model runs on the GPU, 512 on the CPU): larger chunks amortize the host experts "
-            "streamed to the GPU over more tokens (long prompts of models whose experts do not "
-            "fit: 2048 against 512 prefills 2-3x faster) at the cost of workspace memory (taken "
-            "from the VRAM budget: about 0.6-1 MiB per token) and of the decode steps of other "
-            "sequences waiting longer for each chunk; the host's activation workspace grows "
-            "with it too (Mixtral-8x7B: about 300 KiB per token)",
+            "the model runs on the GPU and that chunk's larger workspace takes at most a quarter "
+            "of the weights' part of the VRAM budget, 512 otherwise and on the CPU): larger "
+            "chunks amortize the host experts streamed to the GPU over more tokens (long prompts "
+            "of models whose experts do not fit: 2048 against 512 prefills 2-3x faster) at the "
+            "cost of workspace memory (taken from the VRAM budget: about 0.6-1 MiB per token) "
+            "and of the decode steps of other sequences waiting longer for each chunk; the "
+            "host's activation workspace grows with it too (Mixtral-8x7B: about 300 KiB per "
+            "token)",
             false, [](Profile & p) -> auto& { return p.model.prefill_chunk_tokens; }, 0, 16, 4096,
             "a token count", "16..4096"));
         t.push_back(string_key(

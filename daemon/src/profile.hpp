@@ -75,7 +75,9 @@ struct Profile {
         std::string reasoning_parser = "none";
         // The most prompt tokens one forward pass computes (RuntimeOptions::prefill_chunk_tokens;
         // the GPU engine's prompt workspace is sized for it too); 0 ("auto"): kAutoChunkGpu
-        // where the model runs on the GPU, kAutoChunkCpu on the CPU (prefill_chunk_tokens()).
+        // where the model runs on the GPU, kAutoChunkCpu on the CPU (prefill_chunk_tokens());
+        // the GPU runtime takes kAutoChunkCpu where kAutoChunkGpu's larger workspace would cost
+        // more than a quarter of the weights' part of the VRAM budget (start_gpu_runtime).
         std::size_t prefill_chunk_tokens = 0;
         // Measured on the H200 (docs/perf.md, "The prompt chunk"): with host experts streamed
         // per chunk, 2048 prefills Mixtral 3.1x and Qwen3 2.0x as fast as 512. The CPU gains
