@@ -161,12 +161,17 @@ std::string render_status(const json& s) {
                                            ratio(num(hr, "gpu_share")))
                              : std::string("; decode host experts split by rows");
         }
+        // The prompt chunk (model.prefill_chunk_tokens, "auto" resolved): " in chunks of 2048".
+        const std::string chunks =
+            m.contains("prefill_chunk_tokens") && m["prefill_chunk_tokens"].is_number_integer()
+                ? fmt::format(" in chunks of {} tokens", u64(m, "prefill_chunk_tokens"))
+                : std::string();
         rows.push_back(
             {"runtime",
              str(pl, "device") == "gpu"
                  ? fmt::format(
                        "on the GPU ({}): {}; GPU expert hit rate {}; decode: "
-                       "attention {}, {}; prompts attended {}{}",
+                       "attention {}, {}; prompts attended {}{}{}",
                        str(pl, "gpu_kernel"), str(pl, "summary"),
                        pl.contains("gpu_expert_hit_rate") && pl["gpu_expert_hit_rate"].is_number()
                            ? ratio(num(pl, "gpu_expert_hit_rate"))
@@ -175,9 +180,10 @@ std::string render_status(const json& s) {
                        flag("cuda_graphs")   ? "CUDA graphs"
                        : flag("layer_parts") ? "batches in layer halves where faster"
                                              : "kernels launched one by one",
-                       prefill_on_gpu ? "on the GPU" : "by the CPU", streaming)
-                 : fmt::format("on the CPU ({} kernels, {} threads)", str(m, "expert_kernel"),
-                               u64(m, "expert_threads"))});
+                       prefill_on_gpu ? "on the GPU" : "by the CPU", chunks, streaming)
+                 : fmt::format("on the CPU ({} kernels, {} threads){}", str(m, "expert_kernel"),
+                               u64(m, "expert_threads"),
+                               chunks.empty() ? std::string() : "; prompts" + chunks)});
     }
     rows.push_back(
         {"policy", fmt::format("{}; A {}, B {}, delta {}; r target {}, deployed {}",

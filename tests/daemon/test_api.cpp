@@ -182,6 +182,20 @@ TEST_CASE("routes answer after boot and errors keep the shape", "[unit][daemon][
     CHECK_THAT(render_status(gst),
                Catch::Contains("prompts attended on the GPU; host experts streamed 12, on the CPU "
                                "40"));
+    // The prompt chunk the runtime took (model.prefill_chunk_tokens "auto" resolved).
+    gst["model"]["prefill_chunk_tokens"] = 2048;
+    CHECK_THAT(render_status(gst),
+               Catch::Contains("prompts attended on the GPU in chunks of 2048 tokens; host "
+                               "experts streamed 12"));
+    // A model on the CPU.
+    json cst = gst;
+    cst["model"]["placement"] = {{"device", "cpu"}};
+    cst["model"]["expert_kernel"] = "avx512";
+    cst["model"]["expert_threads"] = 16;
+    cst["model"]["prefill_chunk_tokens"] = 512;
+    CHECK_THAT(render_status(cst),
+               Catch::Contains("on the CPU (avx512 kernels, 16 threads); prompts in chunks of 512 "
+                               "tokens"));
     CHECK(st["store"]["in_memory"] == false);
 
     const auto cal = h.get("/v1/calibration");
