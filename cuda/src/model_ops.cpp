@@ -159,7 +159,28 @@ struct CudaModelOps::Impl {
     };
     std::unique_ptr<CUevent_st, EventDel> in_place_start, in_place_end;
     bool in_place_pending = false;
+    bool in_place_marked = false;  // in_place_start recorded by mark_expert_phase
     double in_place_seconds = 0;
+    // The timing events (made at the first use), and the last call's time read from them.
+    void in_place_events() {
+        if (in_place_start) return;
+        cudaEvent_t e0 = nullptr, e1 = nullptr;
+        check(cudaEventCreate(&e0), "moe_in_place: cudaEventCreate");
+        in_place_start.reset(e0);
+        check(cudaEventCreate(&e1), "moe_in_place: cudaEventCreate");
+        in_place_end.reset(e1);
+    }
+    void read_in_place_time() noexcept {
+        if (!in_place_pending) return;
+        // The last call's kernels: done by now in any real use (the caller waited for a later
+        // download), so this returns at once.
+        in_place_pending = false;
+        float ms = 0;
+        if (cudaEventSynchronize(in_place_end.get()) == cudaSuccess &&
+            cudaEventElapsedTime(&ms, in_place_start.get(), in_place_end.get()) == cudaSuccess)
+            in_place_seconds = ms * 1e-3;
+        cudaGetLastError();
+    }
     // Recordings: instantiated graphs, destroyed with the ops.
     struct GraphDel {
         void operator()(cudaGraphExec_t g) const noexcept { cudaGraphExecDestroy(g); }
@@ -561,24 +582,11 @@ void CudaModelOps::Impl::moe_in_place(std::span<const model::FfnWeights> experts
             "CudaModelOps::moe_in_place: no expert of the span is page-locked and mapped for the "
             "device in one shape the kernels take (pin_host)");
     const detail::ExpertGemvArgs a = gemv_args(t, n, routing, x, "moe_in_place");
-    if (!in_place_start) {
-        cudaEvent_t e0 = nullptr, e1 = nullptr;
-        check(cudaEventCreate(&e0), "moe_in_place: cudaEventCreate");
-        in_place_start.reset(e0);
-        check(cudaEventCreate(&e1), "moe_in_place: cudaEventCreate");
-        in_place_end.reset(e1);
-    }
-    if (in_place_pending) {
-        // The last call's kernels: done by now in any real use (the caller waited for a later
-        // download), so this returns at once.
-        in_place_pending = false;
-        float ms = 0;
-        if (cudaEventSynchronize(in_place_end.get()) == cudaSuccess &&
-            cudaEventElapsedTime(&ms, in_place_start.get(), in_place_end.get()) == cudaSuccess)
-            in_place_seconds = ms * 1e-3;
-        cudaGetLastError();
-    }
-    check(cudaEventRecord(in_place_start.get(), stream), "moe_in_place: cudaEventRecord");
+    in_place_events();
+    read_in_place_time();
+    if (!in_place_marked)
+        check(cudaEventRecord(in_place_start.get(), stream), "moe_in_place: cudaEventRecord");
+    in_place_marked = false;
     detail::launch_group_pairs(routing.expert, n, k, ne, meta.as<std::int32_t>(),
                                pair_token.as<std::int32_t>(), pair_of.as<std::int32_t>(), stream);
     launched("moe_in_place: grouping kernel");
@@ -817,6 +825,16 @@ void CudaModelOps::moe_in_place(std::span<const model::FfnWeights> host_experts,
 }
 double CudaModelOps::last_in_place_seconds() const noexcept {
     return impl_->in_place_seconds;
+}
+void CudaModelOps::mark_expert_phase() {
+    Impl& m = *impl_;
+    if (!m.xs) return;  // nothing read in place
+    m.use();
+    if (m.recording) return;
+    m.in_place_events();
+    m.read_in_place_time();  // before its start event is recorded again
+    check(cudaEventRecord(m.in_place_start.get(), m.stream), "mark_expert_phase: cudaEventRecord");
+    m.in_place_marked = true;
 }
 model::ModelOps::StreamStats CudaModelOps::last_stream() const noexcept {
     if (!impl_->xs) return {};

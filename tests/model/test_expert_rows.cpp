@@ -5,6 +5,7 @@
 // logits, batched decode steps and greedy tokens.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -57,6 +58,28 @@ TEST_CASE("the rows policy balances the two sides' measured rates", "[model][row
     for (int i = 0; i < 400; ++i)
         p.observe_ops(1e12, 1);
     CHECK(p.share() == Policy::kMaxShare);
+}
+
+TEST_CASE("timed over each side's whole part, the rows policy balances finish times",
+          "[model][rows]") {
+    // A layer's expert phase as the runtime times it: the ops' side runs fixed work ahead of
+    // its rows (resident and shared experts, 0.15 ms) and then s·B at 40 GB/s; the CPU's
+    // launches take 0.03 ms, then (1 − s)·B at 100 GB/s. B: 60 MB of host experts.
+    const double B = 60e6, rg = 40e9, rc = 100e9, t_fixed = 0.15e-3, t_launch = 0.03e-3;
+    const auto t_ops = [&](double s) { return t_fixed + s * B / rg; };
+    const auto t_cpu = [&](double s) { return t_launch + (1 - s) * B / rc; };
+    Policy p;
+    for (int i = 0; i < 400; ++i) {
+        const double s = p.share();
+        p.observe_ops(s * B, t_ops(s));
+        p.observe_cpu((1 - s) * B, t_cpu(s));
+    }
+    const double s = p.share();
+    INFO("share " << s << ": ops " << t_ops(s) * 1e3 << " ms, CPU " << t_cpu(s) * 1e3 << " ms");
+    CHECK(std::fabs(t_ops(s) - t_cpu(s)) < 0.01 * t_cpu(s));
+    // Below the share the rows' own rates give (40 / 140), at which the ops would finish last.
+    CHECK(s < rg / (rg + rc));
+    CHECK(t_ops(rg / (rg + rc)) > 1.1 * t_cpu(rg / (rg + rc)));
 }
 
 namespace {

@@ -201,6 +201,12 @@ void FeedForward::run_split(std::size_t layer, const float* xn, std::size_t n, f
         x = x_host_.data();
         observe_stream();  // the download waited for the last layer's stream
     }
+    // The expert phase starts here on both sides: a rows split times each side from now (the
+    // ops' side with its resident and shared experts ahead of its rows, the CPU's with the
+    // launches before its call), so that the share balances when the two finish.
+    const double phase_start = steady_seconds();
+    if (rows_mode_ != ExpertRows::off && rows_allowed_ && n <= ops_.in_place_tokens())
+        ops_.mark_expert_phase();
     bool any_host = false, any_ops = false;
     for (std::size_t i = 0; i < n * k; ++i) {
         const std::int32_t e = ids[i];
@@ -268,7 +274,7 @@ void FeedForward::run_split(std::size_t layer, const float* xn, std::size_t n, f
         stats_.rows_cpu_bytes += rows.cpu_bytes;
     }
     std::fill_n(y_host_.begin(), n * hidden, 0.0f);
-    const double t0 = steady_seconds();
+    const double t0 = rows.ops_rows > 0 ? phase_start : steady_seconds();
     timed(profile_, *host_ops_, &LayerTimes::host_experts, [&] {
         host_ops_->moe(
             host_experts, x, n,

@@ -167,6 +167,7 @@ class CudaModelOps final : public model::ModelOps {
     void moe_in_place(std::span<const model::FfnWeights> host_experts, const float* x,
                       std::size_t n, const model::MoeRouting& routing, float* y) override;
     double last_in_place_seconds() const noexcept override;
+    void mark_expert_phase() override;
     std::size_t max_tokens() const noexcept override;
     const char* kernel_name() const noexcept override;  // "cublas-sm90" and the like
     int threads() const noexcept override;              // the GPU's multiprocessors

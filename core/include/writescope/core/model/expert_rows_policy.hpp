@@ -8,7 +8,11 @@
 // The share s ÷ ffn balances the two sides' times: each side's rate (expert weight bytes per
 // second, measured while the other runs, so under the contention of a real step) is followed by an
 // exponential average, and the share is the ops' rate over the sum, so that both sides would
-// take the same time. It starts from a guess (the bus's rate against the CPU's, about a third)
+// take the same time. The runtime times each side's whole part of the expert phase (the ops'
+// with the work queued ahead of their rows, a split layer's resident and shared experts; the
+// CPU's with the launches before its call): those fixed costs lower the measured rates, and the
+// share's fixed point is where the two sides finish together (s·rc = (1 − s)·r_ops measured
+// ⇔ t_ops = t_cpu). It starts from a guess (the bus's rate against the CPU's, about a third)
 // and is kept within [kMinShare, kMaxShare], so that neither side's rate goes unmeasured. A
 // fixed share (tests, benchmarks) is used as it is.
 #pragma once

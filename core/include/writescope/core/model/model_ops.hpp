@@ -197,8 +197,12 @@ class ModelOps {
     // ops' memory, as for moe()); every expert routed to must be one reads_in_place() accepts
     // (another adds nothing); nothing waits for the device. last_in_place_seconds(): the device's
     // seconds for the call before the last one (timed on the device, read when the next call
-    // starts, by when it has finished); 0 before two calls.
+    // starts, by when it has finished); 0 before two calls. mark_expert_phase(): the next
+    // moe_in_place's time counts from here, the work enqueued in between included (a split
+    // layer's resident and shared experts ahead of its rows), so that it is the device's whole
+    // side of the expert phase; without a mark it counts from the call itself.
     virtual std::size_t in_place_tokens() const noexcept { return 0; }
+    virtual void mark_expert_phase() {}
     virtual bool reads_in_place(const FfnWeights& host_expert) const noexcept {
         (void)host_expert;
         return false;
