@@ -154,14 +154,13 @@ void start_gpu_runtime(ModelHost& host, const Profile& prof, int gpu,
     make_ops();
     if (prof.model.prefill_chunk_tokens == 0 &&
         ro.prefill_chunk_tokens > Profile::Model::kAutoChunkCpu) {
-        // "auto": the GPU's chunk where its larger workspace costs at most a quarter of what the
-        // CPU's chunk would leave the weights (a small VRAM budget keeps its experts instead).
+        // "auto": the GPU's chunk where its larger workspace fits (auto_gpu_chunk_fits).
         const std::uint64_t large = ops->workspace_bytes();
         go.max_tokens = std::max(Profile::Model::kAutoChunkCpu, ro.max_batch);
         make_ops();
         const std::uint64_t extra =
             large > ops->workspace_bytes() ? large - ops->workspace_bytes() : 0;
-        if (extra <= wb.bytes / 4) {
+        if (auto_gpu_chunk_fits(extra, wb.bytes)) {
             go.max_tokens = std::max(ro.prefill_chunk_tokens, ro.max_batch);
             make_ops();
         } else {

@@ -406,6 +406,12 @@ TEST_CASE("model.prefill_chunk_tokens: \"auto\" is 2048 for the GPU model runtim
         CHECK(engine_options_from_profile(g, one, "t").max_prompt_tokens == 256);
     }
     CHECK(engine_options_from_profile(d, machine_without_gpu(), "t").max_prompt_tokens == 0);
+    // The GPU runtime's fallback: 2048's extra workspace against what 512 leaves the weights.
+    CHECK(auto_gpu_chunk_fits(1400ull << 20, 14ull << 30));          // 32 GiB budget, Qwen3
+    CHECK_FALSE(auto_gpu_chunk_fits(1167ull << 20, 2652ull << 20));  // 6 GiB, 2 GiB of KV
+    CHECK(auto_gpu_chunk_fits(1ull << 30, 4ull << 30));              // a quarter exactly
+    CHECK_FALSE(auto_gpu_chunk_fits(1, 0));                          // nothing left for weights
+    CHECK(auto_gpu_chunk_fits(0, 0));                                // no more workspace
 }
 
 TEST_CASE(
