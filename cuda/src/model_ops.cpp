@@ -44,6 +44,14 @@ constexpr std::size_t kCublasWorkspace = std::size_t{32} << 20;  // Hopper's rec
 // per 8 of its tokens there, and the GEMMs win.
 constexpr std::size_t kGemvTokens = 64;
 
+// Whether mx is (rows, cols) of dtype d with its data `align`-byte aligned (the expert GEMV
+// kernels' tables take only such matrices).
+bool shaped(const model::Matrix& mx, std::size_t rows, std::size_t cols, DType d,
+            std::uintptr_t align) noexcept {
+    return mx.rows == rows && mx.cols == cols && mx.dtype == d &&
+           reinterpret_cast<std::uintptr_t>(mx.data) % align == 0;
+}
+
 void check(cudaError_t e, const char* what) {
     if (e == cudaSuccess) return;
     cudaGetLastError();  // not left for the next launch's check to report as its own
@@ -416,8 +424,7 @@ struct CudaModelOps::Impl {
         const DType d = f.gate.dtype;
         const std::uintptr_t align = dtype_bytes(d) == 2 ? 8 : 16;
         const auto fits = [&](const model::Matrix& mx, std::size_t rows, std::size_t cols) {
-            return mx.rows == rows && mx.cols == cols && mx.dtype == d &&
-                   reinterpret_cast<std::uintptr_t>(mx.data) % align == 0;
+            return shaped(mx, rows, cols, d, align);
         };
         if (!fits(f.gate, ffn, hid) || !fits(f.up, ffn, hid) || !fits(f.down, hid, ffn) ||
             hid > opts.max_hidden || ffn > opts.max_ffn || !detail::expert_gemv_fits(hid, ffn, d))
@@ -463,8 +470,7 @@ const CudaModelOps::Impl::ExpertTable& CudaModelOps::Impl::table_for(
     t.ffn = backed->gate.rows;
     t.dtype = backed->gate.dtype;
     const auto fits = [&](const model::Matrix& mx, std::size_t rows, std::size_t cols) {
-        return mx.data && mx.rows == rows && mx.cols == cols && mx.dtype == t.dtype &&
-               reinterpret_cast<std::uintptr_t>(mx.data) % 16 == 0;
+        return mx.data && shaped(mx, rows, cols, t.dtype, 16);
     };
     // Experts without weights here (host-resident: all three views null) stay null in the
     // table: the split masks their slots, and the kernels report a pair routed to one.

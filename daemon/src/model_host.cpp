@@ -1,5 +1,10 @@
 #include "model_host.hpp"
 
+// Set (to 1) by the build where writescoped links the GPU model ops (daemon/CMakeLists.txt).
+#ifndef WRITESCOPE_HAVE_CUDA_MODEL
+#define WRITESCOPE_HAVE_CUDA_MODEL 0
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <span>
@@ -326,12 +331,10 @@ ModelFactory real_model_factory() {
 
         model::RuntimeOptions ro;
         ro.max_batch = p.kv.max_batch;
-#if WRITESCOPE_HAVE_CUDA_MODEL
-        const bool gpu_model = engine.status().gpu;
-#else
-        const bool gpu_model = false;
-#endif
-        ro.prefill_chunk_tokens = prefill_chunk_tokens(p, gpu_model);
+        // The GPU model runtime runs where the engine has a GPU and this build the GPU ops.
+        const bool gpu_engine = engine.status().gpu;
+        ro.prefill_chunk_tokens =
+            prefill_chunk_tokens(p, gpu_engine && WRITESCOPE_HAVE_CUDA_MODEL != 0);
         ro.expert_rows =
             p.hardware.split_host_experts ? model::ExpertRows::automatic : model::ExpertRows::off;
         cpu::CpuModelOpsOptions oo;
@@ -348,7 +351,6 @@ ModelFactory real_model_factory() {
             auto ops = std::make_unique<cpu::CpuModelOps>(oo);
             host->kernel = ops->kernel_name();
             host->expert_threads = ops->threads();
-            const bool gpu_engine = engine.status().gpu;
 #if WRITESCOPE_HAVE_CUDA_MODEL
             if (gpu_engine) {
                 status("placing the weights on the GPU");

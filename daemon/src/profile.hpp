@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "writescope/core/dtype.hpp"
+#include "writescope/core/model/runtime.hpp"  // the default prompt chunks
 
 namespace writescope::daemon {
 
@@ -79,10 +80,8 @@ struct Profile {
         // the GPU runtime takes kAutoChunkCpu where kAutoChunkGpu's larger workspace would cost
         // more than a quarter of the weights' part of the VRAM budget (start_gpu_runtime).
         std::size_t prefill_chunk_tokens = 0;
-        // Measured on the H200 (docs/perf.md, "The prompt chunk"): with host experts streamed
-        // per chunk, 2048 prefills Mixtral 3.1x and Qwen3 2.0x as fast as 512. The CPU gains
-        // nothing from larger chunks and would only hold decode steps back longer.
-        static constexpr std::size_t kAutoChunkGpu = 2048, kAutoChunkCpu = 512;
+        static constexpr std::size_t kAutoChunkGpu = model::kGpuPrefillChunk,
+                                     kAutoChunkCpu = model::kCpuPrefillChunk;
         static constexpr int kAutoBuiltinLayers = 2;
     } model;
     struct Kv {

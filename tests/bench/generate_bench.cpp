@@ -120,9 +120,9 @@ struct ModelSetup {
     // Mode writescope-all-gpu: every expert on the GPU (outside the budget; made when asked).
     std::unique_ptr<cuda::DeviceModelWeights> dev_all;
     int full_layers = 0;
-    double scale = 1;             // layers / full layers
-    std::size_t chunk = 2048;     // the GPU runtimes' prompt chunk (--prefill-chunk)
-    std::size_t cpu_chunk = 512;  // cpu-only's
+    double scale = 1;                                 // layers / full layers
+    std::size_t chunk = model::kGpuPrefillChunk;      // the GPU runtimes' (--prefill-chunk)
+    std::size_t cpu_chunk = model::kCpuPrefillChunk;  // cpu-only's
     model::LayerParts layer_parts = model::LayerParts::automatic;
     model::ExpertRows expert_rows = model::ExpertRows::automatic;
     double expert_rows_share = 0;
@@ -625,8 +625,8 @@ std::unique_ptr<ModelSetup> setup_model(const std::string& name, model::ModelCon
     s.scale = static_cast<double>(c.num_layers) / static_cast<double>(full_layers);
     const model::OpLimits lim = model::op_limits(c);
     cpu::CpuModelOpsOptions co;
-    s.chunk = o.prefill_chunk ? o.prefill_chunk : 2048;
-    s.cpu_chunk = o.prefill_chunk ? o.prefill_chunk : 512;
+    s.chunk = o.prefill_chunk ? o.prefill_chunk : model::kGpuPrefillChunk;
+    s.cpu_chunk = o.prefill_chunk ? o.prefill_chunk : model::kCpuPrefillChunk;
     co.max_tokens = std::max({s.chunk, s.cpu_chunk, max_batch});
     co.fit(lim);
     s.cpu_ops = std::make_unique<cpu::CpuModelOps>(co);

@@ -8,7 +8,9 @@
 #include <atomic>
 
 #include <chrono>
+#include <string>
 #include <thread>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -96,6 +98,17 @@ void require_error(const HttpResponse& r, int status, std::string_view type) {
 void wait_for_job(Harness& h) {
     if (!wait_until([&] { return h.get("/v1/calibration")["job"]["state"] != "running"; }))
         FAIL("the calibration job did not finish in 20 s");
+}
+
+// A loaded model on the GPU model runtime, attention device-side (a CPU machine builds no such
+// view).
+ServiceView gpu_model_view(std::string name) {
+    ServiceView v;
+    v.model.loaded = true;
+    v.model.name = std::move(name);
+    v.model.placement.gpu = true;
+    v.model.placement.device_attention = true;
+    return v;
 }
 
 }  // namespace
@@ -679,14 +692,9 @@ TEST_CASE("routes that change state need root, the daemon's user or the admin gr
 
 TEST_CASE("a GPU placement's expert streaming and layer halves reach status and metrics",
           "[unit][daemon][api]") {
-    // The GPU model runtime's view (a CPU machine builds none): experts in host memory that
-    // prompt chunks stream, and batches in layer halves.
-    ServiceView v;
-    v.model.loaded = true;
-    v.model.name = "m";
+    // Experts in host memory that prompt chunks stream, and batches in layer halves.
+    ServiceView v = gpu_model_view("m");
     ModelPlacement& p = v.model.placement;
-    p.gpu = true;
-    p.device_attention = true;
     p.layer_parts = true;
     p.stream_expert_bytes = 9u << 20;
     p.stream_pinned_bytes = 64u << 20;
@@ -728,12 +736,8 @@ TEST_CASE("a GPU placement's expert streaming and layer halves reach status and 
 
 TEST_CASE("a GPU placement's host experts split by rows reach status, metrics and the CLI",
           "[unit][daemon][api]") {
-    ServiceView v;
-    v.model.loaded = true;
-    v.model.name = "m";
+    ServiceView v = gpu_model_view("m");
     ModelPlacement& p = v.model.placement;
-    p.gpu = true;
-    p.device_attention = true;
     // Off (hardware.split_host_experts false, or nothing page-locked): null, no families.
     CHECK(served_model_json(v)["placement"]["decode"]["host_expert_rows"].is_null());
     CHECK_THAT(scheduler_metrics_text(v), !Catch::Contains("writescope_expert_rows_gpu_bytes"));

@@ -205,8 +205,11 @@ void FeedForward::run_split(std::size_t layer, const float* xn, std::size_t n, f
     // ops' side with its resident and shared experts ahead of its rows, the CPU's with the
     // launches before its call), so that the share balances when the two finish.
     const double phase_start = steady_seconds();
-    if (rows_mode_ != ExpertRows::off && rows_allowed_ && n <= ops_.in_place_tokens())
-        ops_.mark_expert_phase();
+    if (rows_possible(n)) ops_.mark_expert_phase();
+    // The ops' slots (host experts masked), and the host pairs per expert (what the choices
+    // below read), none streamed yet.
+    std::fill(pairs_.begin(), pairs_.end(), 0);
+    std::fill(streamed_.begin(), streamed_.end(), 0);
     bool any_host = false, any_ops = false;
     for (std::size_t i = 0; i < n * k; ++i) {
         const std::int32_t e = ids[i];
@@ -214,6 +217,7 @@ void FeedForward::run_split(std::size_t layer, const float* xn, std::size_t n, f
         any_host |= host;
         any_ops |= e >= 0 && !host;
         split_host_[i] = host ? -1 : e;
+        if (host) ++pairs_[static_cast<std::size_t>(e)];
     }
     if (any_ops) {
         split_ops_.upload(std::span<const std::int32_t>(split_host_.data(), n * k));
@@ -225,13 +229,6 @@ void FeedForward::run_split(std::size_t layer, const float* xn, std::size_t n, f
     after_ops();
     if (!any_host) return;
     const std::span<const FfnWeights> host_experts = m_.weights().layers[layer].experts;
-    // The host pairs per expert (what both choices below read), none streamed yet.
-    std::fill(pairs_.begin(), pairs_.end(), 0);
-    std::fill(streamed_.begin(), streamed_.end(), 0);
-    for (std::size_t i = 0; i < n * k; ++i) {
-        const std::int32_t e = ids[i];
-        if (e >= 0 && on_host[static_cast<std::size_t>(e)]) ++pairs_[static_cast<std::size_t>(e)];
-    }
     // Split by rows when the ops read every routed host expert in place (a decode call): the
     // ops read rows [0, s) of each across the bus while the CPU computes rows [s, ffn) below,
     // both partial sums into h. No whole expert is streamed then (for a few tokens a whole
@@ -337,7 +334,7 @@ bool FeedForward::pick_streamed(std::size_t layer, std::size_t n, const std::int
 FeedForward::RowsSplit FeedForward::pick_rows(std::span<const FfnWeights> host_experts,
                                               std::size_t n) const {
     RowsSplit r;
-    if (rows_mode_ == ExpertRows::off || !rows_allowed_ || n > ops_.in_place_tokens()) return r;
+    if (!rows_possible(n)) return r;
     std::size_t experts = 0;
     const FfnWeights* any = nullptr;
     for (std::size_t e = 0; e < pairs_.size(); ++e) {

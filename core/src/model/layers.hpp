@@ -101,6 +101,11 @@ class FeedForward {
         std::uint64_t ops_bytes = 0, cpu_bytes = 0;
     };
     RowsSplit pick_rows(std::span<const FfnWeights> host_experts, std::size_t n) const;
+    // Whether a call of n tokens may split by rows (the mode on and chosen, the ops reading
+    // that many tokens in place); pick_rows then checks its experts.
+    bool rows_possible(std::size_t n) const noexcept {
+        return rows_mode_ != ExpertRows::off && rows_allowed_ && n <= ops_.in_place_tokens();
+    }
 
     const Model& m_;
     const ModelWeights& w_;

@@ -30,11 +30,17 @@ enum class ExpertRows { off, automatic, always };
 
 inline constexpr std::size_t kLayerPartsTrial = 8, kLayerPartsRetrial = 512;
 inline constexpr std::size_t kExpertRowsTrial = 8, kExpertRowsRetrial = 512;
+// The prompt chunk a GPU model runtime and a CPU one take by default (the daemon's
+// model.prefill_chunk_tokens "auto"; measured on the H200, docs/perf.md "The prompt chunk": with
+// host experts streamed per chunk, 2048 prefills Mixtral 3.1x and Qwen3 2.0x as fast as 512; the
+// CPU gains nothing from longer chunks and would only hold decode steps back longer).
+inline constexpr std::size_t kGpuPrefillChunk = 2048, kCpuPrefillChunk = 512;
 
 struct RuntimeOptions {
-    std::size_t prefill_chunk_tokens = 512;  // most prompt tokens computed in one forward pass
-    std::size_t max_batch = 64;              // most sequences in one decode step
-    DType kv_dtype = DType::bf16;            // the dtype the engine was built with
+    // Most prompt tokens computed in one forward pass.
+    std::size_t prefill_chunk_tokens = kCpuPrefillChunk;
+    std::size_t max_batch = 64;    // most sequences in one decode step
+    DType kv_dtype = DType::bf16;  // the dtype the engine was built with
     // With ops on the engine's GPU, decode steps hand the engine device memory on the ops'
     // stream (Engine::attend_layer's device-side contract). False: q, the new K/V and the
     // states go through host memory every layer (what the benchmark compares it against).
