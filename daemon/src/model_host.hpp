@@ -30,7 +30,8 @@ struct ModelPlacement {
     std::string gpu_kernel;         // the GPU ops ("cublas-sm90")
     // How decode steps run on the GPU: the engine attends the runtime's device memory
     // (Runtime::device_attention), and the ops' work between layers replays CUDA graphs
-    // (Runtime::records_decode; not where experts are split with the CPU).
+    // (Runtime::records_decode; a layer whose experts are split with the CPU runs that part
+    // between two recordings).
     bool device_attention = false, cuda_graphs = false;
     // And batches may attend their layers in two halves, the CPU's experts beside the attention
     // (RuntimeOptions::layer_parts, automatic: kept where measured faster): experts split with

@@ -98,6 +98,7 @@ struct Options {
     // off|auto|SHARE, a share fixing the GPU's part).
     model::ExpertRows expert_rows = model::ExpertRows::automatic;
     double expert_rows_share = 0;
+    bool graphs = true;  // --no-graphs: the GPU runtimes launch every kernel (cuda_graphs off)
 };
 
 double peak_host_gib() {
@@ -126,6 +127,7 @@ struct ModelSetup {
     model::LayerParts layer_parts = model::LayerParts::automatic;
     model::ExpertRows expert_rows = model::ExpertRows::automatic;
     double expert_rows_share = 0;
+    bool graphs = true;
     std::uint64_t vram = 0, t_bytes = 0, engine_vram = 0;
     Calibration calibration;
     bool calibrated = false;
@@ -223,6 +225,7 @@ std::unique_ptr<model::Runtime> runtime_for(
     model::RuntimeOptions ro;
     ro.expert_streaming = streaming;
     ro.layer_parts = s.layer_parts;
+    ro.cuda_graphs = s.graphs;
     ro.expert_rows = s.expert_rows;
     ro.expert_rows_share = s.expert_rows_share;
     ro.kv_dtype = s.m->config().dtype;
@@ -613,6 +616,7 @@ std::unique_ptr<ModelSetup> setup_model(const std::string& name, model::ModelCon
     auto sp = std::make_unique<ModelSetup>();
     ModelSetup& s = *sp;
     s.layer_parts = o.layer_parts;
+    s.graphs = o.graphs;
     s.expert_rows = o.expert_rows;
     s.expert_rows_share = o.expert_rows_share;
     const auto t_load = std::chrono::steady_clock::now();
@@ -809,14 +813,14 @@ std::string decode_config(ModelSetup& s, const std::string& name, std::size_t co
         std::printf(
             "  %-10s ctx %6zu batch %2zu: %8.1f tok/s, %7.2f ms/step; per layer "
             "attention %.3f ms, rest %.3f ms; blocks G %zu P %zu U %zu, r %.2f; "
-            "host %.2f GB/step -> limit %.2f ms, efficiency %.2f\n"
+            "host %.2f GB/step -> limit %.2f ms, efficiency %.2f%s\n"
             "  %-10s   profiled step, ms per layer: attention %.3f, GPU experts %.3f, "
             "CPU experts %.3f, rest %.3f; tracked A %.3g us/token, B %.3g us/token; resident "
             "%.1f GiB (planned %.1f)\n",
             mode.c_str(), context, batch, r.tok_s, r.step_ms, r.attention_ms, r.rest_ms, r.in_g,
-            r.in_p, r.in_u, r.r, r.host_bytes / 1e9, r.limit_ms, r.efficiency, "",
-            r.prof_attention_ms, r.prof_gpu_experts_ms, r.prof_cpu_experts_ms, r.prof_rest_ms,
-            r.tracked_a * 1e6, r.tracked_b * 1e6, r.rss_gib,
+            r.in_p, r.in_u, r.r, r.host_bytes / 1e9, r.limit_ms, r.efficiency,
+            r.cuda_graphs ? "; CUDA graphs" : "", "", r.prof_attention_ms, r.prof_gpu_experts_ms,
+            r.prof_cpu_experts_ms, r.prof_rest_ms, r.tracked_a * 1e6, r.tracked_b * 1e6, r.rss_gib,
             gib(host_need(name, c.num_layers, context, batch, o)));
         if (r.streams)
             std::printf(
@@ -984,7 +988,8 @@ int run_generate(int argc, char** argv) {
                 "  [--expert-rows off|auto|always|SHARE (host experts split by rows with the\n"
                 "  GPU, which reads its rows in place: auto times decode steps both ways first\n"
                 "  and keeps the faster; always splits; SHARE splits with the GPU's part fixed;\n"
-                "  default auto)]\n");
+                "  default auto)]\n"
+                "  [--no-graphs (the GPU runtimes launch every kernel: no CUDA graphs)]\n");
         },
         [&](const std::string& a, auto& value) {
             if (sweep_option(a, value, o.models, o.contexts, o.batches)) return true;
@@ -1037,6 +1042,8 @@ int run_generate(int argc, char** argv) {
                 o.json = value();
             else if (a == "--plan")
                 o.plan_only = true;
+            else if (a == "--no-graphs")
+                o.graphs = false;
             else if (a == "--host")
                 o.host_gib = std::stod(value());
             else if (a == "--prefill-g-tokens")

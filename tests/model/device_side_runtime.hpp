@@ -19,7 +19,9 @@ struct DeviceSideOptions {
     std::size_t moe_record_max = 64;  // most moe tokens a recording takes (DeviceEmulation)
     std::size_t prompt_tokens = 0;    // the engine attends prompt chunks up to this on its GPU side
     std::size_t max_batch = 2;
-    bool split = false;  // routed experts split with host ops
+    bool split =
+        false;  // routed experts split with host ops: those keeps(layer, expert) leaves out
+    bool (*keeps)(std::size_t layer, std::size_t expert) = split_keeps;
     model::LayerParts layer_parts = model::LayerParts::automatic;
 };
 
@@ -50,7 +52,7 @@ struct DeviceSideRuntime {
             runtime = model::make_runtime(m, *ops, *engine, ro);
             return;
         }
-        weights = without_experts(m, split_keeps);
+        weights = without_experts(m, o.keeps);
         host_ops = std::make_unique<CountingOps>(co, true);
         runtime = model::make_runtime(m, *ops, *engine, ro, {&weights, host_ops.get()});
     }

@@ -1,6 +1,6 @@
 // One architecture's decoder layer, in three parts around the engine's attention: the runtime
 // (runtime.cpp) runs embedding → for each layer [norm → attention_in → engine → attention_out →
-// residual → norm → feed_forward (adds into the residual)] → final norm → head, and the
+// residual → norm → the feed-forward block (adds into the residual)] → final norm → head, and the
 // per-architecture files (qwen3_moe.cpp, mixtral.cpp, deepseek_v2.cpp) supply the parts over the
 // shared blocks (layers.hpp, blocks.hpp).
 #pragma once
@@ -17,6 +17,8 @@
 
 namespace writescope::model::detail {
 
+class FeedForward;
+
 class Architecture {
   public:
     virtual ~Architecture() = default;
@@ -29,24 +31,10 @@ class Architecture {
     // From the engine's merged states (n × num_q_heads, head_dim_v) fp32 to out (n, hidden).
     virtual void attention_out(std::size_t layer, const float* states, std::size_t n,
                                float* out) = 0;
-    // h (n, hidden) += the layer's MLP or MoE block of xn (n, hidden).
-    virtual void feed_forward(std::size_t layer, const float* xn, std::size_t n, float* h) = 0;
-    // Bytes of feed-forward weights read since the last call (FeedForward::take_bytes).
-    virtual std::uint64_t take_ffn_bytes() = 0;
-    // What every forward pass of the feed-forward blocks reads whatever the routing.
-    virtual std::uint64_t ffn_fixed_bytes() const noexcept = 0;
-    // Whether the layers' work on the ops may be recorded and replayed (nothing in them waits
-    // for the device or crosses to the host).
-    virtual bool records_safely() const noexcept = 0;
-    // Tokens routed to each expert since the last call (FeedForward::take_heat).
-    virtual ExpertHeat take_heat() = 0;
-    // The host-resident experts' counters and streaming model (FeedForward::stream_stats).
-    virtual ExpertStreamStats stream_stats() const = 0;
-    // Host experts split by rows (RuntimeOptions::expert_rows): whether a call may split them
-    // (the mode not off, a layer with host experts, ops that read host memory in place), and
-    // the runtime's choice for the calls that follow (an automatic trial's, per step).
-    virtual bool splits_rows() const noexcept { return false; }
-    virtual void allow_rows(bool on) noexcept { (void)on; }
+    // The feed-forward blocks (dense MLP, or routed experts plus shared ones; layers.hpp):
+    // h (n, hidden) += the layer's block of xn (n, hidden), its counters and its choices.
+    virtual FeedForward& ffn() noexcept = 0;
+    virtual const FeedForward& ffn() const noexcept = 0;
 };
 
 // What an architecture computes with: the model (its config, and its own weights in host memory,

@@ -103,16 +103,8 @@ class DeepseekV2 final : public Architecture {
         ops_.linear(L.o_proj, attn_.data(), n, out);
     }
 
-    void feed_forward(std::size_t layer, const float* xn, std::size_t n, float* h) override {
-        ffn_.run(layer, xn, n, h);
-    }
-    std::uint64_t take_ffn_bytes() override { return ffn_.take_bytes(); }
-    std::uint64_t ffn_fixed_bytes() const noexcept override { return ffn_.fixed_bytes(); }
-    bool records_safely() const noexcept override { return ffn_.records_safely(); }
-    ExpertHeat take_heat() override { return ffn_.take_heat(); }
-    ExpertStreamStats stream_stats() const override { return ffn_.stream_stats(); }
-    bool splits_rows() const noexcept override { return ffn_.splits_rows(); }
-    void allow_rows(bool on) noexcept override { ffn_.allow_rows(on); }
+    FeedForward& ffn() noexcept override { return ffn_; }
+    const FeedForward& ffn() const noexcept override { return ffn_; }
 
   private:
     const Model& m_;

@@ -142,13 +142,17 @@ FeedForward::FeedForward(const Binding& b)
 }
 
 void FeedForward::run(std::size_t layer, const float* xn, std::size_t n, float* h) {
+    if (run_ops(layer, xn, n, h)) run_host(layer, xn, n, h);
+}
+
+bool FeedForward::run_ops(std::size_t layer, const float* xn, std::size_t n, float* h) {
     const auto& c = m_.config();
     const LayerWeights& L = w_.layers[layer];
-    const MoeRouting single{zeros_.data(), ones_.data(), 1};
     if (!L.moe) {
+        const MoeRouting single{zeros_.data(), ones_.data(), 1};
         timed(profile_, ops_, &LayerTimes::ops_experts,
               [&] { ops_.moe(std::span<const FfnWeights>(&L.mlp, 1), xn, n, single, h); });
-        return;
+        return false;
     }
     const Matrix router{routers_[layer].data(), DType::f32, L.router.rows, L.router.cols};
     ops_.linear(router, xn, n, logits_.data());
@@ -157,28 +161,33 @@ void FeedForward::run(std::size_t layer, const float* xn, std::size_t n, float* 
     float* const expert_weights = route_weights(n);
     ops_.route(routing_params_, logits_.data(), n, expert_ids, expert_weights);
     ops_.count_ids(expert_ids, n * k, bins_, counts_ops_.data() + layer * bins_);
-    // The shared experts go on the ops as soon as the routed ones there are enqueued: with a
-    // split, before the host's experts run, so that the device computes them meanwhile.
-    const auto shared = [&] {
-        if (!L.shared.gate) return;
-        timed(profile_, ops_, &LayerTimes::ops_experts,
-              [&] { ops_.moe(std::span<const FfnWeights>(&L.shared, 1), xn, n, single, h); });
-    };
     if (layer_split_[layer]) {
-        run_split(layer, xn, n, h, shared);
-    } else {
-        timed(profile_, ops_, &LayerTimes::ops_experts, [&] {
-            ops_.moe(L.experts, xn, n, MoeRouting{expert_ids, expert_weights, k}, h);
-        });
+        // The hidden rows beside the routing, so that run_host's one copy brings all three down.
+        if (!ops_.host_memory()) {
+            const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
+            ops_.copy_2d(xn, n * hidden, route_rows(n), n * hidden, 1, n * hidden);
+        }
+        return true;
     }
-    if (!layer_split_[layer]) shared();
+    timed(profile_, ops_, &LayerTimes::ops_experts, [&] {
+        ops_.moe(L.experts, xn, n, MoeRouting{expert_ids, expert_weights, k}, h);
+    });
+    shared(layer, xn, n, h);
+    return false;
+}
+
+void FeedForward::shared(std::size_t layer, const float* xn, std::size_t n, float* h) {
+    const LayerWeights& L = w_.layers[layer];
+    if (!L.shared.gate) return;
+    const MoeRouting single{zeros_.data(), ones_.data(), 1};
+    timed(profile_, ops_, &LayerTimes::ops_experts,
+          [&] { ops_.moe(std::span<const FfnWeights>(&L.shared, 1), xn, n, single, h); });
 }
 
 // Experts split between the ops' memory and host memory: the ops run the slots of resident
 // experts (the others masked to −1) and, meanwhile, host_ops the rest over the hidden rows
 // brought down once; their sum goes up once and into h.
-void FeedForward::run_split(std::size_t layer, const float* xn, std::size_t n, float* h,
-                            FunctionRef<void()> after_ops) {
+void FeedForward::run_host(std::size_t layer, const float* xn, std::size_t n, float* h) {
     const auto& c = m_.config();
     const std::size_t k = static_cast<std::size_t>(c.experts_per_token);
     const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
@@ -187,10 +196,9 @@ void FeedForward::run_split(std::size_t layer, const float* xn, std::size_t n, f
     const float* wts = route_weights(n);
     const float* x = xn;
     if (!ops_.host_memory()) {
-        // One copy down for the host's side: the routing, its weights and the hidden rows,
-        // copied beside them first. They come down before the resident experts are enqueued,
-        // so that the two sides run at the same time.
-        ops_.copy_2d(xn, n * hidden, route_rows(n), n * hidden, 1, n * hidden);
+        // One copy down for the host's side: the routing, its weights and the hidden rows
+        // (run_ops copied them beside the routing). They come down before the resident experts
+        // are enqueued, so that the two sides run at the same time.
         const std::size_t words = n * k, bytes = (2 * words + n * hidden) * 4;
         ops_.download(route_host_.data(), route_buf_.data(), bytes);
         std::memcpy(experts_host_.data(), route_host_.data(), words * 4);
@@ -226,7 +234,9 @@ void FeedForward::run_split(std::size_t layer, const float* xn, std::size_t n, f
                      MoeRouting{split_ops_.data(), route_weights(n), k}, h);
         });
     }
-    after_ops();
+    // The shared experts go on the ops once the routed ones there are enqueued, before the
+    // host's experts run, so that the device computes them meanwhile.
+    shared(layer, xn, n, h);
     if (!any_host) return;
     const std::span<const FfnWeights> host_experts = m_.weights().layers[layer].experts;
     // Split by rows when the ops read every routed host expert in place (a decode call): the
@@ -296,7 +306,7 @@ bool FeedForward::pick_streamed(std::size_t layer, std::size_t n, const std::int
     const std::size_t k = k_;
     const std::vector<std::uint8_t>& on_host = on_host_[layer];
     const auto& experts = m_.weights().layers[layer].experts;
-    // The candidates (pairs_ counted by run_split): host experts with pairs the ops' staging holds,
+    // The candidates (pairs_ counted by run_host): host experts with pairs the ops' staging holds,
     // most pairs first (ties in index order, so that a call's choice does not depend on anything
     // but its routing).
     order_.clear();

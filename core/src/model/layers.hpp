@@ -11,7 +11,6 @@
 
 #include "architecture.hpp"
 #include "blocks.hpp"
-#include "writescope/core/function_ref.hpp"
 #include "writescope/core/model/expert_rows_policy.hpp"
 #include "writescope/core/model/expert_stream_policy.hpp"
 #include "writescope/core/model/ops_buffer.hpp"
@@ -63,7 +62,20 @@ class StandardAttention {
 class FeedForward {
   public:
     FeedForward(const Binding& b);
+    // h (n, hidden) += the layer's block of xn (n, hidden).
     void run(std::size_t layer, const float* xn, std::size_t n, float* h);
+    // The same in two calls around the host: run_ops enqueues on the ops what comes before the
+    // block's first wait for the host (all of it unless the layer's experts are split with the
+    // host ops) and returns whether more is left; run_host then runs the rest (it waits for
+    // the ops, and enqueues the sum's upload and add).
+    bool run_ops(std::size_t layer, const float* xn, std::size_t n, float* h);
+    void run_host(std::size_t layer, const float* xn, std::size_t n, float* h);
+    // Whether the layer's block splits its experts with the host ops (run_ops returns true);
+    // whether any layer's does.
+    bool waits_for_host(std::size_t layer) const noexcept { return layer_split_[layer] != 0; }
+    bool waits_for_host() const noexcept {
+        return std::find(layer_split_.begin(), layer_split_.end(), 1) != layer_split_.end();
+    }
     // Bytes of routed and shared expert (or dense MLP) weights the calls since the last take
     // read: each expert a call routes a token to counts once.
     std::uint64_t take_bytes();
@@ -75,16 +87,10 @@ class FeedForward {
     ExpertStreamStats stream_stats() const;
     bool splits_rows() const noexcept { return rows_mode_ != ExpertRows::off; }
     void allow_rows(bool on) noexcept { rows_allowed_ = on; }
-    // No layer splits its experts with the host ops (whose split waits for the routing): the
-    // block's work on the ops can be recorded and replayed (ModelOps::begin_record).
-    bool records_safely() const noexcept {
-        return std::find(layer_split_.begin(), layer_split_.end(), 1) == layer_split_.end();
-    }
 
   private:
-    // after_ops: enqueued on the ops once their routed experts are, before the host's run.
-    void run_split(std::size_t layer, const float* xn, std::size_t n, float* h,
-                   FunctionRef<void()> after_ops);
+    // h += the layer's shared experts (none: nothing).
+    void shared(std::size_t layer, const float* xn, std::size_t n, float* h);
     // The counts since the last collect into heat_ and bytes_ (one copy down).
     void collect();
     // Which host experts of the split's call to stream (their slots in stream_host_); returns
@@ -183,16 +189,8 @@ class StandardArchitecture final : public Architecture {
     void attention_out(std::size_t layer, const float* states, std::size_t n, float* out) override {
         attention_.out(layer, states, n, out);
     }
-    void feed_forward(std::size_t layer, const float* xn, std::size_t n, float* h) override {
-        ffn_.run(layer, xn, n, h);
-    }
-    std::uint64_t take_ffn_bytes() override { return ffn_.take_bytes(); }
-    std::uint64_t ffn_fixed_bytes() const noexcept override { return ffn_.fixed_bytes(); }
-    bool records_safely() const noexcept override { return ffn_.records_safely(); }
-    ExpertHeat take_heat() override { return ffn_.take_heat(); }
-    ExpertStreamStats stream_stats() const override { return ffn_.stream_stats(); }
-    bool splits_rows() const noexcept override { return ffn_.splits_rows(); }
-    void allow_rows(bool on) noexcept override { ffn_.allow_rows(on); }
+    FeedForward& ffn() noexcept override { return ffn_; }
+    const FeedForward& ffn() const noexcept override { return ffn_; }
 
   private:
     StandardAttention attention_;

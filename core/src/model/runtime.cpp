@@ -13,6 +13,7 @@
 
 #include "architecture.hpp"
 #include "blocks.hpp"
+#include "layers.hpp"
 #include "step_trial.hpp"
 #include "writescope/core/model/model.hpp"
 #include "writescope/core/model/model_ops.hpp"
@@ -112,9 +113,9 @@ class RuntimeImpl final : public Runtime {
             for (const Matrix* mtx : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.q_a_proj,
                                       &L.q_b_proj, &L.kv_a_proj, &L.kv_b_proj})
                 fixed_bytes_ += mtx->data ? mtx->bytes() : 0;
-        fixed_bytes_ += arch_->ffn_fixed_bytes();
-        graphs_ =
-            opts.cuda_graphs && device_attention_ && ops.can_record() && arch_->records_safely();
+        fixed_bytes_ += arch_->ffn().fixed_bytes();
+        // (Layers whose experts are split with the host run that part between recordings.)
+        graphs_ = opts.cuda_graphs && device_attention_ && ops.can_record();
     }
     std::uint64_t last_weight_bytes() const noexcept override { return last_bytes_; }
     StepReport last_step() const override { return last_step_; }
@@ -131,15 +132,13 @@ class RuntimeImpl final : public Runtime {
     std::size_t decode_recordings() const noexcept override {
         std::size_t n = 0;
         for (const auto& entry : recordings_)
-            n +=
-                !entry.second.failed &&
-                entry.second.ids.size() == static_cast<std::size_t>(model_.config().num_layers) + 1;
+            n += entry.second.complete && !entry.second.failed;
         return n;
     }
     LayerTimes last_layer_times() const override { return last_times_; }
     void profile_layers(bool on) override { profile_.on = on; }
-    ExpertHeat take_expert_heat() override { return arch_->take_heat(); }
-    ExpertStreamStats expert_streaming() const override { return arch_->stream_stats(); }
+    ExpertHeat take_expert_heat() override { return arch_->ffn().take_heat(); }
+    ExpertStreamStats expert_streaming() const override { return arch_->ffn().stream_stats(); }
 
     const ModelConfig& config() const noexcept override { return model_.config(); }
     std::size_t max_context() const noexcept override {
@@ -220,44 +219,46 @@ class RuntimeImpl final : public Runtime {
         // Host experts split by rows (RuntimeOptions::expert_rows): automatic follows its trial
         // per batch size (a profiled step is not timed).
         const bool rows_trial =
-            opts_.expert_rows == ExpertRows::automatic && arch_->splits_rows() && !profile;
+            opts_.expert_rows == ExpertRows::automatic && arch_->ffn().splits_rows() && !profile;
         const bool rows_on = opts_.expert_rows == ExpertRows::always ||
                              (opts_.expert_rows == ExpertRows::automatic && rows_trial_.second(n));
-        arch_->allow_rows(rows_on);
+        arch_->ffn().allow_rows(rows_on);
         LayerTimes& times = profile_.times;
         times = {};
         const double t_step = profile ? steady_seconds() : 0.0;
         const std::int64_t* pos = inputs(tokens, n);
         const std::size_t layers = static_cast<std::size_t>(c.num_layers);
-        // The ops' work between the engine's layers, in layers + 1 segments: recorded at this
-        // batch size's second step and replayed from then on (graphs_), else run.
+        // Two halves per layer (RuntimeOptions::layer_parts): the first half's rows finish while
+        // the engine attends the second's.
+        const bool can_halve = opts_.layer_parts != LayerParts::off && device_attention_ &&
+                               !profile && n >= 2 && arch_->ffn().waits_for_host() &&
+                               engine_.attends_in_parts();
+        const std::size_t half = can_halve && halves_now(n) ? n / 2 : 0;
+        last_in_parts_ = half > 0;
+        can_halve_last_ = can_halve && opts_.layer_parts == LayerParts::automatic;
+        // The ops' work between the engine's layers, in pieces: recorded at this batch size's
+        // second step of whole layers and replayed from then on (graphs_), else run. A layer
+        // whose experts are split with the host runs that part between two pieces.
         Recording* rec = nullptr;
-        if (graphs_ && !profile) {
+        if (graphs_ && !profile && half == 0) {
             const auto it = recordings_.find(n);
             if (it != recordings_.end())
                 rec = &it->second;
             else if (recordings_.size() < kMaxRecordedBatches)
                 rec = &recordings_[n];
         }
-        Segments seg(*this, rec, layers + 1);
+        Segments seg(*this, rec);
         const auto pre = [&](std::size_t l) {
             ops_.rms_norm(w_.layers[l].input_norm, h_.data(), n, hidden, eps_, xn_.data());
             arch_->attention_in(l, xn_.data(), n, pos, q_.data(), k_.data(), v_.data());
         };
+        detail::FeedForward& ffn = arch_->ffn();
         engine_.begin_step(seq_ids);
         try {
-            seg.run(0, [&] {
+            seg.run([&] {
                 ops_.embed(w_.embed, host_ ? tokens.data() : ids_.data(), n, h_.data());
                 pre(0);
             });
-            // Two halves per layer (RuntimeOptions::layer_parts): the first half's rows
-            // finish while the engine attends the second's.
-            const bool can_halve = opts_.layer_parts != LayerParts::off && device_attention_ &&
-                                   !profile && n >= 2 && !arch_->records_safely() &&
-                                   engine_.attends_in_parts();
-            const std::size_t half = can_halve && halves_now(n) ? n / 2 : 0;
-            last_in_parts_ = half > 0;
-            can_halve_last_ = can_halve && opts_.layer_parts == LayerParts::automatic;
             for (std::size_t l = 0; l < layers && half > 0; ++l) {
                 engine_.attend_layer_first(
                     l, q_.data(), NewTokens{k_.data(), geometry_.mla ? nullptr : v_.data()},
@@ -281,10 +282,18 @@ class RuntimeImpl final : public Runtime {
                         from_engine(n);
                     }
                 });
-                seg.run(l + 1, [&] {
-                    finish_layer(l, n, hidden);
-                    if (l + 1 < layers) pre(l + 1);
+                const bool waits = ffn.waits_for_host(l);
+                seg.run([&] {
+                    finish_attention_rows(l, 0, n, hidden);
+                    if (ffn.run_ops(l, xn_.data(), n, h_.data()) != waits)
+                        throw std::logic_error("decode: layer " + std::to_string(l) +
+                                               " waits for the host other than it says");
+                    if (!waits && l + 1 < layers) pre(l + 1);
                 });
+                if (waits) {
+                    ffn.run_host(l, xn_.data(), n, h_.data());
+                    if (l + 1 < layers) seg.run([&] { pre(l + 1); });
+                }
             }
             seg.done();
             last_step_ = engine_.end_step();
@@ -295,7 +304,7 @@ class RuntimeImpl final : public Runtime {
         for (std::size_t i = 0; i < n; ++i)
             ++held_[seq_ids[i]];
         head(0, n, logits);
-        last_bytes_ = fixed_bytes_ + arch_->take_ffn_bytes();
+        last_bytes_ = fixed_bytes_ + arch_->ffn().take_bytes();
         if (can_halve_last_) parts_trial_.timed(n, last_in_parts_, steady_seconds() - t_start);
         if (rows_trial) rows_trial_.timed(n, rows_on, steady_seconds() - t_start);
         if (profile) {
@@ -305,31 +314,36 @@ class RuntimeImpl final : public Runtime {
     }
 
   private:
-    // The recordings of one batch size's decode segments (RuntimeOptions::cuda_graphs).
+    // The recordings of one batch size's decode pieces (RuntimeOptions::cuda_graphs).
     struct Recording {
-        std::vector<std::size_t> ids;  // one per segment once recorded
-        std::size_t steps = 0;         // steps run at this size
-        bool failed = false;           // a segment could not be recorded: run from now on
+        std::vector<std::size_t> ids;  // one per piece, in the order a step runs them
+        std::size_t steps = 0;         // steps of whole layers run at this size
+        bool complete = false;         // ids hold every piece of a step
+        bool failed = false;           // a piece could not be recorded: run from now on
     };
-    // One decode step's segments: replayed when recorded, recorded when this is the batch
-    // size's second step (the first one runs, so that what the calls set up once, as the GPU
-    // experts' tables, is done before a recording), else run. A segment whose recording fails
-    // (a call that waits for the host) is run instead and the size is not recorded again.
+    // One decode step's pieces: replayed when recorded, recorded when this is the batch size's
+    // second step (the first one runs, so that what the calls set up once, as the GPU experts'
+    // tables, is done before a recording), else run. A piece whose recording fails (a call that
+    // waits for the host) is run instead and the size is not recorded again. A step runs the
+    // same pieces in the same order at every step of a size (which layers wait for the host is
+    // fixed when the runtime is made).
     class Segments {
       public:
-        Segments(RuntimeImpl& rt, Recording* rec, std::size_t count)
-            : rt_(rt), rec_(rec), count_(count) {
+        Segments(RuntimeImpl& rt, Recording* rec) : rt_(rt), rec_(rec) {
             if (!rec_ || rec_->failed) {
                 rec_ = nullptr;
                 return;
             }
-            replay_ = rec_->ids.size() == count_;
+            replay_ = rec_->complete;
             record_ = !replay_ && rec_->steps >= 1;
             if (record_) rec_->ids.clear();
         }
         template <class Body>
-        void run(std::size_t i, Body&& body) {
+        void run(Body&& body) {
+            const std::size_t i = next_++;
             if (replay_) {
+                if (i >= rec_->ids.size())
+                    throw std::logic_error("decode: a step ran more pieces than were recorded");
                 rt_.ops_.replay(rec_->ids[i]);
                 return;
             }
@@ -351,15 +365,19 @@ class RuntimeImpl final : public Runtime {
             }
             rt_.ops_.replay(rec_->ids.back());
         }
-        // After the last segment: the step counts towards recording this size.
+        // After the last piece: the step counts towards recording this size.
         void done() {
-            if (rec_) ++rec_->steps;
+            if (!rec_) return;
+            ++rec_->steps;
+            if (record_) rec_->complete = true;
+            if (replay_ && next_ != rec_->ids.size())
+                throw std::logic_error("decode: a step ran fewer pieces than were recorded");
         }
 
       private:
         RuntimeImpl& rt_;
         Recording* rec_;
-        std::size_t count_;
+        std::size_t next_ = 0;
         bool replay_ = false, record_ = false;
     };
 
@@ -371,6 +389,13 @@ class RuntimeImpl final : public Runtime {
     // The same for rows [first, first + count) (a half of a layer in parts).
     void finish_layer_rows(std::size_t l, std::size_t first, std::size_t count,
                            std::size_t hidden) {
+        finish_attention_rows(l, first, count, hidden);
+        const std::size_t r = first * hidden;
+        arch_->ffn().run(l, xn_.data() + r, count, h_.data() + r);
+    }
+    // Rows [first, first + count) up to the feed-forward: output projection, residual, norm.
+    void finish_attention_rows(std::size_t l, std::size_t first, std::size_t count,
+                               std::size_t hidden) {
         const LayerWeights& L = w_.layers[l];
         const std::size_t state_row = static_cast<std::size_t>(geometry_.num_q_heads) *
                                       static_cast<std::size_t>(geometry_.head_dim_v);
@@ -378,7 +403,6 @@ class RuntimeImpl final : public Runtime {
         arch_->attention_out(l, o_.data() + first * state_row, count, tmp_.data() + r);
         ops_.add(h_.data() + r, tmp_.data() + r, count * hidden);
         ops_.rms_norm(L.post_attention_norm, h_.data() + r, count, hidden, eps_, xn_.data() + r);
-        arch_->feed_forward(l, xn_.data() + r, count, h_.data() + r);
     }
 
     // Final norm and head over rows [first, first + count) of h_ into host logits (count,
@@ -458,7 +482,7 @@ class RuntimeImpl final : public Runtime {
         const std::size_t layers = static_cast<std::size_t>(c.num_layers);
         for (std::size_t i = 0; i < m; ++i)
             pos_[i] = static_cast<std::int64_t>(held + i);
-        arch_->allow_rows(opts_.expert_rows == ExpertRows::always);  // the trial is decode's
+        arch_->ffn().allow_rows(opts_.expert_rows == ExpertRows::always);  // the trial is decode's
         detail::check_token_ids(tokens, vocab_size());
         const std::int64_t* pos = inputs(tokens, m);
         ops_.embed(w_.embed, host_ ? tokens.data() : ids_.data(), m, h_.data());
@@ -494,7 +518,7 @@ class RuntimeImpl final : public Runtime {
             head(0, m, logits);
         else
             head(m - 1, 1, logits);
-        last_bytes_ = fixed_bytes_ + arch_->take_ffn_bytes();
+        last_bytes_ = fixed_bytes_ + arch_->ffn().take_bytes();
     }
 
     const Model& model_;

@@ -49,11 +49,13 @@ struct RuntimeOptions {
     // for around the engine's attention and around each side's experts, so the parts run one
     // after another instead of overlapping. A measurement for benchmarks, not a way to run.
     bool profile_layers = false;
-    // With device-side attention, ops that record (CUDA graphs) and no layer splitting its
-    // experts with the host: the ops' work of a decode step between the engine's layers is
-    // recorded at a batch size's second step and replayed from then on (one launch per segment
-    // instead of one per kernel), for the first 16 batch sizes seen (each recording holds a
-    // graph per layer on the device). False: every kernel launched (the benchmark's comparison).
+    // With device-side attention and ops that record (CUDA graphs): the ops' work of a decode
+    // step between the engine's layers is recorded at a batch size's second step of whole
+    // layers and replayed from then on (one launch per piece instead of one per kernel), for
+    // the first 16 batch sizes seen (each recording holds a graph per piece on the device). A
+    // layer whose experts are split with the host is two pieces: up to its routing's copy
+    // down, and from its next layer's norm; the host's part between them runs. False: every
+    // kernel launched (the benchmark's comparison).
     bool cuda_graphs = true;
     // A prompt chunk's host-resident experts, with ops that can stream them
     // (ModelOps::stream_expert_bytes): `automatic` streams those a measured cost model says the
@@ -174,7 +176,7 @@ class Runtime {
     virtual std::vector<StepTrialResult> step_trials() const { return {}; }
     // Decode steps replay recordings (RuntimeOptions::cuda_graphs took effect).
     virtual bool records_decode() const noexcept { return false; }
-    // Batch sizes whose decode segments are recorded and replayed now (0 without recordings).
+    // Batch sizes whose decode steps are recorded and replayed now (0 without recordings).
     virtual std::size_t decode_recordings() const noexcept { return 0; }
     virtual LayerTimes last_layer_times() const { return {}; }
     // Turns RuntimeOptions::profile_layers on or off for the next decode steps.
