@@ -161,6 +161,11 @@ struct Run {
     std::size_t sequences = 0;            // admitted and run
     std::string refusal;                  // what stopped the admission (spill_budget runs)
     bool device_attention = false, cuda_graphs = false;  // how the runtime's decode ran
+    // The engine's policy when the KV was stored: the calibration it started from (GPU modes:
+    // the model's, measured by its first GPU engine) and the CPU share it routed spilled blocks
+    // toward (EngineStatus::r_target), which fixed the blocks' regions.
+    Calibration calibration;
+    double r_target_stored = 0;
 };
 
 // The KV of `batch` sequences of `context` tokens and the steps after, in whole blocks: what
@@ -290,6 +295,7 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
             eo.host_kv_bytes = spill_budget - eo.pinned_kv_bytes;
         }
         auto e = calibrated_engine(s, mode, eo);
+        if (mode != "cpu-only") r.calibration = s.calibration;
         auto rt = runtime_for(s, *e, mode, batch);
         std::vector<std::uint64_t> ids;
         for (std::size_t b = 0; b < batch; ++b) {
@@ -310,6 +316,7 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
         fill(*e, *rt, ids, context);
         r.rss_gib = gib(resident_bytes());
         const EngineStatus st = e->status();
+        r.r_target_stored = st.r_target;
         r.in_g = st.regions[static_cast<int>(Region::G)].used_blocks;
         r.in_p = st.regions[static_cast<int>(Region::P)].used_blocks;
         r.in_u = st.regions[static_cast<int>(Region::U)].used_blocks;
@@ -822,6 +829,13 @@ std::string decode_config(ModelSetup& s, const std::string& name, std::size_t co
             r.cuda_graphs ? "; CUDA graphs" : "", "", r.prof_attention_ms, r.prof_gpu_experts_ms,
             r.prof_cpu_experts_ms, r.prof_rest_ms, r.tracked_a * 1e6, r.tracked_b * 1e6, r.rss_gib,
             gib(host_need(name, c.num_layers, context, batch, o)));
+        if (mode != "cpu-only" && r.in_p + r.in_u > 0)
+            std::printf(
+                "               policy when the KV was stored: r target %.2f from the calibration "
+                "A %.3g us/token (r2 %.2f), B %.3g us/token (r2 %.2f), delta %.3g us, CPU "
+                "intercept %.3g us\n",
+                r.r_target_stored, r.calibration.a * 1e6, r.calibration.a_r2, r.calibration.b * 1e6,
+                r.calibration.b_r2, r.calibration.delta * 1e6, r.calibration.cpu_intercept * 1e6);
         if (r.streams)
             std::printf(
                 "  %-10s   host experts per step: %.1f streamed, %.1f on the CPU (the policy's "
@@ -879,6 +893,10 @@ std::string decode_config(ModelSetup& s, const std::string& name, std::size_t co
     else
         j << "null";
     j << ", \"tracked_a\": " << ws.tracked_a << ", \"tracked_b\": " << ws.tracked_b
+      << ", \"r_target_stored\": " << ws.r_target_stored
+      << ", \"calibration\": {\"a\": " << ws.calibration.a << ", \"b\": " << ws.calibration.b
+      << ", \"delta\": " << ws.calibration.delta
+      << ", \"cpu_intercept\": " << ws.calibration.cpu_intercept << "}"
       << ", \"decode\": {\"device_attention\": " << (ws.device_attention ? "true" : "false")
       << ", \"cuda_graphs\": " << (ws.cuda_graphs ? "true" : "false") << "}";
     if (runs.count("writescope-all-gpu") && runs["writescope-all-gpu"].ok) {
