@@ -247,7 +247,7 @@ class RuntimeImpl final : public Runtime {
             else if (recordings_.size() < kMaxRecordedBatches)
                 rec = &recordings_[n];
         }
-        Segments seg(*this, rec);
+        Pieces pieces(*this, rec);
         const auto pre = [&](std::size_t l) {
             ops_.rms_norm(w_.layers[l].input_norm, h_.data(), n, hidden, eps_, xn_.data());
             arch_->attention_in(l, xn_.data(), n, pos, q_.data(), k_.data(), v_.data());
@@ -255,7 +255,7 @@ class RuntimeImpl final : public Runtime {
         detail::FeedForward& ffn = arch_->ffn();
         engine_.begin_step(seq_ids);
         try {
-            seg.run([&] {
+            pieces.run([&] {
                 ops_.embed(w_.embed, host_ ? tokens.data() : ids_.data(), n, h_.data());
                 pre(0);
             });
@@ -283,7 +283,7 @@ class RuntimeImpl final : public Runtime {
                     }
                 });
                 const bool waits = ffn.waits_for_host(l);
-                seg.run([&] {
+                pieces.run([&] {
                     finish_attention_rows(l, 0, n, hidden);
                     if (ffn.run_ops(l, xn_.data(), n, h_.data()) != waits)
                         throw std::logic_error("decode: layer " + std::to_string(l) +
@@ -292,10 +292,10 @@ class RuntimeImpl final : public Runtime {
                 });
                 if (waits) {
                     ffn.run_host(l, xn_.data(), n, h_.data());
-                    if (l + 1 < layers) seg.run([&] { pre(l + 1); });
+                    if (l + 1 < layers) pieces.run([&] { pre(l + 1); });
                 }
             }
-            seg.done();
+            pieces.done();
             last_step_ = engine_.end_step();
         } catch (...) {
             engine_.abort_step();
@@ -327,9 +327,9 @@ class RuntimeImpl final : public Runtime {
     // waits for the host) is run instead and the size is not recorded again. A step runs the
     // same pieces in the same order at every step of a size (which layers wait for the host is
     // fixed when the runtime is made).
-    class Segments {
+    class Pieces {
       public:
-        Segments(RuntimeImpl& rt, Recording* rec) : rt_(rt), rec_(rec) {
+        Pieces(RuntimeImpl& rt, Recording* rec) : rt_(rt), rec_(rec) {
             if (!rec_ || rec_->failed) {
                 rec_ = nullptr;
                 return;
@@ -529,7 +529,7 @@ class RuntimeImpl final : public Runtime {
     bool host_ = true;               // the ops compute in host memory
     bool device_attention_ = false;  // decode hands the engine device memory (same GPU)
     bool device_prompts_ = false;    // and prompt chunks too
-    bool graphs_ = false;            // decode segments recorded and replayed (cuda_graphs)
+    bool graphs_ = false;            // decode pieces recorded and replayed (cuda_graphs)
     bool last_in_parts_ = false;     // the last decode step's layers in halves (layer_parts)
     bool can_halve_last_ = false;    // ... and it could have gone either way (automatic)
     // LayerParts::automatic: halves on the odd steps of the trial. ExpertRows::automatic: the
@@ -543,7 +543,7 @@ class RuntimeImpl final : public Runtime {
         return opts_.layer_parts == LayerParts::always || parts_trial_.second(n);
     }
     // Per batch size, for at most kMaxRecordedBatches sizes (the first ones seen; the others
-    // launch every call): each recording holds an instantiated graph per segment on the device.
+    // launch every call): each recording holds an instantiated graph per piece on the device.
     static constexpr std::size_t kMaxRecordedBatches = 16;
     std::map<std::size_t, Recording> recordings_;
     KvGeometry geometry_;
