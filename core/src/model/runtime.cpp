@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "architecture.hpp"
@@ -305,8 +306,14 @@ class RuntimeImpl final : public Runtime {
             ++held_[seq_ids[i]];
         head(0, n, logits);
         last_bytes_ = fixed_bytes_ + arch_->ffn().take_bytes();
-        if (can_halve_last_) parts_trial_.timed(n, last_in_parts_, steady_seconds() - t_start);
-        if (rows_trial) rows_trial_.timed(n, rows_on, steady_seconds() - t_start);
+        // A step that set something up once says nothing about either way of a trial: the first
+        // at its batch size (the ops' tables, the first calls' allocations) and one that
+        // recorded the size's pieces. Such a step is not timed, and the trial's next step runs
+        // the way this one did.
+        const bool one_time = first_step_at(n) || pieces.recorded();
+        if (can_halve_last_ && !one_time)
+            parts_trial_.timed(n, last_in_parts_, steady_seconds() - t_start);
+        if (rows_trial && !one_time) rows_trial_.timed(n, rows_on, steady_seconds() - t_start);
         if (profile) {
             times.total = steady_seconds() - t_step;
             last_times_ = times;
@@ -336,6 +343,7 @@ class RuntimeImpl final : public Runtime {
             }
             replay_ = rec_->complete;
             record_ = !replay_ && rec_->steps >= 1;
+            tried_ = record_;
             if (record_) rec_->ids.clear();
         }
         template <class Body>
@@ -365,6 +373,8 @@ class RuntimeImpl final : public Runtime {
             }
             rt_.ops_.replay(rec_->ids.back());
         }
+        // Whether this step recorded the size's pieces (or tried to).
+        bool recorded() const noexcept { return tried_; }
         // After the last piece: the step counts towards recording this size.
         void done() {
             if (!rec_) return;
@@ -378,7 +388,7 @@ class RuntimeImpl final : public Runtime {
         RuntimeImpl& rt_;
         Recording* rec_;
         std::size_t next_ = 0;
-        bool replay_ = false, record_ = false;
+        bool replay_ = false, record_ = false, tried_ = false;
     };
 
     // After the engine's attention of layer l over n rows: output projection, residual, norm,
@@ -539,6 +549,12 @@ class RuntimeImpl final : public Runtime {
                                    [](std::size_t at) { return at % 2 == 1; }};
     detail::StepTrial rows_trial_{kExpertRowsTrial, kExpertRowsRetrial,
                                   [](std::size_t at) { return at / 2 % 2 == 1; }};
+    // Whether this is the first decode step of n sequences (it marks the size as stepped).
+    bool first_step_at(std::size_t n) {
+        if (stepped_sizes_.size() <= n) stepped_sizes_.resize(n + 1, 0);
+        return std::exchange(stepped_sizes_[n], 1) == 0;
+    }
+    std::vector<std::uint8_t> stepped_sizes_;  // per batch size (≤ max_batch): stepped at
     bool halves_now(std::size_t n) {
         return opts_.layer_parts == LayerParts::always || parts_trial_.second(n);
     }

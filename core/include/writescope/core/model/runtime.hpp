@@ -28,6 +28,9 @@ enum class ExpertStreaming { off, automatic, always };
 enum class LayerParts { off, automatic, always };
 enum class ExpertRows { off, automatic, always };
 
+// The automatic choices' trials (layer_parts, expert_rows below), in timed steps: a step that
+// set something up once (the first at its batch size, one that recorded the size's CUDA graphs)
+// is not timed, and the trial's next step runs the way it did.
 inline constexpr std::size_t kLayerPartsTrial = 8, kLayerPartsRetrial = 512;
 inline constexpr std::size_t kExpertRowsTrial = 8, kExpertRowsRetrial = 512;
 // The prompt chunk a GPU model runtime and a CPU one take by default (the daemon's
