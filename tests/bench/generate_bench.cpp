@@ -301,7 +301,7 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
         for (std::size_t b = 0; b < batch; ++b) {
             // Room for the warm-up steps too (the rows split's trial: below).
             const Admission a =
-                rt->admit(first_id + b, context + o.steps + 2 + model::kExpertRowsTrial);
+                rt->admit(first_id + b, context + o.steps + 3 + model::kExpertRowsTrial);
             if (!a.ok) {
                 if (spill_budget > 0 && b > 0) {
                     r.refusal = a.error;
@@ -331,9 +331,10 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
         std::vector<double> step_s, attn_s, host_b;
         model::ExpertStreamStats streams_before;  // after the warm-up steps
         rt->take_expert_heat();
-        // Warm-up: one step, and the automatic rows split's trial (its choice is then timed).
+        // Warm-up: one step, and the automatic rows split's trial (its choice is then timed),
+        // which starts after the size's first step and the step that records its graphs.
         const std::size_t warm = s.expert_rows == model::ExpertRows::automatic && mode != "cpu-only"
-                                     ? 1 + model::kExpertRowsTrial
+                                     ? 2 + model::kExpertRowsTrial
                                      : 1;
         for (std::size_t step = 0; step < warm + o.steps; ++step) {
             for (auto& t : toks)
