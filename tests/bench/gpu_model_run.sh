@@ -1,8 +1,8 @@
 #!/bin/bash
 # Builds and runs the GPU model tests and the GPU runtime's decode benchmark on the lent GPU
 # machine, logs under $OUT. Run from the repository root after `source .devdeps/unpack-deps.sh`.
-#   PHASES: any of "test decode generate prefill longprefill chunks halves aggregate rows" (default
-#     "test decode"); chunks: the prompt rate at chunks of 512 and 2048 tokens (Mixtral, Qwen3,
+#   PHASES: any of "test decode generate prefill longprefill chunks halves aggregate rows
+#     graphs" (default "test decode"); chunks: the prompt rate at chunks of 512 and 2048 tokens (Mixtral, Qwen3,
 #     8 layers);
 #     prefill: the prompt rate with and without expert streaming (Qwen3, Mixtral); longprefill:
 #     a 32K prompt spilling into P and U (G capped at 4K tokens), its U attended by the CPU and
@@ -11,7 +11,9 @@
 #     sequences each model of AGG_MODELS (default all three; ~2-3 min each) holds at its full
 #     depth under the 32 GiB VRAM budget, decoding
 #   rows: decode with the host experts split by rows with the GPU against the CPU alone
-#     (Mixtral and Qwen3, 8 layers, 8K, batches 1 and 4);
+#     (Mixtral and Qwen3, 8 layers, 8K, batches 1 and 4); graphs: decode at full depth, 32K x 1,
+#     with CUDA graphs and with every kernel launched, alternating (Qwen3 and DeepSeek; the
+#     files are many: tar them under $OUT, at most 8 files come back);
 #   GPU_TESTS: the GPU test programs the test phase runs (default: test-gpu-model-ops
 #     test-gpu-runtime test-gpu; test-cpu-model always runs there)
 #   DECODE_ARGS: extra arguments for model-decode (default: the three models, context 1024)
@@ -128,5 +130,24 @@ if [[ $PHASES == *halves* ]]; then
       > "$OUT/generate-halves-$lp.txt" 2>&1
     echo "halves $lp rc=$?"
     grep -E "ctx|tracked" "$OUT/generate-halves-$lp.txt"
+  done
+fi
+if [[ $PHASES == *graphs* ]]; then
+  # Decode at full depth with CUDA graphs (split layers recorded around their host part)
+  # against every kernel launched, in the order on, off, off, on so that the host memory's
+  # drift falls on both (GRAPHS_MODELS, GRAPHS_ARGS to change them; ~45 s a Qwen3 run).
+  for m in ${GRAPHS_MODELS:-qwen3-30b-a3b deepseek-v2-lite}; do
+    i=0
+    for g in on off off on; do
+      i=$((i + 1))
+      flag=""
+      if [[ $g == off ]]; then flag="--no-graphs"; fi
+      # shellcheck disable=SC2086
+      "$BENCH" generate --models "$m" --contexts 32K --batches 1 --modes writescope --steps 6 \
+        --prefill 512 $flag ${GRAPHS_ARGS:-} --json "$OUT/generate-graphs-$m-$i-$g.json" \
+        > "$OUT/generate-graphs-$m-$i-$g.txt" 2>&1
+      echo "graphs $g ($i), $m rc=$?"
+      grep -E "ceilings|tok/s" "$OUT/generate-graphs-$m-$i-$g.txt" | cut -c1-260
+    done
   done
 fi
