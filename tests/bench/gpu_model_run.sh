@@ -2,8 +2,8 @@
 # Builds and runs the GPU model tests and the GPU runtime's decode benchmark on the lent GPU
 # machine, logs under $OUT. Run from the repository root after `source .devdeps/unpack-deps.sh`.
 #   PHASES: any of "test decode generate prefill longprefill chunks halves aggregate rows
-#     graphs" (default "test decode"); chunks: the prompt rate at chunks of 512 and 2048 tokens (Mixtral, Qwen3,
-#     8 layers);
+#     graphs" (default "test decode"); chunks: the prompt rate at chunks of 512 and 2048 tokens
+#     (Mixtral, Qwen3, 8 layers);
 #     prefill: the prompt rate with and without expert streaming (Qwen3, Mixtral); longprefill:
 #     a 32K prompt spilling into P and U (G capped at 4K tokens), its U attended by the CPU and
 #     by the GPU; halves: decode batches in layer halves against whole layers (Qwen3 128K x 16,
