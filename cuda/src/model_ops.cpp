@@ -189,11 +189,13 @@ struct CudaModelOps::Impl {
             in_place_seconds = ms * 1e-3;
         cudaGetLastError();
     }
-    // Recordings: instantiated graphs, destroyed with the ops.
+    // Recordings: instantiated graphs, destroyed with the ops or when dropped (a dropped one's
+    // slot is null and handed out again: free_graphs).
     struct GraphDel {
         void operator()(cudaGraphExec_t g) const noexcept { cudaGraphExecDestroy(g); }
     };
     std::vector<std::unique_ptr<CUgraphExec_st, GraphDel>> graphs;
+    std::vector<std::size_t> free_graphs;
     bool recording = false;
     std::unique_ptr<CUstream_st, StreamDel> stream_owner;
     std::unique_ptr<cublasContext, BlasDel> blas_owner;
@@ -1013,8 +1015,22 @@ std::size_t CudaModelOps::end_record() {
     const cudaError_t e = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
     check(e, "cudaGraphInstantiate");
+    if (!impl_->free_graphs.empty()) {
+        const std::size_t id = impl_->free_graphs.back();
+        impl_->free_graphs.pop_back();
+        impl_->graphs[id].reset(exec);
+        return id;
+    }
     impl_->graphs.emplace_back(exec);
     return impl_->graphs.size() - 1;
+}
+void CudaModelOps::drop_record(std::size_t recording) noexcept {
+    if (recording >= impl_->graphs.size() || !impl_->graphs[recording]) return;
+    impl_->use();
+    // A replay of it may still be running: CUDA frees an executable graph destroyed in flight
+    // once its launch completes (cudaGraphExecDestroy), so nothing waits here.
+    impl_->graphs[recording].reset();
+    impl_->free_graphs.push_back(recording);
 }
 void CudaModelOps::cancel_record() noexcept {
     impl_->wait();
@@ -1027,7 +1043,7 @@ void CudaModelOps::cancel_record() noexcept {
 }
 void CudaModelOps::replay(std::size_t recording) {
     impl_->use();
-    if (recording >= impl_->graphs.size())
+    if (recording >= impl_->graphs.size() || !impl_->graphs[recording])
         throw std::out_of_range("CudaModelOps::replay: no recording " + std::to_string(recording));
     check(cudaGraphLaunch(impl_->graphs[recording].get(), impl_->stream), "cudaGraphLaunch");
 }

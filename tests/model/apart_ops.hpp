@@ -44,7 +44,7 @@ class CountingOps final : public model::ModelOps {
         : inner_(o), host_(host_memory), dev_(dev) {}
 
     std::size_t uploads = 0, downloads = 0, moe_calls = 0, moe_tokens = 0;
-    std::size_t recorded_calls = 0, replays = 0;
+    std::size_t recorded_calls = 0, replays = 0, dropped_records = 0;
     std::size_t streamed_calls = 0, streamed_experts = 0;
     std::size_t in_place_calls = 0;
     model::MoeRouting last_in_place_routing;
@@ -167,6 +167,7 @@ class CountingOps final : public model::ModelOps {
     std::size_t end_record() override {
         if (!cur_) throw std::logic_error("CountingOps: not recording");
         cur_ = nullptr;
+        dropped_.push_back(0);
         return recordings_.size() - 1;
     }
     void cancel_record() noexcept override {
@@ -175,9 +176,24 @@ class CountingOps final : public model::ModelOps {
         recordings_.pop_back();
     }
     void replay(std::size_t recording) override {
+        if (recording >= recordings_.size() || dropped_.at(recording))
+            throw std::out_of_range("CountingOps: no recording " + std::to_string(recording));
         ++replays;
-        for (const auto& call : recordings_.at(recording))
+        for (const auto& call : recordings_[recording])
             call();
+    }
+    void drop_record(std::size_t recording) noexcept override {
+        if (recording >= recordings_.size() || dropped_[recording]) return;
+        dropped_[recording] = 1;
+        recordings_[recording].clear();
+        ++dropped_records;
+    }
+    // Recordings held now (made and not dropped).
+    std::size_t live_records() const noexcept {
+        std::size_t n = 0;
+        for (const std::uint8_t d : dropped_)
+            n += d == 0;
+        return n;
     }
     std::size_t max_tokens() const noexcept override { return inner_.max_tokens(); }
     const char* kernel_name() const noexcept override { return inner_.kernel_name(); }
@@ -204,6 +220,7 @@ class CountingOps final : public model::ModelOps {
     DeviceEmulation dev_;
     StreamStats last_stream_;
     std::vector<std::vector<std::function<void()>>> recordings_;
+    std::vector<std::uint8_t> dropped_;  // per recording made
     std::vector<std::function<void()>>* cur_ = nullptr;
 };
 

@@ -23,6 +23,7 @@ struct DeviceSideOptions {
         false;  // routed experts split with host ops: those keeps(layer, expert) leaves out
     bool (*keeps)(std::size_t layer, std::size_t expert) = split_keeps;
     model::LayerParts layer_parts = model::LayerParts::automatic;
+    std::size_t graph_sizes = 16, graph_idle_steps = 1024;  // RuntimeOptions::cuda_graph_*
 };
 
 struct DeviceSideRuntime {
@@ -48,6 +49,8 @@ struct DeviceSideRuntime {
         ro.max_batch = o.max_batch;
         ro.kv_dtype = kv;
         ro.layer_parts = o.layer_parts;
+        ro.cuda_graph_sizes = o.graph_sizes;
+        ro.cuda_graph_idle_steps = o.graph_idle_steps;
         if (!o.split) {
             runtime = model::make_runtime(m, *ops, *engine, ro);
             return;

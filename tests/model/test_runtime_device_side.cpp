@@ -176,6 +176,72 @@ TEST_CASE("a split model's decode replays the ops' work around its host experts"
     }
 }
 
+TEST_CASE("decode recordings go to the batch sizes stepped lately, and back to the ops",
+          "[model]") {
+    // One place for recordings, given up after 3 steps idle: batch 1 is recorded, batch 2 waits
+    // until batch 1 has been idle that long, then takes the place (batch 1's graphs dropped);
+    // the logits are those of launching every call throughout.
+    const auto dir = models_dir() / "mixtral-tiny";
+    const Reference ref = read_reference(dir);
+    const auto m = model::load_model_dir(dir);
+    const ReferencePrompt& p = ref.prompts[0];
+    DeviceSideOptions o;
+    o.record = true;
+    o.graph_sizes = 1;
+    o.graph_idle_steps = 3;
+    DeviceSideRuntime rec(*m, o);
+    o.record = false;
+    DeviceSideRuntime plain(*m, o);
+    const std::size_t V = static_cast<std::size_t>(m->config().vocab_size);
+    // Batch 1 for 4 steps, batch 2 for 6, batch 1 again for 2; the recordings after each.
+    const std::size_t sizes[] = {1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 1, 1};
+    std::vector<std::size_t> recorded, live, dropped;
+    std::vector<float> logits[2];
+    for (DeviceSideRuntime* s : {&rec, &plain}) {
+        model::Runtime& rt = *s->runtime;
+        const std::uint64_t ids[] = {7, 8};
+        std::vector<float> scratch(p.ids.size() * V), out(2 * V);
+        for (const std::uint64_t id : ids) {
+            REQUIRE(rt.admit(id, p.ids.size() + std::size(sizes)).ok);
+            rt.prefill(id, p.ids, scratch.data());
+        }
+        for (std::size_t step = 0; step < std::size(sizes); ++step) {
+            const std::int32_t toks[] = {static_cast<std::int32_t>((7 * step + 3) % V),
+                                         static_cast<std::int32_t>((5 * step + 1) % V)};
+            const std::size_t n = sizes[step];
+            rt.decode(std::span<const std::uint64_t>(ids, n),
+                      std::span<const std::int32_t>(toks, n), out.data());
+            logits[s == &plain].insert(logits[s == &plain].end(), out.begin(),
+                                       out.begin() + static_cast<std::ptrdiff_t>(n * V));
+            if (s == &rec) {
+                recorded.push_back(rt.decode_recordings());
+                live.push_back(s->ops->live_records());
+                dropped.push_back(s->ops->dropped_records);
+            }
+        }
+    }
+    CHECK(logits[0] == logits[1]);
+    const std::size_t pieces = static_cast<std::size_t>(m->config().num_layers) + 1;
+    // Batch 1: its first step runs, its second records.
+    CHECK(recorded[0] == 0);
+    CHECK(recorded[1] == 1);
+    CHECK(live[3] == pieces);
+    // Batch 2's first two steps find the place held (batch 1 ran 1 and 2 steps before); at
+    // its third batch 1 has been idle for 3 steps: dropped, and batch 2 runs its first step
+    // with a recording of its own, records at its fourth, replays at its fifth and sixth.
+    CHECK(dropped[5] == 0);
+    CHECK(dropped[6] == pieces);
+    CHECK(recorded[6] == 0);
+    CHECK(recorded[7] == 1);
+    CHECK(live[9] == pieces);
+    // Batch 1 again: the place is batch 2's, used a step ago; batch 1 launches every call.
+    CHECK(dropped[11] == pieces);
+    CHECK(recorded[11] == 1);
+    // The runtime gives its recordings back when it goes.
+    rec.runtime.reset();
+    CHECK(rec.ops->live_records() == 0);
+}
+
 TEST_CASE("device-side prompt chunks over T, G, P and U keep transformers' logits", "[model]") {
     // U attended by the CPU and merged, or laid out linear by the engine in pieces of one and of
     // two blocks for the GPU side.

@@ -118,6 +118,14 @@ class RuntimeImpl final : public Runtime {
         // (Layers whose experts are split with the host run that part between recordings.)
         graphs_ = opts.cuda_graphs && device_attention_ && ops.can_record();
     }
+    // The recordings' graphs go back to the ops (which outlive the runtime: its buffers are
+    // theirs too).
+    ~RuntimeImpl() override {
+        for (auto& entry : recordings_)
+            drop(entry.second);
+    }
+    RuntimeImpl(const RuntimeImpl&) = delete;
+    RuntimeImpl& operator=(const RuntimeImpl&) = delete;
     std::uint64_t last_weight_bytes() const noexcept override { return last_bytes_; }
     StepReport last_step() const override { return last_step_; }
     bool device_attention() const noexcept override { return device_attention_; }
@@ -240,14 +248,8 @@ class RuntimeImpl final : public Runtime {
         // The ops' work between the engine's layers, in pieces: recorded at this batch size's
         // second step of whole layers and replayed from then on (graphs_), else run. A layer
         // whose experts are split with the host runs that part between two pieces.
-        Recording* rec = nullptr;
-        if (graphs_ && !profile && half == 0) {
-            const auto it = recordings_.find(n);
-            if (it != recordings_.end())
-                rec = &it->second;
-            else if (recordings_.size() < kMaxRecordedBatches)
-                rec = &recordings_[n];
-        }
+        ++decode_steps_;
+        Recording* rec = graphs_ && !profile && half == 0 ? recording_for(n) : nullptr;
         Pieces pieces(*this, rec);
         const auto pre = [&](std::size_t l) {
             ops_.rms_norm(w_.layers[l].input_norm, h_.data(), n, hidden, eps_, xn_.data());
@@ -325,6 +327,7 @@ class RuntimeImpl final : public Runtime {
     struct Recording {
         std::vector<std::size_t> ids;  // one per piece, in the order a step runs them
         std::size_t steps = 0;         // steps of whole layers run at this size
+        std::uint64_t used = 0;        // the decode step (decode_steps_) that last ran it
         bool complete = false;         // ids hold every piece of a step
         bool failed = false;           // a piece could not be recorded: run from now on
     };
@@ -344,7 +347,7 @@ class RuntimeImpl final : public Runtime {
             replay_ = rec_->complete;
             record_ = !replay_ && rec_->steps >= 1;
             tried_ = record_;
-            if (record_) rec_->ids.clear();
+            if (record_) rt_.drop(*rec_);  // what a step cut short recorded
         }
         template <class Body>
         void run(Body&& body) {
@@ -366,7 +369,7 @@ class RuntimeImpl final : public Runtime {
             } catch (...) {
                 rt_.ops_.cancel_record();
                 rec_->failed = true;
-                rec_->ids.clear();
+                rt_.drop(*rec_);
                 record_ = false;
                 body();  // run for real what could not be recorded
                 return;
@@ -558,10 +561,39 @@ class RuntimeImpl final : public Runtime {
     bool halves_now(std::size_t n) {
         return opts_.layer_parts == LayerParts::always || parts_trial_.second(n);
     }
-    // Per batch size, for at most kMaxRecordedBatches sizes (the first ones seen; the others
-    // launch every call): each recording holds an instantiated graph per piece on the device.
-    static constexpr std::size_t kMaxRecordedBatches = 16;
+    // Per batch size, for at most RuntimeOptions::cuda_graph_sizes sizes at a time (each holds
+    // an instantiated graph per piece on the device); decode_steps_ counts the decode calls.
     std::map<std::size_t, Recording> recordings_;
+    std::uint64_t decode_steps_ = 0;
+    // The recording of batch size n (made now if there is room), or none: with every place
+    // taken, the size stepped least recently gives its place once it has been idle for
+    // cuda_graph_idle_steps decode steps, so that the sizes a long run settles on get the
+    // graphs rather than the first ones it saw; until then the new size launches every call.
+    Recording* recording_for(std::size_t n) {
+        if (const auto it = recordings_.find(n); it != recordings_.end()) {
+            it->second.used = decode_steps_;
+            return &it->second;
+        }
+        if (!recordings_.empty() && recordings_.size() >= opts_.cuda_graph_sizes) {
+            const auto lru = std::min_element(
+                recordings_.begin(), recordings_.end(),
+                [](const auto& a, const auto& b) { return a.second.used < b.second.used; });
+            if (decode_steps_ - lru->second.used < opts_.cuda_graph_idle_steps) return nullptr;
+            drop(lru->second);
+            recordings_.erase(lru);
+        }
+        if (recordings_.size() >= opts_.cuda_graph_sizes) return nullptr;
+        Recording& r = recordings_[n];
+        r.used = decode_steps_;
+        return &r;
+    }
+    // Frees a recording's graphs on the device.
+    void drop(Recording& r) noexcept {
+        for (const std::size_t id : r.ids)
+            ops_.drop_record(id);
+        r.ids.clear();
+        r.complete = false;
+    }
     KvGeometry geometry_;
     std::unique_ptr<Architecture> arch_;
     std::size_t chunk_ = 0, rows_ = 0, k_row_ = 0, v_row_ = 0;

@@ -146,6 +146,7 @@ class CudaModelOps final : public model::ModelOps {
     std::size_t end_record() override;
     void cancel_record() noexcept override;
     void replay(std::size_t recording) override;
+    void drop_record(std::size_t recording) noexcept override;
     void* stream_handle() const noexcept override { return stream(); }
     // Streaming host-resident experts (the class comment). moe_streamed throws std::logic_error
     // when streaming is off or while recording, std::length_error for an expert of more than

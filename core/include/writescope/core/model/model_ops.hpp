@@ -147,7 +147,9 @@ class ModelOps {
     // of its calls (what they point at may change between replays). Recorded calls must not
     // cross to or wait for the host (no upload, download or synchronize, no moe that waits for
     // its counts): one that does throws, and the recording must then be abandoned with
-    // cancel_record(). Ops that run at once (the CPU's) have none: can_record() false.
+    // cancel_record(). drop_record(id) frees a recording (its id may be handed out again; a
+    // replay of it throws until then). Ops that run at once (the CPU's) have none: can_record()
+    // false.
     virtual bool can_record() const noexcept { return false; }
     virtual void begin_record() { throw std::logic_error("these ops cannot record"); }
     virtual std::size_t end_record() { throw std::logic_error("these ops cannot record"); }
@@ -156,6 +158,7 @@ class ModelOps {
         (void)recording;
         throw std::logic_error("these ops cannot record");
     }
+    virtual void drop_record(std::size_t recording) noexcept { (void)recording; }
 
     // Streaming host-resident experts into the ops' memory (a large prompt chunk's experts that
     // would take the CPU longer than the copy, docs/gpu-runtime.md). Ops that cannot stream

@@ -54,12 +54,17 @@ struct RuntimeOptions {
     bool profile_layers = false;
     // With device-side attention and ops that record (CUDA graphs): the ops' work of a decode
     // step between the engine's layers is recorded at a batch size's second step of whole
-    // layers and replayed from then on (one launch per piece instead of one per kernel), for
-    // the first 16 batch sizes seen (each recording holds a graph per piece on the device). A
+    // layers and replayed from then on (one launch per piece instead of one per kernel). A
     // layer whose experts are split with the host is two pieces: up to its routing's copy
     // down, and from its next layer's norm; the host's part between them runs. False: every
     // kernel launched (the benchmark's comparison).
     bool cuda_graphs = true;
+    // Recordings are kept for at most cuda_graph_sizes batch sizes at a time (each holds a
+    // graph per piece on the device); with every place taken, the size stepped least recently
+    // gives its place to a new one once it has not run for cuda_graph_idle_steps decode steps
+    // (the new size launches every kernel until then).
+    std::size_t cuda_graph_sizes = 16;
+    std::size_t cuda_graph_idle_steps = 1024;
     // A prompt chunk's host-resident experts, with ops that can stream them
     // (ModelOps::stream_expert_bytes): `automatic` streams those a measured cost model says the
     // ops' copy and compute beat the CPU on (the rest run on the CPU meanwhile); `always` streams
