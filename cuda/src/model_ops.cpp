@@ -1026,10 +1026,12 @@ std::size_t CudaModelOps::end_record() {
 }
 void CudaModelOps::drop_record(std::size_t recording) noexcept {
     if (recording >= impl_->graphs.size() || !impl_->graphs[recording]) return;
-    impl_->use();
+    impl_->wait();
+    cudaSetDevice(impl_->opts.device);
     // A replay of it may still be running: CUDA frees an executable graph destroyed in flight
     // once its launch completes (cudaGraphExecDestroy), so nothing waits here.
     impl_->graphs[recording].reset();
+    cudaGetLastError();  // (a failed destroy leaves nothing for the next call to report)
     impl_->free_graphs.push_back(recording);
 }
 void CudaModelOps::cancel_record() noexcept {
