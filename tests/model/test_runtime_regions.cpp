@@ -5,9 +5,12 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <vector>
 
 #include "hybrid_host_engine.hpp"
 #include "reference_model.hpp"
+#include "writescope/core/block_router.hpp"
+#include "writescope/core/roofline_policy.hpp"
 
 using namespace writescope;
 using namespace writescope::test;
@@ -64,4 +67,47 @@ TEST_CASE("the runtime with the KV in T, G, P and U reproduces transformers' log
         CHECK(err / scale <= 1e-4);
         CHECK(rt->release(1));
     }
+}
+
+TEST_CASE("a prompt that spills goes at the share of the length it makes, not of none", "[model]") {
+    // The roofline's share at no spilled tokens is all or nothing (Δ > c0: every block to the
+    // CPU). A prompt's blocks are placed at once, so the first prompt to spill in a fresh engine
+    // went there whole; it now goes at the share of the spilled length it brings.
+    const auto m = model::load_model_dir(models_dir() / "mixtral-tiny");
+    const KvGeometry g = m->config().kv_geometry(m->config().dtype);
+    const std::size_t B = 8, g_slots = 3, blocks = 64, n = blocks * B;
+    auto e = hybrid_host_engine(g, B, g_slots, 0.5, 1);
+    e->set_mode("writescope");
+    Calibration c;
+    c.has_gpu = true;
+    c.a = 3e-9;  // s/token: B/(A + B) = 0.4
+    c.b = 2e-9;
+    c.delta = 1.1e-6;  // Δ > c0
+    c.cpu_intercept = 1e-6;
+    e->set_calibration(c);
+    const RooflineCosts costs{c.a, c.b, c.delta, c.cpu_intercept};
+    REQUIRE(roofline_share(costs, 0) == 1.0);
+    CHECK(e->status().r_target == 1.0);
+    REQUIRE(e->admit(1, n + 1).ok);
+    const std::size_t es = dtype_bytes(g.dtype), L = static_cast<std::size_t>(g.num_layers);
+    std::vector<std::byte> k(L * n * static_cast<std::size_t>(g.num_kv_heads * g.head_dim_k) * es),
+        v(L * n * static_cast<std::size_t>(g.num_kv_heads * g.head_dim_v) * es);
+    e->prefill(1, n, k.data(), v.data());
+    const EngineStatus st = e->status();
+    const std::size_t in_g = st.regions[static_cast<int>(Region::G)].used_blocks,
+                      in_p = st.regions[static_cast<int>(Region::P)].used_blocks,
+                      in_u = st.regions[static_cast<int>(Region::U)].used_blocks;
+    INFO("G " << in_g << ", P " << in_p << ", U " << in_u);
+    REQUIRE(in_g == g_slots);
+    REQUIRE(in_p + in_u == blocks - g_slots);
+    // Routed at the share of the prompt's own length (an upper bound on its spill), as the
+    // deficit rule rounds it.
+    const double r = roofline_share(costs, static_cast<double>(n));
+    CHECK(r == Approx(0.4 + 0.1e-6 / (5e-9 * static_cast<double>(n))));
+    CHECK(in_u == deficit_u_blocks(in_p + in_u, r));
+    CHECK(in_p > 0);
+    // Afterwards the target follows the length held.
+    CHECK(e->status().r_target ==
+          Approx(roofline_share(costs, static_cast<double>((in_p + in_u) * B))));
+    e->release(1);
 }

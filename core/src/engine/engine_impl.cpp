@@ -238,12 +238,14 @@ void EngineImpl::set_calibration(const Calibration& c) {
     retarget_locked();
 }
 
-void EngineImpl::retarget_locked() {
+void EngineImpl::retarget_locked(double coming) {
     // New spilled blocks are routed toward the share the policy would deploy at the spilled
-    // length the cache holds now.
+    // length the cache holds now, with what is about to be placed (an upper bound on what of
+    // it spills: G may take some).
     const double L = static_cast<double>(cache_->region_stats(Region::P).used_blocks +
                                          cache_->region_stats(Region::U).used_blocks) *
-                     static_cast<double>(parts_.kv.block_tokens);
+                         static_cast<double>(parts_.kv.block_tokens) +
+                     coming;
     cache_->set_target_r(routing_target_share(mode_, trackers_.costs(), L, parts_.gpu != nullptr));
 }
 
@@ -336,9 +338,13 @@ void EngineImpl::import_policy_state(std::string_view text) {
 Admission EngineImpl::admit(std::uint64_t seq_id, std::size_t max_tokens) {
     std::lock_guard lock(mu_);
     if (calibrating_) return {false, "the engine is calibrating; retry when it has finished"};
+    // The reservation follows the share at the length this sequence may bring.
+    retarget_locked(static_cast<double>(max_tokens));
     AdmissionTicket t = cache_->prepare_admit(seq_id, max_tokens);
-    if (!t.ok()) return {false, t.error()};
-    cache_->apply(std::move(t));
+    const bool ok = t.ok();
+    if (ok) cache_->apply(std::move(t));
+    retarget_locked();
+    if (!ok) return {false, t.error()};
     return {true, {}};
 }
 
@@ -426,6 +432,7 @@ void EngineImpl::prefill(std::uint64_t seq_id, std::size_t n, const void* k, con
                                     std::to_string(st.tokens) + " tokens; " + std::to_string(n) +
                                     " more pass its admitted maximum of " +
                                     std::to_string(st.max_tokens));
+        retarget_locked(static_cast<double>(n));  // its blocks go at the length they make
         moves = cache_->append(seq_id, n);
         tail_slot = cache_->open_block(seq_id).t_slot;
         storing_ = true;
