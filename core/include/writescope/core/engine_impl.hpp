@@ -84,9 +84,9 @@ class EngineImpl final : public Engine {
                      std::mt19937_64& rng);
     WorkloadKey workload_key() const;
     // Sets the cache's routing target from the mode, the tracked costs and the spilled length
-    // held now, plus `coming` tokens about to be placed (a prompt's blocks are placed at once:
-    // at the length before it, the first prompt to spill would go at the L → 0 limit, all of
-    // it to one region); mu_ held.
+    // held now, plus `coming` tokens about to be placed (a stored chunk's blocks are placed at
+    // once: at the length before it, the first chunk to spill would go at the L → 0 limit, all
+    // of it to one region); mu_ held.
     void retarget_locked(double coming = 0);
     // attend_layer's checks (mu_ held by the caller's lock): the step open, no layer running,
     // the layer in order, q and the new K given.
