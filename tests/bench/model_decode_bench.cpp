@@ -4,8 +4,8 @@
 // layer's routed experts on the GPU and the rest on the CPU, the KV in a GPU engine that holds
 // it all in T and G).
 // Per configuration: prompts of --context tokens are stored, then --steps decode steps of
-// --batch sequences run; printed: the prompts' prefill rate, the median ms per step (with CUDA
-// graphs, of the steps after a batch size's first two, which run and record), tokens/s, and the
+// --batch sequences run (after untimed ones: a size's first, its recording, the automatic
+// trials); printed: the prompts' prefill rate, the median ms per step, tokens/s, and the
 // bytes one step reads (weights: attention, norms, head, and each expert routed to once; KV:
 // every sequence's whole context in every layer) ÷ the DRAM read bandwidth measured in the same
 // run with the same threads.
@@ -122,7 +122,12 @@ int run_model_decode(int argc, char** argv) {
         eo.attention_threads = static_cast<int>(o.threads);
         eo.pin_threads = false;
         eo.max_batch = max_batch;
-        const std::size_t per_seq = o.context + o.steps + 1;
+        // Untimed first: a batch size's first step (what the calls set up once), the step that
+        // records its CUDA graphs, and the automatic trials that follow them (rows split,
+        // layer halves), so that every timed step runs the ways the runtime chose.
+        const std::size_t warm =
+            gpu ? 2 + std::max(model::kExpertRowsTrial, model::kLayerPartsTrial) : 1;
+        const std::size_t per_seq = o.context + warm + o.steps + 1;
         const std::uint64_t kv_all =
             max_batch * ((per_seq + 127) / 128 + 1) * 128 * g.bytes_per_token() * 5 / 4;
         eo.host_kv_bytes = kv_all + (64u << 20);
@@ -214,24 +219,22 @@ int run_model_decode(int argc, char** argv) {
             std::vector<std::int32_t> toks(batch);
             std::vector<double> step_s;
             std::uint64_t weight_bytes = 0;
-            for (std::size_t s = 0; s < o.steps; ++s) {
+            for (std::size_t s = 0; s < warm + o.steps; ++s) {
                 for (std::size_t b = 0; b < batch; ++b)
                     toks[b] = static_cast<std::int32_t>(
                         std::max_element(logits.data() + b * V, logits.data() + (b + 1) * V) -
                         (logits.data() + b * V));
                 const auto t0 = std::chrono::steady_clock::now();
                 rt->decode(ids, toks, logits.data());
+                if (s < warm) continue;
                 step_s.push_back(seconds_since(t0));
                 weight_bytes += rt->last_weight_bytes();
             }
-            // With recordings, a batch size's first step runs and its second records (and
-            // instantiates the graphs): the median is of the steps after them.
-            const std::size_t skip = rt->records_decode() && step_s.size() > 2 ? 2 : 0;
-            std::sort(step_s.begin() + static_cast<std::ptrdiff_t>(skip), step_s.end());
-            const double med = step_s[skip + (step_s.size() - skip) / 2];
+            std::sort(step_s.begin(), step_s.end());
+            const double med = step_s[step_s.size() / 2];
             const double wb = static_cast<double>(weight_bytes) / static_cast<double>(o.steps);
             const double kvb = static_cast<double>(batch) *
-                               static_cast<double>(o.context + o.steps / 2) *
+                               static_cast<double>(o.context + warm + o.steps / 2) *
                                static_cast<double>(g.bytes_per_token());
             const double gbs = (wb + kvb) / med / 1e9;
             std::printf(
