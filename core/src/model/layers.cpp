@@ -99,8 +99,8 @@ FeedForward::FeedForward(const Binding& b)
     const std::size_t k = static_cast<std::size_t>(std::max(1, c.experts_per_token));
     k_ = k;
     logits_ = OpsBuffer<float>(ops_, max_tokens * E);
-    const bool any_split =
-        std::find(layer_split_.begin(), layer_split_.end(), 1) != layer_split_.end();
+    any_split_ = std::find(layer_split_.begin(), layer_split_.end(), 1) != layer_split_.end();
+    const bool any_split = any_split_;
     const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
     // The routing of a call of n tokens: its experts (n·k int32), their weights (n·k fp32) and,
     // for a split, the hidden rows beside them (n·hidden fp32), one after the other, so that one
@@ -142,17 +142,18 @@ FeedForward::FeedForward(const Binding& b)
 }
 
 void FeedForward::run(std::size_t layer, const float* xn, std::size_t n, float* h) {
-    if (run_ops(layer, xn, n, h)) run_host(layer, xn, n, h);
+    run_ops(layer, xn, n, h);
+    if (waits_for_host(layer)) run_host(layer, xn, n, h);
 }
 
-bool FeedForward::run_ops(std::size_t layer, const float* xn, std::size_t n, float* h) {
+void FeedForward::run_ops(std::size_t layer, const float* xn, std::size_t n, float* h) {
     const auto& c = m_.config();
     const LayerWeights& L = w_.layers[layer];
     if (!L.moe) {
         const MoeRouting single{zeros_.data(), ones_.data(), 1};
         timed(profile_, ops_, &LayerTimes::ops_experts,
               [&] { ops_.moe(std::span<const FfnWeights>(&L.mlp, 1), xn, n, single, h); });
-        return false;
+        return;
     }
     const Matrix router{routers_[layer].data(), DType::f32, L.router.rows, L.router.cols};
     ops_.linear(router, xn, n, logits_.data());
@@ -167,13 +168,12 @@ bool FeedForward::run_ops(std::size_t layer, const float* xn, std::size_t n, flo
             const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
             ops_.copy_2d(xn, n * hidden, route_rows(n), n * hidden, 1, n * hidden);
         }
-        return true;
+        return;
     }
     timed(profile_, ops_, &LayerTimes::ops_experts, [&] {
         ops_.moe(L.experts, xn, n, MoeRouting{expert_ids, expert_weights, k}, h);
     });
     shared(layer, xn, n, h);
-    return false;
 }
 
 void FeedForward::shared(std::size_t layer, const float* xn, std::size_t n, float* h) {

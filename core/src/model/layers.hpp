@@ -66,16 +66,14 @@ class FeedForward {
     void run(std::size_t layer, const float* xn, std::size_t n, float* h);
     // The same in two calls around the host: run_ops enqueues on the ops what comes before the
     // block's first wait for the host (all of it unless the layer's experts are split with the
-    // host ops) and returns whether more is left; run_host then runs the rest (it waits for
-    // the ops, and enqueues the sum's upload and add).
-    bool run_ops(std::size_t layer, const float* xn, std::size_t n, float* h);
+    // host ops: waits_for_host); run_host then runs the rest (it waits for the ops, and
+    // enqueues the sum's upload and add).
+    void run_ops(std::size_t layer, const float* xn, std::size_t n, float* h);
     void run_host(std::size_t layer, const float* xn, std::size_t n, float* h);
-    // Whether the layer's block splits its experts with the host ops (run_ops returns true);
+    // Whether the layer's block splits its experts with the host ops (run_host has work);
     // whether any layer's does.
     bool waits_for_host(std::size_t layer) const noexcept { return layer_split_[layer] != 0; }
-    bool waits_for_host() const noexcept {
-        return std::find(layer_split_.begin(), layer_split_.end(), 1) != layer_split_.end();
-    }
+    bool waits_for_host() const noexcept { return any_split_; }
     // Bytes of routed and shared expert (or dense MLP) weights the calls since the last take
     // read: each expert a call routes a token to counts once.
     std::uint64_t take_bytes();
@@ -144,6 +142,7 @@ class FeedForward {
     // Host-resident experts: per layer, which are; the split's buffers.
     std::vector<std::vector<std::uint8_t>> on_host_;
     std::vector<std::uint8_t> layer_split_;
+    bool any_split_ = false;                // some layer_split_
     std::vector<std::int32_t> split_host_;  // the slots of the other side masked (−1)
     OpsBuffer<std::int32_t> split_ops_;
     OpsBuffer<float> y_ops_;

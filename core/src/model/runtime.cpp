@@ -225,13 +225,14 @@ class RuntimeImpl final : public Runtime {
         const double t_start = steady_seconds();
         can_halve_last_ = false;
         const bool profile = profile_.on;
+        detail::FeedForward& ffn = arch_->ffn();
         // Host experts split by rows (RuntimeOptions::expert_rows): automatic follows its trial
         // per batch size (a profiled step is not timed).
         const bool rows_trial =
-            opts_.expert_rows == ExpertRows::automatic && arch_->ffn().splits_rows() && !profile;
+            opts_.expert_rows == ExpertRows::automatic && ffn.splits_rows() && !profile;
         const bool rows_on = opts_.expert_rows == ExpertRows::always ||
                              (opts_.expert_rows == ExpertRows::automatic && rows_trial_.second(n));
-        arch_->ffn().allow_rows(rows_on);
+        ffn.allow_rows(rows_on);
         LayerTimes& times = profile_.times;
         times = {};
         const double t_step = profile ? steady_seconds() : 0.0;
@@ -240,7 +241,7 @@ class RuntimeImpl final : public Runtime {
         // Two halves per layer (RuntimeOptions::layer_parts): the first half's rows finish while
         // the engine attends the second's.
         const bool can_halve = opts_.layer_parts != LayerParts::off && device_attention_ &&
-                               !profile && n >= 2 && arch_->ffn().waits_for_host() &&
+                               !profile && n >= 2 && ffn.waits_for_host() &&
                                engine_.attends_in_parts();
         const std::size_t half = can_halve && halves_now(n) ? n / 2 : 0;
         last_in_parts_ = half > 0;
@@ -255,7 +256,6 @@ class RuntimeImpl final : public Runtime {
             ops_.rms_norm(w_.layers[l].input_norm, h_.data(), n, hidden, eps_, xn_.data());
             arch_->attention_in(l, xn_.data(), n, pos, q_.data(), k_.data(), v_.data());
         };
-        detail::FeedForward& ffn = arch_->ffn();
         engine_.begin_step(seq_ids);
         try {
             pieces.run([&] {
@@ -288,9 +288,7 @@ class RuntimeImpl final : public Runtime {
                 const bool waits = ffn.waits_for_host(l);
                 pieces.run([&] {
                     finish_attention_rows(l, 0, n, hidden);
-                    if (ffn.run_ops(l, xn_.data(), n, h_.data()) != waits)
-                        throw std::logic_error("decode: layer " + std::to_string(l) +
-                                               " waits for the host other than it says");
+                    ffn.run_ops(l, xn_.data(), n, h_.data());
                     if (!waits && l + 1 < layers) pre(l + 1);
                 });
                 if (waits) {
@@ -307,7 +305,7 @@ class RuntimeImpl final : public Runtime {
         for (std::size_t i = 0; i < n; ++i)
             ++held_[seq_ids[i]];
         head(0, n, logits);
-        last_bytes_ = fixed_bytes_ + arch_->ffn().take_bytes();
+        last_bytes_ = fixed_bytes_ + ffn.take_bytes();
         // A step that set something up once says nothing about either way of a trial: the first
         // at its batch size (the ops' tables, the first calls' allocations) and one that
         // recorded the size's pieces. Such a step is not timed, and the trial's next step runs
