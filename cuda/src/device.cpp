@@ -1,6 +1,7 @@
 // Device discovery, memory pools and streams over the CUDA runtime (linked statically).
 #include "writescope/cuda/device.hpp"
 
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -302,6 +303,14 @@ void* mapped_device_pointer(void* pinned_host) {
 
 void device_synchronize() {
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+
+void profiler_start() {
+    check(cudaProfilerStart(), "cudaProfilerStart");
+}
+
+void profiler_stop() {
+    check(cudaProfilerStop(), "cudaProfilerStop");
 }
 
 void copy_sync(void* dst, const void* src, std::size_t bytes) {

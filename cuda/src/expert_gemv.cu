@@ -9,6 +9,7 @@
 // to the weight dtype as they are read (the gather's rounding: core/dtype.hpp's nearest even),
 // the SwiGLU is applied in fp32 and rounded to the weight dtype before the down projection,
 // the down partials stay fp32 for the combine in slot order: the numerics of the GEMM path.
+#include "gemv_load.cuh"
 #include "model_device.cuh"
 #include "model_kernels.hpp"
 
@@ -17,78 +18,6 @@ namespace {
 
 constexpr int kWarps = 4;   // warps (output rows) per CTA
 constexpr int kTokens = 8;  // routed inputs one pass over a row serves
-
-// 16 bytes of weights as fp32: 8 bf16/fp16 or 4 fp32 elements; and an input rounded to the
-// weight dtype.
-template <class Bits>  // a 16-bit dtype's conversions (model_device.cuh)
-struct Vec16 {
-    static constexpr int N = 8;
-    __device__ static void load(const void* p, float (&f)[N]) {
-        const uint4 v = *static_cast<const uint4*>(p);
-        const std::uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            f[2 * i] = Bits::from(static_cast<std::uint16_t>(w[i] & 0xffffu));
-            f[2 * i + 1] = Bits::from(static_cast<std::uint16_t>(w[i] >> 16));
-        }
-    }
-    __device__ static float round(float x) {
-        return Bits::from(Bits::to(x));
-    }
-};
-struct Bf16Bits {
-    __device__ static float from(std::uint16_t h) { return from_bf16_bits(h); }
-    __device__ static std::uint16_t to(float x) { return to_bf16_bits(x); }
-};
-struct F16Bits {
-    __device__ static float from(std::uint16_t h) { return from_f16_bits(h); }
-    __device__ static std::uint16_t to(float x) { return to_f16_bits(x); }
-};
-// 8 bytes of 16-bit weights: 4 elements (matrices aligned to 8 bytes only).
-template <class Bits>
-struct Vec8 {
-    static constexpr int N = 4;
-    __device__ static void load(const void* p, float (&f)[N]) {
-        const uint2 v = *static_cast<const uint2*>(p);
-        const std::uint32_t w[2] = {v.x, v.y};
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            f[2 * i] = Bits::from(static_cast<std::uint16_t>(w[i] & 0xffffu));
-            f[2 * i + 1] = Bits::from(static_cast<std::uint16_t>(w[i] >> 16));
-        }
-    }
-    __device__ static float round(float x) {
-        return Bits::from(Bits::to(x));
-    }
-};
-template <DType D>
-struct Vec;
-template <>
-struct Vec<DType::bf16> : Vec16<Bf16Bits> {};
-template <>
-struct Vec<DType::f16> : Vec16<F16Bits> {};
-// The loads a kernel takes: 16 bytes, or 8 for narrow 16-bit matrices (fp32 is never narrow).
-template <DType D, bool Narrow>
-struct Load {
-    using type = Vec<D>;
-};
-template <>
-struct Load<DType::bf16, true> {
-    using type = Vec8<Bf16Bits>;
-};
-template <>
-struct Load<DType::f16, true> {
-    using type = Vec8<F16Bits>;
-};
-template <>
-struct Vec<DType::f32> {
-    static constexpr int N = 4;
-    __device__ static void load(const void* p, float (&f)[N]) {
-        const float4 v = *static_cast<const float4*>(p);
-        f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
-    }
-    __device__ static float round(float x) { return x; }
-};
 
 // What one warp computes: output row `row` (of `rows`) of expert e, for its pairs [first,
 // first + count). The CTA row's expert is the blockIdx.y-th with pairs; false when there is
@@ -127,6 +56,9 @@ __global__ void __launch_bounds__(kWarps * 32) gate_up_kernel(const ExpertGemvAr
         for (int t = 0; t < kTokens; ++t)
             x[t] = a.x + static_cast<std::size_t>(a.pair_token[first + t0 + min(t, nt - 1)]) * H;
         float sg[kTokens] = {}, su[kTokens] = {};
+        // Unrolled so that a lane has several pieces of the rows in flight (a short row, 2048
+        // wide, is 8 pieces per lane).
+#pragma unroll 4
         for (std::size_t c = static_cast<std::size_t>(lane) * V::N; c < H; c += 32 * V::N) {
             float wg[V::N], wu[V::N];
             V::load(gate + c * es, wg);
@@ -185,6 +117,7 @@ __global__ void __launch_bounds__(kWarps * 32) down_kernel(const ExpertGemvArgs 
     for (int t0 = 0; t0 < count; t0 += kTokens) {
         const int nt = min(kTokens, count - t0);
         float s[kTokens] = {};
+#pragma unroll 4
         for (std::size_t c = static_cast<std::size_t>(lane) * V::N; c < F; c += 32 * V::N) {
             float w[V::N];
             V::load(down + c * es, w);

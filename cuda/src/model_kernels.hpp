@@ -117,6 +117,34 @@ struct ExpertGemvArgs {
     std::int32_t* unbacked = nullptr;
 };
 bool expert_gemv_fits(std::size_t hidden, std::size_t ffn, DType dtype) noexcept;
+
+// The projections of a few tokens without cuBLAS (dense_gemv.cu): y_m (n, rows_m; rows ldy_m
+// apart) = x (n, cols; rows x_ld apart) · w_mᵀ for the mats matrices, which share x, cols and
+// the dtype, in one launch. x is fp32, rounded to the dtype as it is read; w_m row-major.
+// dense_gemv_fits says whether the kernel takes the call: n ≤ kDenseGemvTokens, rows of whole
+// 16-byte pieces (8 with narrow: 16-bit matrices aligned to 8 bytes only), the inputs rounded
+// (n · cols in the dtype, 4 bytes for fp32) within kDenseGemvStageBytes of shared memory.
+// prepare_dense_gemv, once per device before the first launch (not while a stream records):
+// lets the kernels take that much shared memory.
+constexpr int kDenseGemvTokens = 8;
+constexpr std::size_t kDenseGemvStageBytes = std::size_t{160} << 10;
+struct DenseGemvArgs {
+    static constexpr int kMats = 4;
+    int mats = 0;
+    const void* w[kMats] = {};
+    std::size_t rows[kMats] = {};
+    float* y[kMats] = {};
+    std::size_t ldy[kMats] = {};
+    std::size_t cols = 0;
+    DType dtype = DType::bf16;
+    bool narrow = false;
+    const float* x = nullptr;
+    std::size_t x_ld = 0, n = 0;
+    int sm_count = 1;  // the device's multiprocessors: the grid is a few CTAs per one
+};
+bool dense_gemv_fits(const DenseGemvArgs& a) noexcept;
+void prepare_dense_gemv();
+void launch_dense_gemv(const DenseGemvArgs& a, void* stream);
 void launch_expert_gate_up(const ExpertGemvArgs& a, void* stream);
 void launch_expert_down(const ExpertGemvArgs& a, void* stream);
 

@@ -232,6 +232,8 @@ struct CudaModelOps::Impl {
         cudaDeviceProp prop{};
         check(cudaGetDeviceProperties(&prop, o.device), "cudaGetDeviceProperties");
         sm_count = prop.multiProcessorCount;
+        detail::prepare_dense_gemv();
+        check(cudaGetLastError(), "preparing the GEMV kernels");
         std::snprintf(name, sizeof name, "cublas+cuda-sm%d%d", prop.major, prop.minor);
         check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
         stream_owner.reset(stream);
@@ -314,13 +316,66 @@ struct CudaModelOps::Impl {
               "cublasGemmEx");
     }
 
-    void linear(const model::Matrix& w, const float* x, std::size_t n, float* y) {
-        if (n == 0 || w.rows == 0) return;
+    void check_linear(const model::Matrix& w, std::size_t n) const {
         if (n > opts.max_tokens) too_large("linear", "n", n, "max_tokens", opts.max_tokens);
         if (w.cols > max_width)
             too_large("linear", "cols", w.cols, "max(max_hidden, max_ffn)", max_width);
         if (!w.data && w.cols) throw std::invalid_argument("CudaModelOps::linear: no weight data");
+    }
+
+    // The matrices of one input on the GEMV kernel, in one launch, when it takes them (a few
+    // tokens, one dtype and width, aligned rows: detail::dense_gemv_fits); false: not launched.
+    bool dense_gemv(std::span<const model::Matrix* const> ws, const float* x, std::size_t n,
+                    std::span<float* const> ys) {
+        if (!opts.dense_gemv || ws.empty() || ws.size() > detail::DenseGemvArgs::kMats)
+            return false;
+        detail::DenseGemvArgs a;
+        a.mats = static_cast<int>(ws.size());
+        a.cols = ws[0]->cols;
+        a.dtype = ws[0]->dtype;
+        a.x = x;
+        a.x_ld = a.cols;
+        a.n = n;
+        a.sm_count = sm_count;
+        for (std::size_t m = 0; m < ws.size(); ++m) {
+            const model::Matrix& w = *ws[m];
+            if (w.cols != a.cols || w.dtype != a.dtype) return false;
+            a.w[m] = w.data;
+            a.rows[m] = w.rows;
+            a.y[m] = ys[m];
+            a.ldy[m] = w.rows;
+            a.narrow = a.narrow || (a.dtype != DType::f32 &&
+                                    reinterpret_cast<std::uintptr_t>(w.data) % 16 != 0);
+        }
+        if (!detail::dense_gemv_fits(a)) return false;
+        detail::launch_dense_gemv(a, stream);
+        launched("linear: GEMV kernel");
+        return true;
+    }
+
+    void linear_group(std::span<const model::Matrix* const> ws, const float* x, std::size_t n,
+                      std::span<float* const> ys) {
+        if (ws.size() != ys.size())
+            throw std::invalid_argument("CudaModelOps::linear_group: a matrix per output");
+        if (n == 0) return;
+        for (const model::Matrix* w : ws)
+            check_linear(*w, n);
         use();
+        bool any = false;
+        for (const model::Matrix* w : ws)
+            any = any || w->rows > 0;
+        if (!any || dense_gemv(ws, x, n, ys)) return;
+        for (std::size_t i = 0; i < ws.size(); ++i)
+            linear(*ws[i], x, n, ys[i]);
+    }
+
+    void linear(const model::Matrix& w, const float* x, std::size_t n, float* y) {
+        if (n == 0 || w.rows == 0) return;
+        check_linear(w, n);
+        use();
+        const model::Matrix* ws[] = {&w};
+        float* ys[] = {y};
+        if (dense_gemv(ws, x, n, ys)) return;
         const void* xin = x;
         if (w.dtype != DType::f32) {
             detail::launch_to_dtype(x, n * w.cols, w.dtype, xq.p, stream);
@@ -804,6 +859,10 @@ CudaModelOps::~CudaModelOps() = default;
 
 void CudaModelOps::linear(const model::Matrix& w, const float* x, std::size_t n, float* y) {
     impl_->linear(w, x, n, y);
+}
+void CudaModelOps::linear_group(std::span<const model::Matrix* const> ws, const float* x,
+                                std::size_t n, std::span<float* const> ys) {
+    impl_->linear_group(ws, x, n, ys);
 }
 void CudaModelOps::linear_heads(const model::Matrix& w, const model::HeadsLayout& l, const float* x,
                                 std::size_t n, float* y) {

@@ -14,6 +14,10 @@
 #     (Mixtral and Qwen3, 8 layers, 8K, batches 1 and 4); graphs: decode at full depth, 32K x 1,
 #     with CUDA graphs and with every kernel launched, alternating (Qwen3 and DeepSeek; the
 #     files are many: tar them under $OUT, at most 8 files come back);
+#   profile: the kernels of decode steps timed one by one under Nsight Compute (PROFILE_MODELS,
+#     default the three; 4 layers, batch 1, every expert on the GPU and half of them, kernels
+#     launched one by one), summed per kernel by tests/bench/kernel_times.py, beside the same
+#     steps' times without the profiler (PROFILE_SHARES: the expert shares, default "1 0.5");
 #   GPU_TESTS: the GPU test programs the test phase runs (default: test-gpu-model-ops
 #     test-gpu-runtime test-gpu; test-cpu-model always runs there)
 #   DECODE_ARGS: extra arguments for model-decode (default: the three models, context 1024)
@@ -148,6 +152,23 @@ if [[ $PHASES == *graphs* ]]; then
         > "$OUT/generate-graphs-$m-$i-$g.txt" 2>&1
       echo "graphs $g ($i), $m rc=$?"
       grep -E "ceilings|tok/s" "$OUT/generate-graphs-$m-$i-$g.txt" | cut -c1-260
+    done
+  done
+fi
+if [[ $PHASES == *profile* ]]; then
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  for m in ${PROFILE_MODELS:-qwen3-30b-a3b mixtral-8x7b deepseek-v2-lite}; do
+    for share in ${PROFILE_SHARES:-1 0.5}; do
+      args=(model-decode --models "$m" --layers 4 --batch "${PROFILE_BATCH:-1}" --context 1024
+        --gpu "$share" --no-graphs --steps 4)
+      "$BENCH" "${args[@]}" > "$OUT/profile-$m-$share-plain.txt" 2>&1
+      grep -E "ms/step" "$OUT/profile-$m-$share-plain.txt" | cut -c1-120
+      "$NCU" --profile-from-start off --clock-control none --metrics gpu__time_duration.sum \
+        --csv "$BENCH" "${args[@]}" > "$OUT/profile-$m-$share-ncu.csv" 2> "$OUT/profile-$m-$share-ncu.err"
+      echo "ncu $m --gpu $share rc=$?"
+      python3 tests/bench/kernel_times.py "$OUT/profile-$m-$share-ncu.csv" 4 4 \
+        > "$OUT/profile-$m-$share-kernels.txt" 2>&1
+      head -n 30 "$OUT/profile-$m-$share-kernels.txt"
     done
   done
 fi

@@ -27,6 +27,7 @@
 #include "writescope/cpu/model_ops.hpp"
 #include "writescope/cpu/worker_pool.hpp"
 #if WRITESCOPE_BENCH_GPU_MODEL
+#include "writescope/cuda/device.hpp"
 #include "writescope/cuda/device_model.hpp"
 #include "writescope/cuda/model_ops.hpp"
 #endif
@@ -48,6 +49,9 @@ struct Options {
     // --split-gemm: a split layer's resident experts on the GEMM path with its wait (the GPU
     // ops' gemv_beside_host off: the "before")
     bool split_gemm = false;
+    // --cublas-linear: every projection through the rounding kernel and cuBLAS (the GPU ops'
+    // dense_gemv off: the "before" of the GEMV kernel for a few tokens)
+    bool dense_gemv = true;
 };
 
 }  // namespace
@@ -84,11 +88,13 @@ int run_model_decode(int argc, char** argv) {
             o.graphs = false;
         else if (a == "--split-gemm")
             o.split_gemm = true;
+        else if (a == "--cublas-linear")
+            o.dense_gemv = false;
         else if (a == "--help") {
             std::printf(
                 "writescope-bench model-decode [--models a,b] [--layers 2] [--batch 1,4,16]\n"
                 "  [--context 1024] [--steps 16] [--threads N] [--gpu SHARE [--staged] "
-                "[--no-graphs] [--split-gemm]] [--json FILE]\n");
+                "[--no-graphs] [--split-gemm] [--cublas-linear]] [--json FILE]\n");
             return 0;
         } else
             throw std::invalid_argument("unknown option " + a);
@@ -154,6 +160,7 @@ int run_model_decode(int argc, char** argv) {
             go.max_tokens = co.max_tokens;
             go.fit(lim);
             go.gemv_beside_host = !o.split_gemm;
+            go.dense_gemv = o.dense_gemv;
             gpu_ops = std::make_unique<cuda::CudaModelOps>(go);
             std::vector<std::vector<std::uint8_t>> on(m->weights().layers.size());
             for (std::size_t l = 0; l < on.size(); ++l) {
@@ -224,12 +231,19 @@ int run_model_decode(int argc, char** argv) {
                     toks[b] = static_cast<std::int32_t>(
                         std::max_element(logits.data() + b * V, logits.data() + (b + 1) * V) -
                         (logits.data() + b * V));
+#if WRITESCOPE_BENCH_GPU_MODEL
+                // The timed steps are the span `ncu --profile-from-start off` records.
+                if (gpu && s == warm) cuda::profiler_start();
+#endif
                 const auto t0 = std::chrono::steady_clock::now();
                 rt->decode(ids, toks, logits.data());
                 if (s < warm) continue;
                 step_s.push_back(seconds_since(t0));
                 weight_bytes += rt->last_weight_bytes();
             }
+#if WRITESCOPE_BENCH_GPU_MODEL
+            if (gpu) cuda::profiler_stop();
+#endif
             std::sort(step_s.begin(), step_s.end());
             const double med = step_s[step_s.size() / 2];
             const double wb = static_cast<double>(weight_bytes) / static_cast<double>(o.steps);

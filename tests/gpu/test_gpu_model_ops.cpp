@@ -164,6 +164,57 @@ std::vector<std::size_t> ref_tokens(std::size_t n, double macs_per_token, double
 
 }  // namespace
 
+namespace {
+
+// The GPU's y (n, rows) of x · wᵀ against the CPU's and fp64 (see the file comment), printed
+// with `what`; REQUIREs the bounds.
+void check_linear(const char* what, const HostMatrix& w, const std::vector<float>& x, std::size_t n,
+                  const std::vector<float>& yg, std::mt19937_64& rng) {
+    const std::size_t rows = w.m.rows, cols = w.m.cols;
+    const DType d = w.m.dtype;
+    std::vector<float> yc(n * rows);
+    cpu_ops().linear(w.m, x.data(), n, yc.data());
+    const double bound = (static_cast<double>(cols) + 2) * kU;
+    // GPU vs CPU everywhere, against Σ|w||x| (computed for the reference tokens; for the
+    // others the mean scale of a row, |w| and |x| being i.i.d., times 2).
+    std::vector<double> xr(cols);
+    double worst = 0, worst_cpu = 0, err2 = 0, ref2 = 0;
+    const auto toks = ref_tokens(n, double(rows) * cols, 6e7, rng);
+    double mean_scale = 0;
+    for (std::size_t t : toks)
+        for (std::size_t r = 0; r < rows; ++r) {
+            for (std::size_t c = 0; c < cols; ++c)
+                xr[c] = round_to(x[t * cols + c], d);
+            double y = 0, a = 0;
+            for (std::size_t c = 0; c < cols; ++c) {
+                const double p = w.at(r, c) * xr[c];
+                y += p;
+                a += std::fabs(p);
+            }
+            mean_scale += a;
+            const double g = yg[t * rows + r], e = std::fabs(g - y);
+            worst = std::max(worst, std::isnan(e) ? 1e30 : e / a);
+            err2 += e * e;
+            ref2 += y * y;
+        }
+    mean_scale /= static_cast<double>(toks.size() * rows);
+    for (std::size_t i = 0; i < n * rows; ++i) {
+        const double e = std::fabs(double(yg[i]) - yc[i]);
+        worst_cpu = std::max(worst_cpu, std::isnan(e) ? 1e30 : e / mean_scale);
+    }
+    std::printf(
+        "linear %-18s (%6zu, %5zu) %s n=%3zu: |gpu-fp64|/scale %.2e "
+        "(bound %.1e), ||gpu-fp64||/||fp64|| %.2e, |gpu-cpu|/scale %.2e\n",
+        what, rows, cols, name(d), n, worst, bound, std::sqrt(err2 / ref2), worst_cpu);
+    REQUIRE(worst <= bound);
+    REQUIRE(worst_cpu <= 4 * bound);
+}
+
+}  // namespace
+
+// n up to 8 takes the GEMV kernel where the rows are whole 16-byte pieces (dense_gemv), the
+// rest and the odd widths cuBLAS: both are checked, and a matrix 8 bytes into its allocation
+// (a checkpoint's tensor read in place) takes the GEMV's 8-byte loads.
 TEST_CASE("GPU linear matches the CPU and the fp64 reference", "[gpu]") {
     if (!have_gpu()) FAIL("no GPU: run the gpu label only on a GPU machine");
     auto rng = test::seeded_rng("gpu model linear");
@@ -173,6 +224,8 @@ TEST_CASE("GPU linear matches the CPU and the fp64 reference", "[gpu]") {
     };
     const Shape shapes[] = {{"odd", 37, 19},
                             {"odd-wide", 1001, 517},
+                            {"8-byte rows", 45, 2052},
+                            {"router", 128, 2048},
                             {"qwen3 gate", 768, 2048},
                             {"qwen3 down", 2048, 768},
                             {"deepseek gate", 1408, 2048},
@@ -183,51 +236,71 @@ TEST_CASE("GPU linear matches the CPU and the fp64 reference", "[gpu]") {
             const HostMatrix w(s.rows, s.cols, d, rng());
             cuda::DeviceWeights dw;
             const model::Matrix wd = dw.upload(w.m);
-            for (std::size_t n : {1u, 4u, 16u, 300u}) {
+            for (std::size_t n : {1u, 4u, 8u, 9u, 16u, 300u}) {
                 const auto x = random_floats(n * s.cols, -1.0f, 1.0f, rng);
-                std::vector<float> yc(n * s.rows);
-                cpu_ops().linear(w.m, x.data(), n, yc.data());
                 const auto xd = to_device(x);
                 cuda::DeviceBuffer yd(n * s.rows * sizeof(float));
                 yd.fill_bytes(0xff);  // NaN: an unwritten element fails
                 gpu_ops().linear(wd, dptr<float>(xd), n, dptr<float>(yd));
-                const auto yg = to_host<float>(yd, n * s.rows);
-                const double bound = (static_cast<double>(s.cols) + 2) * kU;
-                // GPU vs CPU everywhere, against Σ|w||x| (computed for the reference tokens; for
-                // the others the mean scale of a row, |w| and |x| being i.i.d., times 2).
-                std::vector<double> xr(s.cols);
-                double worst = 0, worst_cpu = 0, err2 = 0, ref2 = 0;
-                const auto toks = ref_tokens(n, double(s.rows) * s.cols, 6e7, rng);
-                double mean_scale = 0;
-                for (std::size_t t : toks)
-                    for (std::size_t r = 0; r < s.rows; ++r) {
-                        for (std::size_t c = 0; c < s.cols; ++c)
-                            xr[c] = round_to(x[t * s.cols + c], d);
-                        double y = 0, a = 0;
-                        for (std::size_t c = 0; c < s.cols; ++c) {
-                            const double p = w.at(r, c) * xr[c];
-                            y += p;
-                            a += std::fabs(p);
-                        }
-                        mean_scale += a;
-                        const double g = yg[t * s.rows + r], e = std::fabs(g - y);
-                        worst = std::max(worst, std::isnan(e) ? 1e30 : e / a);
-                        err2 += e * e;
-                        ref2 += y * y;
-                    }
-                mean_scale /= static_cast<double>(toks.size() * s.rows);
-                for (std::size_t i = 0; i < n * s.rows; ++i) {
-                    const double e = std::fabs(double(yg[i]) - yc[i]);
-                    worst_cpu = std::max(worst_cpu, std::isnan(e) ? 1e30 : e / mean_scale);
-                }
-                std::printf(
-                    "linear %-13s (%5zu, %5zu) %s n=%3zu: |gpu-fp64|/scale %.2e "
-                    "(bound %.1e), ||gpu-fp64||/||fp64|| %.2e, |gpu-cpu|/scale %.2e\n",
-                    s.what, s.rows, s.cols, name(d), n, worst, bound, std::sqrt(err2 / ref2),
-                    worst_cpu);
-                REQUIRE(worst <= bound);
-                REQUIRE(worst_cpu <= 4 * bound);
+                check_linear(s.what, w, x, n, to_host<float>(yd, n * s.rows), rng);
             }
+        }
+    for (DType d : {DType::bf16, DType::f16}) {
+        const HostMatrix w(512, 2048, d, rng());
+        cuda::DeviceBuffer wb(w.m.bytes() + 8);
+        wb.upload(w.m.data, w.m.bytes(), 8);
+        const model::Matrix wd{static_cast<const std::byte*>(wb.data()) + 8, d, 512, 2048};
+        for (std::size_t n : {1u, 8u}) {
+            const auto x = random_floats(n * 2048, -1.0f, 1.0f, rng);
+            const auto xd = to_device(x);
+            cuda::DeviceBuffer yd(n * 512 * sizeof(float));
+            yd.fill_bytes(0xff);
+            gpu_ops().linear(wd, dptr<float>(xd), n, dptr<float>(yd));
+            check_linear("8-byte aligned", w, x, n, to_host<float>(yd, n * 512), rng);
+        }
+    }
+}
+
+// q, k and v of one input in one call, each as linear computes it (one GEMV launch for a few
+// tokens); a group whose dtypes differ takes one call per matrix.
+TEST_CASE("GPU linear_group matches the CPU and the fp64 reference", "[gpu]") {
+    if (!have_gpu()) FAIL("no GPU");
+    auto rng = test::seeded_rng("gpu model linear_group");
+    struct Group {
+        const char* what;
+        std::size_t cols;
+        std::vector<std::size_t> rows;
+        std::vector<DType> dtypes;
+    };
+    const Group groups[] = {
+        {"qwen3 q, k, v", 2048, {4096, 512, 512}, {DType::bf16, DType::bf16, DType::bf16}},
+        {"mla q, kv_a", 2048, {3072, 576}, {DType::f16, DType::f16}},
+        {"mixed dtypes", 1024, {256, 128, 64}, {DType::bf16, DType::f32, DType::bf16}},
+        {"four, fp32", 512, {64, 32, 16, 8}, {DType::f32, DType::f32, DType::f32, DType::f32}}};
+    for (const auto& g : groups)
+        for (std::size_t n : {1u, 3u, 8u, 12u}) {
+            std::vector<HostMatrix> ws;
+            cuda::DeviceWeights dw;
+            std::vector<model::Matrix> wd;
+            for (std::size_t m = 0; m < g.rows.size(); ++m) {
+                ws.emplace_back(g.rows[m], g.cols, g.dtypes[m], rng());
+                wd.push_back(dw.upload(ws.back().m));
+            }
+            const auto x = random_floats(n * g.cols, -1.0f, 1.0f, rng);
+            const auto xd = to_device(x);
+            std::vector<cuda::DeviceBuffer> yd;
+            std::vector<const model::Matrix*> wp;
+            std::vector<float*> yp;
+            for (std::size_t m = 0; m < g.rows.size(); ++m) {
+                yd.emplace_back(n * g.rows[m] * sizeof(float));
+                yd.back().fill_bytes(0xff);
+                wp.push_back(&wd[m]);
+            }
+            for (auto& b : yd)
+                yp.push_back(dptr<float>(b));
+            gpu_ops().linear_group(wp, dptr<float>(xd), n, yp);
+            for (std::size_t m = 0; m < g.rows.size(); ++m)
+                check_linear(g.what, ws[m], x, n, to_host<float>(yd[m], n * g.rows[m]), rng);
         }
 }
 
@@ -1111,7 +1184,7 @@ TEST_CASE("GPU per-element ops match the CPU", "[gpu]") {
         std::printf("embed bf16/fp16/fp32 (1000, 2048), n=300: equal\n");
     }
     SECTION("rms_norm") {
-        for (std::size_t dim : {2048u, 4096u, 127u, 128u})
+        for (std::size_t dim : {2048u, 4096u, 8192u, 6144u, 127u, 128u})
             for (std::size_t rows : {1u, 300u}) {
                 const auto x = random_floats(rows * dim, -3, 3, rng);
                 const auto w = random_floats(dim, 0.5f, 1.5f, rng);

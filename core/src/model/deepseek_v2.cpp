@@ -65,15 +65,15 @@ class DeepseekV2 final : public Architecture {
         const auto& c = m_.config();
         const LayerWeights& L = w_.layers[layer];
         const auto eps = static_cast<float>(c.rms_norm_eps);
+        // The projections of xn in one call: q (or its low-rank a half) and the latent.
+        const Matrix* ws[] = {c.q_lora_rank > 0 ? &L.q_a_proj : &L.q_proj, &L.kv_a_proj};
+        float* ys[] = {c.q_lora_rank > 0 ? qa_.data() : q_.data(), lat_buf_.data()};
+        ops_.linear_group(ws, xn, n, ys);
         if (c.q_lora_rank > 0) {
-            ops_.linear(L.q_a_proj, xn, n, qa_.data());
             ops_.rms_norm(L.q_a_norm, qa_.data(), n, static_cast<std::size_t>(c.q_lora_rank), eps,
                           qa_.data());
             ops_.linear(L.q_b_proj, qa_.data(), n, q_.data());
-        } else {
-            ops_.linear(L.q_proj, xn, n, q_.data());
         }
-        ops_.linear(L.kv_a_proj, xn, n, lat_buf_.data());
         // kv_a_layernorm on c_kv only (each row's first rank elements, in place), then the
         // interleaved rotary on k_pe and on each head's q_pe.
         ops_.copy_2d(lat_buf_.data(), lat_, head_in_.data(), rank_, n, rank_);

@@ -34,9 +34,9 @@ void StandardAttention::in(std::size_t layer, const float* xn, std::size_t n,
     const std::size_t hd = static_cast<std::size_t>(c.head_dim);
     const std::size_t hq = static_cast<std::size_t>(c.num_heads);
     const std::size_t hk = static_cast<std::size_t>(c.num_kv_heads);
-    ops_.linear(L.q_proj, xn, n, q_.data());
-    ops_.linear(L.k_proj, xn, n, k_.data());
-    ops_.linear(L.v_proj, xn, n, v_.data());
+    const Matrix* ws[] = {&L.q_proj, &L.k_proj, &L.v_proj};
+    float* ys[] = {q_.data(), k_.data(), v_.data()};
+    ops_.linear_group(ws, xn, n, ys);
     if (L.q_bias) ops_.add_bias(q_.data(), L.q_bias, n);
     if (L.k_bias) ops_.add_bias(k_.data(), L.k_bias, n);
     if (L.v_bias) ops_.add_bias(v_.data(), L.v_bias, n);

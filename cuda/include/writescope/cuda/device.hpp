@@ -147,6 +147,10 @@ void* mapped_device_pointer(void* pinned_host);
 
 // Waits for all work on the current device (cudaDeviceSynchronize); throws on its error.
 void device_synchronize();
+// Marks the span a profiler started with "profile from start off" records (cudaProfilerStart,
+// cudaProfilerStop: `ncu --profile-from-start off`); without a profiler they do nothing.
+void profiler_start();
+void profiler_stop();
 // A synchronous copy (directions inferred by unified addressing); for set-up, not the decode path.
 void copy_sync(void* dst, const void* src, std::size_t bytes);
 // Asynchronous copies on a stream (directions inferred by unified addressing).

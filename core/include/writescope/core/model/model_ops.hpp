@@ -79,6 +79,17 @@ class ModelOps {
     // y (n, w.rows) = x (n, w.cols) · wᵀ. y does not alias x.
     virtual void linear(const Matrix& w, const float* x, std::size_t n, float* y) = 0;
 
+    // ys[i] (n, ws[i].rows) = x (n, cols) · ws[i]ᵀ for every i: projections of one input (q, k
+    // and v), each as linear() computes it; ops may read x once for all of them. The ys do not
+    // alias x or each other.
+    virtual void linear_group(std::span<const Matrix* const> ws, const float* x, std::size_t n,
+                              std::span<float* const> ys) {
+        if (ws.size() != ys.size())
+            throw std::invalid_argument("ModelOps::linear_group: a matrix per output");
+        for (std::size_t i = 0; i < ws.size(); ++i)
+            linear(*ws[i], x, n, ys[i]);
+    }
+
     // For every head h of the layout: y_h (n, w.rows) = x_h (n, w.cols) · W_hᵀ, each as linear()
     // computes it (MLA's per-head absorbed projections in one call). y does not alias x.
     virtual void linear_heads(const Matrix& w, const HeadsLayout& l, const float* x, std::size_t n,
