@@ -323,12 +323,20 @@ struct CudaModelOps::Impl {
         if (!w.data && w.cols) throw std::invalid_argument("CudaModelOps::linear: no weight data");
     }
 
+    static constexpr std::size_t kDenseGemvAlone = std::size_t{64} << 20;
+
     // The matrices of one input on the GEMV kernel, in one launch, when it takes them (a few
     // tokens, one dtype and width, aligned rows: detail::dense_gemv_fits); false: not launched.
     bool dense_gemv(std::span<const model::Matrix* const> ws, const float* x, std::size_t n,
                     std::span<float* const> ys) {
         if (!opts.dense_gemv || ws.empty() || ws.size() > detail::DenseGemvArgs::kMats)
             return false;
+        // One matrix alone takes the kernel only when it is large (a model's head): measured on
+        // the H200, the kernel's staging of the inputs costs a small one more than cuBLAS takes
+        // (an output projection of 16.8 MB 15.4 µs against 13.8 with its rounding, a router
+        // 8.4 against 6.6), while q, k and v in one launch take 14.2 against 28 and the head
+        // 145 against 150 (docs/perf.md, "A decode layer's kernels at batch 1").
+        if (ws.size() == 1 && ws[0]->bytes() < kDenseGemvAlone) return false;
         detail::DenseGemvArgs a;
         a.mats = static_cast<int>(ws.size());
         a.cols = ws[0]->cols;

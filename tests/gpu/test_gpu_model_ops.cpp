@@ -212,9 +212,9 @@ void check_linear(const char* what, const HostMatrix& w, const std::vector<float
 
 }  // namespace
 
-// n up to 8 takes the GEMV kernel where the rows are whole 16-byte pieces (dense_gemv), the
-// rest and the odd widths cuBLAS: both are checked, and a matrix 8 bytes into its allocation
-// (a checkpoint's tensor read in place) takes the GEMV's 8-byte loads.
+// n up to 8 of a matrix of 64 MiB or more (Mixtral's shapes) takes the GEMV kernel where the
+// rows are whole 16-byte pieces (dense_gemv), the rest and the odd widths cuBLAS: both are
+// checked, and matrices 8 bytes into their allocations take the GEMV's 8-byte loads.
 TEST_CASE("GPU linear matches the CPU and the fp64 reference", "[gpu]") {
     if (!have_gpu()) FAIL("no GPU: run the gpu label only on a GPU machine");
     auto rng = test::seeded_rng("gpu model linear");
@@ -245,18 +245,26 @@ TEST_CASE("GPU linear matches the CPU and the fp64 reference", "[gpu]") {
                 check_linear(s.what, w, x, n, to_host<float>(yd, n * s.rows), rng);
             }
         }
+    // Two matrices 8 bytes into their allocations (a checkpoint's tensors read in place), as a
+    // group: the GEMV's 8-byte loads.
     for (DType d : {DType::bf16, DType::f16}) {
-        const HostMatrix w(512, 2048, d, rng());
-        cuda::DeviceBuffer wb(w.m.bytes() + 8);
-        wb.upload(w.m.data, w.m.bytes(), 8);
-        const model::Matrix wd{static_cast<const std::byte*>(wb.data()) + 8, d, 512, 2048};
+        const HostMatrix w0(512, 2048, d, rng()), w1(64, 2048, d, rng());
+        cuda::DeviceBuffer b0(w0.m.bytes() + 8), b1(w1.m.bytes() + 8);
+        b0.upload(w0.m.data, w0.m.bytes(), 8);
+        b1.upload(w1.m.data, w1.m.bytes(), 8);
+        const model::Matrix m0{static_cast<const std::byte*>(b0.data()) + 8, d, 512, 2048};
+        const model::Matrix m1{static_cast<const std::byte*>(b1.data()) + 8, d, 64, 2048};
         for (std::size_t n : {1u, 8u}) {
             const auto x = random_floats(n * 2048, -1.0f, 1.0f, rng);
             const auto xd = to_device(x);
-            cuda::DeviceBuffer yd(n * 512 * sizeof(float));
-            yd.fill_bytes(0xff);
-            gpu_ops().linear(wd, dptr<float>(xd), n, dptr<float>(yd));
-            check_linear("8-byte aligned", w, x, n, to_host<float>(yd, n * 512), rng);
+            cuda::DeviceBuffer y0(n * 512 * sizeof(float)), y1(n * 64 * sizeof(float));
+            y0.fill_bytes(0xff);
+            y1.fill_bytes(0xff);
+            const model::Matrix* ws[] = {&m0, &m1};
+            float* ys[] = {dptr<float>(y0), dptr<float>(y1)};
+            gpu_ops().linear_group(ws, dptr<float>(xd), n, ys);
+            check_linear("8-byte aligned", w0, x, n, to_host<float>(y0, n * 512), rng);
+            check_linear("8-byte aligned", w1, x, n, to_host<float>(y1, n * 64), rng);
         }
     }
 }

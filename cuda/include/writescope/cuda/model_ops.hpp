@@ -17,8 +17,9 @@
 //   workspace, then cublasGemmEx with CUBLAS_COMPUTE_32F and an fp32 output; fp32 weights:
 //   cublasGemmEx in fp32 with CUBLAS_COMPUTE_32F (no TF32). Row-major (out, in) weights are
 //   column-major (in, out), so y = x · wᵀ is one column-major GEMM yᵀ = w · xᵀ (op T, op N).
-//   Up to 8 tokens (dense_gemv): a GEMV kernel, a warp per output row, rounding x as it reads
-//   it, fp32 products and sums (linear_group: several matrices of one input in one launch).
+//   Up to 8 tokens (dense_gemv) for linear_group (several matrices of one input in one
+//   launch) and for matrices of 64 MiB or more: a GEMV kernel, a warp per output row, x
+//   rounded once into shared memory, fp32 products and sums.
 // - moe: (token, slot) pairs grouped by expert on the device (counting sort, token order within
 //   an expert), the inputs gathered and rounded once, gate and up GEMMs per used expert, SwiGLU
 //   in fp32 rounded to the weight dtype, the down GEMM into one fp32 partial row per pair, then
@@ -93,11 +94,11 @@ struct CudaModelOpsOptions {
     // masked). false: such spans take the GEMM path and its wait for the counts, as before
     // 2026-12-02 (the benchmark's "before").
     bool gemv_beside_host = true;
-    // linear and linear_group of up to 8 tokens (a decode step's projections, router and head)
-    // on a GEMV kernel that rounds the input as it reads it, one launch for a group; false: the
-    // rounding kernel and cuBLAS for every call, as before 2026-12-02 (the benchmark's
-    // "before"). The numerics are the same (products and sums in fp32), the order of the sums
-    // is not.
+    // linear_group of up to 8 tokens (a decode step's q, k and v) on a GEMV kernel that rounds
+    // the input once as it stages it, one launch for the group, and linear of a matrix of 64 MiB
+    // or more (a model's head) likewise; false: the rounding kernel and cuBLAS for every call,
+    // as before 2026-12-02 (the benchmark's "before"). The numerics are the same (products and
+    // sums in fp32), the order of the sums is not.
     bool dense_gemv = true;
     // Sized for a model's widest shapes (model::op_limits): hidden, FFN, experts per call and
     // per token.
@@ -119,8 +120,8 @@ class CudaModelOps final : public model::ModelOps {
     CudaModelOps& operator=(const CudaModelOps&) = delete;
 
     void linear(const model::Matrix& w, const float* x, std::size_t n, float* y) override;
-    // Up to four matrices of one dtype and width on the GEMV kernel in one launch (a few tokens:
-    // CudaModelOpsOptions::dense_gemv); else each as linear().
+    // Up to four matrices of one dtype and width on the GEMV kernel in one launch (up to 8
+    // tokens: CudaModelOpsOptions::dense_gemv); else each as linear().
     void linear_group(std::span<const model::Matrix* const> ws, const float* x, std::size_t n,
                       std::span<float* const> ys) override;
     // One strided batched GEMM (the inputs rounded to the weight dtype into the linear
