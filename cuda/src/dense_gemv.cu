@@ -110,9 +110,9 @@ std::size_t staged_bytes(const DenseGemvArgs& a) noexcept {
 }
 
 template <DType D, bool Narrow>
-void prepare_typed() {
-    cudaFuncSetAttribute(dense_gemv_kernel<D, Narrow>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                         static_cast<int>(kDenseGemvStageBytes));
+bool prepare_typed(int bytes) {
+    return cudaFuncSetAttribute(dense_gemv_kernel<D, Narrow>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, bytes) == cudaSuccess;
 }
 
 template <DType D, bool Narrow>
@@ -132,7 +132,7 @@ bool aligned(const void* p, std::size_t to) noexcept {
 bool dense_gemv_fits(const DenseGemvArgs& a) noexcept {
     if (a.n == 0 || a.n > static_cast<std::size_t>(kTokens) || a.mats < 1 ||
         a.mats > DenseGemvArgs::kMats || a.cols == 0 || a.cols % 4 != 0 ||
-        staged_bytes(a) > kDenseGemvStageBytes)
+        staged_bytes(a) > std::min(a.stage_limit, kDenseGemvStageBytes))
         return false;
     const std::size_t row_bytes = a.cols * dtype_bytes(a.dtype);
     const std::size_t piece = a.narrow ? 8 : 16;
@@ -143,12 +143,27 @@ bool dense_gemv_fits(const DenseGemvArgs& a) noexcept {
     return true;
 }
 
-void prepare_dense_gemv() {
-    prepare_typed<DType::bf16, false>();
-    prepare_typed<DType::bf16, true>();
-    prepare_typed<DType::f16, false>();
-    prepare_typed<DType::f16, true>();
-    prepare_typed<DType::f32, false>();
+std::size_t prepare_dense_gemv() {
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) !=
+            cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    // The device's most for one CTA (227 KiB on Hopper, 163 on the A100, 99 on RTX 30/40
+    // cards), at most kDenseGemvStageBytes.
+    const int bytes = static_cast<int>(
+        std::min<std::size_t>(kDenseGemvStageBytes, static_cast<std::size_t>(optin)));
+    const bool ok =
+        prepare_typed<DType::bf16, false>(bytes) && prepare_typed<DType::bf16, true>(bytes) &&
+        prepare_typed<DType::f16, false>(bytes) && prepare_typed<DType::f16, true>(bytes) &&
+        prepare_typed<DType::f32, false>(bytes);
+    if (!ok) {
+        (void)cudaGetLastError();  // not sticky: the kernel is then not used
+        return 0;
+    }
+    return static_cast<std::size_t>(bytes);
 }
 
 void launch_dense_gemv(const DenseGemvArgs& a, void* stream) {

@@ -123,9 +123,10 @@ bool expert_gemv_fits(std::size_t hidden, std::size_t ffn, DType dtype) noexcept
 // the dtype, in one launch. x is fp32, rounded to the dtype as it is read; w_m row-major.
 // dense_gemv_fits says whether the kernel takes the call: n ≤ kDenseGemvTokens, rows of whole
 // 16-byte pieces (8 with narrow: 16-bit matrices aligned to 8 bytes only), the inputs rounded
-// (n · cols in the dtype, 4 bytes for fp32) within kDenseGemvStageBytes of shared memory.
-// prepare_dense_gemv, once per device before the first launch (not while a stream records):
-// lets the kernels take that much shared memory.
+// (n · cols in the dtype, 4 bytes for fp32) within stage_limit and kDenseGemvStageBytes of
+// shared memory. prepare_dense_gemv, once per device before the first launch (not while a
+// stream records), lets the kernels take as much as the device allows a CTA, at most
+// kDenseGemvStageBytes, and returns it (0: the kernel cannot be used there): stage_limit.
 constexpr int kDenseGemvTokens = 8;
 constexpr std::size_t kDenseGemvStageBytes = std::size_t{160} << 10;
 struct DenseGemvArgs {
@@ -140,10 +141,11 @@ struct DenseGemvArgs {
     bool narrow = false;
     const float* x = nullptr;
     std::size_t x_ld = 0, n = 0;
-    int sm_count = 1;  // the device's multiprocessors: the grid is a few CTAs per one
+    int sm_count = 1;             // the device's multiprocessors: the grid is a few CTAs per one
+    std::size_t stage_limit = 0;  // prepare_dense_gemv's answer for the device
 };
 bool dense_gemv_fits(const DenseGemvArgs& a) noexcept;
-void prepare_dense_gemv();
+std::size_t prepare_dense_gemv();
 void launch_dense_gemv(const DenseGemvArgs& a, void* stream);
 void launch_expert_gate_up(const ExpertGemvArgs& a, void* stream);
 void launch_expert_down(const ExpertGemvArgs& a, void* stream);

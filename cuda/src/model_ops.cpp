@@ -132,6 +132,7 @@ struct CudaModelOps::Impl {
     std::size_t max_width = 0;  // widest activation row of linear()
     std::size_t max_pairs = 0;  // max_tokens · max_k
     int sm_count = 0;
+    std::size_t gemv_stage_bytes = 0;  // the GEMV kernel's shared memory here (0: not used)
     char name[32] = "cublas";
     // Owned handles (released in reverse order, also when the constructor throws part way).
     struct StreamDel {
@@ -232,8 +233,7 @@ struct CudaModelOps::Impl {
         cudaDeviceProp prop{};
         check(cudaGetDeviceProperties(&prop, o.device), "cudaGetDeviceProperties");
         sm_count = prop.multiProcessorCount;
-        detail::prepare_dense_gemv();
-        check(cudaGetLastError(), "preparing the GEMV kernels");
+        gemv_stage_bytes = detail::prepare_dense_gemv();
         std::snprintf(name, sizeof name, "cublas+cuda-sm%d%d", prop.major, prop.minor);
         check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
         stream_owner.reset(stream);
@@ -345,6 +345,7 @@ struct CudaModelOps::Impl {
         a.x_ld = a.cols;
         a.n = n;
         a.sm_count = sm_count;
+        a.stage_limit = gemv_stage_bytes;
         for (std::size_t m = 0; m < ws.size(); ++m) {
             const model::Matrix& w = *ws[m];
             if (w.cols != a.cols || w.dtype != a.dtype) return false;

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "allocation_counter.hpp"
@@ -134,6 +136,34 @@ TEST_CASE("linear_heads is linear of each head's rows", "[unit][model]") {
                     if (c % 40 >= 37 || c >= 120) REQUIRE(y[t * 125 + c] == 9.0f);
         }
     }
+}
+
+TEST_CASE("linear_group is linear of each matrix, and wants a matrix per output", "[unit][model]") {
+    auto rng = test::seeded_rng("cpu linear_group");
+    CpuModelOps ops(options(cpu::detected_isa(), 2));
+    // q, k and v of one input (widths of a tiny model), one of them fp32 and one empty.
+    const test::RandomMatrix q(96, 64, DType::bf16, 1, rng), k(32, 64, DType::f32, 1, rng),
+        v(32, 64, DType::bf16, 1, rng);
+    model::Matrix none = v.view();
+    none.rows = 0;
+    const model::Matrix qv = q.view(), kv = k.view(), vv = v.view();
+    for (std::size_t n : {1, 5, 67}) {
+        const auto x = test::random_floats(n * 64, -1.0f, 1.0f, rng);
+        std::vector<float> yq(n * 96), yk(n * 32), yv(n * 32), sep(n * 96);
+        const model::Matrix* ws[] = {&qv, &kv, &vv, &none};
+        float* ys[] = {yq.data(), yk.data(), yv.data(), nullptr};
+        ops.linear_group(ws, x.data(), n, ys);
+        const std::pair<const model::Matrix*, const std::vector<float>*> each[] = {
+            {&qv, &yq}, {&kv, &yk}, {&vv, &yv}};
+        for (const auto& [w, y] : each) {
+            ops.linear(*w, x.data(), n, sep.data());
+            INFO("rows " << w->rows << " n " << n);
+            REQUIRE(std::equal(y->begin(), y->end(), sep.begin()));
+        }
+    }
+    const model::Matrix* two[] = {&qv, &kv};
+    float* one[] = {nullptr};
+    REQUIRE_THROWS_AS(ops.linear_group(two, nullptr, 1, one), std::invalid_argument);
 }
 
 #if !defined(__SANITIZE_ADDRESS__)
