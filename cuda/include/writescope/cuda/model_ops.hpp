@@ -24,9 +24,10 @@
 //   an expert), the inputs gathered and rounded once, gate and up GEMMs per used expert, SwiGLU
 //   in fp32 rounded to the weight dtype, the down GEMM into one fp32 partial row per pair, then
 //   y += Σ_j weight · partial in slot order (deterministic: no float atomics).
-// - rms_norm, rotary, route: one block per row / token; the mean of squares, the softmax
-//   normaliser and cos/sin are computed in fp64 and rounded to fp32 as the CPU reference does,
-//   so the results are the reference's bits (or within an ulp) rather than merely close.
+// - rms_norm and route: one block per row / token; rotary: one thread per rotated pair; the
+//   mean of squares, the softmax normaliser and cos/sin are computed in fp64 and rounded to fp32
+//   as the CPU reference does, so the results are the reference's bits (or within an ulp)
+//   rather than merely close.
 //
 // Nothing is allocated per call for n up to max_tokens: the workspaces are sized at construction
 // (device memory, about 4 · max_tokens · (max_width / 2 + max_k · (3 · max_ffn + max_hidden))
