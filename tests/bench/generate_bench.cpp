@@ -99,6 +99,9 @@ struct Options {
     model::ExpertRows expert_rows = model::ExpertRows::automatic;
     double expert_rows_share = 0;
     bool graphs = true;  // --no-graphs: the GPU runtimes launch every kernel (cuda_graphs off)
+    // --cublas-linear: every projection through the rounding kernel and cuBLAS (the GPU ops'
+    // dense_gemv off: the "before" of the GEMV kernel for a few tokens)
+    bool dense_gemv = true;
 };
 
 double peak_host_gib() {
@@ -645,6 +648,7 @@ std::unique_ptr<ModelSetup> setup_model(const std::string& name, model::ModelCon
     cuda::CudaModelOpsOptions go;
     go.max_tokens = co.max_tokens;
     go.fit(lim);
+    go.dense_gemv = o.dense_gemv;
     // T: an open block per sequence, every layer; the engine's staging and partial states
     // (tens of MiB); G: a quarter of what the weights that must stay leave.
     const KvGeometry g = c.kv_geometry(c.dtype);
@@ -1008,7 +1012,9 @@ int run_generate(int argc, char** argv) {
                 "  GPU, which reads its rows in place: auto times decode steps both ways first\n"
                 "  and keeps the faster; always splits; SHARE splits with the GPU's part fixed;\n"
                 "  default auto)]\n"
-                "  [--no-graphs (the GPU runtimes launch every kernel: no CUDA graphs)]\n");
+                "  [--no-graphs (the GPU runtimes launch every kernel: no CUDA graphs)]\n"
+                "  [--cublas-linear (every projection on cuBLAS: no GEMV kernel for few "
+                "tokens)]\n");
         },
         [&](const std::string& a, auto& value) {
             if (sweep_option(a, value, o.models, o.contexts, o.batches)) return true;
@@ -1063,6 +1069,8 @@ int run_generate(int argc, char** argv) {
                 o.plan_only = true;
             else if (a == "--no-graphs")
                 o.graphs = false;
+            else if (a == "--cublas-linear")
+                o.dense_gemv = false;
             else if (a == "--host")
                 o.host_gib = std::stod(value());
             else if (a == "--prefill-g-tokens")
