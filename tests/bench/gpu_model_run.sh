@@ -17,7 +17,8 @@
 #   profile: the kernels of decode steps timed one by one under Nsight Compute (PROFILE_MODELS,
 #     default the three; 4 layers, batch 1, every expert on the GPU and half of them, kernels
 #     launched one by one), summed per kernel by tests/bench/kernel_times.py, beside the same
-#     steps' times without the profiler (PROFILE_SHARES: the expert shares, default "1 0.5");
+#     steps' times without the profiler (PROFILE_SHARES: the expert shares, default "1 0.5";
+#     PROFILE_BATCH, PROFILE_CONTEXT: default 1 and 1024, e.g. 32768 for attention over a long G);
 #   GPU_TESTS: the GPU test programs the test phase runs (default: test-gpu-model-ops
 #     test-gpu-runtime test-gpu; test-cpu-model always runs there)
 #   DECODE_ARGS: extra arguments for model-decode (default: the three models, context 1024)
@@ -159,7 +160,8 @@ if [[ $PHASES == *profile* ]]; then
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   for m in ${PROFILE_MODELS:-qwen3-30b-a3b mixtral-8x7b deepseek-v2-lite}; do
     for share in ${PROFILE_SHARES:-1 0.5}; do
-      args=(model-decode --models "$m" --layers 4 --batch "${PROFILE_BATCH:-1}" --context 1024
+      args=(model-decode --models "$m" --layers 4 --batch "${PROFILE_BATCH:-1}"
+        --context "${PROFILE_CONTEXT:-1024}"
         --gpu "$share" --no-graphs --steps 4)
       "$BENCH" "${args[@]}" > "$OUT/profile-$m-$share-plain.txt" 2>&1
       grep -E "ms/step" "$OUT/profile-$m-$share-plain.txt" | cut -c1-120
