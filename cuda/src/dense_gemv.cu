@@ -155,10 +155,11 @@ std::size_t prepare_dense_gemv() {
     // cards), at most kDenseGemvStageBytes.
     const int bytes = static_cast<int>(
         std::min<std::size_t>(kDenseGemvStageBytes, static_cast<std::size_t>(optin)));
-    const bool ok =
-        prepare_typed<DType::bf16, false>(bytes) && prepare_typed<DType::bf16, true>(bytes) &&
-        prepare_typed<DType::f16, false>(bytes) && prepare_typed<DType::f16, true>(bytes) &&
-        prepare_typed<DType::f32, false>(bytes);
+    bool ok = true;
+    for (const DType d : {DType::bf16, DType::f16, DType::f32})
+        for (const bool narrow : {false, true})
+            with_loads(d, narrow,
+                       [&]<DType D, bool Narrow>() { ok = ok && prepare_typed<D, Narrow>(bytes); });
     if (!ok) {
         (void)cudaGetLastError();  // not sticky: the kernel is then not used
         return 0;
@@ -170,23 +171,8 @@ void launch_dense_gemv(const DenseGemvArgs& a, void* stream) {
     std::size_t rows = 0;
     for (int m = 0; m < a.mats; ++m)
         rows += a.rows[m];
-    switch (a.dtype) {
-        case DType::bf16:
-            if (a.narrow)
-                launch_typed<DType::bf16, true>(a, rows, stream);
-            else
-                launch_typed<DType::bf16, false>(a, rows, stream);
-            break;
-        case DType::f16:
-            if (a.narrow)
-                launch_typed<DType::f16, true>(a, rows, stream);
-            else
-                launch_typed<DType::f16, false>(a, rows, stream);
-            break;
-        case DType::f32:
-            launch_typed<DType::f32, false>(a, rows, stream);
-            break;
-    }
+    with_loads(a.dtype, a.narrow,
+               [&]<DType D, bool Narrow>() { launch_typed<D, Narrow>(a, rows, stream); });
 }
 
 }  // namespace writescope::cuda::detail

@@ -56,9 +56,6 @@ __global__ void __launch_bounds__(kWarps * 32) gate_up_kernel(const ExpertGemvAr
         for (int t = 0; t < kTokens; ++t)
             x[t] = a.x + static_cast<std::size_t>(a.pair_token[first + t0 + min(t, nt - 1)]) * H;
         float sg[kTokens] = {}, su[kTokens] = {};
-        // Unrolled so that a lane has several pieces of the rows in flight (a short row, 2048
-        // wide, is 8 pieces per lane).
-#pragma unroll 4
         for (std::size_t c = static_cast<std::size_t>(lane) * V::N; c < H; c += 32 * V::N) {
             float wg[V::N], wu[V::N];
             V::load(gate + c * es, wg);
@@ -117,7 +114,6 @@ __global__ void __launch_bounds__(kWarps * 32) down_kernel(const ExpertGemvArgs 
     for (int t0 = 0; t0 < count; t0 += kTokens) {
         const int nt = min(kTokens, count - t0);
         float s[kTokens] = {};
-#pragma unroll 4
         for (std::size_t c = static_cast<std::size_t>(lane) * V::N; c < F; c += 32 * V::N) {
             float w[V::N];
             V::load(down + c * es, w);
@@ -146,23 +142,8 @@ void launch_for(const ExpertGemvArgs& a, std::size_t rows, void* stream) {
     if (active == 0 || rows == 0) return;
     const dim3 grid(static_cast<unsigned>((rows + kWarps - 1) / kWarps),
                     static_cast<unsigned>(active));
-    switch (a.dtype) {
-        case DType::bf16:
-            if (a.narrow)
-                K<DType::bf16, true>::launch(grid, a, stream);
-            else
-                K<DType::bf16, false>::launch(grid, a, stream);
-            break;
-        case DType::f16:
-            if (a.narrow)
-                K<DType::f16, true>::launch(grid, a, stream);
-            else
-                K<DType::f16, false>::launch(grid, a, stream);
-            break;
-        case DType::f32:
-            K<DType::f32, false>::launch(grid, a, stream);
-            break;
-    }
+    with_loads(a.dtype, a.narrow,
+               [&]<DType D, bool Narrow>() { K<D, Narrow>::launch(grid, a, stream); });
 }
 
 template <DType D, bool Narrow>

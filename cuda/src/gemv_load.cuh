@@ -80,4 +80,27 @@ struct Vec<DType::f32> {
     __device__ static float round(float x) { return x; }
 };
 
+// Calls f.template operator()<D, Narrow>() for the weight dtype and the load width the GEMV
+// kernels are instantiated with (fp32 is never narrow): the launches' one dispatch.
+template <class F>
+void with_loads(DType d, bool narrow, F&& f) {
+    switch (d) {
+        case DType::bf16:
+            if (narrow)
+                f.template operator()<DType::bf16, true>();
+            else
+                f.template operator()<DType::bf16, false>();
+            return;
+        case DType::f16:
+            if (narrow)
+                f.template operator()<DType::f16, true>();
+            else
+                f.template operator()<DType::f16, false>();
+            return;
+        case DType::f32:
+            f.template operator()<DType::f32, false>();
+            return;
+    }
+}
+
 }  // namespace writescope::cuda::detail

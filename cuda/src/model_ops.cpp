@@ -362,29 +362,34 @@ struct CudaModelOps::Impl {
         return true;
     }
 
+    // Each matrix of the group with rows is checked, then the group goes on the GEMV kernel
+    // or, when the kernel does not take it, each matrix through the rounding kernel and cuBLAS.
     void linear_group(std::span<const model::Matrix* const> ws, const float* x, std::size_t n,
                       std::span<float* const> ys) {
         if (ws.size() != ys.size())
             throw std::invalid_argument("CudaModelOps::linear_group: a matrix per output");
-        if (n == 0) return;
-        for (const model::Matrix* w : ws)
-            check_linear(*w, n);
-        use();
         bool any = false;
         for (const model::Matrix* w : ws)
-            any = any || w->rows > 0;
-        if (!any || dense_gemv(ws, x, n, ys)) return;
+            if (n && w->rows) {
+                check_linear(*w, n);
+                any = true;
+            }
+        if (!any) return;  // nothing to compute: as a linear of no rows, no wait
+        use();
+        if (dense_gemv(ws, x, n, ys)) return;  // (it takes no matrix without rows)
         for (std::size_t i = 0; i < ws.size(); ++i)
-            linear(*ws[i], x, n, ys[i]);
+            cublas_linear(*ws[i], x, n, ys[i]);
     }
 
     void linear(const model::Matrix& w, const float* x, std::size_t n, float* y) {
-        if (n == 0 || w.rows == 0) return;
-        check_linear(w, n);
-        use();
         const model::Matrix* ws[] = {&w};
         float* ys[] = {y};
-        if (dense_gemv(ws, x, n, ys)) return;
+        linear_group(ws, x, n, ys);
+    }
+
+    // y = x · wᵀ through the rounding kernel and cuBLAS (checked, use()d by the caller).
+    void cublas_linear(const model::Matrix& w, const float* x, std::size_t n, float* y) {
+        if (w.rows == 0) return;
         const void* xin = x;
         if (w.dtype != DType::f32) {
             detail::launch_to_dtype(x, n * w.cols, w.dtype, xq.p, stream);

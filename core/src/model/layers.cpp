@@ -100,14 +100,13 @@ FeedForward::FeedForward(const Binding& b)
     k_ = k;
     logits_ = OpsBuffer<float>(ops_, max_tokens * E);
     any_split_ = std::find(layer_split_.begin(), layer_split_.end(), 1) != layer_split_.end();
-    const bool any_split = any_split_;
     const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
     // The routing of a call of n tokens: its experts (n·k int32), their weights (n·k fp32) and,
     // for a split, the hidden rows beside them (n·hidden fp32), one after the other, so that one
     // copy brings all three down.
     route_buf_ = OpsBuffer<std::byte>(
-        ops_, (2 * max_tokens * k + (any_split ? max_tokens * hidden : 0)) * 4);
-    if (any_split) {
+        ops_, (2 * max_tokens * k + (any_split_ ? max_tokens * hidden : 0)) * 4);
+    if (any_split_) {
         route_host_.resize(route_buf_.size());
         experts_host_.resize(max_tokens * k);
         weights_host_.resize(max_tokens * k);
