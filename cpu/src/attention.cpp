@@ -158,7 +158,7 @@ CpuAttention::CpuAttention(const KvGeometry& geometry, std::size_t block_tokens,
     k.bf16_dot = opts.bf16_dot_product;
     k.amx = opts.amx && isa_ == Isa::avx512 && geometry.dtype == DType::bf16 && k.group <= 16 &&
             k.group >= opts.amx_min_group && amx_bf16_available();
-    k.amx_pv = k.amx && opts.amx_pv;
+    k.amx_pv = k.amx && (opts.amx_pv || (geometry.mla && opts.amx_pv_mla));
     k.scale = geometry.scale();
     P.kernel = &detail::attend_chunk_portable;
 #if defined(WRITESCOPE_CPU_X86)  // elsewhere select_isa() never returns a vector level
@@ -193,6 +193,10 @@ void CpuAttention::reserve(std::size_t max_seqs) {
 
 bool CpuAttention::uses_amx() const noexcept {
     return plan_->shape.amx;
+}
+
+bool CpuAttention::uses_amx_pv() const noexcept {
+    return plan_->shape.amx_pv;
 }
 
 void CpuAttention::pack_block(const void* linear, void* packed) const noexcept {

@@ -440,7 +440,7 @@ void qk_packed(const KernelShape& k, const char* kh, uint32_t n, const void* q, 
     qk_packed(k, kh, n, q, sc.qf, sc.s);
 }
 void qk_rows(const KernelShape& k, const char* kb, size_t rs, uint32_t n, const void* q,
-             const Scratch& sc) {
+             const Scratch& sc, Prefetcher&) {
     qk_rows(k, kb, rs, n, q, sc.qf, sc.s);
 }
 

@@ -232,7 +232,7 @@ inline void qk_tile_amx(const KernelShape& k, const char* kh, uint32_t tile, con
 
 // Scores of 16 token rows [t0, t0 + 16) (all inside the block) for every head of the group.
 inline void qk_rows16_amx(const KernelShape& k, const char* kb, size_t rs, uint32_t t0,
-                          const void* qx, float* S) {
+                          const void* qx, float* S, Prefetcher& pf) {
     const char* k0 = kb + size_t{t0} * rs * 2;
     const auto* qt = static_cast<const char*>(qx);
     _tile_zero(3);
@@ -240,6 +240,7 @@ inline void qk_rows16_amx(const KernelShape& k, const char* kb, size_t rs, uint3
         _tile_loadd(4, k0 + c * 64, rs * 2);
         _tile_loadd(5, qt + size_t{c} * 16 * k.group * 4, k.group * 4);
         _tile_dpbf16ps(3, 4, 5);
+        pf.tick();
     }
     alignas(64) float cb[16 * 16];  // (16 tokens, group) fp32, row stride 16
     _tile_stored(3, cb, 64);
@@ -612,13 +613,17 @@ void qk_rows_t(const KernelShape& k, const char* kb, size_t rs, uint32_t t_begin
 }
 
 void qk_rows(const KernelShape& k, const char* kb, size_t rs, uint32_t n, const void* q,
-             const Scratch& sc) {
+             const Scratch& sc, Prefetcher& pf) {
     const float* qf = sc.qf;
     float* S = sc.s;
     if (k.amx) {  // 16-row groups that lie inside the block on AMX, the rest on FMAs
+        // A quarter of the next block's prefetches go out here, one tick per tile product, so
+        // that they run over the whole block and not only over P·V (MLA's Q·K is on AMX).
+        const uint32_t groups = (n < k.block_tokens ? n : k.block_tokens) / 16;
+        pf.pace(size_t{groups} * (k.dk / 32), pf.lines() / 4);
         uint32_t t = 0;
         for (; t < n && t + 16 <= k.block_tokens; t += 16)
-            qk_rows16_amx(k, kb, rs, t, sc.qx, S);
+            qk_rows16_amx(k, kb, rs, t, sc.qx, S, pf);
         if (t < n) qk_rows_t<DType::bf16>(k, kb, rs, t, n, q, qf, S);
         return;
     }
@@ -812,17 +817,16 @@ void pv_amx(const KernelShape& k, const VSource& v, uint32_t n, const Scratch& s
         }
     const size_t pstride = size_t{ss} * 2, ostride = size_t{dv} * 4;
     const uint32_t groups = n32 / 32, nc = dv / 32;
-    const size_t steps = size_t{groups} * nc;
-    const auto pf_step = static_cast<uint32_t>((pf.lines() + steps - 1) / steps);
+    pf.pace(size_t{groups} * nc * 16);    // one tick per token pair
     alignas(64) uint16_t vb[2][16 * 32];  // B tiles: [16 token pairs][16 dims][2], even / odd dims
     const __mmask32 hi_halves = 0xaaaaaaaau;
     for (uint32_t c = 0; c < nc; ++c) {
         _tile_loadd(0, O + 32 * c, ostride);       // O's even dims of chunk c (g rows)
         _tile_loadd(6, O + 32 * c + 16, ostride);  // and its odd dims
         for (uint32_t tg = 0; tg < groups; ++tg) {
-            pf.issue(pf_step);
             const char* row = v.base + c * v.chunk_stride + size_t{tg} * 32 * v.token_stride;
             for (uint32_t r = 0; r < 16; ++r, row += 2 * v.token_stride) {
+                pf.tick();
                 const __m512i a = _mm512_loadu_si512(row);                   // token 2r
                 const __m512i b = _mm512_loadu_si512(row + v.token_stride);  // token 2r + 1
                 // 32-bit lane i of a row holds dims (2i, 2i+1) of a token; pair the tokens.

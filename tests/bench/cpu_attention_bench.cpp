@@ -52,6 +52,7 @@ struct Options {
     bool bf16_dot = false;
     bool amx = true;
     bool amx_pv = false;
+    bool amx_pv_mla = true;
     bool huge_pages = true;
 };
 
@@ -75,7 +76,8 @@ void usage(std::FILE* f) {
         "  --bf16-dot           Q·K with vdpbf16ps instead of widening + FMA\n"
         "  --no-amx             no AMX-BF16 tiles (default: Q·K on them where present, group >= "
         "8)\n"
-        "  --amx-pv             P·V on AMX tiles too\n"
+        "  --amx-pv             P·V on AMX tiles too (default: for MLA only)\n"
+        "  --no-amx-pv          P·V on FMAs for every model, MLA included\n"
         "  --no-huge-pages      do not ask for transparent huge pages for the KV buffer\n"
         "  --no-hot             skip the cache-resident (compute-bound) single-thread rates\n"
         "  --hot-kib N          KV per call of the cache-resident point (default 1024: inside\n"
@@ -153,6 +155,8 @@ Options parse(int argc, char** argv) {
             o.amx = false;
         } else if (a == "--amx-pv") {
             o.amx_pv = true;
+        } else if (a == "--no-amx-pv") {
+            o.amx_pv = o.amx_pv_mla = false;
         } else if (a == "--no-huge-pages") {
             o.huge_pages = false;
         } else if (a == "--help" || a == "-h") {
@@ -253,6 +257,7 @@ Result time_attention(cpu::WorkerPool& pool, const KvGeometry& g, const Options&
     ao.bf16_dot_product = o.bf16_dot;
     ao.amx = o.amx;
     ao.amx_pv = o.amx_pv;
+    ao.amx_pv_mla = o.amx_pv_mla;
     cpu::CpuAttention attn(g, o.block_tokens, pool, ao);
     const std::size_t B = o.block_tokens;
     const std::size_t per_seq = (tokens + B - 1) / B;
@@ -318,7 +323,7 @@ Result time_attention(cpu::WorkerPool& pool, const KvGeometry& g, const Options&
     res.gbs = res.kv_bytes / res.seconds / 1e9;
     res.best_gbs = res.kv_bytes / *std::min_element(times.begin(), times.end()) / 1e9;
     res.reps = n_reps;
-    res.qk = attn.uses_amx() ? (o.amx_pv ? "amx+pv" : "amx") : o.bf16_dot ? "dot" : "fma";
+    res.qk = attn.uses_amx() ? (attn.uses_amx_pv() ? "amx+pv" : "amx") : o.bf16_dot ? "dot" : "fma";
     return res;
 }
 
@@ -332,6 +337,7 @@ double verify(cpu::WorkerPool& pool, const KvGeometry& g, const Options& o, std:
     ao.bf16_dot_product = o.bf16_dot;
     ao.amx = o.amx;
     ao.amx_pv = o.amx_pv;
+    ao.amx_pv_mla = o.amx_pv_mla;
     cpu::CpuAttention fast(g, B, pool, ao);
     cpu::CpuAttentionOptions po;
     po.isa = cpu::Isa::portable;
@@ -425,7 +431,9 @@ int run_cpu_attention(int argc, char** argv) {
         std::string(cpu::isa_name(isa)).c_str(),
         std::string(cpu::isa_name(cpu::detected_isa())).c_str(), o.block_tokens,
         o.amx && cpu::amx_bf16_available()
-            ? (o.amx_pv ? "AMX tiles where group >= 8, P.V too" : "AMX tiles where group >= 8")
+            ? (o.amx_pv       ? "AMX tiles where group >= 8, P.V too"
+               : o.amx_pv_mla ? "AMX tiles where group >= 8, P.V too for MLA"
+                              : "AMX tiles where group >= 8")
         : o.bf16_dot ? "vdpbf16ps"
                      : "widening + FMA",
         o.prefetch ? "on" : "off", o.items_per_worker);
@@ -566,6 +574,8 @@ int run_cpu_attention(int argc, char** argv) {
           << ",\n  \"amx\": " << (o.amx && cpu::amx_bf16_available() ? "true" : "false")
           << ",\n  \"amx_pv\": "
           << (o.amx && o.amx_pv && cpu::amx_bf16_available() ? "true" : "false")
+          << ",\n  \"amx_pv_mla\": "
+          << (o.amx && (o.amx_pv || o.amx_pv_mla) && cpu::amx_bf16_available() ? "true" : "false")
           << ",\n  \"huge_pages\": " << (o.huge_pages ? "true" : "false")
           << ",\n  \"read_bandwidth_gbs\": " << bw << ",\n  \"read_bandwidth_measurements_gbs\": [";
         for (std::size_t i = 0; i < bws.size(); ++i)

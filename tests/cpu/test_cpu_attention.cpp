@@ -51,6 +51,8 @@ std::vector<Case> cases() {
         {"qwen3 32/4 d128 B128", 32, 4, 128, 128, false, 128, {1, 300, 700}},
         {"g4 dk128 dv64 B24", 8, 2, 128, 64, false, 24, {23, 50}},
         {"mla 16 x 576/512 B64", 16, 1, 576, 512, true, 64, {1, 63, 200}},
+        // DeepSeek's block: two 64-token AMX quads per full block, a partial last one
+        {"mla 16 x 576/512 B128", 16, 1, 576, 512, true, 128, {64, 127, 300}},
     };
 }
 
@@ -147,9 +149,11 @@ TEST_CASE("CPU attention of every kernel level matches the fp64 reference", "[un
                         opts.amx = route.amx;
                         opts.amx_min_group = 1;  // every group size takes the AMX route here
                         opts.amx_pv = route.amx_pv;
+                        opts.amx_pv_mla = route.amx_pv;
                         CpuAttention attn(g, c.block_tokens, pool, opts);
                         REQUIRE(attn.isa() == isa);
                         REQUIRE(attn.uses_amx() == route.amx);
+                        REQUIRE(attn.uses_amx_pv() == (route.amx && route.amx_pv));
                         Output out;
                         attn.run(batch.seqs, out.view(batch.rows(), g.head_dim_v));
                         const auto [eo, el] = check(out, ref, g.head_dim_v, t);

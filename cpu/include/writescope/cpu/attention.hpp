@@ -58,11 +58,14 @@ struct CpuAttentionOptions {
     // amx_min_group query heads per KV head (a tile product costs the same for fewer rows:
     // measured, Qwen3's 8 and MLA's 16 gain, Mixtral's 4 does not; docs/perf.md). amx_pv: P·V on
     // tiles too, each fp32 probability split exactly into three bf16 terms (p = p1 + p2 + p3, no
-    // rounding); off by default, measured slower than the FMAs. Ignored where AMX is not
-    // available (see uses_amx()).
+    // rounding): for every geometry when amx_pv, for MLA's (one latent head, dv 512) when
+    // amx_pv_mla. Measured on the H200's host (docs/perf.md, 2026-12-03): MLA's P·V streams
+    // faster on tiles (+20 % at 16 threads), GQA's slower, hence the defaults. Ignored where
+    // AMX is not available (see uses_amx(), uses_amx_pv()).
     bool amx = true;
     std::uint32_t amx_min_group = 8;
     bool amx_pv = false;
+    bool amx_pv_mla = true;
 };
 
 // The CPU attention engine, and core's CpuAttentionBackend itself (the step executor drives it
@@ -118,6 +121,8 @@ class CpuAttention final : public CpuAttentionBackend {
     Isa isa() const noexcept { return isa_; }
     // Whether Q·K runs on AMX tiles (asked for, bf16 KV, AVX-512 level, AMX available).
     bool uses_amx() const noexcept;
+    // Whether P·V runs on AMX tiles too (uses_amx() and amx_pv, or amx_pv_mla for MLA).
+    bool uses_amx_pv() const noexcept;
     const KvGeometry& geometry() const noexcept { return geometry_; }
     std::size_t block_tokens() const noexcept { return block_tokens_; }
     const PackedBlockLayout& packed_layout() const noexcept { return packed_; }
