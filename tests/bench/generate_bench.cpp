@@ -149,6 +149,7 @@ struct Run {
     // summed over the layers), and the streaming policy's CPU model after the steps.
     double streamed_per_step = 0, cpu_experts_per_step = 0;
     double model_per_expert_s = 0, model_per_pair_s = 0;
+    double model_slowdown = 1, stream_gbs = 0;  // the policy's CPU slowdown beside a stream, rate
     bool streams = false;  // the runtime may stream host experts (some are host-resident)
     // The host experts split by rows with the GPU: GB per step each side read, the GPU's share
     // after the steps, and each side's measured rate (GB/s).
@@ -376,6 +377,8 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
                 static_cast<double>(after.cpu_experts - streams_before.cpu_experts) / steps;
             r.model_per_expert_s = after.cpu_per_expert_s;
             r.model_per_pair_s = after.cpu_per_pair_s;
+            r.model_slowdown = after.cpu_slowdown;
+            r.stream_gbs = after.stream_bytes_per_s / 1e9;
         }
         if (const model::ExpertStreamStats after = rt->expert_streaming();
             after.rows_split_calls > streams_before.rows_split_calls) {
@@ -844,9 +847,10 @@ std::string decode_config(ModelSetup& s, const std::string& name, std::size_t co
         if (r.streams)
             std::printf(
                 "  %-10s   host experts per step: %.1f streamed, %.1f on the CPU (the policy's "
-                "CPU model: %.3f ms per expert + %.1f us per pair)\n",
+                "CPU model: %.3f ms per expert + %.1f us per pair, x%.2f beside a stream of "
+                "%.1f GB/s)\n",
                 "", r.streamed_per_step, r.cpu_experts_per_step, r.model_per_expert_s * 1e3,
-                r.model_per_pair_s * 1e6);
+                r.model_per_pair_s * 1e6, r.model_slowdown, r.stream_gbs);
         if (r.rows_gpu_gb > 0)
             std::printf(
                 "  %-10s   host experts split by rows: GPU share %.3f, per step %.2f GB read by "
@@ -924,7 +928,9 @@ std::string decode_config(ModelSetup& s, const std::string& name, std::size_t co
       << ", \"peak_vram_gib\": " << ws.vram_gib << ", \"peak_pinned_gib\": " << ws.pinned_gib
       << ", \"resident_gib\": " << ws.rss_gib
       << ", \"host_experts_per_step\": {\"streamed\": " << ws.streamed_per_step
-      << ", \"cpu\": " << ws.cpu_experts_per_step << "}"
+      << ", \"cpu\": " << ws.cpu_experts_per_step
+      << ", \"policy_cpu_slowdown\": " << ws.model_slowdown
+      << ", \"policy_stream_gb_s\": " << ws.stream_gbs << "}"
       << ", \"host_experts_by_rows\": {\"gpu_share\": " << ws.rows_share
       << ", \"gpu_gb_per_step\": " << ws.rows_gpu_gb << ", \"cpu_gb_per_step\": " << ws.rows_cpu_gb
       << ", \"gpu_gb_s\": " << ws.rows_gpu_rate << ", \"cpu_gb_s\": " << ws.rows_cpu_rate << "}"

@@ -83,6 +83,13 @@ TEST_CASE("the expert stream policy streams less when the CPU slows beside a str
     CHECK(p.choose(six) == 0);
     p.observe_cpu(6, 6 * 128, 6 * 128 * 2e-4);
     CHECK(p.choose(six) == 6);
+    // Decode calls the same: after kRefreshCalls beside a stream one decode call alone (a few
+    // pairs per expert) refreshes the model, and streaming goes on (it once stopped for good).
+    for (std::size_t i = 0; i < model::ExpertStreamPolicy::kRefreshCalls; ++i)
+        p.observe_cpu(1, 128, 3 * 128 * 2e-4, true);
+    CHECK(p.choose(six) == 0);
+    p.observe_cpu(4, 8, 4 * 8 * 2e-4);
+    CHECK(p.choose(six) > 0);
     // Where the stream is slow too (50 ms per expert), nothing pays.
     for (int i = 0; i < 20; ++i)
         p.observe_stream(100'000'000, 0.05);

@@ -43,12 +43,13 @@ void ExpertStreamPolicy::observe_cpu(std::size_t experts, std::size_t pairs, dou
         // without a call given up to measure it. Slower: the excess is the slowdown's.
         if (seconds >= alone) return;
     }
-    if (p >= kPromptPairsPerExpert * e) {
+    // A call alone (either regime) is the refresh: streaming may go on. (Reset by prompt calls
+    // only, a long decode stopped streaming for good after kRefreshCalls streaming calls.)
+    if (!beside_stream) beside_calls_ = 0;
+    if (p >= kPromptPairsPerExpert * e)
         prompt_.add(e, p, seconds);
-        if (!beside_stream) beside_calls_ = 0;
-    } else {
+    else
         decode_.add(e, p, seconds);
-    }
 }
 
 void ExpertStreamPolicy::observe_stream(std::uint64_t bytes, double seconds) noexcept {

@@ -17,8 +17,8 @@
 //   when the slowdown eats its gain. A call beside a stream that is faster than the model of
 //   the CPU alone predicts corrects that model (its time bounds the cost alone from above); a
 //   slower one feeds only the slowdown. A model that may have grown too low is refreshed by
-//   a prompt call without streaming after kRefreshCalls that streamed (one call in 256 the
-//   slow way).
+//   a call without streaming after kRefreshCalls that streamed (one call in 257 the slow
+//   way, in decode as in prompts).
 // - A call's experts are streamed in order of pairs, most first (streaming costs the same for
 //   every expert of a layer; the CPU's cost grows with its pairs), as many as make
 //   max(stream time, CPU time of the rest) smallest; nothing when that is not a clear gain.
