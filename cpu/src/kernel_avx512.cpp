@@ -18,6 +18,7 @@
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -619,7 +620,8 @@ void qk_rows(const KernelShape& k, const char* kb, size_t rs, uint32_t n, const 
     if (k.amx) {  // 16-row groups that lie inside the block on AMX, the rest on FMAs
         // A quarter of the next block's prefetches go out here, one tick per tile product, so
         // that they run over the whole block and not only over P·V (MLA's Q·K is on AMX).
-        const uint32_t groups = (n < k.block_tokens ? n : k.block_tokens) / 16;
+        // (groups: the loop's count, a partial last group inside the block included)
+        const uint32_t groups = std::min((n + 15) / 16, k.block_tokens / 16);
         pf.pace(size_t{groups} * (k.dk / 32), pf.lines() / 4);
         uint32_t t = 0;
         for (; t < n && t + 16 <= k.block_tokens; t += 16)
