@@ -100,6 +100,36 @@ TEST_CASE("the expert stream policy streams less when the CPU slows beside a str
     CHECK(q.slowdown() == 1);
 }
 
+TEST_CASE("a slowdown measured high once does not stop streaming for good", "[model][streaming]") {
+    model::ExpertStreamPolicy p;
+    for (int i = 0; i < 5; ++i)
+        p.observe_cpu(6, 6 * 128, 6 * 128 * 2e-4);
+    p.observe_stream(100'000'000, 0.01);
+    // Six experts of 16 pairs: 3.2 ms each on the CPU, 10 ms each to stream. Alone 19.2 ms;
+    // one streamed: max(10, 16) = 16 ms, a gain; at a slowdown of 4 nothing gains.
+    const std::vector<Candidate> six(6, Candidate{100'000'000, 16});
+    CHECK(p.choose(six) == 1);
+    for (int i = 0; i < 12; ++i)
+        p.observe_cpu(1, 16, 4 * 16 * 2e-4, /*beside_stream=*/true);
+    CHECK(p.slowdown() > 3.5);
+    CHECK(p.choose(six) == 0);
+    // Calls alone from then on: the choice stays 0 until kRefreshCalls of them, then one is
+    // made without the slowdown...
+    for (std::size_t i = 0; i + 1 < model::ExpertStreamPolicy::kRefreshCalls; ++i) {
+        p.observe_cpu(6, 96, 96 * 2e-4);
+        REQUIRE(p.choose(six) == 0);
+    }
+    p.observe_cpu(6, 96, 96 * 2e-4);
+    CHECK(p.choose(six) == 1);
+    // ... and the call beside that stream measures the slowdown again (the CPU's time alone
+    // this time): it falls, and the next choices are the model's again.
+    const double before = p.slowdown();
+    p.observe_cpu(5, 80, 80 * 2e-4, true);
+    CHECK(p.slowdown() < before);
+    CHECK(p.slowdown() > 1);
+    CHECK(p.choose(six) == 0);
+}
+
 TEST_CASE("a cost model too high from a cold first call is corrected while every call streams",
           "[model][streaming]") {
     model::ExpertStreamPolicy p;

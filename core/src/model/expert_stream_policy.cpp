@@ -32,6 +32,7 @@ void ExpertStreamPolicy::observe_cpu(std::size_t experts, std::size_t pairs, dou
                                      bool beside_stream) noexcept {
     if (experts == 0 || !(seconds >= 0) || !std::isfinite(seconds)) return;
     const double e = static_cast<double>(experts), p = static_cast<double>(pairs);
+    alone_calls_ = beside_stream ? 0 : alone_calls_ + 1;
     if (beside_stream) {
         ++beside_calls_;
         const double alone = cpu_seconds(experts, pairs);
@@ -97,6 +98,8 @@ std::size_t ExpertStreamPolicy::choose(std::span<const Candidate> c) const noexc
     // The model of the CPU alone learns only from calls that do not stream: one in
     // kRefreshCalls keeps it current (a slow first call, say, is not trusted for ever).
     if (beside_calls_ >= kRefreshCalls) return 0;
+    // And the slowdown from calls that stream: after as many alone, one choice without it.
+    const double slowdown = alone_calls_ >= kRefreshCalls ? 1.0 : slowdown_;
     const auto cpu = [&](const Candidate& x) { return f.a + f.b * static_cast<double>(x.pairs); };
     double cpu_left = 0;
     for (const Candidate& x : c)
@@ -107,7 +110,7 @@ std::size_t ExpertStreamPolicy::choose(std::span<const Candidate> c) const noexc
     for (std::size_t i = 0; i < c.size(); ++i) {
         streamed += static_cast<double>(c[i].bytes) / rate_;
         cpu_left -= cpu(c[i]);
-        const double t = std::max(streamed, slowdown_ * std::max(cpu_left, 0.0));
+        const double t = std::max(streamed, slowdown * std::max(cpu_left, 0.0));
         if (t < best) {
             best = t;
             best_n = i + 1;

@@ -18,7 +18,10 @@
 //   the CPU alone predicts corrects that model (its time bounds the cost alone from above); a
 //   slower one feeds only the slowdown. A model that may have grown too low is refreshed by
 //   a call without streaming after kRefreshCalls that streamed (one call in 257 the slow
-//   way, in decode as in prompts).
+//   way, in decode as in prompts). The slowdown is likewise measured again: after
+//   kRefreshCalls calls alone, the next choice is made as if the CPU did not slow beside a
+//   stream, so that a slowdown measured high once (a transient) cannot keep a decode from
+//   streaming for good; if it is real, that one call measures it again.
 // - A call's experts are streamed in order of pairs, most first (streaming costs the same for
 //   every expert of a layer; the CPU's cost grows with its pairs), as many as make
 //   max(stream time, CPU time of the rest) smallest; nothing when that is not a clear gain.
@@ -79,6 +82,7 @@ class ExpertStreamPolicy {
     double rate_ = 0;  // bytes per second
     double slowdown_ = 1;
     std::size_t beside_calls_ = 0;  // CPU calls beside a stream since the last one alone
+    std::size_t alone_calls_ = 0;   // and alone since the last one beside a stream
 };
 
 }  // namespace writescope::model
