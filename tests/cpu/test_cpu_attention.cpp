@@ -51,7 +51,8 @@ std::vector<Case> cases() {
         {"qwen3 32/4 d128 B128", 32, 4, 128, 128, false, 128, {1, 300, 700}},
         {"g4 dk128 dv64 B24", 8, 2, 128, 64, false, 24, {23, 50}},
         {"mla 16 x 576/512 B64", 16, 1, 576, 512, true, 64, {1, 63, 200}},
-        // DeepSeek's block: two 64-token AMX quads per full block, a partial last one
+        // DeepSeek's block of 128 tokens: full ones and partial last ones (AMX groups of 16 rows,
+        // a partial group, the FMA tail)
         {"mla 16 x 576/512 B128", 16, 1, 576, 512, true, 128, {64, 127, 300}},
     };
 }

@@ -60,7 +60,7 @@ struct CpuAttentionOptions {
     // tiles too, each fp32 probability split exactly into three bf16 terms (p = p1 + p2 + p3, no
     // rounding): for every geometry when amx_pv, for MLA's (one latent head, dv 512) when
     // amx_pv_mla. Measured on the H200's host (docs/perf.md, 2026-12-03): MLA's P·V streams
-    // faster on tiles (+20 % at 16 threads), GQA's slower, hence the defaults. Ignored where
+    // faster on tiles (+25–35 % at 16 threads), GQA's slower, hence the defaults. Ignored where
     // AMX is not available (see uses_amx(), uses_amx_pv()).
     bool amx = true;
     std::uint32_t amx_min_group = 8;
