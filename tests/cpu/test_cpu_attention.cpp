@@ -155,6 +155,9 @@ TEST_CASE("CPU attention of every kernel level matches the fp64 reference", "[un
                         REQUIRE(attn.isa() == isa);
                         REQUIRE(attn.uses_amx() == route.amx);
                         REQUIRE(attn.uses_amx_pv() == (route.amx && route.amx_pv));
+                        REQUIRE(std::string(attn.kernel_name()) ==
+                                std::string(cpu::isa_name(isa)) + (route.amx ? "+amx" : "") +
+                                    (route.amx && route.amx_pv ? "+pv" : ""));
                         Output out;
                         attn.run(batch.seqs, out.view(batch.rows(), g.head_dim_v));
                         const auto [eo, el] = check(out, ref, g.head_dim_v, t);

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "writescope/core/attention_state.hpp"
@@ -113,6 +114,8 @@ class CpuAttention final : public CpuAttentionBackend {
     // hold) for groups of 1, 2, 4 and 8; 1 otherwise (MLA's 16 heads per latent already fill
     // them).
     std::size_t shared_queries() const noexcept;
+    // The level, then "+amx" where Q·K runs on AMX tiles and "+pv" where P·V does too
+    // ("avx512+amx+pv"): the engine's status reports it.
     const char* kernel_name() const noexcept override;
     int threads() const noexcept override { return static_cast<int>(pool_.concurrency()); }
 
@@ -148,6 +151,7 @@ class CpuAttention final : public CpuAttentionBackend {
     WorkerPool& pool_;
     CpuAttentionOptions opts_;
     Isa isa_;
+    std::string name_;  // kernel_name()
     PackedBlockLayout packed_;
     std::unique_ptr<Plan> plan_;
     // attend_shared's: the attention of the several-query geometry (made at first use), the
