@@ -123,7 +123,10 @@ CpuAttention::CpuAttention(const KvGeometry& geometry, std::size_t block_tokens,
                    with_max_seqs(max_seqs)) {}
 
 const char* CpuAttention::kernel_name() const noexcept {
-    return name_.c_str();
+    // The AMX routes exist at the AVX-512 level only.
+    if (plan_->shape.amx_pv) return "avx512+amx+pv";
+    if (plan_->shape.amx) return "avx512+amx";
+    return isa_name(isa_).data();
 }
 
 CpuAttention::CpuAttention(const KvGeometry& geometry, std::size_t block_tokens,
@@ -160,7 +163,6 @@ CpuAttention::CpuAttention(const KvGeometry& geometry, std::size_t block_tokens,
             k.group >= opts.amx_min_group && amx_bf16_available();
     k.amx_pv = k.amx && (opts.amx_pv || (geometry.mla && opts.amx_pv_mla));
     k.scale = geometry.scale();
-    name_ = std::string(isa_name(isa_)) + (k.amx ? "+amx" : "") + (k.amx_pv ? "+pv" : "");
     P.kernel = &detail::attend_chunk_portable;
 #if defined(WRITESCOPE_CPU_X86)  // elsewhere select_isa() never returns a vector level
     if (isa_ == Isa::avx2) P.kernel = &detail::attend_chunk_avx2;

@@ -618,15 +618,14 @@ void qk_rows(const KernelShape& k, const char* kb, size_t rs, uint32_t n, const 
     const float* qf = sc.qf;
     float* S = sc.s;
     if (k.amx) {  // 16-row groups that lie inside the block on AMX, the rest on FMAs
-        // A quarter of the next block's prefetches go out here, one tick per tile product, so
-        // that they run over the whole block and not only over P·V (MLA's Q·K is on AMX).
-        // (groups: the loop's count, a partial last group inside the block included)
+        // (a partial last group inside the block included). A quarter of the next block's
+        // prefetches go out here, one tick per tile product, so that they run over the whole
+        // block and not only over P·V (MLA's Q·K is on AMX).
         const uint32_t groups = std::min((n + 15) / 16, k.block_tokens / 16);
         pf.pace(size_t{groups} * (k.dk / 32), pf.lines() / 4);
-        uint32_t t = 0;
-        for (; t < n && t + 16 <= k.block_tokens; t += 16)
-            qk_rows16_amx(k, kb, rs, t, sc.qx, S, pf);
-        if (t < n) qk_rows_t<DType::bf16>(k, kb, rs, t, n, q, qf, S);
+        for (uint32_t g = 0; g < groups; ++g)
+            qk_rows16_amx(k, kb, rs, 16 * g, sc.qx, S, pf);
+        if (16 * groups < n) qk_rows_t<DType::bf16>(k, kb, rs, 16 * groups, n, q, qf, S);
         return;
     }
     switch (k.dtype) {

@@ -32,9 +32,11 @@ void ExpertStreamPolicy::observe_cpu(std::size_t experts, std::size_t pairs, dou
                                      bool beside_stream) noexcept {
     if (experts == 0 || !(seconds >= 0) || !std::isfinite(seconds)) return;
     const double e = static_cast<double>(experts), p = static_cast<double>(pairs);
+    // Each run of calls beside a stream, or alone, is counted (choose's two refreshes); a call
+    // alone in either regime ends a run beside.
+    beside_calls_ = beside_stream ? beside_calls_ + 1 : 0;
     alone_calls_ = beside_stream ? 0 : alone_calls_ + 1;
     if (beside_stream) {
-        ++beside_calls_;
         const double alone = cpu_seconds(experts, pairs);
         if (!(alone > 0)) return;
         const double r = std::clamp(seconds / alone, 1.0, kMaxSlowdown);
@@ -44,9 +46,6 @@ void ExpertStreamPolicy::observe_cpu(std::size_t experts, std::size_t pairs, dou
         // without a call given up to measure it. Slower: the excess is the slowdown's.
         if (seconds >= alone) return;
     }
-    // A call alone (either regime) is the refresh: streaming may go on. (Reset by prompt calls
-    // only, a long decode stopped streaming for good after kRefreshCalls streaming calls.)
-    if (!beside_stream) beside_calls_ = 0;
     if (p >= kPromptPairsPerExpert * e)
         prompt_.add(e, p, seconds);
     else

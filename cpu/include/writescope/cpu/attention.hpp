@@ -13,7 +13,6 @@
 #include <memory>
 #include <optional>
 #include <span>
-#include <string>
 #include <vector>
 
 #include "writescope/core/attention_state.hpp"
@@ -151,7 +150,6 @@ class CpuAttention final : public CpuAttentionBackend {
     WorkerPool& pool_;
     CpuAttentionOptions opts_;
     Isa isa_;
-    std::string name_;  // kernel_name()
     PackedBlockLayout packed_;
     std::unique_ptr<Plan> plan_;
     // attend_shared's: the attention of the several-query geometry (made at first use), the
