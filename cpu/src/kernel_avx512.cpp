@@ -786,6 +786,9 @@ void pv_t(const KernelShape& k, const VSource& v, uint32_t t0, uint32_t n, const
 // carries the top 8 significant bits, p2 the next 8 of the exact residual, p3 the last ≤ 8), so
 // the three tile products p_i·v are exact and accumulate in fp32. V rows are widened on the fly
 // into VNNI token pairs, with dims split even/odd so that O keeps the FMA route's order.
+// Measured on the H200's host (docs/perf.md, "MLA's CPU attention: where the time goes"): more C
+// tiles to shorten the accumulation chains, two terms of P, and double-buffered staging were no
+// faster; the widening and the tile products are ~10 % of the kernel's time each.
 void pv_amx(const KernelShape& k, const VSource& v, uint32_t n, const Scratch& sc, Prefetcher& pf) {
     const uint32_t g = k.group, ss = k.s_stride, dv = k.dv;
     const uint32_t n32 = n / 32 * 32;
