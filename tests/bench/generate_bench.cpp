@@ -74,6 +74,9 @@ struct Options {
     std::vector<std::string> modes = {"writescope", "gpu-only", "cpu-only"};
     std::size_t steps = 8;
     double vram_gib = 32;
+    // G's share of the VRAM that the always-GPU weights, T and the workspace leave, before the
+    // routed experts (model::PlacementBudget::kv_g_share; --g-share).
+    double g_share = 0.25;
     std::size_t prefill = 2048;
     bool pin_host_experts = true;
     // Off by default: a configuration runs too few steps for the automatic choice's trial
@@ -676,7 +679,7 @@ std::unique_ptr<ModelSetup> setup_model(const std::string& name, model::ModelCon
         pb.vram_bytes = s.vram;
         pb.kv_t_bytes = s.t_bytes;
         pb.workspace_bytes = s.gpu_ops->workspace_bytes() + (256ull << 20);
-        pb.kv_g_share = 0.25;
+        pb.kv_g_share = o.g_share;
         s.placement = model::plan_placement(*s.m, pb);
     };
     place();
@@ -700,11 +703,11 @@ std::unique_ptr<ModelSetup> setup_model(const std::string& name, model::ModelCon
     s.engine_vram = s.placement.kv_t_bytes + s.placement.kv_g_bytes + (256ull << 20);
     std::printf(
         "\n%s: %d of %d layers (per-layer budgets scaled by %.3f: VRAM %.2f GiB for %.0f), "
-        "weights %.2f GiB generated in %.1f s, set up in %.1f s; placement: %s; host experts "
-        "page-locked: %.2f GiB (%.2f s)\n",
+        "weights %.2f GiB generated in %.1f s, set up in %.1f s; placement (G share %.2f): %s; "
+        "host experts page-locked: %.2f GiB (%.2f s)\n",
         name.c_str(), c.num_layers, full_layers, s.scale, gib(s.vram), o.vram_gib,
-        gib(s.m->weight_bytes()), generated_s, seconds_since(t_load), s.placement.summary().c_str(),
-        gib(pinned_experts), pin_seconds);
+        gib(s.m->weight_bytes()), generated_s, seconds_since(t_load), o.g_share,
+        s.placement.summary().c_str(), gib(pinned_experts), pin_seconds);
     return sp;
 }
 
@@ -1003,7 +1006,9 @@ int run_generate(int argc, char** argv) {
                 "writescope-bench generate [--models a,b] [--layers N (default: per configuration\n"
                 "  the most the host memory holds)] [--contexts 8K,32K,128K]\n"
                 "  [--batches 1,4,16] [--modes writescope,gpu-only,cpu-only] [--steps 8]\n"
-                "  [--vram 32 (GiB, before scaling)] [--prefill 2048]\n"
+                "  [--vram 32 (GiB, before scaling)] [--g-share 0.25 (G's share of the VRAM\n"
+                "  left after the always-GPU weights, T and the workspace, before the routed\n"
+                "  experts)] [--prefill 2048]\n"
                 "  [--aggregate 8x128K | maxx128K (as many as the budgets admit)]\n"
                 "  [--pin-host-experts 1 (page-lock the host-resident experts for streaming)]\n"
                 "  [--layer-parts off|always|auto (decode batches in two halves per layer)]\n"
@@ -1032,7 +1037,11 @@ int run_generate(int argc, char** argv) {
                 o.steps = std::stoul(value());
             else if (a == "--vram")
                 o.vram_gib = std::stod(value());
-            else if (a == "--prefill")
+            else if (a == "--g-share") {
+                o.g_share = std::stod(value());
+                if (!(o.g_share >= 0 && o.g_share <= 1))
+                    throw std::invalid_argument("--g-share: a share in [0, 1]");
+            } else if (a == "--prefill")
                 o.prefill = parse_list(value()).at(0);
             else if (a == "--prefill-chunk")
                 o.prefill_chunk = parse_list(value()).at(0);
