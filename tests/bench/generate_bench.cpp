@@ -869,7 +869,8 @@ std::string decode_config(ModelSetup& s, const std::string& name, std::size_t co
     std::ostringstream j;
     j << "{\"model\": " << json_string(name) << ", \"layers\": " << c.num_layers
       << ", \"full_layers\": " << s.full_layers << ", \"budget_scale\": " << s.scale
-      << ", \"context\": " << context << ", \"batch\": " << batch << ", \"mode_tok_s\": {";
+      << ", \"g_share\": " << o.g_share << ", \"context\": " << context << ", \"batch\": " << batch
+      << ", \"mode_tok_s\": {";
     bool first = true;
     for (const auto& [mode, r] : runs) {
         j << (first ? "" : ", ") << json_string(mode) << ": ";
