@@ -75,8 +75,8 @@ struct Options {
     std::size_t steps = 8;
     double vram_gib = 32;
     // G's share of the VRAM that the always-GPU weights, T and the workspace leave, before the
-    // routed experts (model::PlacementBudget::kv_g_share; --g-share).
-    double g_share = 0.25;
+    // routed experts (--g-share; the placement's own default).
+    double g_share = model::PlacementBudget{}.kv_g_share;
     std::size_t prefill = 2048;
     bool pin_host_experts = true;
     // Off by default: a configuration runs too few steps for the automatic choice's trial
