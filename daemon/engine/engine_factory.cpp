@@ -1,4 +1,5 @@
 // Engine::create: picks the backends for the options and hands them to the engine.
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -88,56 +89,90 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& o) {
                                          : std::to_string(n) + " CUDA device(s) visible"));
     cuda::set_device(o.gpu_index);
     const cuda::DeviceInfo info = cuda::device_info(o.gpu_index);
-    auto pool = std::make_shared<cuda::DevicePool>(o.vram_kv_bytes);
     // Size P and U first (their slots do not depend on the VRAM), then give the GPU pool what
     // the workspaces leave: T = one open block per sequence, G the rest.
     kv.pinned_bytes = o.pinned_kv_bytes;
     kv.g_slots = 0;
     const std::size_t per_pool_slot = layers * lin;
-    const std::size_t g_upper = o.vram_kv_bytes / per_pool_slot;
-    cuda::GpuStepOptions so;
-    so.geometry = g;
-    so.block_tokens = B;
-    so.max_seqs = o.max_batch;
-    so.max_prompt_tokens = o.max_prompt_tokens;
-    so.prompt_u = o.prompt_u_to_gpu;
-    // The pinned budget is hard: the step's pinned buffers and the seal bounce buffers come out
-    // of it, and P gets the rest. (Sized for P taking the whole budget: an upper bound.)
-    so.max_blocks = g_upper + kv_capacity(kv).slots[static_cast<int>(Region::P)] + o.max_batch;
-    const auto extra_of = [&] {
-        return cuda::GpuStepBackend::pinned_bytes(so) +
-               cuda::GpuSealMover::pinned_bytes(layers, lin);
+    // The step backend's options and workspace for a pool of `vram` bytes (G's upper bound is
+    // what the pool could hold), the pinned bytes they take before P, and P's slots then.
+    struct Sizing {
+        cuda::GpuStepOptions so;
+        std::uint64_t pinned_extra = 0, workspace = 0;
+        std::size_t p_slots = 0;
     };
-    std::uint64_t pinned_extra = extra_of();
-    // A prompt's U blocks go to the GPU through two pinned pieces of one staging chunk each;
-    // where they would take more than a quarter of the pinned budget, the CPU attends them (as
-    // it always did) and P keeps the room.
-    if (so.max_prompt_tokens > 0 && so.prompt_u) {
-        so.prompt_u = false;
-        const std::uint64_t without = extra_of();
-        if ((pinned_extra - without) * 4 > o.pinned_kv_bytes)
-            pinned_extra = without;
-        else
-            so.prompt_u = true;
+    const auto size_for = [&](std::uint64_t vram) {
+        Sizing z;
+        const std::size_t g_upper = vram / per_pool_slot;
+        cuda::GpuStepOptions& so = z.so;
+        so.geometry = g;
+        so.block_tokens = B;
+        so.max_seqs = o.max_batch;
+        so.max_prompt_tokens = o.max_prompt_tokens;
+        so.prompt_u = o.prompt_u_to_gpu;
+        // The pinned budget is hard: the step's pinned buffers and the seal bounce buffers come
+        // out of it, and P gets the rest. (Sized for P taking the whole budget: an upper bound.)
+        KvCacheConfig pre = kv;
+        pre.pinned_bytes = o.pinned_kv_bytes;
+        so.max_blocks = g_upper + kv_capacity(pre).slots[static_cast<int>(Region::P)] + o.max_batch;
+        const auto extra_of = [&] {
+            return cuda::GpuStepBackend::pinned_bytes(so) +
+                   cuda::GpuSealMover::pinned_bytes(layers, lin);
+        };
+        z.pinned_extra = extra_of();
+        // A prompt's U blocks go to the GPU through two pinned pieces of one staging chunk
+        // each; where they would take more than a quarter of the pinned budget, the CPU attends
+        // them (as it always did) and P keeps the room.
+        if (so.max_prompt_tokens > 0 && so.prompt_u) {
+            so.prompt_u = false;
+            const std::uint64_t without = extra_of();
+            if ((z.pinned_extra - without) * 4 > o.pinned_kv_bytes)
+                z.pinned_extra = without;
+            else
+                so.prompt_u = true;
+        }
+        if (o.pinned_kv_bytes < z.pinned_extra)
+            throw std::runtime_error("hardware.pinned_kv_budget = " + mib(o.pinned_kv_bytes) +
+                                     " is too small: the GPU step's pinned buffers and the seal "
+                                     "bounce buffers take " +
+                                     mib(z.pinned_extra));
+        pre.pinned_bytes = o.pinned_kv_bytes - z.pinned_extra;
+        z.p_slots = kv_capacity(pre).slots[static_cast<int>(Region::P)];
+        so.max_blocks = g_upper + z.p_slots + o.max_batch;
+        // The step backend's workspace, sized for the most blocks G could ever hold.
+        // (+256: the T+G region is one more 256-byte aligned piece of the pool)
+        z.workspace = cuda::GpuStepBackend::device_bytes(so) + 256;
+        return z;
+    };
+    // G sized for its blocks ("auto"): the pool their blocks, T's and one spare need with the
+    // workspace sized for that pool (which grows with it: a few rounds reach the fixed point),
+    // within the budget and half of what the GPU has free, the rest being the weights'.
+    std::uint64_t vram = o.vram_kv_bytes;
+    if (o.vram_kv_g_blocks > 0) {
+        const std::uint64_t blocks_bytes = (o.vram_kv_g_blocks + o.max_batch + 1) * per_pool_slot;
+        std::uint64_t v = blocks_bytes;
+        for (int round = 0; round < 16; ++round) {
+            const std::uint64_t need = size_for(v).workspace + blocks_bytes;
+            if (need <= v) break;
+            v = need;
+        }
+        vram = std::min({v, o.vram_kv_bytes, info.free_bytes / 2});
     }
-    if (o.pinned_kv_bytes < pinned_extra)
-        throw std::runtime_error("hardware.pinned_kv_budget = " + mib(o.pinned_kv_bytes) +
-                                 " is too small: the GPU step's pinned buffers and the seal "
-                                 "bounce buffers take " +
-                                 mib(pinned_extra));
-    kv.pinned_bytes = o.pinned_kv_bytes - pinned_extra;
-    const KvCapacity pre = kv_capacity(kv);
-    const std::size_t p_slots = pre.slots[static_cast<int>(Region::P)];
-    so.max_blocks = g_upper + p_slots + o.max_batch;
-    // The step backend's workspace, sized for the most blocks G could ever hold.
-    // (+256: the T+G region is one more 256-byte aligned piece of the pool)
-    const std::uint64_t workspace = cuda::GpuStepBackend::device_bytes(so) + 256;
-    if (o.vram_kv_bytes < workspace + o.max_batch * per_pool_slot)
-        throw std::runtime_error("hardware.vram_kv_budget = " + mib(o.vram_kv_bytes) +
-                                 " is too small: the GPU workspace takes " + mib(workspace) +
-                                 " and the open blocks of " + std::to_string(o.max_batch) +
-                                 " sequences " + mib(o.max_batch * per_pool_slot));
-    kv.g_slots = (o.vram_kv_bytes - workspace) / per_pool_slot - o.max_batch;
+    const std::string budget_name = o.vram_kv_g_blocks > 0
+                                        ? "hardware.vram_kv_budget \"auto\" (" + mib(vram) + ")"
+                                        : "hardware.vram_kv_budget = " + mib(vram);
+    Sizing z = size_for(vram);
+    cuda::GpuStepOptions so = z.so;
+    kv.pinned_bytes = o.pinned_kv_bytes - z.pinned_extra;
+    const std::size_t p_slots = z.p_slots;
+    const std::uint64_t workspace = z.workspace;
+    if (vram < workspace + o.max_batch * per_pool_slot)
+        throw std::runtime_error(budget_name + " is too small: the GPU workspace takes " +
+                                 mib(workspace) + " and the open blocks of " +
+                                 std::to_string(o.max_batch) + " sequences " +
+                                 mib(o.max_batch * per_pool_slot));
+    auto pool = std::make_shared<cuda::DevicePool>(vram);
+    kv.g_slots = (vram - workspace) / per_pool_slot - o.max_batch;
     so.max_blocks = kv.g_slots + p_slots + o.max_batch;
     kv.target_r = 0.5;
     const KvCapacity cap = kv_capacity(kv);
@@ -184,7 +219,9 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& o) {
     parts.gpu_description = info.name + " (GPU " + std::to_string(o.gpu_index) + ")";
     parts.kv = kv;
     parts.cpu = std::move(cpu);
-    return std::make_unique<EngineImpl>(o, std::move(parts));
+    EngineOptions taken = o;  // options() reports the VRAM the KV took
+    taken.vram_kv_bytes = vram;
+    return std::make_unique<EngineImpl>(taken, std::move(parts));
 #else
     throw std::runtime_error("hardware.gpu = " + std::to_string(o.gpu_index) +
                              ": this build of writescope has no CUDA backend");

@@ -148,6 +148,12 @@ json engine_status_json(const ServiceView& v) {
                              ? json(v.profile.hardware.vram_budget)
                              : json(nullptr)},
           {"vram_kv_bytes", v.engine_options.vram_kv_bytes},
+          {"vram_kv_auto", v.kv_auto ? json{{"from_history", v.kv_auto->from_history},
+                                            {"g_blocks", v.kv_auto->g_blocks},
+                                            {"g_bytes", v.kv_auto->g_bytes},
+                                            {"history_steps", v.kv_auto->decision.steps},
+                                            {"detail", v.kv_auto->detail}}
+                                     : json(nullptr)},
           {"pinned_kv_bytes", v.engine_options.pinned_kv_bytes},
           {"host_kv_bytes", v.engine_options.host_kv_bytes}}},
         {"regions", std::move(regions)},

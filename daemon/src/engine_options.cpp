@@ -65,8 +65,8 @@ std::unique_ptr<model::Model> load_profile_model_unplaced(const Profile& p, std:
 }
 
 EngineOptions engine_options_unplaced(const Profile& p, const MachineInfo& m,
-                                      std::string_view source,
-                                      std::vector<ProfileIssue>* unchecked);
+                                      std::string_view source, std::vector<ProfileIssue>* unchecked,
+                                      const model::KvDemand* kv_history, AutoKv* kv_auto);
 void check_mode_gpu_unplaced(const Profile& p, int gpu_index, std::string_view source);
 
 }  // namespace
@@ -82,9 +82,10 @@ std::unique_ptr<model::Model> load_profile_model(const Profile& p, std::string_v
 
 EngineOptions engine_options_from_profile(const Profile& p, const MachineInfo& m,
                                           std::string_view source,
-                                          std::vector<ProfileIssue>* unchecked) {
+                                          std::vector<ProfileIssue>* unchecked,
+                                          const model::KvDemand* kv_history, AutoKv* kv_auto) {
     try {
-        EngineOptions o = engine_options_unplaced(p, m, source, unchecked);
+        EngineOptions o = engine_options_unplaced(p, m, source, unchecked, kv_history, kv_auto);
         if (unchecked)
             *unchecked = placed(p, ProfileError(std::string(source), *unchecked)).issues();
         return o;
@@ -164,8 +165,8 @@ void check_gpu_index(int index, const MachineInfo& m, std::string_view source,
 namespace {
 
 EngineOptions engine_options_unplaced(const Profile& p, const MachineInfo& m,
-                                      std::string_view source,
-                                      std::vector<ProfileIssue>* unchecked) {
+                                      std::string_view source, std::vector<ProfileIssue>* unchecked,
+                                      const model::KvDemand* kv_history, AutoKv* kv_auto) {
     EngineOptions o;
     const auto loaded = load_profile_model(p, source, true);
     o.geometry = loaded->config().kv_geometry(kv_dtype_of(p, loaded->config()));
@@ -190,12 +191,29 @@ EngineOptions engine_options_unplaced(const Profile& p, const MachineInfo& m,
             break;
     }
     o.vram_kv_bytes = o.gpu_index >= 0 ? p.hardware.vram_kv_budget : 0;
+    // The KV's bytes in VRAM the host budgets below are sized beyond ("auto": G's as planned).
+    std::uint64_t vram_kv_held = o.vram_kv_bytes;
+    if (o.gpu_index >= 0 && p.hardware.vram_kv_auto) {
+        AutoKvInputs in;
+        in.geometry = o.geometry;
+        in.block_tokens = o.block_tokens;
+        in.max_batch = static_cast<std::size_t>(p.kv.max_batch);
+        in.context_tokens = static_cast<std::uint64_t>(loaded->config().max_position_embeddings);
+        in.experts_per_token = loaded->config().experts_per_token;
+        in.num_experts = loaded->config().num_experts;
+        in.vram_budget = p.hardware.vram_budget;
+        const AutoKv a = plan_auto_kv(kv_history ? *kv_history : model::KvDemand{}, in);
+        o.vram_kv_bytes = a.cap_bytes;
+        o.vram_kv_g_blocks = a.g_blocks;
+        vram_kv_held = a.g_bytes;
+        if (kv_auto) *kv_auto = a;
+    }
     // A GPU engine's prompt workspace is sized for the model runtime's chunk (where the daemon
     // has no GPU model runtime, its engine factory sets it back to 0: no prompt is attended on
     // the device).
     o.max_prompt_tokens = o.gpu_index >= 0 ? prefill_chunk_tokens(p, true) : 0;
     // One VRAM budget: the KV's part is inside it (the weights take what it leaves).
-    if (o.gpu_index >= 0 && p.hardware.vram_budget != 0 &&
+    if (o.gpu_index >= 0 && p.hardware.vram_budget != 0 && !p.hardware.vram_kv_auto &&
         p.hardware.vram_kv_budget > p.hardware.vram_budget)
         fail(source, "hardware.vram_kv_budget",
              fmt::format("{} is more than hardware.vram_budget ({}), which holds it: lower it, "
@@ -218,7 +236,7 @@ EngineOptions engine_options_unplaced(const Profile& p, const MachineInfo& m,
     const std::uint64_t calibration_room =
         kCalibrationBlocks * o.block_tokens * o.geometry.bytes_per_token();
     const std::uint64_t spill =
-        std::max(needed > o.vram_kv_bytes ? needed - o.vram_kv_bytes : 0, calibration_room);
+        std::max(needed > vram_kv_held ? needed - vram_kv_held : 0, calibration_room);
     constexpr std::uint64_t kMinAutoHost = 1ull << 20;      // host_kv_budget's floor
     constexpr std::uint64_t kGpuStepPinned = 256ull << 20;  // the GPU step's own buffers
     // Without a GPU nothing streams over PCIe, so pinning host memory would only take it away

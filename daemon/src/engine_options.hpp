@@ -5,6 +5,7 @@
 #include <string_view>
 #include <vector>
 
+#include "auto_kv.hpp"
 #include "machine.hpp"
 #include "profile.hpp"
 #include "writescope/core/engine.hpp"
@@ -34,9 +35,15 @@ DType kv_dtype_of(const Profile& p, const model::ModelConfig& c) noexcept;
 // index on a build without CUDA or past the GPUs this machine has, a geometry the core rejects).
 // `source` names the profile file. What could not be verified on this machine is appended to
 // `unchecked` (key and why; line and column 0), when given.
+//
+// hardware.vram_kv_budget "auto" with a GPU: G is sized by plan_auto_kv from `kv_history` (the
+// store's KV demand of this model; null or empty: none yet), and what it decided is written to
+// `kv_auto` when given.
 EngineOptions engine_options_from_profile(const Profile& p, const MachineInfo& m,
                                           std::string_view source,
-                                          std::vector<ProfileIssue>* unchecked = nullptr);
+                                          std::vector<ProfileIssue>* unchecked = nullptr,
+                                          const model::KvDemand* kv_history = nullptr,
+                                          AutoKv* kv_auto = nullptr);
 
 // hardware.gpu = `index` on a build with the CUDA backend, against the NVIDIA GPUs the machine
 // lists (m.gpus). Throws ProfileError naming the key, the value and the number of GPUs when the

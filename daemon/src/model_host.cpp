@@ -36,28 +36,30 @@ namespace {
 constexpr std::uint64_t kVramReserve = 1ull << 30;
 
 // The weights' part of the one VRAM budget: hardware.vram_budget less the KV's part (the
-// engine's T, G and staging: hardware.vram_kv_budget, taken already), the ops' workspaces and
-// the reserve; and never more than the GPU has free now, less the reserve. "auto": what is free.
+// engine's T, G and staging, `kv_bytes`: what the engine took of hardware.vram_kv_budget, taken
+// already), the ops' workspaces and the reserve; and never more than the GPU has free now, less
+// the reserve. "auto": what is free.
 struct WeightBudget {
     std::uint64_t bytes = 0;
     std::string origin;  // how it was reached, for the log and a refusal
 };
-WeightBudget weight_budget(const Profile& p, std::uint64_t free_now, std::uint64_t workspace) {
+WeightBudget weight_budget(const Profile& p, std::uint64_t kv_bytes, std::uint64_t free_now,
+                           std::uint64_t workspace) {
     const std::uint64_t physical = free_now > kVramReserve ? free_now - kVramReserve : 0;
+    const std::string kv_name =
+        p.hardware.vram_kv_auto ? "hardware.vram_kv_budget \"auto\"" : "hardware.vram_kv_budget";
     if (p.hardware.vram_budget == 0)
         return {physical, fmt::format("hardware.vram_budget \"auto\": {} free after the KV's {} "
-                                      "and the workspaces, less {}",
-                                      format_size_human(free_now),
-                                      format_size_human(p.hardware.vram_kv_budget),
-                                      format_size_human(kVramReserve))};
-    const std::uint64_t taken = p.hardware.vram_kv_budget + workspace + kVramReserve;
+                                      "({}) and the workspaces, less {}",
+                                      format_size_human(free_now), format_size_human(kv_bytes),
+                                      kv_name, format_size_human(kVramReserve))};
+    const std::uint64_t taken = kv_bytes + workspace + kVramReserve;
     const std::uint64_t left = p.hardware.vram_budget > taken ? p.hardware.vram_budget - taken : 0;
     return {std::min(left, physical),
-            fmt::format("hardware.vram_budget {} less the KV's {} (hardware.vram_kv_budget), the "
+            fmt::format("hardware.vram_budget {} less the KV's {} ({}), the "
                         "workspaces' {} and {} reserved{}",
-                        format_size_human(p.hardware.vram_budget),
-                        format_size_human(p.hardware.vram_kv_budget), format_size_human(workspace),
-                        format_size_human(kVramReserve),
+                        format_size_human(p.hardware.vram_budget), format_size_human(kv_bytes),
+                        kv_name, format_size_human(workspace), format_size_human(kVramReserve),
                         left > physical ? fmt::format(", within the {} the GPU has free",
                                                       format_size_human(free_now))
                                         : std::string())};
@@ -145,7 +147,8 @@ void start_gpu_runtime(ModelHost& host, const Profile& prof, int gpu,
         ops.reset();
         ops = std::make_unique<cuda::CudaModelOps>(go);
         const cuda::DeviceInfo info = cuda::device_info(gpu);  // after the KV and the workspaces
-        wb = weight_budget(prof, info.free_bytes, ops->workspace_bytes());
+        wb = weight_budget(prof, engine.options().vram_kv_bytes, info.free_bytes,
+                           ops->workspace_bytes());
         b.vram_bytes = wb.bytes;
     };
     const auto place = [&](const model::ExpertHeat* heat) {

@@ -491,12 +491,34 @@ const std::vector<KeyDef>& key_table() {
                          return p.hardware.vram_budget ? quote(format_size(p.hardware.vram_budget))
                                                        : quote("auto");
                      }});
-        t.push_back(size_key(
-            "hardware", "vram_kv_budget", "\"16GiB\"",
-            "GPU memory for the KV cache: open tail blocks (T), resident blocks "
-            "(G) and the staging ring (0B to 1PiB), the KV's part of vram_budget; unused "
-            "without a GPU (status shows 0)",
-            false, [](Profile & p) -> auto& { return p.hardware.vram_kv_budget; }, 0, 1ull << 50));
+        t.push_back(
+            {"hardware", "vram_kv_budget", "\"auto\"",
+             "GPU memory for the KV cache: open tail blocks (T), resident blocks (G) and "
+             "the staging ring, the KV's part of vram_budget (a size, 0B to 1PiB, or "
+             "\"auto\": G sized at start-up from the stored history of the KV the "
+             "decode steps held, as much as the steps hold more often than a routed "
+             "expert is read (16GiB of G until 1000 steps are recorded), within half of "
+             "vram_budget); unused without a GPU (status shows 0)",
+             false,
+             [](const toml::node& n, Profile& p) -> std::string {
+                 if (n.is_string() && *n.value<std::string>() == "auto") {
+                     p.hardware.vram_kv_auto = true;
+                     p.hardware.vram_kv_budget = 0;
+                     return {};
+                 }
+                 std::uint64_t v = 0;
+                 if (auto e = read_size(n, v); !e.empty()) return e + " (or \"auto\")";
+                 if (v > (1ull << 50))
+                     return fmt::format("{} is out of range: expected 0B..1PiB, or \"auto\"",
+                                        format_size(v));
+                 p.hardware.vram_kv_auto = false;
+                 p.hardware.vram_kv_budget = v;
+                 return {};
+             },
+             [](const Profile& p) {
+                 return p.hardware.vram_kv_auto ? quote("auto")
+                                                : quote(format_size(p.hardware.vram_kv_budget));
+             }});
         t.push_back(host_budget_key(
             "hardware", "pinned_kv_budget", "\"auto\"",
             "pinned host memory for the P region and the GPU step's own pinned buffers (seal "

@@ -108,6 +108,29 @@ void Service::boot(const StatusFn& status) {
     }
     if (cancel_) throw std::runtime_error("stopped during boot");
 
+    // hardware.vram_kv_budget "auto": G sized by the KV the stored decode steps held.
+    if (profile.hardware.vram_kv_auto && options_.gpu_index >= 0) {
+        model::KvDemand demand;
+        try {
+            demand = store_->kv_demand(options_.geometry.name, dtype_name(options_.geometry.dtype));
+        } catch (const StoreError& e) {
+            log_warning("store.read-failed", "cannot read the KV history: {}", e.what());
+        }
+        try {
+            AutoKv a;
+            EngineOptions o = engine_options_from_profile(profile, machine_, profile_source_,
+                                                          nullptr, &demand, &a);
+            log_info("kv.vram-auto", "hardware.vram_kv_budget \"auto\": {}", a.detail);
+            std::lock_guard lock(state_mu_);
+            options_ = std::move(o);
+            kv_auto_ = std::move(a);
+        } catch (const std::exception& e) {
+            // It passed at start-up; a model directory changed since is the engine's to meet.
+            log_warning("kv.vram-auto-failed",
+                        "hardware.vram_kv_budget \"auto\" kept its start-up size: {}", e.what());
+        }
+    }
+
     set_stage(status,
               fmt::format("starting the engine ({}, {})", options_.geometry.name,
                           options_.gpu_index >= 0 ? fmt::format("GPU {}", options_.gpu_index)
@@ -119,6 +142,10 @@ void Service::boot(const StatusFn& status) {
         throw std::runtime_error(fmt::format("the engine did not start: {}", e.what()));
     }
     if (!engine_) throw std::runtime_error("the engine did not start");
+    {
+        std::lock_guard lock(state_mu_);
+        options_.vram_kv_bytes = engine_->options().vram_kv_bytes;  // what it took ("auto")
+    }
     engine_up_ = true;
     refresh_snapshot_locked();
     const EngineStatus first = [&] {
@@ -467,7 +494,6 @@ ServiceView Service::view() const {
     v.started_at_ms = started_at_ms_;
     v.uptime_seconds = static_cast<double>(unix_ms_now() - started_at_ms_) / 1000.0;
     v.version = WRITESCOPE_VERSION;
-    v.engine_options = options_;
     v.allocator = allocator_;
     v.profile_source = profile_source_;
     v.engine_up = engine_up_.load();
@@ -482,6 +508,8 @@ ServiceView Service::view() const {
     }
     {
         std::lock_guard lock(state_mu_);
+        v.engine_options = options_;
+        v.kv_auto = kv_auto_;
         v.profile = profile_;
         v.boot_stage = stage_;
         v.calibration_key = key_;
@@ -743,8 +771,32 @@ void Service::persist_expert_heat() {
     }
 }
 
+// The decode steps counted since the last write, added to the stored KV demand of the engine's
+// KV model and dtype (what "auto" sizes G by at the next start).
+void Service::persist_kv_demand() {
+    Store* store_now = store();
+    if (!store_now) return;
+    std::lock_guard heat_lock(heat_mu_);
+    model::KvDemand total;
+    {
+        std::lock_guard lock(model_mu_);
+        if (!model_) return;
+        total = model_->scheduler->stats().kv_demand;
+    }
+    const model::KvDemand delta = total.since(kv_saved_);
+    if (delta.empty()) return;
+    try {
+        store_now->add_kv_demand(options_.geometry.name, dtype_name(options_.geometry.dtype), delta,
+                                 unix_ms_now() / 1000);
+        kv_saved_ = std::move(total);
+    } catch (const StoreError& e) {
+        log_warning("store.write-failed", "KV history not written: {}", e.what());
+    }
+}
+
 void Service::persist_history(bool wait) {
     persist_expert_heat();
+    persist_kv_demand();
     if (!engine_up_) return;
     // Until boot has finished, the engine's state is not a workload's history yet.
     if (!wait && phase_ != Phase::ready) return;

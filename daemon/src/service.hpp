@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "auto_kv.hpp"
 #include "engine_host.hpp"
 #include "machine.hpp"
 #include "model_host.hpp"
@@ -114,6 +115,7 @@ struct ServiceView {
     CalibrationInfo calibration;
     CalibrationJobInfo job;
     WarmStartInfo warm_start;
+    std::optional<AutoKv> kv_auto;  // hardware.vram_kv_budget "auto" with a GPU
     StoreOpenReport store;
     StoreWriteHealth store_writes;
     AllocatorInfo allocator;
@@ -216,7 +218,9 @@ class Service {
     WorkloadRecord workload_record_locked() const;
 
     const std::string profile_source_;
-    const EngineOptions options_;
+    // Written by boot() alone (hardware.vram_kv_budget "auto", then the VRAM the engine took),
+    // under state_mu_; read by others under it.
+    EngineOptions options_;
     const MachineInfo machine_;
     const EngineFactory factory_;
     const AllocatorInfo allocator_;
@@ -228,14 +232,17 @@ class Service {
 
     Store* store() const;  // the store boot() opened, or null before it; not under state_mu_
     void persist_expert_heat();
-    std::mutex heat_mu_;            // heat_saved_, and one history write at a time
+    void persist_kv_demand();
+    std::mutex heat_mu_;            // heat_saved_, kv_saved_, and one history write at a time
     model::ExpertHeat heat_saved_;  // the scheduler's counts already in the store
+    model::KvDemand kv_saved_;      // likewise
     mutable std::mutex state_mu_;   // profile_, stage_, calibration_, warm_, key_, store_ pointer
     Profile profile_;
     std::string stage_ = "starting";
     CalibrationKey key_;
     CalibrationInfo calibration_;
     WarmStartInfo warm_;
+    std::optional<AutoKv> kv_auto_;  // hardware.vram_kv_budget "auto" with a GPU: the decision
     std::unique_ptr<Store> store_;
     std::optional<PendingPolicy> pending_policy_;
 

@@ -82,6 +82,18 @@ CREATE TABLE expert_heat (
     PRIMARY KEY (model, layer, expert)
 );
 )sql",
+    // 2 → 3: the decode steps by the KV they held, which "auto" sizes the KV's VRAM by.
+    R"sql(
+CREATE TABLE kv_demand (
+    model          TEXT    NOT NULL,  -- the KV geometry's name, as in workload_history
+    dtype          TEXT    NOT NULL,
+    bucket         INTEGER NOT NULL,  -- model::KvDemand::bucket_of(tokens held in the step)
+    steps          INTEGER NOT NULL,  -- decode steps, summed over the daemon's runs
+    sequence_steps INTEGER NOT NULL,  -- their sequences, summed likewise
+    updated_at     INTEGER NOT NULL,  -- unix seconds
+    PRIMARY KEY (model, dtype, bucket)
+);
+)sql",
 };
 
 // An open failure: what went wrong, said for the log.
@@ -208,6 +220,7 @@ void check_tables(sqlite3* db) {
          "updated_at"},
         {"samples", "id,at_ms,steps,sequences,a,b,delta,r_target,r_deployed,step_seconds_mean"},
         {"expert_heat", "model,layer,expert,tokens,updated_at"},
+        {"kv_demand", "model,dtype,bucket,steps,sequence_steps,updated_at"},
     };
     for (const auto& [table, expected] : kTables) {
         Stmt s(db, fmt::format("SELECT name FROM pragma_table_info('{}')", table));
@@ -687,6 +700,49 @@ model::ExpertHeat Store::expert_heat(std::string_view model) const {
         row[static_cast<std::size_t>(e)] = static_cast<std::uint64_t>(t);
     }
     return h;
+}
+
+void Store::add_kv_demand(std::string_view model, std::string_view dtype,
+                          const model::KvDemand& delta, std::int64_t updated_at) {
+    if (delta.empty()) return;
+    writing([&] {
+        std::lock_guard lock(mutex_);
+        exec(db_, "BEGIN IMMEDIATE");
+        try {
+            Stmt s(db_,
+                   "INSERT INTO kv_demand (model, dtype, bucket, steps, sequence_steps, "
+                   "updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (model, dtype, "
+                   "bucket) DO UPDATE SET steps = steps + excluded.steps, sequence_steps = "
+                   "sequence_steps + excluded.sequence_steps, updated_at = excluded.updated_at");
+            for (const auto& [b, x] : delta.buckets) {
+                s.bind(1, model).bind(2, dtype).bind(3, static_cast<std::int64_t>(b));
+                s.bind(4, static_cast<std::int64_t>(x.steps));
+                s.bind(5, static_cast<std::int64_t>(x.sequence_steps)).bind(6, updated_at);
+                s.step();
+                s.reset();
+            }
+            exec(db_, "COMMIT");
+        } catch (...) {
+            sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
+            throw;
+        }
+    });
+}
+
+model::KvDemand Store::kv_demand(std::string_view model, std::string_view dtype) const {
+    std::lock_guard lock(mutex_);
+    Stmt s(db_,
+           "SELECT bucket, steps, sequence_steps FROM kv_demand WHERE model = ?1 AND dtype = ?2");
+    s.bind(1, model).bind(2, dtype);
+    model::KvDemand d;
+    while (s.step()) {
+        const std::int64_t b = s.integer(0), n = s.integer(1), q = s.integer(2);
+        // Rows a hand could have written: buckets out of range and negative counts are skipped.
+        if (b < 0 || b > model::KvDemand::kMaxBucket || n <= 0 || q < 0) continue;
+        d.buckets[static_cast<std::uint32_t>(b)] = {static_cast<std::uint64_t>(n),
+                                                    static_cast<std::uint64_t>(q)};
+    }
+    return d;
 }
 
 bool Store::check_integrity() const {

@@ -7,6 +7,8 @@
 //   samples           a bounded log of the engine's state over time (the newest N rows)
 //   expert_heat       per served model: the tokens routed to each expert of each layer, summed
 //                     over runs (the GPU placement's routing history)
+//   kv_demand         per KV model and dtype: decode steps by the KV tokens they held, summed
+//                     over runs (what hardware.vram_kv_budget "auto" sizes G by)
 //
 // The schema is versioned (PRAGMA user_version) and migrated forward at open. A database that
 // cannot be opened, fails its integrity check, has a schema version this release does not know
@@ -28,6 +30,7 @@
 #include <vector>
 
 #include "writescope/core/engine.hpp"
+#include "writescope/core/model/kv_demand.hpp"
 #include "writescope/core/model/placement.hpp"
 
 struct sqlite3;
@@ -112,7 +115,7 @@ struct StoreWriteHealth {
 
 class Store {
   public:
-    static constexpr int kSchemaVersion = 2;
+    static constexpr int kSchemaVersion = 3;
     static constexpr std::string_view kFileName = "writescope.db";
     // How long a lock held by another process (sqlite3, a second daemon) is waited for: at open
     // and by every read and write after it.
@@ -160,6 +163,12 @@ class Store {
                          std::int64_t updated_at);
     // The model's routing history (empty when none): counts[layer][expert].
     model::ExpertHeat expert_heat(std::string_view model) const;
+
+    // Adds `delta` to the stored decode steps of this KV model and dtype, bucket by bucket.
+    void add_kv_demand(std::string_view model, std::string_view dtype, const model::KvDemand& delta,
+                       std::int64_t updated_at);
+    // Their stored history (empty when none).
+    model::KvDemand kv_demand(std::string_view model, std::string_view dtype) const;
 
     // PRAGMA quick_check == "ok".
     bool check_integrity() const;

@@ -53,8 +53,9 @@ int check_config(const DaemonArgs& args) {
             format_size_human(o.geometry.bytes_per_token()), model->description(),
             format_size_human(model_weight_bytes(*model)),
             o.gpu_index >= 0 ? std::to_string(o.gpu_index) : std::string("none"),
-            format_size_human(o.vram_kv_bytes), format_size_human(o.pinned_kv_bytes),
-            format_size_human(o.host_kv_bytes), o.mode,
+            o.vram_kv_g_blocks ? std::string("\"auto\" (sized at start from the KV history)")
+                               : format_size_human(o.vram_kv_bytes),
+            format_size_human(o.pinned_kv_bytes), format_size_human(o.host_kv_bytes), o.mode,
             unchecked_keys.empty() ? std::string()
                                    : fmt::format("; not checked on this machine: {}",
                                                  fmt::join(unchecked_keys, ", ")));

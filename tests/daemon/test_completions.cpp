@@ -297,6 +297,15 @@ TEST_CASE("greedy completions are the reference tokens whole and streamed and th
                 writescope::daemon::Store::open(tmp.path() / "state")
                     ->expert_heat(writescope::daemon::expert_heat_key(loaded->config()));
             CHECK(kept.total() == routed);
+            // So is every decode step, by the KV its sequences held ("auto" sizes G by it).
+            const writescope::model::KvDemand kv =
+                writescope::daemon::Store::open(tmp.path() / "state")
+                    ->kv_demand(after["model"]["name"].get<std::string>(),
+                                after["kv"]["dtype"].get<std::string>());
+            const auto steps = after["scheduler"]["decode_steps"].get<std::uint64_t>();
+            CHECK(steps > 0);
+            CHECK(kv.steps() == steps);
+            CHECK(kv.mean_batch() >= 1.0);
         }
     }
 }

@@ -375,7 +375,42 @@ TEST_CASE("the routing history adds up per model across runs and skips rows it c
     CHECK(h.counts[1] == std::vector<std::uint64_t>{6, 0, 10});
 }
 
-TEST_CASE("a schema version 1 store is migrated to 2 keeping its rows", "[unit][daemon][store]") {
+TEST_CASE("the KV demand adds up per model and dtype across runs and skips rows it cannot use",
+          "[unit][daemon][store]") {
+    TempDir dir;
+    model::KvDemand a;
+    a.add_step(3000, 1);
+    a.add_step(3000, 1);
+    a.add_step(40000, 8);
+    {
+        auto store = Store::open(dir.path() / "state");
+        CHECK(store->kv_demand("m", "bf16").empty());
+        store->add_kv_demand("m", "bf16", a, 100);
+        store->add_kv_demand("m", "bf16", a, 200);
+        store->add_kv_demand("m", "fp32", a, 200);
+        store->add_kv_demand("m", "bf16", model::KvDemand{}, 300);  // nothing to add
+    }
+    model::KvDemand twice = a;
+    twice.add(a);
+    {
+        auto store = Store::open(dir.path() / "state");
+        CHECK_FALSE(store->report().created);
+        CHECK(store->kv_demand("m", "bf16") == twice);
+        CHECK(store->kv_demand("m", "fp32") == a);
+        CHECK(store->kv_demand("other", "bf16").empty());
+    }
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open((dir.path() / "state" / "writescope.db").c_str(), &db) == SQLITE_OK);
+    REQUIRE(sqlite3_exec(db,
+                         "INSERT INTO kv_demand VALUES ('m', 'bf16', -1, 5, 5, 0), "
+                         "('m', 'bf16', 100000, 5, 5, 0), ('m', 'bf16', 7, -3, 1, 0)",
+                         nullptr, nullptr, nullptr) == SQLITE_OK);
+    sqlite3_close(db);
+    CHECK(Store::open(dir.path() / "state")->kv_demand("m", "bf16") == twice);
+}
+
+TEST_CASE("a schema version 1 store is migrated to the current version keeping its rows",
+          "[unit][daemon][store]") {
     TempDir dir;
     const auto state = dir.path() / "state";
     std::filesystem::create_directories(state);
@@ -407,8 +442,10 @@ TEST_CASE("a schema version 1 store is migrated to 2 keeping its rows", "[unit][
     sqlite3_close(db);
     auto store = Store::open(state);
     CHECK(store->report().migrated_from == 1);
-    CHECK(store->report().schema_version == 2);
+    CHECK(store->report().schema_version == Store::kSchemaVersion);
+    CHECK(store->report().schema_version == 3);
     CHECK(store->sample_count() == 1);
     CHECK(store->expert_heat("any").counts.empty());
+    CHECK(store->kv_demand("any", "bf16").empty());
     CHECK(count_bad_files(state) == 0);
 }

@@ -149,6 +149,49 @@ TEST_CASE("the engine on a GPU: budgets become regions, calibration fits A, B an
     REQUIRE_THROWS_WITH(Engine::create(o), Catch::Contains("hardware.vram_kv_budget"));
 }
 
+TEST_CASE("the engine on a GPU sizes G for the blocks asked (hardware.vram_kv_budget \"auto\")",
+          "[gpu]") {
+    if (cuda::device_count() == 0) FAIL("no GPU");
+    auto rng = test::seeded_rng("gpu auto kv");
+    for (const char* preset : {"qwen3-30b-a3b", "deepseek-v2-lite"}) {
+        EngineOptions o;
+        o.geometry = *kv_geometry_preset(preset, DType::bf16);
+        o.geometry.num_layers = 4;
+        o.block_tokens = 64 * (1 + rng() % 2);
+        o.gpu_index = 0;
+        o.pinned_kv_bytes = 256ull << 20;
+        o.host_kv_bytes = 256ull << 20;
+        o.attention_threads = 4;
+        o.max_batch = 1 + rng() % 16;
+        o.max_prompt_tokens = 512;
+        o.vram_kv_g_blocks = 500 + rng() % 3000;
+        o.vram_kv_bytes = 1ull << 50;  // no byte cap: only half of the free memory bounds it
+        INFO(preset << ": " << o.vram_kv_g_blocks << " G blocks of " << o.block_tokens
+                    << " tokens, batch " << o.max_batch);
+        auto e = Engine::create(o);
+        const auto s = e->status();
+        const std::size_t g = s.regions[static_cast<int>(Region::G)].capacity_blocks;
+        std::printf("[gpu] auto KV %s: %zu G blocks asked, %zu made, %.1f MiB taken\n", preset,
+                    o.vram_kv_g_blocks, g,
+                    static_cast<double>(e->options().vram_kv_bytes) / (1 << 20));
+        // The blocks asked, and one spare at most (the fixed point's margin).
+        CHECK(g >= o.vram_kv_g_blocks);
+        CHECK(g <= o.vram_kv_g_blocks + 1);
+        // The bytes taken are reported, and are those of the blocks and the workspace, not the cap.
+        const std::uint64_t block = o.geometry.bytes_per_token() * o.block_tokens;
+        CHECK(e->options().vram_kv_bytes >= (g + o.max_batch) * block);
+        CHECK(e->options().vram_kv_bytes < (1ull << 40));
+        // A byte cap below the need bounds G instead.
+        const std::uint64_t taken = e->options().vram_kv_bytes;
+        e.reset();
+        o.vram_kv_bytes = taken - taken / 4;
+        auto capped = Engine::create(o);
+        CHECK(capped->options().vram_kv_bytes == o.vram_kv_bytes);
+        CHECK(capped->status().regions[static_cast<int>(Region::G)].capacity_blocks <
+              o.vram_kv_g_blocks);
+    }
+}
+
 TEST_CASE("decode steps on the GPU: new tokens appended by append_kv, attended, sealed exactly",
           "[gpu]") {
     if (cuda::device_count() == 0) FAIL("no GPU");

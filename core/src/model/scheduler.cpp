@@ -520,10 +520,14 @@ void Scheduler::decode_running() {
     {
         const ExpertHeat heat = rt_.take_expert_heat();
         const ExpertStreamStats streaming = rt_.expert_streaming();
+        std::uint64_t kv_tokens = 0;
+        for (const auto& s : running_)
+            kv_tokens += s->req.prompt.size() + s->generated;
         std::lock_guard lock(mu_);
         ++stats_.decode_steps;
         stats_.expert_heat.add(heat);
         stats_.expert_streaming = streaming;
+        stats_.kv_demand.add_step(kv_tokens, running_.size());
     }
     SampledToken t;
     for (std::size_t i = 0; i < running_.size(); ++i) {

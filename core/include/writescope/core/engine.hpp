@@ -21,10 +21,14 @@
 namespace writescope {
 
 struct EngineOptions {
-    KvGeometry geometry;                // from a preset or a model directory's config.json
-    std::size_t block_tokens = 128;     // tokens per KV block (64–256)
-    int gpu_index = -1;                 // -1: no GPU (CPU backend only; r = 1)
-    std::uint64_t vram_kv_bytes = 0;    // GPU budget for T + G (+ staging), bytes
+    KvGeometry geometry;              // from a preset or a model directory's config.json
+    std::size_t block_tokens = 128;   // tokens per KV block (64–256)
+    int gpu_index = -1;               // -1: no GPU (CPU backend only; r = 1)
+    std::uint64_t vram_kv_bytes = 0;  // GPU budget for T + G (+ staging), bytes
+    // > 0: G is sized for this many blocks (T and the staging added) rather than for what
+    // vram_kv_bytes leaves, within vram_kv_bytes and half of the GPU's free memory at creation
+    // (the daemon's hardware.vram_kv_budget "auto"); options() then reports the bytes taken.
+    std::size_t vram_kv_g_blocks = 0;
     std::uint64_t pinned_kv_bytes = 0;  // P region budget, bytes (pinned host memory)
     std::uint64_t host_kv_bytes = 0;    // U region budget, bytes (ordinary host memory)
     int attention_threads = 0;          // CPU attention threads; 0 = one per online core

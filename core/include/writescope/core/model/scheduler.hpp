@@ -59,6 +59,7 @@
 #include <thread>
 #include <vector>
 
+#include "writescope/core/model/kv_demand.hpp"
 #include "writescope/core/model/placement.hpp"
 #include "writescope/core/model/runtime.hpp"
 #include "writescope/core/model/sampler.hpp"
@@ -156,6 +157,9 @@ struct SchedulerStats {
     // The host-resident experts: computed on the CPU or streamed to the GPU, and the cost
     // model's state (Runtime::expert_streaming after every prefill chunk and decode step).
     ExpertStreamStats expert_streaming;
+    // Decode steps since start by the KV tokens their sequences held (prompt and generated
+    // tokens, summed over the batch): the workload's demand for G (kv_demand.hpp).
+    KvDemand kv_demand;
 };
 
 struct SchedulerOptions {
