@@ -154,6 +154,7 @@ TEST_CASE("routes answer after boot and errors keep the shape", "[unit][daemon][
     // Without a GPU there is no VRAM budget, and the open tails are in host memory.
     CHECK(st["budgets"]["vram_kv_bytes"] == 0);
     CHECK(st["budgets"]["vram_bytes"].is_null());
+    CHECK(st["budgets"]["vram_kv_auto"].is_null());  // "auto" sizes nothing without a GPU
     CHECK_THAT(render_status(st), Catch::Contains("host (open tails)"));
     CHECK_THAT(render_status(st), !Catch::Contains("GPU (open tails)"));
     // With a GPU, writescopectl shows which attention kernel it runs.
