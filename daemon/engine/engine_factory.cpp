@@ -149,14 +149,15 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& o) {
     // within the budget and half of what the GPU has free, the rest being the weights'.
     std::uint64_t vram = o.vram_kv_bytes;
     if (o.vram_kv_g_blocks > 0) {
+        // Never sized past the bound, so that no round meets a pool it could not have.
+        const std::uint64_t bound = std::min<std::uint64_t>(o.vram_kv_bytes, info.free_bytes / 2);
         const std::uint64_t blocks_bytes = (o.vram_kv_g_blocks + o.max_batch + 1) * per_pool_slot;
-        std::uint64_t v = blocks_bytes;
+        vram = std::min(blocks_bytes, bound);
         for (int round = 0; round < 16; ++round) {
-            const std::uint64_t need = size_for(v).workspace + blocks_bytes;
-            if (need <= v) break;
-            v = need;
+            const std::uint64_t need = std::min(size_for(vram).workspace + blocks_bytes, bound);
+            if (need <= vram) break;
+            vram = need;
         }
-        vram = std::min({v, o.vram_kv_bytes, info.free_bytes / 2});
     }
     const std::string budget_name = o.vram_kv_g_blocks > 0
                                         ? "hardware.vram_kv_budget \"auto\" (" + mib(vram) + ")"

@@ -203,6 +203,12 @@ std::string render_status(const json& s) {
         rows.push_back({"calibration", "none yet"});
     }
     if (s.contains("warm_start")) rows.push_back({"warm start", str(s["warm_start"], "detail")});
+    // hardware.vram_kv_budget "auto" with a GPU: how G was sized.
+    if (const auto b = s.value("budgets", json::object());
+        b.contains("vram_kv_auto") && b["vram_kv_auto"].is_object())
+        rows.push_back(
+            {"KV in VRAM", fmt::format("{} (auto): {}", format_size_human(u64(b, "vram_kv_bytes")),
+                                       str(b["vram_kv_auto"], "detail"))});
     rows.push_back(
         {"work", fmt::format("{} sequences, {} steps, mean step {}", u64(s, "sequences"),
                              u64(s, "steps"), format_seconds(num(s, "step_seconds_mean")))});

@@ -703,7 +703,8 @@ model::ExpertHeat Store::expert_heat(std::string_view model) const {
 }
 
 void Store::add_kv_demand(std::string_view model, std::string_view dtype,
-                          const model::KvDemand& delta, std::int64_t updated_at) {
+                          const model::KvDemand& delta, std::int64_t updated_at,
+                          std::uint64_t keep_steps) {
     if (delta.empty()) return;
     writing([&] {
         std::lock_guard lock(mutex_);
@@ -720,6 +721,22 @@ void Store::add_kv_demand(std::string_view model, std::string_view dtype,
                 s.bind(5, static_cast<std::int64_t>(x.sequence_steps)).bind(6, updated_at);
                 s.step();
                 s.reset();
+            }
+            Stmt total(db_,
+                       "SELECT coalesce(sum(steps), 0) FROM kv_demand WHERE model = ?1 AND "
+                       "dtype = ?2");
+            total.bind(1, model).bind(2, dtype);
+            total.step();
+            if (total.integer(0) > 0 && static_cast<std::uint64_t>(total.integer(0)) > keep_steps) {
+                Stmt half(db_,
+                          "UPDATE kv_demand SET steps = steps / 2, sequence_steps = "
+                          "sequence_steps / 2 WHERE model = ?1 AND dtype = ?2");
+                half.bind(1, model).bind(2, dtype);
+                half.step();
+                Stmt gone(db_,
+                          "DELETE FROM kv_demand WHERE model = ?1 AND dtype = ?2 AND steps <= 0");
+                gone.bind(1, model).bind(2, dtype);
+                gone.step();
             }
             exec(db_, "COMMIT");
         } catch (...) {

@@ -164,9 +164,12 @@ class Store {
     // The model's routing history (empty when none): counts[layer][expert].
     model::ExpertHeat expert_heat(std::string_view model) const;
 
-    // Adds `delta` to the stored decode steps of this KV model and dtype, bucket by bucket.
+    // Adds `delta` to the stored decode steps of this KV model and dtype, bucket by bucket. When
+    // their steps then pass `keep_steps`, every count of the model is halved (rows that reach 0
+    // go): the history follows a workload that changes, weighting the newest ~keep_steps steps.
+    static constexpr std::uint64_t kKvDemandKeepSteps = 2'000'000;
     void add_kv_demand(std::string_view model, std::string_view dtype, const model::KvDemand& delta,
-                       std::int64_t updated_at);
+                       std::int64_t updated_at, std::uint64_t keep_steps = kKvDemandKeepSteps);
     // Their stored history (empty when none).
     model::KvDemand kv_demand(std::string_view model, std::string_view dtype) const;
 

@@ -164,6 +164,17 @@ TEST_CASE("routes answer after boot and errors keep the shape", "[unit][daemon][
     CHECK_THAT(render_status(gst),
                Catch::Contains("GPU 0 (SIMT (kv.block_tokens 48 is not a multiple of 64))"));
     CHECK_THAT(render_status(gst), Catch::Contains("GPU (open tails)"));
+    CHECK_THAT(render_status(gst), !Catch::Contains("KV in VRAM"));
+    // With hardware.vram_kv_budget "auto", how G was sized.
+    gst["budgets"]["vram_kv_bytes"] = 2ull << 30;
+    gst["budgets"]["vram_kv_auto"] = {{"from_history", true},
+                                      {"g_blocks", 100},
+                                      {"g_bytes", 1ull << 30},
+                                      {"history_steps", 5000},
+                                      {"detail", "G for 12800 tokens (1.0 GiB)"}};
+    CHECK_THAT(render_status(gst),
+               Catch::Contains("KV in VRAM") && Catch::Contains("2.00 GiB (auto): G for 12800 "
+                                                                "tokens (1.0 GiB)"));
     // Where the model runs, once one serves: the GPU model runtime's placement and hit rate.
     gst["model"]["placement"] = {{"device", "gpu"},
                                  {"gpu_kernel", "cublas+cuda-sm90"},

@@ -409,6 +409,30 @@ TEST_CASE("the KV demand adds up per model and dtype across runs and skips rows 
     CHECK(Store::open(dir.path() / "state")->kv_demand("m", "bf16") == twice);
 }
 
+TEST_CASE("the KV demand is halved past its step cap, so the history follows the workload",
+          "[unit][daemon][store]") {
+    TempDir dir;
+    auto store = Store::open(dir.path() / "state");
+    model::KvDemand old_shape;
+    for (int i = 0; i < 7; ++i)
+        old_shape.add_step(100000, 1);
+    old_shape.add_step(500, 1);
+    store->add_kv_demand("m", "bf16", old_shape, 1, 10);  // 8 steps: kept as they are
+    CHECK(store->kv_demand("m", "bf16") == old_shape);
+    model::KvDemand new_shape;
+    for (int i = 0; i < 6; ++i)
+        new_shape.add_step(2000, 1);
+    store->add_kv_demand("m", "bf16", new_shape, 2, 10);  // 14 > 10: every count halved
+    const model::KvDemand h = store->kv_demand("m", "bf16");
+    CHECK(h.steps() == 3 + 3);  // 7 / 2 and 6 / 2; the single 500-token step is gone
+    CHECK(h.buckets.count(model::KvDemand::bucket_of(500)) == 0);
+    CHECK(h.buckets.at(model::KvDemand::bucket_of(2000)).steps == 3);
+    // Another model's counts are its own.
+    store->add_kv_demand("n", "bf16", new_shape, 3, 10);
+    CHECK(store->kv_demand("n", "bf16") == new_shape);
+    CHECK(store->kv_demand("m", "bf16").steps() == 6);
+}
+
 TEST_CASE("a schema version 1 store is migrated to the current version keeping its rows",
           "[unit][daemon][store]") {
     TempDir dir;
