@@ -467,9 +467,28 @@ HttpResponse get_history(Service& s, const HttpRequest&, const Target& t) {
     auto samples = json::array();
     for (const auto& x : s.samples(n))
         samples.push_back(sample_json(x));
-    return json_response(200, {{"workloads", std::move(workloads)},
-                               {"samples", std::move(samples)},
-                               {"sample_log_max", max}});
+    // The decode steps by the KV they held: what hardware.vram_kv_budget "auto" sizes G by.
+    const model::KvDemand d = s.kv_history();
+    auto buckets = json::array();
+    for (const auto& [b, x] : d.buckets)
+        buckets.push_back({{"tokens_at_most", model::KvDemand::bucket_tokens(b)},
+                           {"steps", x.steps},
+                           {"mean_batch", x.steps ? static_cast<double>(x.sequence_steps) /
+                                                        static_cast<double>(x.steps)
+                                                  : 0.0}});
+    const ServiceView v = s.view();
+    json kv = json::object();
+    kv["model"] = v.engine_options.geometry.name;
+    kv["dtype"] = std::string(dtype_name(v.engine_options.geometry.dtype));
+    kv["steps"] = d.steps();
+    kv["mean_batch"] = d.mean_batch();
+    kv["buckets"] = std::move(buckets);
+    json body = json::object();
+    body["workloads"] = std::move(workloads);
+    body["samples"] = std::move(samples);
+    body["sample_log_max"] = max;
+    body["kv_demand"] = std::move(kv);
+    return json_response(200, body);
 }
 
 HttpResponse get_metrics(Service& s, const HttpRequest&, const Target&) {

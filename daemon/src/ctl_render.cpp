@@ -328,6 +328,28 @@ std::string render_history(const json& h) {
                  ratio(num(x, "r_deployed")), format_seconds(num(x, "step_seconds_mean"))});
         out += table(rows);
     }
+    // The decode steps by the KV they held (what hardware.vram_kv_budget "auto" sizes G by).
+    if (h.contains("kv_demand") && h["kv_demand"].is_object()) {
+        const auto& d = h["kv_demand"];
+        const auto& b = d.value("buckets", json::array());
+        out += fmt::format(
+            "\nKV held per decode step ({} {}, {} steps recorded, mean batch {:.1f}):\n",
+            str(d, "model"), str(d, "dtype"), u64(d, "steps"), num(d, "mean_batch"));
+        if (b.empty()) {
+            out += "  none recorded yet\n";
+        } else {
+            std::vector<std::vector<std::string>> rows{
+                {"TOKENS (AT MOST)", "STEPS", "SHARE", "MEAN BATCH"}};
+            const double total = std::max(1.0, static_cast<double>(u64(d, "steps")));
+            for (const auto& x : b)
+                rows.push_back(
+                    {fmt::format("{}", u64(x, "tokens_at_most")),
+                     fmt::format("{}", u64(x, "steps")),
+                     fmt::format("{:.1f}%", 100.0 * static_cast<double>(u64(x, "steps")) / total),
+                     fmt::format("{:.1f}", num(x, "mean_batch"))});
+            out += table(rows);
+        }
+    }
     return out;
 }
 

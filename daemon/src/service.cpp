@@ -700,6 +700,18 @@ std::vector<WorkloadRecord> Service::history() const {
     return s ? s->workloads() : std::vector<WorkloadRecord>{};
 }
 
+model::KvDemand Service::kv_history() const {
+    Store* s = store();
+    if (!s) return {};
+    std::string model, dtype;
+    {
+        std::lock_guard lock(state_mu_);
+        model = options_.geometry.name;
+        dtype = dtype_name(options_.geometry.dtype);
+    }
+    return s->kv_demand(model, dtype);
+}
+
 std::vector<Sample> Service::samples(std::size_t limit) const {
     Store* s = store();
     return s ? s->samples(limit) : std::vector<Sample>{};

@@ -778,3 +778,68 @@ TEST_CASE("a GPU placement's host experts split by rows reach status, metrics an
     st["model"] = served_model_json(v);
     CHECK_THAT(render_status(st), Catch::Contains("decode host experts split by rows, GPU 0.310"));
 }
+
+TEST_CASE("boot sizes the KV's VRAM from the stored KV demand (hardware.vram_kv_budget \"auto\")",
+          "[unit][daemon][api]") {
+    if (!build_has_cuda()) return;  // a GPU index needs the CUDA backend in the build
+    TempDir dir;
+    Profile p = test_profile(dir.path());
+    p.hardware.gpu = {GpuChoice::index, 0};  // accepted unchecked: the test machine has no driver
+    p.hardware.vram_budget = 32ull << 30;
+    p.hardware.pinned_kv_budget = HostBudget{64ull << 20, 0, false};
+    REQUIRE(p.hardware.vram_kv_auto);  // the default
+    const EngineOptions at_start = engine_options_from_profile(p, test_machine(), "test");
+    const std::string model = at_start.geometry.name;
+    // A previous run's decode steps: four chats of ~3K tokens, now and then longer ones.
+    {
+        model::KvDemand d;
+        for (int i = 0; i < 1400; ++i)
+            d.add_step(4 * 3000, 4);
+        for (int i = 0; i < 100; ++i)
+            d.add_step(4 * 30000, 4);
+        Store::open(dir.path() / "state")->add_kv_demand(model, "bf16", d, 1);
+    }
+    auto log = std::make_shared<FakeEngineLog>();
+    auto given = std::make_shared<EngineOptions>();
+    Service s(
+        p, "test.toml", at_start, test_machine(),
+        [log, given](const EngineOptions& o) -> std::unique_ptr<Engine> {
+            *given = o;
+            return std::make_unique<FakeEngine>(o, log);
+        },
+        AllocatorInfo{});
+    s.boot(nullptr);
+    REQUIRE(s.phase() == Phase::ready);
+    // At start-up (no store yet) G had the fallback; boot sized it from the history.
+    CHECK(at_start.vram_kv_g_blocks ==
+          std::min<std::size_t>(
+              kAutoKvFallbackBytes / (at_start.geometry.bytes_per_token() * at_start.block_tokens),
+              p.kv.max_batch * ((40960 + at_start.block_tokens - 1) / at_start.block_tokens)));
+    const std::uint64_t tokens = model::KvDemand::bucket_tokens(model::KvDemand::bucket_of(12000));
+    CHECK(given->vram_kv_g_blocks == (tokens + at_start.block_tokens - 1) / at_start.block_tokens);
+    CHECK(given->vram_kv_bytes == 16ull << 30);  // half of vram_budget: the most it may take
+    Api api(s);
+    const auto st = json::parse(api.handle({"GET", "/v1/status", {}}).body);
+    const auto& a = st["budgets"]["vram_kv_auto"];
+    REQUIRE(a.is_object());
+    CHECK(a["from_history"] == true);
+    CHECK(a["history_steps"] == 1500);
+    CHECK(a["g_blocks"] == given->vram_kv_g_blocks);
+    CHECK_THAT(a["detail"].get<std::string>(),
+               Catch::Contains("6.7% of the 1500 recorded decode steps held more KV"));
+    CHECK_THAT(render_status(st), Catch::Contains("(auto): G for"));
+    // /v1/history shows what it was sized by.
+    const auto h = json::parse(api.handle({"GET", "/v1/history", {}}).body);
+    const auto& d = h["kv_demand"];
+    CHECK(d["model"] == model);
+    CHECK(d["steps"] == 1500);
+    CHECK(d["mean_batch"].get<double>() == Approx(4.0));
+    REQUIRE(d["buckets"].size() == 2);
+    CHECK(d["buckets"][0]["tokens_at_most"] == tokens);
+    CHECK(d["buckets"][0]["steps"] == 1400);
+    const std::string text = render_history(h);
+    CHECK_THAT(text, Catch::Contains("KV held per decode step (" + model +
+                                     " bf16, 1500 steps recorded, mean batch 4.0)"));
+    CHECK_THAT(text, Catch::Contains("93.3%"));
+    s.finish();
+}
