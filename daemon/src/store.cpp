@@ -207,6 +207,19 @@ struct OpenWait {
     }
 };
 
+// Runs `body` in one write transaction: committed when it returns, rolled back when it throws.
+template <class F>
+void in_transaction(sqlite3* db, F&& body) {
+    exec(db, "BEGIN IMMEDIATE");
+    try {
+        body();
+        exec(db, "COMMIT");
+    } catch (...) {
+        sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+        throw;
+    }
+}
+
 // The columns each table of the current schema has, in order: a table altered by hand (a column
 // dropped, renamed or added) is found at open, not by a query failing later.
 void check_tables(sqlite3* db) {
@@ -605,8 +618,7 @@ void Store::append_sample(const Sample& x, std::size_t keep) {
 
 void Store::append_sample_locked(const Sample& x, std::size_t keep) {
     std::lock_guard lock(mutex_);
-    exec(db_, "BEGIN IMMEDIATE");
-    try {
+    in_transaction(db_, [&] {
         Stmt s(db_,
                "INSERT INTO samples (at_ms, steps, sequences, a, b, delta, r_target, r_deployed, "
                "step_seconds_mean) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)");
@@ -619,11 +631,7 @@ void Store::append_sample_locked(const Sample& x, std::size_t keep) {
         d.bind(1, static_cast<std::int64_t>(sqlite3_last_insert_rowid(db_)) -
                       static_cast<std::int64_t>(keep));
         d.step();
-        exec(db_, "COMMIT");
-    } catch (...) {
-        sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
-        throw;
-    }
+    });
 }
 
 std::vector<Sample> Store::samples(std::size_t limit) const {
@@ -660,8 +668,7 @@ void Store::add_expert_heat(std::string_view model, const model::ExpertHeat& del
                             std::int64_t updated_at) {
     writing([&] {
         std::lock_guard lock(mutex_);
-        exec(db_, "BEGIN IMMEDIATE");
-        try {
+        in_transaction(db_, [&] {
             Stmt s(db_,
                    "INSERT INTO expert_heat (model, layer, expert, tokens, updated_at) VALUES "
                    "(?1, ?2, ?3, ?4, ?5) ON CONFLICT (model, layer, expert) DO UPDATE SET "
@@ -675,11 +682,7 @@ void Store::add_expert_heat(std::string_view model, const model::ExpertHeat& del
                     s.step();
                     s.reset();
                 }
-            exec(db_, "COMMIT");
-        } catch (...) {
-            sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
-            throw;
-        }
+        });
     });
 }
 
@@ -708,8 +711,7 @@ void Store::add_kv_demand(std::string_view model, std::string_view dtype,
     if (delta.empty()) return;
     writing([&] {
         std::lock_guard lock(mutex_);
-        exec(db_, "BEGIN IMMEDIATE");
-        try {
+        in_transaction(db_, [&] {
             Stmt s(db_,
                    "INSERT INTO kv_demand (model, dtype, bucket, steps, sequence_steps, "
                    "updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (model, dtype, "
@@ -738,11 +740,7 @@ void Store::add_kv_demand(std::string_view model, std::string_view dtype,
                 gone.bind(1, model).bind(2, dtype);
                 gone.step();
             }
-            exec(db_, "COMMIT");
-        } catch (...) {
-            sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
-            throw;
-        }
+        });
     });
 }
 

@@ -11,16 +11,10 @@ using namespace writescope::daemon;
 
 namespace {
 
-// Qwen3-30B-A3B's KV at 48 layers: 4 KV heads of 128 dims for K and V, bf16 (96 KiB per token).
+// Qwen3-30B-A3B's KV: 48 layers of 4 KV heads of 128 dims for K and V, bf16 (96 KiB per token).
 AutoKvInputs qwen3_inputs() {
     AutoKvInputs in;
-    in.geometry.name = "qwen3-30b-a3b";
-    in.geometry.num_layers = 48;
-    in.geometry.num_q_heads = 32;
-    in.geometry.num_kv_heads = 4;
-    in.geometry.head_dim_k = 128;
-    in.geometry.head_dim_v = 128;
-    in.geometry.dtype = DType::bf16;
+    in.geometry = *kv_geometry_preset("qwen3-30b-a3b", DType::bf16);
     in.block_tokens = 128;
     in.max_batch = 64;
     in.context_tokens = 40960;
