@@ -40,3 +40,17 @@ for g in 0.06 0.60; do
   grep -E "ceilings|placement|tok/s|profiled|host experts per" "$OUT/gen-4k-g$g.txt" | head -12
 done
 cd "$OUT" && tar czf logs.tgz *.txt *.log 2>/dev/null; ls
+#!/bin/bash
+# Device call: Mixtral 128K x 1 at full depth (31 layers), G share 0.57 (G holds the KV) against 0.25.
+set -u
+t0=$(date +%s)
+B=/tmp/ws-gpu-build
+cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DWRITESCOPE_BUILD_DAEMON=OFF -DCMAKE_CUDA_ARCHITECTURES=90 > "$OUT/build.log" 2>&1 &&
+ninja -C $B writescope-bench >> "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
+echo "built at $(( $(date +%s) - t0 )) s"
+for g in 0.57 0.25; do
+  timeout 270 $B/tests/bench/writescope-bench generate --models mixtral-8x7b --contexts 128K --batches 1 \
+    --modes writescope --steps 4 --g-share $g --json "$OUT/gen-mixtral-128k1-g$g.json" > "$OUT/gen-mixtral-128k1-g$g.txt" 2>&1
+  echo "== g $g rc=$? at $(( $(date +%s) - t0 )) s"
+  grep -E "ceilings|placement|tok/s|profiled|host experts per" "$OUT/gen-mixtral-128k1-g$g.txt" | head -10
+done
