@@ -162,10 +162,9 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& o) {
     const std::string budget_name = o.vram_kv_g_blocks > 0
                                         ? "hardware.vram_kv_budget \"auto\" (" + mib(vram) + ")"
                                         : "hardware.vram_kv_budget = " + mib(vram);
-    Sizing z = size_for(vram);
+    const Sizing z = size_for(vram);
     cuda::GpuStepOptions so = z.so;
     kv.pinned_bytes = o.pinned_kv_bytes - z.pinned_extra;
-    const std::size_t p_slots = z.p_slots;
     const std::uint64_t workspace = z.workspace;
     if (vram < workspace + o.max_batch * per_pool_slot)
         throw std::runtime_error(budget_name + " is too small: the GPU workspace takes " +
@@ -174,7 +173,7 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& o) {
                                  mib(o.max_batch * per_pool_slot));
     auto pool = std::make_shared<cuda::DevicePool>(vram);
     kv.g_slots = (vram - workspace) / per_pool_slot - o.max_batch;
-    so.max_blocks = kv.g_slots + p_slots + o.max_batch;
+    so.max_blocks = kv.g_slots + z.p_slots + o.max_batch;
     kv.target_r = 0.5;
     const KvCapacity cap = kv_capacity(kv);
     auto gpu_pool = std::make_unique<cuda::DeviceRegionMemory>("T+G (GPU)", *pool, layers,

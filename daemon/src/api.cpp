@@ -468,7 +468,8 @@ HttpResponse get_history(Service& s, const HttpRequest&, const Target& t) {
     for (const auto& x : s.samples(n))
         samples.push_back(sample_json(x));
     // The decode steps by the KV they held: what hardware.vram_kv_budget "auto" sizes G by.
-    const model::KvDemand d = s.kv_history();
+    const Service::KvHistory kh = s.kv_history();
+    const model::KvDemand& d = kh.demand;
     auto buckets = json::array();
     for (const auto& [b, x] : d.buckets)
         buckets.push_back({{"tokens_at_most", model::KvDemand::bucket_tokens(b)},
@@ -476,10 +477,9 @@ HttpResponse get_history(Service& s, const HttpRequest&, const Target& t) {
                            {"mean_batch", x.steps ? static_cast<double>(x.sequence_steps) /
                                                         static_cast<double>(x.steps)
                                                   : 0.0}});
-    const ServiceView v = s.view();
     json kv = json::object();
-    kv["model"] = v.engine_options.geometry.name;
-    kv["dtype"] = std::string(dtype_name(v.engine_options.geometry.dtype));
+    kv["model"] = kh.model;
+    kv["dtype"] = kh.dtype;
     kv["steps"] = d.steps();
     kv["mean_batch"] = d.mean_batch();
     kv["buckets"] = std::move(buckets);

@@ -190,10 +190,11 @@ EngineOptions engine_options_unplaced(const Profile& p, const MachineInfo& m,
             o.gpu_index = p.hardware.gpu.index;
             break;
     }
-    o.vram_kv_bytes = o.gpu_index >= 0 ? p.hardware.vram_kv_budget : 0;
+    const bool auto_kv = !p.hardware.vram_kv_budget;
+    o.vram_kv_bytes = o.gpu_index >= 0 ? p.hardware.vram_kv_budget.value_or(0) : 0;
     // The KV's bytes in VRAM the host budgets below are sized beyond ("auto": G's as planned).
     std::uint64_t vram_kv_held = o.vram_kv_bytes;
-    if (o.gpu_index >= 0 && p.hardware.vram_kv_auto) {
+    if (o.gpu_index >= 0 && auto_kv) {
         AutoKvInputs in;
         in.geometry = o.geometry;
         in.block_tokens = o.block_tokens;
@@ -213,13 +214,12 @@ EngineOptions engine_options_unplaced(const Profile& p, const MachineInfo& m,
     // the device).
     o.max_prompt_tokens = o.gpu_index >= 0 ? prefill_chunk_tokens(p, true) : 0;
     // One VRAM budget: the KV's part is inside it (the weights take what it leaves).
-    if (o.gpu_index >= 0 && p.hardware.vram_budget != 0 && !p.hardware.vram_kv_auto &&
-        p.hardware.vram_kv_budget > p.hardware.vram_budget)
+    if (o.gpu_index >= 0 && p.hardware.vram_budget != 0 && !auto_kv &&
+        o.vram_kv_bytes > p.hardware.vram_budget)
         fail(source, "hardware.vram_kv_budget",
              fmt::format("{} is more than hardware.vram_budget ({}), which holds it: lower it, "
                          "or raise vram_budget",
-                         format_size(p.hardware.vram_kv_budget),
-                         format_size(p.hardware.vram_budget)));
+                         format_size(o.vram_kv_bytes), format_size(p.hardware.vram_budget)));
     // What "auto" host budgets grant: the KV of kv.max_batch sequences that reach the model's
     // context (whole blocks), less what the GPU holds. Either host region may end up holding all
     // of the spill (the router's CPU share decides), so each gets all of it, within its cap.

@@ -47,7 +47,7 @@ WeightBudget weight_budget(const Profile& p, std::uint64_t kv_bytes, std::uint64
                            std::uint64_t workspace) {
     const std::uint64_t physical = free_now > kVramReserve ? free_now - kVramReserve : 0;
     const std::string kv_name =
-        p.hardware.vram_kv_auto ? "hardware.vram_kv_budget \"auto\"" : "hardware.vram_kv_budget";
+        p.hardware.vram_kv_budget ? "hardware.vram_kv_budget" : "hardware.vram_kv_budget \"auto\"";
     if (p.hardware.vram_budget == 0)
         return {physical, fmt::format("hardware.vram_budget \"auto\": {} free after the KV's {} "
                                       "({}) and the workspaces, less {}",

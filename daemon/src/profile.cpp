@@ -243,6 +243,22 @@ KeyDef size_key(std::string_view sec, std::string_view name, std::string_view de
             [f](const Profile& p) { return quote(format_size(read(f, p))); }};
 }
 
+// A size in [lo, hi], or "auto" (out: nullopt).
+std::string read_size_or_auto(const toml::node& n, std::uint64_t lo, std::uint64_t hi,
+                              std::optional<std::uint64_t>& out) {
+    if (n.is_string() && *n.value<std::string>() == "auto") {
+        out.reset();
+        return {};
+    }
+    std::uint64_t v = 0;
+    if (auto e = read_size(n, v); !e.empty()) return e + " (or \"auto\")";
+    if (v < lo || v > hi)
+        return fmt::format("{} is out of range: expected {}..{}, or \"auto\"", format_size(v),
+                           format_size(lo), format_size(hi));
+    out = v;
+    return {};
+}
+
 // A size in [min_bytes, kMaxHostBudget], or a share of physical memory in (0%, kMaxHostShare].
 constexpr std::uint64_t kMaxHostBudget = 1ull << 50;
 constexpr double kMaxHostShare = 90;  // the rest is the system's, the weights' and the daemon's
@@ -473,52 +489,31 @@ const std::vector<KeyDef>& key_table() {
                      "sizes; unused without a GPU",
                      false,
                      [](const toml::node& n, Profile& p) -> std::string {
-                         if (n.is_string() && *n.value<std::string>() == "auto") {
-                             p.hardware.vram_budget = 0;
-                             return {};
-                         }
-                         std::uint64_t v = 0;
-                         if (auto e = read_size(n, v); !e.empty()) return e + " (or \"auto\")";
-                         if (v < (1ull << 20) || v > (1ull << 50))
-                             return fmt::format(
-                                 "{} is out of range: expected 1MiB..1PiB, or "
-                                 "\"auto\"",
-                                 format_size(v));
-                         p.hardware.vram_budget = v;
-                         return {};
+                         std::optional<std::uint64_t> v;
+                         auto e = read_size_or_auto(n, 1ull << 20, 1ull << 50, v);
+                         if (e.empty()) p.hardware.vram_budget = v.value_or(0);  // 0: "auto"
+                         return e;
                      },
                      [](const Profile& p) {
                          return p.hardware.vram_budget ? quote(format_size(p.hardware.vram_budget))
                                                        : quote("auto");
                      }});
-        t.push_back(
-            {"hardware", "vram_kv_budget", "\"auto\"",
-             "GPU memory for the KV cache: open tail blocks (T), resident blocks (G) and "
-             "the staging ring, the KV's part of vram_budget (a size, 0B to 1PiB, or "
-             "\"auto\": G sized at start-up from the stored history of the KV the "
-             "decode steps held, as much as the steps hold more often than a routed "
-             "expert is read (16GiB of G until 1000 steps are recorded), within half of "
-             "vram_budget); unused without a GPU (status shows 0)",
-             false,
-             [](const toml::node& n, Profile& p) -> std::string {
-                 if (n.is_string() && *n.value<std::string>() == "auto") {
-                     p.hardware.vram_kv_auto = true;
-                     p.hardware.vram_kv_budget = 0;
-                     return {};
-                 }
-                 std::uint64_t v = 0;
-                 if (auto e = read_size(n, v); !e.empty()) return e + " (or \"auto\")";
-                 if (v > (1ull << 50))
-                     return fmt::format("{} is out of range: expected 0B..1PiB, or \"auto\"",
-                                        format_size(v));
-                 p.hardware.vram_kv_auto = false;
-                 p.hardware.vram_kv_budget = v;
-                 return {};
-             },
-             [](const Profile& p) {
-                 return p.hardware.vram_kv_auto ? quote("auto")
-                                                : quote(format_size(p.hardware.vram_kv_budget));
-             }});
+        t.push_back({"hardware", "vram_kv_budget", "\"auto\"",
+                     "GPU memory for the KV cache: open tail blocks (T), resident blocks (G) and "
+                     "the staging ring, the KV's part of vram_budget (a size, 0B to 1PiB, or "
+                     "\"auto\": G sized at start-up from the stored history of the KV the "
+                     "decode steps held, as much as the steps hold more often than a routed "
+                     "expert is read (16GiB of G until 1000 steps are recorded), within half of "
+                     "vram_budget); unused without a GPU (status shows 0)",
+                     false,
+                     [](const toml::node& n, Profile& p) -> std::string {
+                         return read_size_or_auto(n, 0, 1ull << 50, p.hardware.vram_kv_budget);
+                     },
+                     [](const Profile& p) {
+                         return p.hardware.vram_kv_budget
+                                    ? quote(format_size(*p.hardware.vram_kv_budget))
+                                    : quote("auto");
+                     }});
         t.push_back(host_budget_key(
             "hardware", "pinned_kv_budget", "\"auto\"",
             "pinned host memory for the P region and the GPU step's own pinned buffers (seal "

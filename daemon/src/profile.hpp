@@ -48,10 +48,9 @@ enum class Recalibrate : std::uint8_t { automatic, always, never };
 struct Profile {
     struct Hardware {
         GpuSelector gpu;
-        std::uint64_t vram_kv_budget = 0;  // bytes of GPU memory for T + G + staging
-        // "auto": G sized at start-up from the stored KV demand (auto_kv.hpp); vram_kv_budget
-        // is then 0.
-        bool vram_kv_auto = false;
+        // Bytes of GPU memory for T + G + staging; none ("auto"): G sized at start-up from the
+        // stored KV demand (auto_kv.hpp).
+        std::optional<std::uint64_t> vram_kv_budget;
         // Bytes of GPU memory writescope takes in all: the KV's part above and, with the GPU
         // model runtime, the weights and its workspaces in the rest. 0: "auto" (what the GPU
         // has free at start-up, less a reserve).

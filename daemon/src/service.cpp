@@ -109,7 +109,7 @@ void Service::boot(const StatusFn& status) {
     if (cancel_) throw std::runtime_error("stopped during boot");
 
     // hardware.vram_kv_budget "auto": G sized by the KV the stored decode steps held.
-    if (profile.hardware.vram_kv_auto && options_.gpu_index >= 0) {
+    if (!profile.hardware.vram_kv_budget && options_.gpu_index >= 0) {
         model::KvDemand demand;
         try {
             demand = store_->kv_demand(options_.geometry.name, dtype_name(options_.geometry.dtype));
@@ -700,16 +700,15 @@ std::vector<WorkloadRecord> Service::history() const {
     return s ? s->workloads() : std::vector<WorkloadRecord>{};
 }
 
-model::KvDemand Service::kv_history() const {
-    Store* s = store();
-    if (!s) return {};
-    std::string model, dtype;
+Service::KvHistory Service::kv_history() const {
+    KvHistory h;
     {
         std::lock_guard lock(state_mu_);
-        model = options_.geometry.name;
-        dtype = dtype_name(options_.geometry.dtype);
+        h.model = options_.geometry.name;
+        h.dtype = dtype_name(options_.geometry.dtype);
     }
-    return s->kv_demand(model, dtype);
+    if (Store* s = store()) h.demand = s->kv_demand(h.model, h.dtype);
+    return h;
 }
 
 std::vector<Sample> Service::samples(std::size_t limit) const {

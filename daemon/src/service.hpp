@@ -197,7 +197,11 @@ class Service {
     std::vector<WorkloadRecord> history() const;
     // The stored KV demand of the engine's KV model and dtype (what "auto" sizes G by at the next
     // start; the steps since the last history write are not in it yet).
-    model::KvDemand kv_history() const;
+    struct KvHistory {
+        std::string model, dtype;
+        model::KvDemand demand;
+    };
+    KvHistory kv_history() const;
     std::vector<Sample> samples(std::size_t limit) const;
     // Appends the engine's state to the sample log (skips when the engine is busy).
     void take_sample();

@@ -787,7 +787,7 @@ TEST_CASE("boot sizes the KV's VRAM from the stored KV demand (hardware.vram_kv_
     p.hardware.gpu = {GpuChoice::index, 0};  // accepted unchecked: the test machine has no driver
     p.hardware.vram_budget = 32ull << 30;
     p.hardware.pinned_kv_budget = HostBudget{64ull << 20, 0, false};
-    REQUIRE(p.hardware.vram_kv_auto);  // the default
+    REQUIRE_FALSE(p.hardware.vram_kv_budget);  // "auto", the default
     const EngineOptions at_start = engine_options_from_profile(p, test_machine(), "test");
     const std::string model = at_start.geometry.name;
     // A previous run's decode steps: four chats of ~3K tokens, now and then longer ones.

@@ -73,10 +73,9 @@ TEST_CASE("auto KV: with history G holds what the rule gives, in whole blocks",
 TEST_CASE("the profile's vram_kv_budget \"auto\" parses, renders and reaches the engine options",
           "[unit][daemon][kv]") {
     Profile p = parse_profile("[hardware]\nvram_kv_budget = \"auto\"\n", "t.toml");
-    CHECK(p.hardware.vram_kv_auto);
-    CHECK(parse_profile(render_profile_toml(p, false), "r").hardware.vram_kv_auto);
+    CHECK_FALSE(p.hardware.vram_kv_budget);
+    CHECK_FALSE(parse_profile(render_profile_toml(p, false), "r").hardware.vram_kv_budget);
     const Profile sized = parse_profile("[hardware]\nvram_kv_budget = \"2GiB\"\n", "t.toml");
-    CHECK_FALSE(sized.hardware.vram_kv_auto);
     CHECK(sized.hardware.vram_kv_budget == 2ull << 30);
     try {
         parse_profile("[hardware]\nvram_kv_budget = \"lots\"\n", "t.toml");

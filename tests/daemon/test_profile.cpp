@@ -68,8 +68,7 @@ MachineInfo machine_with_one_gpu() {
 TEST_CASE("defaults are the documented values", "[unit][daemon][profile]") {
     const Profile& d = default_profile();
     CHECK(d.hardware.gpu.choice == GpuChoice::automatic);
-    CHECK(d.hardware.vram_kv_auto);  // "auto": sized from the stored KV history
-    CHECK(d.hardware.vram_kv_budget == 0);
+    CHECK_FALSE(d.hardware.vram_kv_budget);  // "auto": sized from the stored KV history
     CHECK(d.hardware.host_kv_budget.automatic);
     CHECK(d.hardware.pinned_kv_budget.automatic);
     CHECK(d.model.source == "qwen3-30b-a3b");
@@ -160,7 +159,6 @@ sample_interval = 5
                                     "t.toml");
     CHECK(p.hardware.gpu == GpuSelector{GpuChoice::index, 1});
     CHECK(p.hardware.vram_kv_budget == 8ull << 30);
-    CHECK_FALSE(p.hardware.vram_kv_auto);
     CHECK(p.hardware.pinned_kv_budget.bytes == 1ull << 30);
     CHECK_FALSE(p.hardware.pinned_kv_budget.relative);
     CHECK(p.hardware.host_kv_budget.relative);
@@ -362,7 +360,6 @@ TEST_CASE("one VRAM budget holds the KV's part", "[unit][daemon][profile]") {
         const MachineInfo one = machine_with_one_gpu();
         p = default_profile();
         p.hardware.gpu = {GpuChoice::index, 0};
-        p.hardware.vram_kv_auto = false;
         p.hardware.vram_kv_budget = 16ull << 30;
         p.hardware.vram_budget = 8ull << 30;  // below the 16 GiB of KV
         try {
@@ -376,7 +373,7 @@ TEST_CASE("one VRAM budget holds the KV's part", "[unit][daemon][profile]") {
         p.hardware.vram_budget = 24ull << 30;
         CHECK(engine_options_from_profile(p, one, "t").vram_kv_bytes == 16ull << 30);
         // "auto" (the default) takes at most half of the budget, whatever it is.
-        p.hardware.vram_kv_auto = true;
+        p.hardware.vram_kv_budget.reset();
         p.hardware.vram_budget = 8ull << 30;
         const EngineOptions o = engine_options_from_profile(p, one, "t");
         CHECK(o.vram_kv_bytes == 4ull << 30);

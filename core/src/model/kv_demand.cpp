@@ -62,11 +62,10 @@ std::uint64_t KvDemand::steps() const noexcept {
 }
 
 double KvDemand::mean_batch() const noexcept {
-    std::uint64_t n = 0, s = 0;
-    for (const auto& [b, x] : buckets) {
-        n += x.steps;
+    const std::uint64_t n = steps();
+    std::uint64_t s = 0;
+    for (const auto& [b, x] : buckets)
         s += x.sequence_steps;
-    }
     return n ? static_cast<double>(s) / static_cast<double>(n) : 0.0;
 }
 
@@ -83,19 +82,16 @@ KvForG kv_tokens_for_g(const KvDemand& d, int experts_per_token, int num_experts
             1.0 - std::min(1.0, static_cast<double>(experts_per_token) / num_experts);
         r.expert_read = 1.0 - std::pow(miss, std::max(r.mean_batch, 1.0));
     }
-    // The smallest bucket bound x with (steps holding more than x) / steps <= p.
+    // The smallest bucket bound x with (steps holding more than x) / steps <= p; the last
+    // bucket leaves none beyond it, so the walk always stops.
     const auto total = static_cast<double>(r.steps);
     std::uint64_t at_or_below = 0;
     for (const auto& [b, x] : d.buckets) {
         at_or_below += x.steps;
-        const double beyond = static_cast<double>(r.steps - at_or_below) / total;
-        if (beyond <= r.expert_read) {
-            r.tokens = KvDemand::bucket_tokens(b);
-            r.steps_beyond = beyond;
-            return r;
-        }
+        r.tokens = KvDemand::bucket_tokens(b);
+        r.steps_beyond = static_cast<double>(r.steps - at_or_below) / total;
+        if (r.steps_beyond <= r.expert_read) break;
     }
-    r.tokens = r.largest;  // not reached: the last bucket leaves nothing beyond
     return r;
 }
 
