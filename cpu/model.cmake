@@ -4,6 +4,7 @@ add_library(writescope_cpu_model STATIC
   ${CMAKE_CURRENT_LIST_DIR}/src/model/model_ops.cpp
   ${CMAKE_CURRENT_LIST_DIR}/src/model/elementwise.cpp
   ${CMAKE_CURRENT_LIST_DIR}/src/model/gemm_portable.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/src/model/read_ahead.cpp
 )
 target_link_libraries(writescope_cpu_model PUBLIC writescope_cpu writescope_core_base
                                                   writescope_options)

@@ -1135,6 +1135,17 @@ void CudaModelOps::synchronize() const {
     check(cudaStreamSynchronize(impl_->stream), "stream");
     impl_->check_reported();
 }
+bool CudaModelOps::idle() const {
+    impl_->use();  // a stream's loop still enqueuing: it joins that first
+    const cudaError_t e = cudaStreamQuery(impl_->stream);
+    if (e == cudaErrorNotReady) {
+        // Not an error, and not to be left for the next launch's check (every launch was
+        // checked as it was made: nothing else is pending here).
+        (void)cudaGetLastError();
+        return false;
+    }
+    return true;  // done, or failed: the next call that waits reports the failure
+}
 std::size_t CudaModelOps::workspace_bytes() const noexcept {
     return impl_->bytes;
 }

@@ -6,7 +6,9 @@
 //     GPU (P streamed over PCIe; U, which the GPU cannot read, still on the CPU);
 //   cpu-only:   everything on the CPU (the CPU-only product);
 //   writescope-all-gpu (asked for with --modes): writescope with every expert on the GPU,
-//     outside the budget: the tracked A and the deployed r without the CPU's expert traffic.
+//     outside the budget: the tracked A and the deployed r without the CPU's expert traffic;
+//   writescope-no-read-ahead (asked for with --modes): writescope with the host experts never
+//     read ahead (RuntimeOptions::expert_read_ahead off), its A/B in one process.
 // Each configuration runs at the most layers (up to all) whose host memory fits what the
 // machine has available less a reserve: every weight, and the engine's KV budgets (both host
 // regions sized for the whole KV in the GPU modes); or at --layers N. The VRAM budget (--vram,
@@ -101,6 +103,8 @@ struct Options {
     // off|auto|SHARE, a share fixing the GPU's part).
     model::ExpertRows expert_rows = model::ExpertRows::automatic;
     double expert_rows_share = 0;
+    // Host experts read ahead (RuntimeOptions::expert_read_ahead; --read-ahead off|auto|always).
+    model::ExpertReadAhead read_ahead = model::ExpertReadAhead::automatic;
     bool graphs = true;  // --no-graphs: the GPU runtimes launch every kernel (cuda_graphs off)
     // --cublas-linear: every projection through the rounding kernel and cuBLAS (the GPU ops'
     // dense_gemv off: the "before" of the GEMV kernel for a few tokens)
@@ -133,6 +137,7 @@ struct ModelSetup {
     model::LayerParts layer_parts = model::LayerParts::automatic;
     model::ExpertRows expert_rows = model::ExpertRows::automatic;
     double expert_rows_share = 0;
+    model::ExpertReadAhead read_ahead = model::ExpertReadAhead::automatic;
     bool graphs = true;
     std::uint64_t vram = 0, t_bytes = 0, engine_vram = 0;
     Calibration calibration;
@@ -157,6 +162,9 @@ struct Run {
     // The host experts split by rows with the GPU: GB per step each side read, the GPU's share
     // after the steps, and each side's measured rate (GB/s).
     double rows_gpu_gb = 0, rows_cpu_gb = 0, rows_share = 0, rows_gpu_rate = 0, rows_cpu_rate = 0;
+    // The host experts read ahead, per step: calls, experts read, of them routed to, the host
+    // experts routed to in those calls, and GB read.
+    double ahead_calls = 0, ahead_experts = 0, ahead_hits = 0, ahead_routed = 0, ahead_gb = 0;
     // The automatic choices' trials at this batch size (Runtime::step_trials), ms per step
     // each way in one process: printed, and as JSON.
     std::string trials, trials_json = "[]";
@@ -208,7 +216,8 @@ EngineOptions engine_options(const ModelSetup& s, const std::string& mode, std::
         return eo;
     }
     eo.gpu_index = 0;
-    eo.mode = mode == "writescope-all-gpu" ? "writescope" : mode;
+    eo.mode =
+        mode == "writescope-all-gpu" || mode == "writescope-no-read-ahead" ? "writescope" : mode;
     eo.vram_kv_bytes = s.engine_vram;
     eo.max_prompt_tokens = s.chunk;  // the runtimes' chunk: prompts attended on the GPU
     // Either host region may take all of the spill (the router's share decides).
@@ -240,10 +249,12 @@ std::unique_ptr<model::Runtime> runtime_for(
     ro.cuda_graphs = s.graphs;
     ro.expert_rows = s.expert_rows;
     ro.expert_rows_share = s.expert_rows_share;
+    ro.expert_read_ahead = s.read_ahead;
     ro.kv_dtype = s.m->config().dtype;
     ro.max_batch = batch;
     ro.prefill_chunk_tokens = mode == "cpu-only" ? s.cpu_chunk : s.chunk;
     if (mode == "cpu-only") return model::make_runtime(*s.m, *s.cpu_ops, e, ro);
+    if (mode == "writescope-no-read-ahead") ro.expert_read_ahead = model::ExpertReadAhead::off;
     if (mode == "writescope-all-gpu") {
         if (!s.dev_all) s.dev_all = std::make_unique<cuda::DeviceModelWeights>(*s.m, nullptr);
         return model::make_runtime(*s.m, *s.gpu_ops, e, ro, {&s.dev_all->weights(), nullptr});
@@ -396,20 +407,38 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
             r.rows_gpu_rate = after.rows_ops_rate / 1e9;
             r.rows_cpu_rate = after.rows_cpu_rate / 1e9;
         }
+        if (const model::ExpertStreamStats after = rt->expert_streaming();
+            after.read_ahead_calls > streams_before.read_ahead_calls) {
+            const double steps = static_cast<double>(o.steps);
+            const auto per_step = [&](std::uint64_t a, std::uint64_t b) {
+                return static_cast<double>(a - b) / steps;
+            };
+            r.ahead_calls = per_step(after.read_ahead_calls, streams_before.read_ahead_calls);
+            r.ahead_experts = per_step(after.read_ahead_experts, streams_before.read_ahead_experts);
+            r.ahead_hits = per_step(after.read_ahead_hits, streams_before.read_ahead_hits);
+            r.ahead_routed = per_step(after.read_ahead_routed, streams_before.read_ahead_routed);
+            r.ahead_gb = per_step(after.read_ahead_bytes, streams_before.read_ahead_bytes) / 1e9;
+        }
         {
             std::ostringstream tj;
             tj << "[";
             bool first = true;
             for (const model::StepTrialResult& t : rt->step_trials()) {
                 if (t.batch != batch || t.steps[0] + t.steps[1] == 0) continue;
-                const bool rows = std::string(t.choice) == "expert_rows";
+                // The two ways' names per choice.
+                const std::string choice = t.choice;
+                const char* first_way = choice == "expert_rows"         ? "whole"
+                                        : choice == "expert_read_ahead" ? "without"
+                                                                        : "whole layers";
+                const char* second_way = choice == "expert_rows"         ? "split"
+                                         : choice == "expert_read_ahead" ? "read ahead"
+                                                                         : "halves";
                 char line[256];
                 std::snprintf(line, sizeof line,
                               "%s trial%s: %.2f ms/step %s (%zu steps), %.2f ms %s (%zu) -> %s; ",
                               t.choice, t.done ? "" : " (unfinished)", t.mean_seconds[0] * 1e3,
-                              rows ? "whole" : "whole layers", t.steps[0], t.mean_seconds[1] * 1e3,
-                              rows ? "split" : "halves", t.steps[1],
-                              t.chose_second ? (rows ? "split" : "halves") : "whole");
+                              first_way, t.steps[0], t.mean_seconds[1] * 1e3, second_way,
+                              t.steps[1], t.chose_second ? second_way : first_way);
                 r.trials += line;
                 tj << (first ? "" : ", ") << "{\"choice\": \"" << t.choice << "\", \"ms\": ["
                    << t.mean_seconds[0] * 1e3 << ", " << t.mean_seconds[1] * 1e3
@@ -636,6 +665,7 @@ std::unique_ptr<ModelSetup> setup_model(const std::string& name, model::ModelCon
     s.graphs = o.graphs;
     s.expert_rows = o.expert_rows;
     s.expert_rows_share = o.expert_rows_share;
+    s.read_ahead = o.read_ahead;
     const auto t_load = std::chrono::steady_clock::now();
     const int full_layers = preset.num_layers;
     s.full_layers = full_layers;
@@ -860,6 +890,13 @@ std::string decode_config(ModelSetup& s, const std::string& name, std::size_t co
                 "the GPU in place, %.2f GB by the CPU (rates measured beside each other: GPU "
                 "%.1f GB/s, CPU %.1f GB/s)\n",
                 "", r.rows_share, r.rows_gpu_gb, r.rows_cpu_gb, r.rows_gpu_rate, r.rows_cpu_rate);
+        if (r.ahead_calls > 0)
+            std::printf(
+                "  %-10s   host experts read ahead per step: %.1f calls, %.1f experts (%.2f GB), "
+                "%.1f of them routed to, of %.1f routed (precision %.2f, recall %.2f)\n",
+                "", r.ahead_calls, r.ahead_experts, r.ahead_gb, r.ahead_hits, r.ahead_routed,
+                r.ahead_experts > 0 ? r.ahead_hits / r.ahead_experts : 0.0,
+                r.ahead_routed > 0 ? r.ahead_hits / r.ahead_routed : 0.0);
         if (!r.trials.empty()) std::printf("  %-10s   %s\n", "", r.trials.c_str());
     }
     double best_single = 0;
@@ -920,6 +957,14 @@ std::string decode_config(ModelSetup& s, const std::string& name, std::size_t co
           << ", \"gpu_experts\": " << ag.prof_gpu_experts_ms << ", \"rest\": " << ag.prof_rest_ms
           << "}}";
     }
+    if (runs.count("writescope-no-read-ahead") && runs["writescope-no-read-ahead"].ok) {
+        const Run& na = runs["writescope-no-read-ahead"];
+        j << ", \"no_read_ahead\": {\"tok_s\": " << na.tok_s << ", \"step_ms\": " << na.step_ms
+          << ", \"limit_ms\": " << na.limit_ms << "}";
+        if (ws.ok)
+            std::printf("  -> writescope %.2fx writescope without reading host experts ahead\n",
+                        ws.tok_s / na.tok_s);
+    }
     const auto rate = [&](const char* m) { return pre.tok_s.count(m) ? pre.tok_s.at(m) : 0.0; };
     j << ", \"host_bytes_per_step\": " << ws.host_bytes << ", \"limit_ms\": " << ws.limit_ms
       << ", \"step_ms\": " << ws.step_ms << ", \"r\": " << ws.r
@@ -938,6 +983,9 @@ std::string decode_config(ModelSetup& s, const std::string& name, std::size_t co
       << ", \"host_experts_by_rows\": {\"gpu_share\": " << ws.rows_share
       << ", \"gpu_gb_per_step\": " << ws.rows_gpu_gb << ", \"cpu_gb_per_step\": " << ws.rows_cpu_gb
       << ", \"gpu_gb_s\": " << ws.rows_gpu_rate << ", \"cpu_gb_s\": " << ws.rows_cpu_rate << "}"
+      << ", \"host_experts_read_ahead_per_step\": {\"calls\": " << ws.ahead_calls
+      << ", \"experts\": " << ws.ahead_experts << ", \"routed_hits\": " << ws.ahead_hits
+      << ", \"routed\": " << ws.ahead_routed << ", \"gb\": " << ws.ahead_gb << "}"
       << ", \"step_trials\": " << ws.trials_json << ", \"peak_host_gib\": " << peak_host_gib()
       << "}";
     if (ws.ok && best_single > 0)
@@ -1024,6 +1072,9 @@ int run_generate(int argc, char** argv) {
                 "  GPU, which reads its rows in place: auto times decode steps both ways first\n"
                 "  and keeps the faster; always splits; SHARE splits with the GPU's part fixed;\n"
                 "  default auto)]\n"
+                "  [--read-ahead off|auto|always (a decode call's host experts read ahead into\n"
+                "  the CPU's caches while the GPU runs the layer's attention: auto times decode\n"
+                "  steps both ways first and keeps the faster; default auto)]\n"
                 "  [--no-graphs (the GPU runtimes launch every kernel: no CUDA graphs)]\n"
                 "  [--cublas-linear (every projection on cuBLAS: no GEMV kernel for few "
                 "tokens)]\n");
@@ -1059,6 +1110,16 @@ int run_generate(int argc, char** argv) {
                     o.expert_rows = model::ExpertRows::always;
                     if (v != "always") o.expert_rows_share = std::stod(v);
                 }
+            } else if (a == "--read-ahead") {
+                const std::string v = value();
+                if (v == "off")
+                    o.read_ahead = model::ExpertReadAhead::off;
+                else if (v == "auto")
+                    o.read_ahead = model::ExpertReadAhead::automatic;
+                else if (v == "always")
+                    o.read_ahead = model::ExpertReadAhead::always;
+                else
+                    throw std::invalid_argument("--read-ahead: off, auto or always");
             } else if (a == "--layer-parts") {
                 const std::string v = value();
                 o.layer_parts = v == "0" || v == "off"      ? model::LayerParts::off

@@ -3,6 +3,7 @@
 // expert; and that it allocates nothing.
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -309,6 +310,84 @@ TEST_CASE("moe gives the same bits on one thread and on many", "[unit][model]") 
             REQUIRE(a == b);
         }
     }
+}
+
+TEST_CASE("read_ahead reads each routed expert's rows once, and stops when asked",
+          "[unit][model]") {
+    // ModelOps::read_ahead: what moe() would read of the routed experts, each once (tokens
+    // share experts), their whole FFN or a row range (gate's and up's rows, down's columns).
+    auto rng = test::seeded_rng("cpu read ahead");
+    CpuModelOps ops(options(cpu::detected_isa(), 4));
+    const MoeCase c{"", 256, 192, 64, 8};
+    for (DType dt : kDtypes)
+        for (std::size_t n : {1, 5, 16})
+            for (const auto& [f0, f1] :
+                 std::vector<std::pair<std::size_t, std::size_t>>{{0, 0}, {64, 192}, {16, 48}}) {
+                const Routing r = random_routing(n, c.k, c.experts, rng);
+                const Experts ex = random_experts(c, dt, r, rng);
+                std::vector<std::int32_t> distinct;
+                for (const std::int32_t e : r.expert)
+                    if (e >= 0 && std::find(distinct.begin(), distinct.end(), e) == distinct.end())
+                        distinct.push_back(e);
+                const std::size_t rows = (f1 ? f1 : c.ffn) - f0;
+                const std::uint64_t want = distinct.size() * 3 * rows * c.hidden * dtype_bytes(dt);
+                model::MoeRouting view = r.view(c.k);
+                view.ffn_begin = f0;
+                view.ffn_end = f1;
+                // Time enough to read it all (a few MiB), then stop.
+                const auto until =
+                    std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+                std::size_t polls = 0;
+                const std::uint64_t got = ops.read_ahead(ex.views, n, view, [&] {
+                    ++polls;
+                    return std::chrono::steady_clock::now() >= until;
+                });
+                INFO(dtype_name(dt) << " n " << n << " rows [" << f0 << ", " << f1 << "), "
+                                    << distinct.size() << " experts");
+                REQUIRE(got == want);
+                REQUIRE(polls > 1);  // it waited for stop, not for the reads alone
+                REQUIRE(std::chrono::steady_clock::now() >= until);
+            }
+    // Stopped at once: the call returns. (How much the threads read before they saw the stop
+    // depends on the scheduler: on a loaded machine the polling thread may wait a time slice.)
+    const Routing r = random_routing(16, c.k, c.experts, rng);
+    const Experts ex = random_experts(c, DType::f32, r, rng);
+    const std::uint64_t got = ops.read_ahead(ex.views, 16, r.view(c.k), [] { return true; });
+    const std::uint64_t whole = 3 * c.ffn * c.hidden * 4;
+    std::printf("read_ahead stopped at once: %llu bytes read, %llu experts' worth\n",
+                static_cast<unsigned long long>(got), static_cast<unsigned long long>(got / whole));
+    REQUIRE(got % (std::uint64_t{1} << 10) == 0);  // whole pieces only
+}
+
+TEST_CASE("read_ahead refuses what moe refuses, before reading anything", "[unit][model]") {
+    CpuModelOps ops(options(cpu::detected_isa(), 2));
+    auto rng = test::seeded_rng("cpu read ahead refused");
+    const MoeCase c{"", 64, 96, 4, 2};
+    Routing r = random_routing(3, c.k, c.experts, rng);
+    const Experts ex = random_experts(c, DType::bf16, r, rng);
+    std::size_t polls = 0;
+    const auto stop = [&] {
+        ++polls;
+        return true;
+    };
+    // An index past the experts.
+    r.expert[1] = 4;
+    REQUIRE_THROWS_AS(ops.read_ahead(ex.views, 3, r.view(c.k), stop), std::out_of_range);
+    // An expert without weights (a host expert whose view is missing).
+    std::vector<model::FfnWeights> none(c.experts);
+    r.expert[1] = 0;
+    REQUIRE_THROWS_AS(ops.read_ahead(none, 3, r.view(c.k), stop), std::invalid_argument);
+    // A row range past the rows.
+    model::MoeRouting view = r.view(c.k);
+    view.ffn_begin = 96;
+    view.ffn_end = 128;
+    REQUIRE_THROWS_AS(ops.read_ahead(ex.views, 3, view, stop), std::invalid_argument);
+    REQUIRE(polls == 0);
+    // Nothing routed: nothing read, and the call still waits for stop.
+    const std::vector<std::int32_t> skipped(3 * c.k, -1);
+    const std::vector<float> weight(3 * c.k, 1.0f);
+    REQUIRE(ops.read_ahead(ex.views, 3, {skipped.data(), weight.data(), c.k}, stop) == 0);
+    REQUIRE(polls == 1);
 }
 
 TEST_CASE("moe with every slot skipped leaves y alone", "[unit][model]") {

@@ -49,7 +49,8 @@ struct GpuRuntime {
     GpuRuntime(const model::Model& m, std::size_t chunk, bool split, std::unique_ptr<Engine> e,
                std::size_t max_batch = 4, bool device_attention = true, bool graphs = true,
                bool stream = false, model::LayerParts layer_parts = model::LayerParts::automatic,
-               bool rows = false, double rows_share = 0, Keeps keeps = split_keeps)
+               bool rows = false, double rows_share = 0, Keeps keeps = split_keeps,
+               model::ExpertReadAhead read_ahead = model::ExpertReadAhead::automatic)
         : engine(std::move(e)) {
         const model::OpLimits lim = model::op_limits(m.config());
         cuda::CudaModelOpsOptions co;
@@ -74,6 +75,7 @@ struct GpuRuntime {
         ro.layer_parts = layer_parts;
         ro.expert_rows = rows ? model::ExpertRows::automatic : model::ExpertRows::off;
         ro.expert_rows_share = rows_share;
+        ro.expert_read_ahead = read_ahead;
         runtime = model::make_runtime(m, *ops, *engine, ro, {&weights->weights(), host_ops.get()});
     }
 };
@@ -132,18 +134,24 @@ TEST_CASE(
         copy.copy_data = true;
         const auto copied = model::load_model_dir(dir, copy);
         // Experts all on the GPU, split, split and streamed, split with the host experts' rows
-        // split again (the GPU reading its rows in place), at a measured share and at half.
-        for (const int mode : {0, 1, 2, 3, 4}) {
-            const bool split = mode > 0, stream = mode == 2, rows = mode >= 3;
+        // split again (the GPU reading its rows in place), at a measured share and at half;
+        // split and split by rows with every decode call's host experts read ahead.
+        for (const int mode : {0, 1, 2, 3, 4, 5, 6}) {
+            const bool split = mode > 0, stream = mode == 2,
+                       rows = mode == 3 || mode == 4 || mode == 6;
+            const bool ahead = mode >= 5;
             const auto& m = rows ? copied : loaded;
-            const char* what = mode == 4 ? "rows-half"
-                               : rows    ? "rows"
-                               : stream  ? "streamed"
-                               : split   ? "split"
-                                         : "GPU";
+            const char* what = mode == 6   ? "rows-read-ahead"
+                               : mode == 5 ? "read-ahead"
+                               : mode == 4 ? "rows-half"
+                               : rows      ? "rows"
+                               : stream    ? "streamed"
+                               : split     ? "split"
+                                           : "GPU";
             for (const std::size_t chunk : {std::size_t{128}, std::size_t{7}}) {
                 GpuRuntime g(*m, chunk, split, small_engine(*m, 16, 4), 4, true, true, stream,
-                             model::LayerParts::automatic, rows, mode == 4 ? 0.5 : 0.0);
+                             model::LayerParts::automatic, rows, mode == 4 ? 0.5 : 0.0, split_keeps,
+                             ahead ? model::ExpertReadAhead::always : model::ExpertReadAhead::off);
                 CpuRuntime c(*m, chunk);
                 for (std::size_t i = 0; i < ref.prompts.size(); ++i) {
                     const Errors eg = teacher_forced(*g.runtime, ref.prompts[i]);
@@ -174,6 +182,24 @@ TEST_CASE(
                     INFO(name << " streamed, chunk " << chunk);
                     CHECK(st.streamed_experts > 0);
                     CHECK(st.cpu_experts == 0);
+                }
+                if (ahead && m->config().num_experts > 0 && ref.dtype == "float32" && chunk == 7) {
+                    // The greedy decode read its host experts ahead from the second split layer
+                    // of each step on, and the logits above are those of the real routing.
+                    const model::ExpertStreamStats st = g.runtime->expert_streaming();
+                    std::printf(
+                        "[gpu] runtime %-24s %s: %llu decode calls read ahead, %llu host experts "
+                        "(%.2f MB), %llu of them routed to, of %llu routed\n",
+                        name.c_str(), what, static_cast<unsigned long long>(st.read_ahead_calls),
+                        static_cast<unsigned long long>(st.read_ahead_experts),
+                        static_cast<double>(st.read_ahead_bytes) / 1e6,
+                        static_cast<unsigned long long>(st.read_ahead_hits),
+                        static_cast<unsigned long long>(st.read_ahead_routed));
+                    INFO(name << " " << what);
+                    CHECK(st.read_ahead_calls > 0);
+                    CHECK(st.read_ahead_experts > 0);
+                    CHECK(st.read_ahead_hits <= st.read_ahead_experts);
+                    CHECK(st.read_ahead_hits <= st.read_ahead_routed);
                 }
                 if (rows && m->config().num_experts > 0) {
                     const model::ExpertStreamStats st = g.runtime->expert_streaming();

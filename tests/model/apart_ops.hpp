@@ -36,6 +36,9 @@ struct DeviceEmulation {
     // weights is readable, each call run at once and reported to take in_place_seconds.
     bool in_place = false;
     double in_place_seconds = 1e-4;
+    // idle(): the work enqueued "runs" for this many polls after each wait (download,
+    // synchronize) before the ops say they are idle (0: always idle, as ops that run at once).
+    std::size_t busy_polls = 0;
 };
 
 class CountingOps final : public model::ModelOps {
@@ -48,6 +51,11 @@ class CountingOps final : public model::ModelOps {
     std::size_t streamed_calls = 0, streamed_experts = 0;
     std::size_t in_place_calls = 0;
     model::MoeRouting last_in_place_routing;
+    mutable std::size_t idle_polls = 0;
+    std::size_t read_ahead_calls = 0;
+    std::uint64_t read_ahead_bytes = 0;
+    std::vector<std::int32_t> last_read_ahead;  // the experts of the last read_ahead (slot order)
+    const model::FfnWeights* last_read_ahead_experts = nullptr;  // and its experts' span
 
     void linear(const model::Matrix& w, const float* x, std::size_t n, float* y) override {
         op([=, this] { inner_.linear(w, x, n, y); });
@@ -156,8 +164,27 @@ class CountingOps final : public model::ModelOps {
         not_recording("download");
         ++downloads;
         inner_.download(dst, src, bytes);
+        busy_left_ = dev_.busy_polls;
     }
-    void synchronize() const override { not_recording("synchronize"); }
+    void synchronize() const override {
+        not_recording("synchronize");
+        busy_left_ = dev_.busy_polls;
+    }
+    bool idle() const override {
+        ++idle_polls;
+        if (busy_left_ == 0) return true;
+        --busy_left_;
+        return false;
+    }
+    std::uint64_t read_ahead(std::span<const model::FfnWeights> experts, std::size_t n,
+                             const model::MoeRouting& routing, FunctionRef<bool()> stop) override {
+        ++read_ahead_calls;
+        last_read_ahead.assign(routing.expert, routing.expert + n * routing.k);
+        last_read_ahead_experts = experts.data();
+        const std::uint64_t b = inner_.read_ahead(experts, n, routing, stop);
+        read_ahead_bytes += b;
+        return b;
+    }
     void* stream_handle() const noexcept override { return dev_.stream; }
     bool can_record() const noexcept override { return dev_.record; }
     void begin_record() override {
@@ -218,6 +245,7 @@ class CountingOps final : public model::ModelOps {
     cpu::CpuModelOps inner_;
     bool host_;
     DeviceEmulation dev_;
+    mutable std::size_t busy_left_ = 0;  // idle()'s polls until idle (DeviceEmulation)
     StreamStats last_stream_;
     std::vector<std::vector<std::function<void()>>> recordings_;
     std::vector<std::uint8_t> dropped_;  // per recording made

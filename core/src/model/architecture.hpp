@@ -59,6 +59,8 @@ struct Binding {
     // share (RuntimeOptions::expert_rows, expert_rows_share).
     ExpertRows rows = ExpertRows::automatic;
     double rows_share = 0;
+    // Whether a decode call's host experts may be read ahead (RuntimeOptions::expert_read_ahead).
+    ExpertReadAhead read_ahead = ExpertReadAhead::automatic;
 };
 
 struct Profile {

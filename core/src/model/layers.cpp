@@ -117,6 +117,24 @@ FeedForward::FeedForward(const Binding& b)
         y_host_.resize(max_tokens * hidden);
         pairs_.assign(E, 0);
         if (b.rows != ExpertRows::off && ops_.in_place_tokens() > 0) rows_mode_ = b.rows;
+        if (b.read_ahead != ExpertReadAhead::off && !ops_.host_memory()) {
+            // The post-attention norms of the split layers in fp32, for the prediction's input.
+            ahead_mode_ = b.read_ahead;
+            norm_host_.resize(host.size());
+            for (std::size_t l = 0; l < host.size(); ++l) {
+                const Vector& w = host[l].post_attention_norm;
+                if (!layer_split_[l] || !w || w.n != hidden) continue;
+                norm_host_[l].resize(hidden);
+                for (std::size_t j = 0; j < hidden; ++j)
+                    norm_host_[l][j] = load_unaligned_as_f32(w.data, j, w.dtype);
+            }
+            const std::size_t tokens = std::min(max_tokens, kReadAheadTokens);
+            ahead_x_.resize(tokens * hidden);
+            ahead_logits_.resize(tokens * E);
+            ahead_weights_.resize(tokens * k);
+            ahead_ids_.resize(tokens * k);
+            ahead_read_.assign(E, 0);
+        }
         if (ops_.stream_expert_bytes() > 0 && b.streaming != ExpertStreaming::off) {
             streaming_ = b.streaming;
             streamed_.assign(E, 0);
@@ -198,6 +216,11 @@ void FeedForward::run_host(std::size_t layer, const float* xn, std::size_t n, fl
         // One copy down for the host's side: the routing, its weights and the hidden rows
         // (run_ops copied them beside the routing). They come down before the resident experts
         // are enqueued, so that the two sides run at the same time.
+        // Until the routing is there, the CPU's expert threads would wait: they read ahead the
+        // host experts a prediction routes to (read_ahead).
+        if (ahead_allowed_ && reads_ahead(n) && x_layer_ < layer && x_tokens_ == n &&
+            !norm_host_[layer].empty() && !norm_host_[x_layer_].empty())
+            read_ahead(layer, n);
         const std::size_t words = n * k, bytes = (2 * words + n * hidden) * 4;
         ops_.download(route_host_.data(), route_buf_.data(), bytes);
         std::memcpy(experts_host_.data(), route_host_.data(), words * 4);
@@ -206,6 +229,8 @@ void FeedForward::run_host(std::size_t layer, const float* xn, std::size_t n, fl
         ids = experts_host_.data();
         wts = weights_host_.data();
         x = x_host_.data();
+        x_layer_ = layer;
+        x_tokens_ = n;
         observe_stream();  // the download waited for the last layer's stream
     }
     // The expert phase starts here on both sides: a rows split times each side from now (the
@@ -225,6 +250,15 @@ void FeedForward::run_host(std::size_t layer, const float* xn, std::size_t n, fl
         any_ops |= e >= 0 && !host;
         split_host_[i] = host ? -1 : e;
         if (host) ++pairs_[static_cast<std::size_t>(e)];
+    }
+    if (ahead_pending_) {
+        // How the prediction did: the host experts it read that the call routed to.
+        ahead_pending_ = false;
+        for (std::size_t e = 0; e < pairs_.size(); ++e) {
+            if (pairs_[e] == 0) continue;
+            ++stats_.read_ahead_routed;
+            stats_.read_ahead_hits += ahead_read_[e];
+        }
     }
     if (any_ops) {
         split_ops_.upload(std::span<const std::int32_t>(split_host_.data(), n * k));
@@ -340,6 +374,59 @@ bool FeedForward::pick_streamed(std::size_t layer, std::size_t n, const std::int
     return true;
 }
 
+void FeedForward::read_ahead(std::size_t layer, std::size_t n) {
+    if (ops_.idle()) return;  // the routing is there already: nothing to wait for
+    const auto& c = m_.config();
+    const std::size_t hidden = static_cast<std::size_t>(c.hidden_size), k = k_;
+    // x_host_ holds the last split layer's rows rmsnorm(h)·w_from; the prediction's input is
+    // the same residual normalised for this layer, rmsnorm(h)·w_to (0 where w_from is 0).
+    const std::vector<float>& from = norm_host_[x_layer_];
+    const std::vector<float>& to = norm_host_[layer];
+    for (std::size_t t = 0; t < n; ++t)
+        for (std::size_t j = 0; j < hidden; ++j) {
+            const std::size_t i = t * hidden + j;
+            ahead_x_[i] = from[j] != 0.0f ? x_host_[i] / from[j] * to[j] : 0.0f;
+        }
+    const LayerWeights& L = m_.weights().layers[layer];
+    host_ops_->linear(L.router, ahead_x_.data(), n, ahead_logits_.data());
+    host_ops_->route(routing_params_, ahead_logits_.data(), n, ahead_ids_.data(),
+                     ahead_weights_.data());
+    // The predicted slots of host experts (the others −1), each expert's rows read once.
+    const std::vector<std::uint8_t>& on_host = on_host_[layer];
+    std::fill(ahead_read_.begin(), ahead_read_.end(), 0);
+    std::size_t experts = 0;
+    const FfnWeights* any = nullptr;
+    bool in_place = true;
+    for (std::size_t i = 0; i < n * k; ++i) {
+        const std::int32_t e = ahead_ids_[i];
+        if (e < 0 || !on_host[static_cast<std::size_t>(e)]) {
+            ahead_ids_[i] = -1;
+            continue;
+        }
+        if (std::exchange(ahead_read_[static_cast<std::size_t>(e)], 1)) continue;
+        ++experts;
+        any = &L.experts[static_cast<std::size_t>(e)];
+        in_place = in_place && ops_.reads_in_place(*any);
+    }
+    if (experts == 0) return;
+    // The rows the CPU will compute: all, or those past the ops' share of a split by rows.
+    const std::size_t ffn = any->gate.rows;
+    const std::size_t f0 = rows_possible(n) && in_place ? ops_rows_for(ffn) : 0;
+    if (f0 >= ffn) return;
+    const MoeRouting ahead{ahead_ids_.data(), ahead_weights_.data(), k, f0, f0 ? ffn : 0};
+    stats_.read_ahead_bytes +=
+        host_ops_->read_ahead(L.experts, n, ahead, [this] { return ops_.idle(); });
+    ++stats_.read_ahead_calls;
+    stats_.read_ahead_experts += experts;
+    ahead_pending_ = true;
+}
+
+std::size_t FeedForward::ops_rows_for(std::size_t ffn) const {
+    // Parts of whole 32 rows where the rows allow, so that the CPU's part keeps its AMX tiles.
+    const std::size_t align = ffn % 32 == 0 && ffn >= 64 ? 32 : MoeRouting::kFfnRowAlign;
+    return rows_policy_.ops_rows(ffn, align);
+}
+
 FeedForward::RowsSplit FeedForward::pick_rows(std::span<const FfnWeights> host_experts,
                                               std::size_t n) const {
     RowsSplit r;
@@ -354,9 +441,7 @@ FeedForward::RowsSplit FeedForward::pick_rows(std::span<const FfnWeights> host_e
     }
     if (!any) return r;
     r.ffn = any->gate.rows;
-    // Parts of whole 32 rows where the rows allow, so that the CPU's part keeps its AMX tiles.
-    const std::size_t align = r.ffn % 32 == 0 && r.ffn >= 64 ? 32 : MoeRouting::kFfnRowAlign;
-    r.ops_rows = rows_policy_.ops_rows(r.ffn, align);
+    r.ops_rows = ops_rows_for(r.ffn);
     // A row of gate and of up and a column of down, per expert.
     const std::uint64_t row_bytes = 3 * any->gate.cols * dtype_bytes(any->gate.dtype);
     r.ops_bytes = experts * r.ops_rows * row_bytes;

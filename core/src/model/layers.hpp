@@ -85,6 +85,12 @@ class FeedForward {
     ExpertStreamStats stream_stats() const;
     bool splits_rows() const noexcept { return rows_mode_ != ExpertRows::off; }
     void allow_rows(bool on) noexcept { rows_allowed_ = on; }
+    // Whether a decode call of n tokens may read its host experts ahead (the mode on, the ops a
+    // device's, some layer split, n ≤ kReadAheadTokens); whether the next calls do.
+    bool reads_ahead(std::size_t n) const noexcept {
+        return ahead_mode_ != ExpertReadAhead::off && n <= kReadAheadTokens;
+    }
+    void allow_read_ahead(bool on) noexcept { ahead_allowed_ = on; }
 
   private:
     // h += the layer's shared experts (none: nothing).
@@ -105,6 +111,11 @@ class FeedForward {
         std::uint64_t ops_bytes = 0, cpu_bytes = 0;
     };
     RowsSplit pick_rows(std::span<const FfnWeights> host_experts, std::size_t n) const;
+    // The ops' rows [0, s) of an expert of `ffn` rows in a split by rows now.
+    std::size_t ops_rows_for(std::size_t ffn) const;
+    // Before a split call's routing comes down: the prediction of its host experts read ahead
+    // into the CPU's caches until the ops are idle (RuntimeOptions::expert_read_ahead).
+    void read_ahead(std::size_t layer, std::size_t n);
     // Whether a call of n tokens may split by rows (the mode on and chosen, the ops reading
     // that many tokens in place); pick_rows then checks its experts.
     bool rows_possible(std::size_t n) const noexcept {
@@ -166,6 +177,20 @@ class FeedForward {
     model::ExpertRowsPolicy rows_policy_;
     bool rows_allowed_ = true;
     double rows_pending_ = 0;
+    // Read ahead: the mode (off unless the ops are a device's with host experts beside them),
+    // the runtime's choice, the layer and tokens whose hidden rows x_host_ holds (the last
+    // split call's; none: kNoLayer), each split layer's post-attention norm weights in fp32 (the
+    // prediction's input is x_host_ renormalised with them), the prediction's buffers and
+    // which host experts it read.
+    static constexpr std::size_t kNoLayer = ~std::size_t{0};
+    ExpertReadAhead ahead_mode_ = ExpertReadAhead::off;
+    bool ahead_allowed_ = false;
+    std::size_t x_layer_ = kNoLayer, x_tokens_ = 0;
+    std::vector<std::vector<float>> norm_host_;
+    std::vector<float> ahead_x_, ahead_logits_, ahead_weights_;
+    std::vector<std::int32_t> ahead_ids_;
+    std::vector<std::uint8_t> ahead_read_;  // per expert of the layer
+    bool ahead_pending_ = false;            // the call's prediction read (hits counted next)
     // The routing's counts in the ops' memory (layers × bins_, cumulative mod 2^32; none for a
     // model without MoE layers), and on the host the last read and the one before.
     std::size_t bins_ = 0;

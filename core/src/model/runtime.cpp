@@ -69,9 +69,9 @@ class RuntimeImpl final : public Runtime {
             throw std::invalid_argument("model " + c.name +
                                         ": the embeddings, the final norm and the head must be "
                                         "in the ops' memory");
-        arch_ =
-            make_architecture({model, w_, ops, rw.host_ops, opts.kv_dtype, rows_, &profile_,
-                               opts.expert_streaming, opts.expert_rows, opts.expert_rows_share});
+        arch_ = make_architecture({model, w_, ops, rw.host_ops, opts.kv_dtype, rows_, &profile_,
+                                   opts.expert_streaming, opts.expert_rows, opts.expert_rows_share,
+                                   opts.expert_read_ahead});
         profile_.on = opts.profile_layers;
         const std::size_t hidden = static_cast<std::size_t>(c.hidden_size);
         const std::size_t es = dtype_bytes(opts.kv_dtype);
@@ -136,6 +136,7 @@ class RuntimeImpl final : public Runtime {
         std::vector<StepTrialResult> out;
         parts_trial_.report("layer_parts", out);
         rows_trial_.report("expert_rows", out);
+        ahead_trial_.report("expert_read_ahead", out);
         return out;
     }
     std::size_t decode_recordings() const noexcept override {
@@ -233,6 +234,12 @@ class RuntimeImpl final : public Runtime {
         const bool rows_on = opts_.expert_rows == ExpertRows::always ||
                              (opts_.expert_rows == ExpertRows::automatic && rows_trial_.second(n));
         ffn.allow_rows(rows_on);
+        // Host experts read ahead (RuntimeOptions::expert_read_ahead): likewise.
+        const bool ahead_trial =
+            opts_.expert_read_ahead == ExpertReadAhead::automatic && ffn.reads_ahead(n) && !profile;
+        const bool ahead_on = opts_.expert_read_ahead == ExpertReadAhead::always ||
+                              (ahead_trial && ahead_trial_.second(n));
+        ffn.allow_read_ahead(ahead_on);
         LayerTimes& times = profile_.times;
         times = {};
         const double t_step = profile ? steady_seconds() : 0.0;
@@ -314,6 +321,7 @@ class RuntimeImpl final : public Runtime {
         if (can_halve_last_ && !one_time)
             parts_trial_.timed(n, last_in_parts_, steady_seconds() - t_start);
         if (rows_trial && !one_time) rows_trial_.timed(n, rows_on, steady_seconds() - t_start);
+        if (ahead_trial && !one_time) ahead_trial_.timed(n, ahead_on, steady_seconds() - t_start);
         if (profile) {
             times.total = steady_seconds() - t_step;
             last_times_ = times;
@@ -494,6 +502,7 @@ class RuntimeImpl final : public Runtime {
         for (std::size_t i = 0; i < m; ++i)
             pos_[i] = static_cast<std::int64_t>(held + i);
         arch_->ffn().allow_rows(opts_.expert_rows == ExpertRows::always);  // the trial is decode's
+        arch_->ffn().allow_read_ahead(false);                              // decode's alone
         detail::check_token_ids(tokens, vocab_size());
         const std::int64_t* pos = inputs(tokens, m);
         ops_.embed(w_.embed, host_ ? tokens.data() : ids_.data(), m, h_.data());
@@ -544,12 +553,14 @@ class RuntimeImpl final : public Runtime {
     bool last_in_parts_ = false;     // the last decode step's layers in halves (layer_parts)
     bool can_halve_last_ = false;    // ... and it could have gone either way (automatic)
     // LayerParts::automatic: halves on the odd steps of the trial. ExpertRows::automatic: the
-    // rows split on steps 2, 3, 6 and 7, so that each way of one trial is timed with both ways
-    // of the other.
+    // rows split on steps 2, 3, 6 and 7. ExpertReadAhead::automatic: read ahead on steps 4 to 7.
+    // So that each way of one trial is timed with both ways of the others.
     detail::StepTrial parts_trial_{kLayerPartsTrial, kLayerPartsRetrial,
                                    [](std::size_t at) { return at % 2 == 1; }};
     detail::StepTrial rows_trial_{kExpertRowsTrial, kExpertRowsRetrial,
                                   [](std::size_t at) { return at / 2 % 2 == 1; }};
+    detail::StepTrial ahead_trial_{kReadAheadTrial, kReadAheadRetrial,
+                                   [](std::size_t at) { return at / 4 % 2 == 1; }};
     // Whether this is the first decode step of n sequences (it marks the size as stepped).
     bool first_step_at(std::size_t n) {
         if (stepped_sizes_.size() <= n) stepped_sizes_.resize(n + 1, 0);

@@ -1,5 +1,5 @@
 // A choice between two ways of running decode steps, made per batch size by timing both
-// (RuntimeOptions::layer_parts and expert_rows, automatic): the first `trial` steps of every
+// (RuntimeOptions::layer_parts, expert_rows and expert_read_ahead, automatic): the first `trial` steps of every
 // `retrial` at a size alternate as `second_at(step)` says, and from then on the second way runs
 // only when its steps averaged 3 % faster or more.
 #pragma once

@@ -16,6 +16,7 @@
 #include "writescope/cpu/model_ops.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <new>
@@ -25,6 +26,7 @@
 
 #include "elementwise.hpp"
 #include "gemm_api.hpp"
+#include "read_ahead.hpp"
 #include "writescope/cpu/worker_pool.hpp"
 
 namespace writescope::cpu {
@@ -103,9 +105,11 @@ struct CpuModelOps::Impl {
     struct Used {
         std::uint32_t expert, first_pair, pairs, items_begin;
     };
-    std::unique_ptr<Used[]> used;          // (max_experts + 1) experts with tokens, and a sentinel
-    std::unique_ptr<std::byte[]> amx_buf;  // per worker: round_up(max_width, 32) · 32 bytes
-    std::vector<float> heads_x, heads_y;   // linear_heads: one head's rows, compact
+    std::unique_ptr<Used[]> used;           // (max_experts + 1) experts with tokens, and a sentinel
+    std::unique_ptr<std::byte[]> amx_buf;   // per worker: round_up(max_width, 32) · 32 bytes
+    std::vector<float> heads_x, heads_y;    // linear_heads: one head's rows, compact
+    std::vector<detail::ReadPiece> pieces;  // read_ahead's (grown once, then reused)
+    std::uint64_t read_sink = 0;            // what read_ahead's reads computed (kept)
     std::size_t amx_stride = 0;
 
     explicit Impl(const CpuModelOpsOptions& o)
@@ -233,7 +237,61 @@ struct CpuModelOps::Impl {
 
     void moe(std::span<const model::FfnWeights> experts, const float* x, std::size_t n,
              const model::MoeRouting& routing, float* y);
+    std::uint64_t read_ahead(std::span<const model::FfnWeights> experts, std::size_t n,
+                             const model::MoeRouting& routing, FunctionRef<bool()> stop);
 };
+
+std::uint64_t CpuModelOps::Impl::read_ahead(std::span<const model::FfnWeights> experts,
+                                            std::size_t n, const model::MoeRouting& routing,
+                                            FunctionRef<bool()> stop) {
+    if (n == 0 || routing.k == 0 || !stop) return 0;
+    if (n > opts.max_tokens) too_large("read_ahead", "n", n, "max_tokens", opts.max_tokens);
+    if (experts.size() > opts.max_experts)
+        too_large("read_ahead", "the number of experts", experts.size(), "max_experts",
+                  opts.max_experts);
+    // Each routed expert once, checked as moe() checks it, before anything is read.
+    std::uint32_t* seen = count.get();
+    std::fill(seen, seen + experts.size(), 0u);
+    pieces.clear();
+    for (std::size_t p = 0; p < n * routing.k; ++p) {
+        const std::int32_t e = routing.expert[p];
+        if (e < 0) continue;
+        if (static_cast<std::size_t>(e) >= experts.size())
+            throw std::out_of_range("CpuModelOps::read_ahead: expert index " + std::to_string(e) +
+                                    " out of " + std::to_string(experts.size()) + " experts");
+        if (seen[e]++ != 0) continue;
+        const model::FfnWeights& f = experts[static_cast<std::size_t>(e)];
+        const std::size_t ffn = f.gate.rows;
+        const std::size_t f1 = routing.partial() ? routing.ffn_end : ffn;
+        if (!f.gate.data || !f.up.data || !f.down.data || f.up.rows != ffn ||
+            f.up.cols != f.gate.cols || f.down.rows != f.gate.cols || f.down.cols != ffn ||
+            routing.ffn_begin >= f1 || f1 > ffn)
+            throw std::invalid_argument("CpuModelOps::read_ahead: expert " + std::to_string(e) +
+                                        " is not an FFN with data whose rows hold the range [" +
+                                        std::to_string(routing.ffn_begin) + ", " +
+                                        std::to_string(f1) + ")");
+        detail::plan_expert_read(f, routing.ffn_begin, f1, pieces);
+    }
+    // The pool's threads read pieces while this thread polls stop(); once it returns true, the
+    // pieces not yet taken are skipped (a piece being read finishes: at most kReadPieceBytes).
+    std::atomic<bool> halt{false};
+    std::atomic<std::uint64_t> bytes{0}, sink{0};
+    pool.parallel_for(
+        pieces.size(),
+        [&](std::size_t item, std::size_t) {
+            if (halt.load(std::memory_order_relaxed)) return;
+            const detail::ReadPiece& piece = pieces[item];
+            sink.fetch_add(detail::read_piece(piece), std::memory_order_relaxed);
+            bytes.fetch_add(piece.bytes(), std::memory_order_relaxed);
+        },
+        [&] {
+            while (!stop())
+                detail::spin_pause();
+            halt.store(true, std::memory_order_relaxed);
+        });
+    read_sink += sink.load(std::memory_order_relaxed);
+    return bytes.load(std::memory_order_relaxed);
+}
 
 void CpuModelOps::Impl::moe(std::span<const model::FfnWeights> experts, const float* x,
                             std::size_t n, const model::MoeRouting& routing, float* y) {
@@ -459,6 +517,10 @@ void CpuModelOps::linear_heads(const model::Matrix& w, const model::HeadsLayout&
 void CpuModelOps::moe(std::span<const model::FfnWeights> experts, const float* x, std::size_t n,
                       const model::MoeRouting& routing, float* y) {
     impl_->moe(experts, x, n, routing, y);
+}
+std::uint64_t CpuModelOps::read_ahead(std::span<const model::FfnWeights> experts, std::size_t n,
+                                      const model::MoeRouting& routing, FunctionRef<bool()> stop) {
+    return impl_->read_ahead(experts, n, routing, stop);
 }
 void CpuModelOps::embed(const model::Matrix& table, const std::int32_t* ids, std::size_t n,
                         float* out) {

@@ -58,6 +58,9 @@ class CpuModelOps final : public model::ModelOps {
                       std::size_t n, float* y) override;
     void moe(std::span<const model::FfnWeights> experts, const float* x, std::size_t n,
              const model::MoeRouting& routing, float* y) override;
+    // On the expert pool's threads, the calling thread polling stop() (ModelOps::read_ahead).
+    std::uint64_t read_ahead(std::span<const model::FfnWeights> experts, std::size_t n,
+                             const model::MoeRouting& routing, FunctionRef<bool()> stop) override;
     void embed(const model::Matrix& table, const std::int32_t* ids, std::size_t n,
                float* out) override;
     void rms_norm(const model::Vector& w, const float* x, std::size_t rows, std::size_t dim,

@@ -191,6 +191,7 @@ class CudaModelOps final : public model::ModelOps {
     void* stream() const noexcept;
     // Waits for the stream; throws std::runtime_error on an asynchronous CUDA error.
     void synchronize() const override;
+    bool idle() const override;  // cudaStreamQuery on the stream
     // Device bytes of the workspaces (cuBLAS's and the expert stream's included).
     std::size_t workspace_bytes() const noexcept;
     // Pinned host bytes the ops hold (the expert stream's bounce ring and the small buffers the

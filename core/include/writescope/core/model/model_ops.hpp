@@ -21,6 +21,7 @@
 #include <span>
 #include <stdexcept>
 
+#include "writescope/core/function_ref.hpp"
 #include "writescope/core/model/weights.hpp"
 
 namespace writescope::model {
@@ -152,6 +153,9 @@ class ModelOps {
     virtual void* stream_handle() const noexcept { return nullptr; }
     // Waits until the work enqueued so far is done (nothing to wait for on the host).
     virtual void synchronize() const {}
+    // Whether the work enqueued so far is done, without waiting (always on the host). An error
+    // of that work is not reported here but by the next call that waits for it.
+    virtual bool idle() const { return true; }
 
     // Recordings (CUDA graphs on a GPU): between begin_record() and end_record() the calls are
     // recorded instead of run; replay(id) runs the recording again, with the pointers and sizes
@@ -227,6 +231,22 @@ class ModelOps {
         throw std::logic_error("these ops cannot read host experts in place");
     }
     virtual double last_in_place_seconds() const noexcept { return 0; }
+
+    // Reading host experts ahead (docs/gpu-runtime.md, "Host experts read ahead"): on host
+    // ops whose threads would wait while a device computes (the CPU's experts beside a GPU
+    // runtime), the bytes moe() would read of the routed experts' rows [ffn_begin, ffn_end)
+    // (MoeRouting's row range; its weights unused; each expert once) are read into the CPU's
+    // caches on the ops' threads, so that the moe() call that follows finds them there. The
+    // calling thread polls stop() meanwhile; the threads stop reading once it returns true
+    // (or when all is read), and the call returns once stop() has returned true and no thread
+    // reads any more. Returns the bytes read. The views are checked as moe() checks them
+    // (std::out_of_range, std::invalid_argument), before anything is read. Ops without such
+    // threads (the default) read nothing and return 0 at once.
+    virtual std::uint64_t read_ahead(std::span<const FfnWeights> experts, std::size_t n,
+                                     const MoeRouting& routing, FunctionRef<bool()> stop) {
+        (void)experts, (void)n, (void)routing, (void)stop;
+        return 0;
+    }
 
     // Largest n the implementation was sized for (it allocates nothing for n up to this).
     virtual std::size_t max_tokens() const noexcept = 0;

@@ -27,12 +27,17 @@ class ModelOps;
 enum class ExpertStreaming { off, automatic, always };
 enum class LayerParts { off, automatic, always };
 enum class ExpertRows { off, automatic, always };
+enum class ExpertReadAhead { off, automatic, always };
 
 // The automatic choices' trials (layer_parts, expert_rows below), in timed steps: a step that
 // set something up once (the first at its batch size, one that recorded the size's CUDA graphs)
 // is not timed, and the trial's next step runs the way it did.
 inline constexpr std::size_t kLayerPartsTrial = 8, kLayerPartsRetrial = 512;
 inline constexpr std::size_t kExpertRowsTrial = 8, kExpertRowsRetrial = 512;
+inline constexpr std::size_t kReadAheadTrial = 8, kReadAheadRetrial = 512;
+// The most tokens of a decode call whose host experts are read ahead (expert_read_ahead): the
+// experts a larger batch routes to are most of a layer's, and its window is its attention.
+inline constexpr std::size_t kReadAheadTokens = 16;
 // The prompt chunk a GPU model runtime and a CPU one take by default (the daemon's
 // model.prefill_chunk_tokens "auto"; measured on the H200, docs/perf.md "The prompt chunk": with
 // host experts streamed per chunk, 2048 prefills Mixtral 3.1x and Qwen3 2.0x as fast as 512; the
@@ -95,6 +100,20 @@ struct RuntimeOptions {
     // expert_rows_share > 0 fixes the ops' share instead (tests, benchmarks).
     ExpertRows expert_rows = ExpertRows::automatic;
     double expert_rows_share = 0;
+    // A decode call of at most kReadAheadTokens tokens whose host-resident experts the CPU
+    // computes beside a device (docs/gpu-runtime.md, "Host experts read ahead"): while the
+    // device runs the layer's attention and routing, the CPU's expert threads, idle until the
+    // routing comes down, read the rows they will compute of the experts a prediction routes
+    // to into the CPU's caches. The prediction is the layer's router on the hidden rows the
+    // last split layer of the step brought down (its residual stream, normalised with this
+    // layer's norm weights); the computation uses the real routing, so the results are those
+    // of a call without it, and a wrong guess costs only host-memory reads while the CPU
+    // would have waited. Whether it pays depends on the guess and on what else reads host
+    // memory meanwhile (the CPU's attention share): `automatic` times decode steps both ways
+    // per batch size (kReadAheadTrial of them, with both ways of the other two trials) and
+    // reads ahead only where that was 3 % faster or more, again every kReadAheadRetrial
+    // steps; `always` and `off` fix it.
+    ExpertReadAhead expert_read_ahead = ExpertReadAhead::automatic;
 };
 
 // Host-resident experts since the runtime started: those the CPU computed and those streamed to
@@ -112,6 +131,11 @@ struct ExpertStreamStats {
     // side's measured rate in expert weight bytes per second (0 while unmeasured).
     std::uint64_t rows_split_calls = 0, rows_ops_bytes = 0, rows_cpu_bytes = 0;
     double rows_ops_share = 0, rows_ops_rate = 0, rows_cpu_rate = 0;
+    // Read ahead (RuntimeOptions::expert_read_ahead): the decode calls that read ahead, the
+    // host experts their prediction read, of those the ones the call routed to (hits), the
+    // host experts the calls routed to in all, and the bytes read ahead (a stop may cut one).
+    std::uint64_t read_ahead_calls = 0, read_ahead_experts = 0, read_ahead_hits = 0,
+                  read_ahead_routed = 0, read_ahead_bytes = 0;
 };
 
 // Seconds of the last decode step, summed over its layers (RuntimeOptions::profile_layers):
@@ -122,7 +146,7 @@ struct ExpertStreamStats {
 // and expert_rows, automatic) at one batch size: the mean seconds of its steps each way (0 when
 // none ran that way), and whether the second way (halves; the rows split) was chosen.
 struct StepTrialResult {
-    const char* choice = "";  // "layer_parts" or "expert_rows"
+    const char* choice = "";  // "layer_parts", "expert_rows" or "expert_read_ahead"
     std::size_t batch = 0;
     std::size_t steps[2] = {0, 0};
     double mean_seconds[2] = {0, 0};
