@@ -1,7 +1,7 @@
 // A choice between two ways of running decode steps, made per batch size by timing both
-// (RuntimeOptions::layer_parts, expert_rows and expert_read_ahead, automatic): the first `trial` steps of every
-// `retrial` at a size alternate as `second_at(step)` says, and from then on the second way runs
-// only when its steps averaged 3 % faster or more.
+// (RuntimeOptions::layer_parts, expert_rows and expert_read_ahead, automatic): the first `trial`
+// steps of every `retrial` at a size alternate as `second_at(step)` says, and from then on the
+// second way runs only when its steps averaged 3 % faster or more.
 #pragma once
 
 #include <cstddef>
