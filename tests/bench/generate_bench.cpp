@@ -318,8 +318,9 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
         std::vector<std::uint64_t> ids;
         for (std::size_t b = 0; b < batch; ++b) {
             // Room for the warm-up steps too (the rows split's trial: below).
-            const Admission a =
-                rt->admit(first_id + b, context + o.steps + 3 + model::kExpertRowsTrial);
+            const Admission a = rt->admit(
+                first_id + b,
+                context + o.steps + 3 + std::max(model::kExpertRowsTrial, model::kReadAheadTrial));
             if (!a.ok) {
                 if (spill_budget > 0 && b > 0) {
                     r.refusal = a.error;
@@ -349,11 +350,15 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
         std::vector<double> step_s, attn_s, host_b;
         model::ExpertStreamStats streams_before;  // after the warm-up steps
         rt->take_expert_heat();
-        // Warm-up: one step, and the automatic rows split's trial (its choice is then timed),
-        // which starts after the size's first step and the step that records its graphs.
-        const std::size_t warm = s.expert_rows == model::ExpertRows::automatic && mode != "cpu-only"
-                                     ? 2 + model::kExpertRowsTrial
-                                     : 1;
+        // Warm-up: one step, and the automatic choices' trials (rows split, read ahead: their
+        // choices are then timed), which start after the size's first step and the step that
+        // records its graphs, and run side by side.
+        const bool trials =
+            mode != "cpu-only" && (s.expert_rows == model::ExpertRows::automatic ||
+                                   (s.read_ahead == model::ExpertReadAhead::automatic &&
+                                    mode != "writescope-no-read-ahead"));
+        const std::size_t warm =
+            trials ? 2 + std::max(model::kExpertRowsTrial, model::kReadAheadTrial) : 1;
         for (std::size_t step = 0; step < warm + o.steps; ++step) {
             for (auto& t : toks)
                 t = static_cast<std::int32_t>(rng() % V);
