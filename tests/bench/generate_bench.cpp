@@ -165,6 +165,7 @@ struct Run {
     // The host experts read ahead, per step: calls, experts read, of them routed to, the host
     // experts routed to in those calls, and GB read.
     double ahead_calls = 0, ahead_experts = 0, ahead_hits = 0, ahead_routed = 0, ahead_gb = 0;
+    double ahead_predict_us = 0, ahead_read_us = 0;  // per call: predicting, reading
     // The automatic choices' trials at this batch size (Runtime::step_trials), ms per step
     // each way in one process: printed, and as JSON.
     std::string trials, trials_json = "[]";
@@ -423,6 +424,14 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
             r.ahead_hits = per_step(after.read_ahead_hits, streams_before.read_ahead_hits);
             r.ahead_routed = per_step(after.read_ahead_routed, streams_before.read_ahead_routed);
             r.ahead_gb = per_step(after.read_ahead_bytes, streams_before.read_ahead_bytes) / 1e9;
+            const double calls =
+                static_cast<double>(after.read_ahead_calls - streams_before.read_ahead_calls);
+            r.ahead_predict_us =
+                (after.read_ahead_predict_seconds - streams_before.read_ahead_predict_seconds) /
+                calls * 1e6;
+            r.ahead_read_us =
+                (after.read_ahead_read_seconds - streams_before.read_ahead_read_seconds) / calls *
+                1e6;
         }
         {
             std::ostringstream tj;
@@ -898,10 +907,12 @@ std::string decode_config(ModelSetup& s, const std::string& name, std::size_t co
         if (r.ahead_calls > 0)
             std::printf(
                 "  %-10s   host experts read ahead per step: %.1f calls, %.1f experts (%.2f GB), "
-                "%.1f of them routed to, of %.1f routed (precision %.2f, recall %.2f)\n",
+                "%.1f of them routed to, of %.1f routed (precision %.2f, recall %.2f); per call "
+                "%.1f us predicting, %.1f us reading\n",
                 "", r.ahead_calls, r.ahead_experts, r.ahead_gb, r.ahead_hits, r.ahead_routed,
                 r.ahead_experts > 0 ? r.ahead_hits / r.ahead_experts : 0.0,
-                r.ahead_routed > 0 ? r.ahead_hits / r.ahead_routed : 0.0);
+                r.ahead_routed > 0 ? r.ahead_hits / r.ahead_routed : 0.0, r.ahead_predict_us,
+                r.ahead_read_us);
         if (!r.trials.empty()) std::printf("  %-10s   %s\n", "", r.trials.c_str());
     }
     double best_single = 0;
@@ -990,7 +1001,9 @@ std::string decode_config(ModelSetup& s, const std::string& name, std::size_t co
       << ", \"gpu_gb_s\": " << ws.rows_gpu_rate << ", \"cpu_gb_s\": " << ws.rows_cpu_rate << "}"
       << ", \"host_experts_read_ahead_per_step\": {\"calls\": " << ws.ahead_calls
       << ", \"experts\": " << ws.ahead_experts << ", \"routed_hits\": " << ws.ahead_hits
-      << ", \"routed\": " << ws.ahead_routed << ", \"gb\": " << ws.ahead_gb << "}"
+      << ", \"routed\": " << ws.ahead_routed << ", \"gb\": " << ws.ahead_gb
+      << ", \"predict_us_per_call\": " << ws.ahead_predict_us
+      << ", \"read_us_per_call\": " << ws.ahead_read_us << "}"
       << ", \"step_trials\": " << ws.trials_json << ", \"peak_host_gib\": " << peak_host_gib()
       << "}";
     if (ws.ok && best_single > 0)

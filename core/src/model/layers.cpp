@@ -376,6 +376,7 @@ bool FeedForward::pick_streamed(std::size_t layer, std::size_t n, const std::int
 
 void FeedForward::read_ahead(std::size_t layer, std::size_t n) {
     if (ops_.idle()) return;  // the routing is there already: nothing to wait for
+    const double t_predict = steady_seconds();
     const auto& c = m_.config();
     const std::size_t hidden = static_cast<std::size_t>(c.hidden_size), k = k_;
     // x_host_ holds the last split layer's rows rmsnorm(h)·w_from; the prediction's input is
@@ -414,8 +415,11 @@ void FeedForward::read_ahead(std::size_t layer, std::size_t n) {
     const std::size_t f0 = rows_possible(n) && in_place ? ops_rows_for(ffn) : 0;
     if (f0 >= ffn) return;
     const MoeRouting ahead{ahead_ids_.data(), ahead_weights_.data(), k, f0, f0 ? ffn : 0};
+    const double t_read = steady_seconds();
     stats_.read_ahead_bytes +=
         host_ops_->read_ahead(L.experts, n, ahead, [this] { return ops_.idle(); });
+    stats_.read_ahead_predict_seconds += t_read - t_predict;
+    stats_.read_ahead_read_seconds += steady_seconds() - t_read;
     ++stats_.read_ahead_calls;
     stats_.read_ahead_experts += experts;
     ahead_pending_ = true;

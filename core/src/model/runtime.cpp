@@ -234,9 +234,14 @@ class RuntimeImpl final : public Runtime {
         const bool rows_on = opts_.expert_rows == ExpertRows::always ||
                              (opts_.expert_rows == ExpertRows::automatic && rows_trial_.second(n));
         ffn.allow_rows(rows_on);
-        // Host experts read ahead (RuntimeOptions::expert_read_ahead): likewise.
-        const bool ahead_trial =
-            opts_.expert_read_ahead == ExpertReadAhead::automatic && ffn.reads_ahead(n) && !profile;
+        // Host experts read ahead (RuntimeOptions::expert_read_ahead): likewise, and only while
+        // no CPU attention runs beside the wait for the routing (an engine on the ops' stream
+        // whose last step had the CPU attend spilled tokens): the reads use the host memory
+        // that wait leaves idle, and the CPU's share of the next layer's attention would be
+        // reading it then.
+        const bool host_attends_beside = device_attention_ && last_step_.cpu_spilled_tokens > 0;
+        const bool ahead_trial = opts_.expert_read_ahead == ExpertReadAhead::automatic &&
+                                 ffn.reads_ahead(n) && !profile && !host_attends_beside;
         const bool ahead_on = opts_.expert_read_ahead == ExpertReadAhead::always ||
                               (ahead_trial && ahead_trial_.second(n));
         ffn.allow_read_ahead(ahead_on);

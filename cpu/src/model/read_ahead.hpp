@@ -21,7 +21,7 @@ struct ReadPiece {
 
 // About this many bytes per piece: enough to amortise taking it, few enough that a stop
 // request waits for little (a piece at ~10 GB/s per thread is ~25 µs).
-inline constexpr std::size_t kReadPieceBytes = std::size_t{256} << 10;
+inline constexpr std::size_t kReadPieceBytes = std::size_t{32} << 10;
 
 // The pieces of rows [f0, f1) of `f` (gate's and up's rows, down's columns: what moe() reads of
 // a row range), appended to `out`.

@@ -136,6 +136,9 @@ struct ExpertStreamStats {
     // host experts the calls routed to in all, and the bytes read ahead (a stop may cut one).
     std::uint64_t read_ahead_calls = 0, read_ahead_experts = 0, read_ahead_hits = 0,
                   read_ahead_routed = 0, read_ahead_bytes = 0;
+    // ... and the seconds they spent predicting (the router on the host) and reading (until
+    // the device's stream was idle, and the pieces being read finished).
+    double read_ahead_predict_seconds = 0, read_ahead_read_seconds = 0;
 };
 
 // Seconds of the last decode step, summed over its layers (RuntimeOptions::profile_layers):
