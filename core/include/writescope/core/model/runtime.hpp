@@ -108,11 +108,14 @@ struct RuntimeOptions {
     // last split layer of the step brought down (its residual stream, normalised with this
     // layer's norm weights); the computation uses the real routing, so the results are those
     // of a call without it, and a wrong guess costs only host-memory reads while the CPU
-    // would have waited. Whether it pays depends on the guess and on what else reads host
-    // memory meanwhile (the CPU's attention share): `automatic` times decode steps both ways
-    // per batch size (kReadAheadTrial of them, with both ways of the other two trials) and
-    // reads ahead only where that was 3 % faster or more, again every kReadAheadRetrial
-    // steps; `always` and `off` fix it.
+    // would have waited. Whether it pays depends on the guess, on how long the wait is and on
+    // what the CPU's caches keep: `automatic` reads ahead only in steps beside which no CPU
+    // attention runs (an engine on the ops' stream whose last step had the CPU attend spilled
+    // tokens: that attention reads host memory in the same window), times those steps both
+    // ways per batch size (kReadAheadTrial of them, with both ways of the other two trials)
+    // and reads ahead only where that was 3 % faster or more, again every kReadAheadRetrial
+    // steps; `always` and `off` fix it. On the H200 machine it measured no gain (docs/perf.md
+    // "Host experts read ahead"): the wait is ~0.12 ms per layer, and ~1–3 MB are read in it.
     ExpertReadAhead expert_read_ahead = ExpertReadAhead::automatic;
 };
 
