@@ -1023,6 +1023,22 @@ json host_expert_rows_json(const ModelPlacement& p, const std::optional<model::S
             {"cpu_bytes_per_second", x.rows_cpu_rate}};
 }
 
+// Decode steps' host experts read ahead while the CPU waits for a split layer's routing
+// (RuntimeOptions::expert_read_ahead, automatic): null without host-resident experts; else since
+// start the calls that read ahead, the host experts their prediction read, of those the ones the
+// routing chose (hits), the host experts those calls routed to, and the bytes read.
+json host_expert_read_ahead_json(const ModelPlacement& p,
+                                 const std::optional<model::SchedulerStats>& s) {
+    if (!p.gpu || p.plan.host_experts == 0) return nullptr;
+    if (!s) return {{"calls", 0}};
+    const model::ExpertStreamStats& x = s->expert_streaming;
+    return {{"calls", x.read_ahead_calls},
+            {"experts", x.read_ahead_experts},
+            {"hits", x.read_ahead_hits},
+            {"routed", x.read_ahead_routed},
+            {"bytes", x.read_ahead_bytes}};
+}
+
 // Where the model runs: "cpu", or the GPU's share (bytes per class, experts per layer) and the
 // hit rate of the GPU-resident experts over the routing since start (null before any).
 json placement_json(const ModelPlacement& p, const std::optional<model::SchedulerStats>& s) {
@@ -1044,7 +1060,8 @@ json placement_json(const ModelPlacement& p, const std::optional<model::Schedule
              {{"device_attention", p.device_attention},
               {"cuda_graphs", p.cuda_graphs},
               {"layer_parts", p.layer_parts},
-              {"host_expert_rows", host_expert_rows_json(p, s)}}},
+              {"host_expert_rows", host_expert_rows_json(p, s)},
+              {"host_expert_read_ahead", host_expert_read_ahead_json(p, s)}}},
             {"prefill",
              {{"device_attention", p.device_prompts},
               {"expert_streaming", expert_streaming_json(p, s)}}},
@@ -1158,6 +1175,10 @@ std::string scheduler_metrics_text(const ServiceView& v) {
             "Bytes of host-resident experts the CPU read for experts split by rows.",
             static_cast<double>(s.expert_streaming.rows_cpu_bytes));
     }
+    if (v.model.placement.gpu && v.model.placement.plan.host_experts > 0)
+        one("writescope_expert_read_ahead_bytes_total", "counter",
+            "Bytes of host-resident experts the CPU read ahead of a predicted routing.",
+            static_cast<double>(s.expert_streaming.read_ahead_bytes));
     one("writescope_prompt_tokens_total", "counter", "Prompt tokens prefilled.",
         static_cast<double>(s.prompt_tokens));
     one("writescope_prefill_chunks_total", "counter", "Prompt chunks computed.",

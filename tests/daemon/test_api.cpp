@@ -746,6 +746,39 @@ TEST_CASE("a GPU placement's expert streaming and layer halves reach status and 
     CHECK_THAT(scheduler_metrics_text(v), !Catch::Contains("writescope_expert_streamed_total"));
 }
 
+TEST_CASE("a GPU placement's host experts read ahead reach status and metrics",
+          "[unit][daemon][api]") {
+    ServiceView v = gpu_model_view("m");
+    ModelPlacement& p = v.model.placement;
+    // Every expert on the GPU: nothing to read ahead, null, no family.
+    p.plan.host_experts = 0;
+    CHECK(served_model_json(v)["placement"]["decode"]["host_expert_read_ahead"].is_null());
+    CHECK_THAT(scheduler_metrics_text(v),
+               !Catch::Contains("writescope_expert_read_ahead_bytes_total"));
+    p.plan.host_experts = 12;
+    CHECK(served_model_json(v)["placement"]["decode"]["host_expert_read_ahead"]["calls"] == 0);
+    model::SchedulerStats s;
+    s.expert_streaming.read_ahead_calls = 30;
+    s.expert_streaming.read_ahead_experts = 240;
+    s.expert_streaming.read_ahead_hits = 219;
+    s.expert_streaming.read_ahead_routed = 241;
+    s.expert_streaming.read_ahead_bytes = 5ull << 20;
+    v.scheduler = s;
+    const nlohmann::json a = served_model_json(v)["placement"]["decode"]["host_expert_read_ahead"];
+    CHECK(a["calls"] == 30);
+    CHECK(a["experts"] == 240);
+    CHECK(a["hits"] == 219);
+    CHECK(a["routed"] == 241);
+    CHECK(a["bytes"] == 5ull << 20);
+    CHECK_THAT(scheduler_metrics_text(v),
+               Catch::Contains("writescope_expert_read_ahead_bytes_total 5242880"));
+    // A CPU placement has none either.
+    p.gpu = false;
+    CHECK(!served_model_json(v)["placement"].contains("decode"));
+    CHECK_THAT(scheduler_metrics_text(v),
+               !Catch::Contains("writescope_expert_read_ahead_bytes_total"));
+}
+
 TEST_CASE("a GPU placement's host experts split by rows reach status, metrics and the CLI",
           "[unit][daemon][api]") {
     ServiceView v = gpu_model_view("m");
