@@ -1,6 +1,7 @@
 #include "layers.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -383,11 +384,14 @@ void FeedForward::read_ahead(std::size_t layer, std::size_t n) {
     // the same residual normalised for this layer, rmsnorm(h)·w_to (0 where w_from is 0).
     const std::vector<float>& from = norm_host_[x_layer_];
     const std::vector<float>& to = norm_host_[layer];
-    for (std::size_t t = 0; t < n; ++t)
-        for (std::size_t j = 0; j < hidden; ++j) {
-            const std::size_t i = t * hidden + j;
-            ahead_x_[i] = from[j] != 0.0f ? x_host_[i] / from[j] * to[j] : 0.0f;
-        }
+    for (std::size_t j = 0; j < hidden; ++j) {
+        // A weight too small to divide by (or a checkpoint's inf or NaN) leaves that column 0:
+        // only the guess is the worse for it.
+        const float scale = from[j] != 0.0f ? to[j] / from[j] : 0.0f;
+        const float s = std::isfinite(scale) ? scale : 0.0f;
+        for (std::size_t t = 0; t < n; ++t)
+            ahead_x_[t * hidden + j] = x_host_[t * hidden + j] * s;
+    }
     const LayerWeights& L = m_.weights().layers[layer];
     host_ops_->linear(L.router, ahead_x_.data(), n, ahead_logits_.data());
     host_ops_->route(routing_params_, ahead_logits_.data(), n, ahead_ids_.data(),
