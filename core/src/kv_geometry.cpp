@@ -30,6 +30,42 @@ std::string KvGeometry::validate() const {
     return {};
 }
 
+namespace {
+
+bool gpu_dtype(DType t) noexcept {
+    return t == DType::bf16 || t == DType::f16;
+}
+bool gpu_mla_shape(const KvGeometry& g) noexcept {
+    return g.head_dim_k == 576 && g.head_dim_v == 512 && g.num_q_heads == 16 && g.num_kv_heads == 1;
+}
+bool gpu_head_shape(const KvGeometry& g) noexcept {
+    const int gs = g.group_size();
+    return g.head_dim_k == 128 && g.head_dim_v == 128 &&
+           (gs == 1 || gs == 2 || gs == 4 || gs == 8 || gs == 16);
+}
+
+}  // namespace
+
+bool gpu_attention_supports(const KvGeometry& g) noexcept {
+    return gpu_dtype(g.dtype) && (g.mla ? gpu_mla_shape(g) : gpu_head_shape(g));
+}
+
+std::string gpu_attention_refusal(const KvGeometry& g) {
+    if (gpu_attention_supports(g)) return {};
+    if (!gpu_dtype(g.dtype))
+        return "its KV is " + std::string(dtype_name(g.dtype)) +
+               ", and the GPU's attention kernels take bf16 or fp16 KV (kv.dtype = \"bf16\" "
+               "stores it so)";
+    if (g.mla)
+        return "its MLA latent is " + std::to_string(g.head_dim_k) + "/" +
+               std::to_string(g.head_dim_v) + " wide with " + std::to_string(g.num_q_heads) +
+               " query heads, and the GPU's attention kernels take 576/512 with 16";
+    return "its heads are " + std::to_string(g.head_dim_k) + "/" + std::to_string(g.head_dim_v) +
+           " wide (K/V) with " + std::to_string(g.group_size()) +
+           " query heads per KV head, and the GPU's attention kernels take 128/128 with 1, 2, "
+           "4, 8 or 16";
+}
+
 std::optional<KvGeometry> kv_geometry_preset(std::string_view name, DType dtype) {
     KvGeometry g;
     g.dtype = dtype;

@@ -717,13 +717,7 @@ bool dispatch_attn(const DecodeAttnParams& p, cudaStream_t s) {
 }  // namespace
 
 bool decode_attention_supported(const KvGeometry& g) noexcept {
-    if (g.dtype != DType::bf16 && g.dtype != DType::f16) return false;
-    if (g.mla)
-        return g.head_dim_k == 576 && g.head_dim_v == 512 && g.num_q_heads == 16 &&
-               g.num_kv_heads == 1;
-    const int gs = g.group_size();
-    return g.head_dim_k == 128 && g.head_dim_v == 128 &&
-           (gs == 1 || gs == 2 || gs == 4 || gs == 8 || gs == 16);
+    return gpu_attention_supports(g);  // the set dispatch_attn compiles (core states it)
 }
 
 namespace {

@@ -173,7 +173,7 @@ struct GpuStepBackend::Impl {
         const auto& g = o.geometry;
         if (!decode_attention_supported(g))
             throw std::invalid_argument("the GPU attention kernels do not support geometry '" +
-                                        g.name + "'");
+                                        g.name + "': " + gpu_attention_refusal(g));
         const Sizes z = sizes_of(o);
         kvh = z.kvh;
         dk = z.dk;

@@ -346,6 +346,9 @@ int run_daemon(const DaemonArgs& args) {
         return 1;
     }
     log_unchecked(checked);
+    if (const std::string why = gpu_unused_reason(checked.loaded.profile, machine, checked.options);
+        !why.empty())
+        log_warning("engine.gpu_unused", "{}", why);
     LoadedProfile& loaded = checked.loaded;
     EngineOptions& opts = checked.options;
     log_info("config.loaded", "profile {}: model {}, {} KV, GPU {}, state in {}", loaded.source,

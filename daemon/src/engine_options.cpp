@@ -103,6 +103,16 @@ DType kv_dtype_of(const Profile& p, const model::ModelConfig& c) noexcept {
     return p.kv.dtype.value_or(c.dtype);
 }
 
+std::string gpu_unused_reason(const Profile& p, const MachineInfo& m, const EngineOptions& o) {
+    if (p.hardware.gpu.choice != GpuChoice::automatic || o.gpu_index >= 0 || !build_has_cuda() ||
+        m.gpus.empty())
+        return {};
+    return fmt::format(
+        "hardware.gpu \"auto\": GPU 0 is not used for model {}: {}; the model "
+        "and its KV run on the CPU",
+        o.geometry.name, gpu_attention_refusal(o.geometry));
+}
+
 bool build_has_cuda() noexcept {
 #if defined(WRITESCOPE_HAVE_CUDA) && WRITESCOPE_HAVE_CUDA
     return true;
@@ -178,7 +188,10 @@ EngineOptions engine_options_unplaced(const Profile& p, const MachineInfo& m,
             o.gpu_index = -1;
             break;
         case GpuChoice::automatic:
-            o.gpu_index = build_has_cuda() && !m.gpus.empty() ? 0 : -1;
+            // GPU 0 where there is one and its attention kernels take the model's KV; else the
+            // CPU (the boot log says why: gpu_unused_reason).
+            o.gpu_index =
+                build_has_cuda() && !m.gpus.empty() && gpu_attention_supports(o.geometry) ? 0 : -1;
             break;
         case GpuChoice::index:
             if (!build_has_cuda())

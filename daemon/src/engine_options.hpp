@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -16,6 +17,9 @@ namespace writescope::daemon {
 // Whether this build carries the CUDA backend (set by the build; without it, "auto" is no GPU
 // and an explicit GPU index is an error).
 bool build_has_cuda() noexcept;
+// Why hardware.gpu "auto" left the machine's GPU unused for these options (the GPU's attention
+// kernels do not take the model's KV: gpu_attention_refusal); empty when it did not.
+std::string gpu_unused_reason(const Profile& p, const MachineInfo& m, const EngineOptions& o);
 
 // The model of a profile: model.source as a built-in preset or a directory, cut to model.layers
 // (model.seed for a built-in one). headers_only: the config and every safetensors header,

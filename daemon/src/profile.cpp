@@ -440,8 +440,10 @@ const std::vector<KeyDef>& key_table() {
         // --- hardware
         t.push_back(
             {"hardware", "gpu", "\"auto\"",
-             "GPU to use: \"auto\" (GPU 0 when an NVIDIA GPU and the CUDA backend are present), "
-             "\"none\" (CPU only), or a GPU index",
+             "GPU to use: \"auto\" (GPU 0 when an NVIDIA GPU and the CUDA backend are present "
+             "and the GPU's attention kernels take the model's KV: bf16 or fp16, heads 128 wide "
+             "or DeepSeek's MLA latent; else the CPU, with a warning saying why), \"none\" (CPU "
+             "only), or a GPU index",
              false,
              [](const toml::node& n, Profile& p) -> std::string {
                  if (n.is_integer()) {

@@ -36,9 +36,13 @@ AllocatorInfo allocator_info() {
 
 int check_config(const DaemonArgs& args) {
     try {
-        const auto checked = check_effective_profile(args, probe_machine());
+        const MachineInfo machine = probe_machine();
+        const auto checked = check_effective_profile(args, machine);
         const auto& source = checked.loaded.source;
         const auto& o = checked.options;
+        if (const std::string why = gpu_unused_reason(checked.loaded.profile, machine, o);
+            !why.empty())
+            std::cerr << fmt::format("{}: {}\n", source, why);
         // What this machine cannot tell is said, not passed over: valid, but not verified.
         std::vector<std::string> unchecked_keys;
         for (const auto& i : checked.unchecked) {

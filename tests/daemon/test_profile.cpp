@@ -316,6 +316,41 @@ TEST_CASE("the profile maps onto EngineOptions", "[unit][daemon][profile]") {
     }
 }
 
+TEST_CASE(
+    "hardware.gpu \"auto\" leaves the GPU to a model whose KV its attention takes, and "
+    "says why not",
+    "[unit][daemon][profile]") {
+    const MachineInfo one = machine_with_one_gpu();
+    Profile p = default_profile();  // the built-in Qwen3 shape, bf16 KV
+    EngineOptions o = engine_options_from_profile(p, one, "t");
+    CHECK(o.gpu_index == (build_has_cuda() ? 0 : -1));
+    CHECK(gpu_unused_reason(p, one, o).empty());
+    // A tiny transformers model: fp32 KV and heads 32 wide, which the GPU's kernels do not take.
+    p.model.source = (source_dir() / "tests/data/models/qwen3-moe-tiny").string();
+    o = engine_options_from_profile(p, one, "t");
+    CHECK(o.gpu_index == -1);
+    CHECK(o.vram_kv_bytes == 0);
+    CHECK(o.pinned_kv_bytes == 0);  // sized as without a GPU
+    const std::string why = gpu_unused_reason(p, one, o);
+    if (build_has_cuda()) {
+        CHECK_THAT(why, Catch::Contains("GPU 0 is not used for model qwen3-moe-tiny"));
+        CHECK_THAT(why, Catch::Contains("fp32"));
+        CHECK_THAT(why, Catch::Contains("run on the CPU"));
+        p.kv.dtype = DType::bf16;  // in 16 bits the heads' width is what is left
+        o = engine_options_from_profile(p, one, "t");
+        CHECK(o.gpu_index == -1);
+        CHECK_THAT(gpu_unused_reason(p, one, o), Catch::Contains("128/128"));
+    } else {
+        CHECK(why.empty());  // no CUDA backend: nothing was left unused
+    }
+    // "none", or no GPU on the machine: nothing to say.
+    p.hardware.gpu = {GpuChoice::none, 0};
+    CHECK(gpu_unused_reason(p, one, engine_options_from_profile(p, one, "t")).empty());
+    p.hardware.gpu = {GpuChoice::automatic, 0};
+    const MachineInfo none = machine_without_gpu();
+    CHECK(gpu_unused_reason(p, none, engine_options_from_profile(p, none, "t")).empty());
+}
+
 TEST_CASE("default host budgets are what the model needs, within a share of the memory",
           "[unit][daemon][profile]") {
     MachineInfo small = machine_without_gpu();

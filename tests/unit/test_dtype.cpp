@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 
 #include "test_seed.hpp"
 #include "writescope/core/dtype.hpp"
@@ -41,6 +42,37 @@ TEST_CASE("fp16 and bf16 conversion round to nearest", "[unit][dtype]") {
     REQUIRE(std::isnan(bf16_to_f32(f32_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
     REQUIRE(parse_dtype("bf16") == DType::bf16);
     REQUIRE_FALSE(parse_dtype("int4").has_value());
+}
+
+TEST_CASE("the GPU's attention takes the three presets in 16 bits, and says why not otherwise",
+          "[unit][geometry]") {
+    for (const std::string& name : kv_geometry_preset_names())
+        for (const DType t : {DType::bf16, DType::f16}) {
+            INFO(name << " " << dtype_name(t));
+            const KvGeometry g = kv_geometry_preset(name, t).value();
+            CHECK(gpu_attention_supports(g));
+            CHECK(gpu_attention_refusal(g).empty());
+        }
+    KvGeometry g = kv_geometry_preset("qwen3-30b-a3b", DType::f32).value();
+    CHECK_FALSE(gpu_attention_supports(g));
+    CHECK_THAT(gpu_attention_refusal(g), Catch::Contains("KV is fp32"));
+    CHECK_THAT(gpu_attention_refusal(g), Catch::Contains("kv.dtype"));
+    g.dtype = DType::bf16;
+    g.head_dim_k = g.head_dim_v = 64;  // heads of 64: not compiled
+    CHECK_FALSE(gpu_attention_supports(g));
+    CHECK_THAT(gpu_attention_refusal(g), Catch::Contains("64/64 wide"));
+    g.head_dim_k = g.head_dim_v = 128;
+    g.num_q_heads = 12;  // a group of 3
+    CHECK_FALSE(gpu_attention_supports(g));
+    CHECK_THAT(gpu_attention_refusal(g), Catch::Contains("3 query heads per KV head"));
+    for (const int group : {1, 2, 4, 8, 16}) {
+        g.num_q_heads = 4 * group;
+        CHECK(gpu_attention_supports(g));
+    }
+    KvGeometry d = kv_geometry_preset("deepseek-v2-lite").value();
+    d.num_q_heads = 32;  // another MLA shape: not compiled
+    CHECK_FALSE(gpu_attention_supports(d));
+    CHECK_THAT(gpu_attention_refusal(d), Catch::Contains("MLA latent is 576/512 wide with 32"));
 }
 
 TEST_CASE("KV geometry presets have the published bytes per token", "[unit][geometry]") {

@@ -48,6 +48,14 @@ struct KvGeometry {
     std::string validate() const;
 };
 
+// Whether the GPU's decode attention kernels (cuda/) take this geometry: bf16 or fp16 KV, and
+// heads 128 wide (K and V) with 1, 2, 4, 8 or 16 query heads per KV head, or the MLA latent
+// 576/512 with 16 query heads. The one statement of that set: the kernels' dispatch checks it,
+// and the daemon leaves the GPU unused under hardware.gpu "auto" for a model outside it.
+bool gpu_attention_supports(const KvGeometry& g) noexcept;
+// Empty when it does; else why not, naming what the kernels take (for messages).
+std::string gpu_attention_refusal(const KvGeometry& g);
+
 // The built-in presets, with shapes from the models' published configs (docs/design.md section 5).
 // Names: "qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite".
 std::optional<KvGeometry> kv_geometry_preset(std::string_view name, DType dtype = DType::bf16);
