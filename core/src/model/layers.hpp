@@ -86,11 +86,15 @@ class FeedForward {
     bool splits_rows() const noexcept { return rows_mode_ != ExpertRows::off; }
     void allow_rows(bool on) noexcept { rows_allowed_ = on; }
     // Whether a decode call of n tokens may read its host experts ahead (the mode on, the ops a
-    // device's, some layer split, n ≤ kReadAheadTokens); whether the next calls do.
+    // device's, some layer split, n ≤ kReadAheadTokens); whether the next calls do (said at the
+    // start of every step: a prediction uses only rows its own step brought down).
     bool reads_ahead(std::size_t n) const noexcept {
         return ahead_mode_ != ExpertReadAhead::off && n <= kReadAheadTokens;
     }
-    void allow_read_ahead(bool on) noexcept { ahead_allowed_ = on; }
+    void allow_read_ahead(bool on) noexcept {
+        ahead_allowed_ = on;
+        x_layer_ = kNoLayer;
+    }
 
   private:
     // h += the layer's shared experts (none: nothing).
