@@ -161,6 +161,17 @@ std::string render_status(const json& s) {
                                            ratio(num(hr, "gpu_share")))
                              : std::string("; decode host experts split by rows");
         }
+        // Decode steps' host experts read ahead while the CPU waits for the routing (only once
+        // some call did): "; host experts read ahead in 180 calls, 577 of 783 routed to".
+        if (pl.contains("decode") && pl["decode"].is_object() &&
+            pl["decode"].contains("host_expert_read_ahead") &&
+            pl["decode"]["host_expert_read_ahead"].is_object()) {
+            const auto& ra = pl["decode"]["host_expert_read_ahead"];
+            if (u64(ra, "calls") > 0)
+                streaming +=
+                    fmt::format("; host experts read ahead in {} calls, {} of {} routed to",
+                                u64(ra, "calls"), u64(ra, "hits"), u64(ra, "experts"));
+        }
         // The prompt chunk (model.prefill_chunk_tokens, "auto" resolved): " in chunks of 2048".
         const std::string chunks =
             m.contains("prefill_chunk_tokens") && m["prefill_chunk_tokens"].is_number_integer()

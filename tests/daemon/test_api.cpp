@@ -772,6 +772,14 @@ TEST_CASE("a GPU placement's host experts read ahead reach status and metrics",
     CHECK(a["bytes"] == 5ull << 20);
     CHECK_THAT(scheduler_metrics_text(v),
                Catch::Contains("writescope_expert_read_ahead_bytes_total 5242880"));
+    // writescopectl status says how the guesses did.
+    nlohmann::json st;
+    st["model"] = served_model_json(v);
+    CHECK_THAT(render_status(st),
+               Catch::Contains("host experts read ahead in 30 calls, 219 of 240 routed to"));
+    v.scheduler->expert_streaming.read_ahead_calls = 0;  // none yet: not named
+    st["model"] = served_model_json(v);
+    CHECK_THAT(render_status(st), !Catch::Contains("read ahead"));
     // A CPU placement has none either.
     p.gpu = false;
     CHECK(!served_model_json(v)["placement"].contains("decode"));
