@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <memory>
 #include <numeric>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -388,6 +389,44 @@ TEST_CASE("read_ahead refuses what moe refuses, before reading anything", "[unit
     const std::vector<float> weight(3 * c.k, 1.0f);
     REQUIRE(ops.read_ahead(ex.views, 3, {skipped.data(), weight.data(), c.k}, stop) == 0);
     REQUIRE(polls == 1);
+}
+
+TEST_CASE("read_ahead passes on what its stop throws, and the ops go on", "[unit][model]") {
+    // The stop is a device's poll, which can fail (ModelOps::idle): the pool's threads stop
+    // reading, the call throws that error, and the next calls work.
+    CpuModelOps ops(options(cpu::detected_isa(), 4));
+    auto rng = test::seeded_rng("cpu read ahead stop throws");
+    const MoeCase c{"", 128, 96, 8, 2};
+    const Routing r = random_routing(4, c.k, c.experts, rng);
+    const Experts ex = random_experts(c, DType::bf16, r, rng);
+    std::size_t polls = 0;
+    REQUIRE_THROWS_WITH(ops.read_ahead(ex.views, 4, r.view(c.k),
+                                       [&]() -> bool {
+                                           if (++polls == 3)
+                                               throw std::runtime_error("device lost");
+                                           return false;
+                                       }),
+                        "device lost");
+    CHECK(polls == 3);
+    // A stop that throws at its first poll, with nothing to read: the same.
+    const std::vector<std::int32_t> skipped(4 * c.k, -1);
+    const std::vector<float> weight(4 * c.k, 1.0f);
+    REQUIRE_THROWS_AS(ops.read_ahead(ex.views, 4, {skipped.data(), weight.data(), c.k},
+                                     []() -> bool { throw std::logic_error("at once"); }),
+                      std::logic_error);
+    // The ops go on: a read that runs to its stop, then the layer itself.
+    std::vector<std::int32_t> distinct;
+    for (const std::int32_t e : r.expert)
+        if (e >= 0 && std::find(distinct.begin(), distinct.end(), e) == distinct.end())
+            distinct.push_back(e);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+    CHECK(ops.read_ahead(ex.views, 4, r.view(c.k), [&] {
+        return std::chrono::steady_clock::now() >= until;
+    }) == distinct.size() * 3 * c.ffn * c.hidden * 2);
+    const std::vector<float> x = test::random_floats(4 * c.hidden, -1.0f, 1.0f, rng);
+    std::vector<float> y(4 * c.hidden, 0.0f);
+    ops.moe(ex.views, x.data(), 4, r.view(c.k), y.data());
+    CHECK(std::any_of(y.begin(), y.end(), [](float v) { return v != 0.0f; }));
 }
 
 TEST_CASE("moe with every slot skipped leaves y alone", "[unit][model]") {

@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -274,8 +275,11 @@ std::uint64_t CpuModelOps::Impl::read_ahead(std::span<const model::FfnWeights> e
     }
     // The pool's threads read pieces while this thread polls stop(); once it returns true, the
     // pieces not yet taken are skipped (a piece being read finishes: at most kReadPieceBytes).
+    // stop() may throw (a device's error); the pool's caller_first must not, so an exception
+    // stops the reads and is rethrown once the pool's threads are done with this frame.
     std::atomic<bool> halt{false};
     std::atomic<std::uint64_t> bytes{0}, sink{0};
+    std::exception_ptr stop_error;
     pool.parallel_for(
         pieces.size(),
         [&](std::size_t item, std::size_t) {
@@ -285,10 +289,15 @@ std::uint64_t CpuModelOps::Impl::read_ahead(std::span<const model::FfnWeights> e
             bytes.fetch_add(piece.bytes(), std::memory_order_relaxed);
         },
         [&] {
-            while (!stop())
-                detail::spin_pause();
+            try {
+                while (!stop())
+                    detail::spin_pause();
+            } catch (...) {
+                stop_error = std::current_exception();
+            }
             halt.store(true, std::memory_order_relaxed);
         });
+    if (stop_error) std::rethrow_exception(stop_error);
     read_sink += sink.load(std::memory_order_relaxed);
     return bytes.load(std::memory_order_relaxed);
 }
