@@ -240,8 +240,9 @@ class ModelOps {
     // calling thread polls stop() meanwhile; the threads stop reading once it returns true
     // (or when all is read), and the call returns once stop() has returned true and no thread
     // reads any more. Returns the bytes read. The views are checked as moe() checks them
-    // (std::out_of_range, std::invalid_argument), before anything is read. Ops without such
-    // threads (the default) read nothing and return 0 at once.
+    // (std::out_of_range, std::invalid_argument), before anything is read; what stop() throws
+    // stops the reads and is thrown on once no thread reads. Ops without such threads (the
+    // default) read nothing and return 0 at once.
     virtual std::uint64_t read_ahead(std::span<const FfnWeights> experts, std::size_t n,
                                      const MoeRouting& routing, FunctionRef<bool()> stop) {
         (void)experts, (void)n, (void)routing, (void)stop;
