@@ -7,18 +7,10 @@
 #include <latch>
 #include <stdexcept>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
+#include "cpu_relax.hpp"
 
 namespace writescope::cpu {
 namespace {
-
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-    _mm_pause();
-#endif
-}
 
 // Spins up to `spin` iterations for *a to differ from `old`, then sleeps on it (futex).
 // Returns the new value.

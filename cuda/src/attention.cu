@@ -716,10 +716,6 @@ bool dispatch_attn(const DecodeAttnParams& p, cudaStream_t s) {
 
 }  // namespace
 
-bool decode_attention_supported(const KvGeometry& g) noexcept {
-    return gpu_attention_supports(g);  // the set dispatch_attn compiles (core states it)
-}
-
 namespace {
 template <typename T>
 bool mma_ready_for(const KvGeometry& g) {
@@ -746,7 +742,7 @@ int decode_attention_tile(const KvGeometry& g) noexcept {
 }
 
 bool decode_attention_uses_mma(const KvGeometry& g, int block_tokens) {
-    if (!decode_attention_supported(g)) return false;
+    if (!gpu_attention_supports(g)) return false;
     const int tile = decode_attention_tile(g);
     if (block_tokens <= 0 || block_tokens % tile != 0) return false;
     return g.dtype == DType::bf16 ? mma_ready_for<__nv_bfloat16>(g) : mma_ready_for<__half>(g);

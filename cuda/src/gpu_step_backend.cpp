@@ -171,7 +171,7 @@ struct GpuStepBackend::Impl {
     Impl(const GpuStepOptions& opts, DevicePool& pl, DeviceRegionMemory& gp, PinnedRegionMemory* pn)
         : o(opts), pool(pl), gpu_pool(gp), pinned(pn) {
         const auto& g = o.geometry;
-        if (!decode_attention_supported(g))
+        if (!gpu_attention_supports(g))
             throw std::invalid_argument("the GPU attention kernels do not support geometry '" +
                                         g.name + "': " + gpu_attention_refusal(g));
         const Sizes z = sizes_of(o);

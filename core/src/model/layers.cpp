@@ -258,7 +258,7 @@ void FeedForward::run_host(std::size_t layer, const float* xn, std::size_t n, fl
         for (std::size_t e = 0; e < pairs_.size(); ++e) {
             if (pairs_[e] == 0) continue;
             ++stats_.read_ahead_routed;
-            stats_.read_ahead_hits += ahead_read_[e];
+            stats_.read_ahead_hits += ahead_read_[e] != 0;
         }
     }
     if (any_ops) {
@@ -277,7 +277,7 @@ void FeedForward::run_host(std::size_t layer, const float* xn, std::size_t n, fl
     // ops read rows [0, s) of each across the bus while the CPU computes rows [s, ffn) below,
     // both partial sums into h. No whole expert is streamed then (for a few tokens a whole
     // expert's copy costs more than the CPU's part of it).
-    const RowsSplit rows = pick_rows(host_experts, n);
+    const RowsSplit rows = pick_rows(host_experts, n, pairs_);
     bool streaming = false;
     if (rows.ops_rows == 0 && streaming_ != ExpertStreaming::off && pick_streamed(layer, n, ids)) {
         streaming = true;
@@ -400,25 +400,20 @@ void FeedForward::read_ahead(std::size_t layer, std::size_t n) {
     const std::vector<std::uint8_t>& on_host = on_host_[layer];
     std::fill(ahead_read_.begin(), ahead_read_.end(), 0);
     std::size_t experts = 0;
-    const FfnWeights* any = nullptr;
-    bool in_place = true;
     for (std::size_t i = 0; i < n * k; ++i) {
         const std::int32_t e = ahead_ids_[i];
         if (e < 0 || !on_host[static_cast<std::size_t>(e)]) {
             ahead_ids_[i] = -1;
             continue;
         }
-        if (std::exchange(ahead_read_[static_cast<std::size_t>(e)], 1)) continue;
-        ++experts;
-        any = &L.experts[static_cast<std::size_t>(e)];
-        in_place = in_place && ops_.reads_in_place(*any);
+        if (ahead_read_[static_cast<std::size_t>(e)]++ == 0) ++experts;
     }
     if (experts == 0) return;
-    // The rows the CPU will compute: all, or those past the ops' share of a split by rows.
-    const std::size_t ffn = any->gate.rows;
-    const std::size_t f0 = rows_possible(n) && in_place ? ops_rows_for(ffn) : 0;
-    if (f0 >= ffn) return;
-    const MoeRouting ahead{ahead_ids_.data(), ahead_weights_.data(), k, f0, f0 ? ffn : 0};
+    // The rows the CPU would compute of these: all, or those past the ops' share of a split by
+    // rows, as the call itself would pick them.
+    const RowsSplit rows = pick_rows(L.experts, n, ahead_read_);
+    const MoeRouting ahead{ahead_ids_.data(), ahead_weights_.data(), k, rows.ops_rows,
+                           rows.ops_rows ? rows.ffn : 0};
     const double t_read = steady_seconds();
     stats_.read_ahead_bytes +=
         host_ops_->read_ahead(L.experts, n, ahead, [this] { return ops_.idle(); });
@@ -429,27 +424,24 @@ void FeedForward::read_ahead(std::size_t layer, std::size_t n) {
     ahead_pending_ = true;
 }
 
-std::size_t FeedForward::ops_rows_for(std::size_t ffn) const {
-    // Parts of whole 32 rows where the rows allow, so that the CPU's part keeps its AMX tiles.
-    const std::size_t align = ffn % 32 == 0 && ffn >= 64 ? 32 : MoeRouting::kFfnRowAlign;
-    return rows_policy_.ops_rows(ffn, align);
-}
-
 FeedForward::RowsSplit FeedForward::pick_rows(std::span<const FfnWeights> host_experts,
-                                              std::size_t n) const {
+                                              std::size_t n,
+                                              std::span<const std::size_t> pairs) const {
     RowsSplit r;
     if (!rows_possible(n)) return r;
     std::size_t experts = 0;
     const FfnWeights* any = nullptr;
-    for (std::size_t e = 0; e < pairs_.size(); ++e) {
-        if (pairs_[e] == 0) continue;
+    for (std::size_t e = 0; e < pairs.size(); ++e) {
+        if (pairs[e] == 0) continue;
         if (!ops_.reads_in_place(host_experts[e])) return r;  // all of them or none
         ++experts;
         any = &host_experts[e];
     }
     if (!any) return r;
     r.ffn = any->gate.rows;
-    r.ops_rows = ops_rows_for(r.ffn);
+    // Parts of whole 32 rows where the rows allow, so that the CPU's part keeps its AMX tiles.
+    const std::size_t align = r.ffn % 32 == 0 && r.ffn >= 64 ? 32 : MoeRouting::kFfnRowAlign;
+    r.ops_rows = rows_policy_.ops_rows(r.ffn, align);
     // A row of gate and of up and a column of down, per expert.
     const std::uint64_t row_bytes = 3 * any->gate.cols * dtype_bytes(any->gate.dtype);
     r.ops_bytes = experts * r.ops_rows * row_bytes;

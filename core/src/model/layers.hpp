@@ -114,9 +114,9 @@ class FeedForward {
         std::size_t ops_rows = 0, ffn = 0;
         std::uint64_t ops_bytes = 0, cpu_bytes = 0;
     };
-    RowsSplit pick_rows(std::span<const FfnWeights> host_experts, std::size_t n) const;
-    // The ops' rows [0, s) of an expert of `ffn` rows in a split by rows now.
-    std::size_t ops_rows_for(std::size_t ffn) const;
+    // pairs: the call's (token, slot) pairs per host expert (pairs_, or a prediction's).
+    RowsSplit pick_rows(std::span<const FfnWeights> host_experts, std::size_t n,
+                        std::span<const std::size_t> pairs) const;
     // Before a split call's routing comes down: the prediction of its host experts read ahead
     // into the CPU's caches until the ops are idle (RuntimeOptions::expert_read_ahead).
     void read_ahead(std::size_t layer, std::size_t n);
@@ -193,8 +193,8 @@ class FeedForward {
     std::vector<std::vector<float>> norm_host_;
     std::vector<float> ahead_x_, ahead_logits_, ahead_weights_;
     std::vector<std::int32_t> ahead_ids_;
-    std::vector<std::uint8_t> ahead_read_;  // per expert of the layer
-    bool ahead_pending_ = false;            // the call's prediction read (hits counted next)
+    std::vector<std::size_t> ahead_read_;  // the prediction's pairs per host expert
+    bool ahead_pending_ = false;           // the call's prediction read (hits counted next)
     // The routing's counts in the ops' memory (layers × bins_, cumulative mod 2^32; none for a
     // model without MoE layers), and on the host the last read and the one before.
     std::size_t bins_ = 0;

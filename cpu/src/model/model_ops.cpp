@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "../cpu_relax.hpp"
 #include "elementwise.hpp"
 #include "gemm_api.hpp"
 #include "read_ahead.hpp"
@@ -240,39 +241,27 @@ struct CpuModelOps::Impl {
              const model::MoeRouting& routing, float* y);
     std::uint64_t read_ahead(std::span<const model::FfnWeights> experts, std::size_t n,
                              const model::MoeRouting& routing, FunctionRef<bool()> stop);
+    // What moe() and read_ahead() check of a routing: the limits, every routed expert (index,
+    // data, the first one's shape and dtype), the row range. Leaves each expert's pairs in
+    // `count`; the first routed expert (null: every slot skipped) and the rows [f0, f1).
+    struct Routed {
+        const model::FfnWeights* shape = nullptr;
+        std::size_t f0 = 0, f1 = 0;
+    };
+    Routed count_routed(const char* op, std::span<const model::FfnWeights> experts, std::size_t n,
+                        const model::MoeRouting& routing);
 };
 
 std::uint64_t CpuModelOps::Impl::read_ahead(std::span<const model::FfnWeights> experts,
                                             std::size_t n, const model::MoeRouting& routing,
                                             FunctionRef<bool()> stop) {
     if (n == 0 || routing.k == 0 || !stop) return 0;
-    if (n > opts.max_tokens) too_large("read_ahead", "n", n, "max_tokens", opts.max_tokens);
-    if (experts.size() > opts.max_experts)
-        too_large("read_ahead", "the number of experts", experts.size(), "max_experts",
-                  opts.max_experts);
-    // Each routed expert once, checked as moe() checks it, before anything is read.
-    std::uint32_t* seen = count.get();
-    std::fill(seen, seen + experts.size(), 0u);
+    // The routed experts checked as moe() checks them, before anything is read; each once.
+    const Routed routed = count_routed("read_ahead", experts, n, routing);
     pieces.clear();
-    for (std::size_t p = 0; p < n * routing.k; ++p) {
-        const std::int32_t e = routing.expert[p];
-        if (e < 0) continue;
-        if (static_cast<std::size_t>(e) >= experts.size())
-            throw std::out_of_range("CpuModelOps::read_ahead: expert index " + std::to_string(e) +
-                                    " out of " + std::to_string(experts.size()) + " experts");
-        if (seen[e]++ != 0) continue;
-        const model::FfnWeights& f = experts[static_cast<std::size_t>(e)];
-        const std::size_t ffn = f.gate.rows;
-        const std::size_t f1 = routing.partial() ? routing.ffn_end : ffn;
-        if (!f.gate.data || !f.up.data || !f.down.data || f.up.rows != ffn ||
-            f.up.cols != f.gate.cols || f.down.rows != f.gate.cols || f.down.cols != ffn ||
-            routing.ffn_begin >= f1 || f1 > ffn)
-            throw std::invalid_argument("CpuModelOps::read_ahead: expert " + std::to_string(e) +
-                                        " is not an FFN with data whose rows hold the range [" +
-                                        std::to_string(routing.ffn_begin) + ", " +
-                                        std::to_string(f1) + ")");
-        detail::plan_expert_read(f, routing.ffn_begin, f1, pieces);
-    }
+    if (routed.shape)
+        for (std::size_t e = 0; e < experts.size(); ++e)
+            if (count[e] != 0) detail::plan_expert_read(experts[e], routed.f0, routed.f1, pieces);
     // The pool's threads read pieces while this thread polls stop(); once it returns true, the
     // pieces not yet taken are skipped (a piece being read finishes: at most kReadPieceBytes).
     // stop() may throw (a device's error); the pool's caller_first must not, so an exception
@@ -291,7 +280,7 @@ std::uint64_t CpuModelOps::Impl::read_ahead(std::span<const model::FfnWeights> e
         [&] {
             try {
                 while (!stop())
-                    detail::spin_pause();
+                    cpu_relax();
             } catch (...) {
                 stop_error = std::current_exception();
             }
@@ -302,14 +291,14 @@ std::uint64_t CpuModelOps::Impl::read_ahead(std::span<const model::FfnWeights> e
     return bytes.load(std::memory_order_relaxed);
 }
 
-void CpuModelOps::Impl::moe(std::span<const model::FfnWeights> experts, const float* x,
-                            std::size_t n, const model::MoeRouting& routing, float* y) {
-    if (n == 0 || routing.k == 0) return;
+CpuModelOps::Impl::Routed CpuModelOps::Impl::count_routed(
+    const char* op, std::span<const model::FfnWeights> experts, std::size_t n,
+    const model::MoeRouting& routing) {
     const std::size_t k = routing.k;
-    if (n > opts.max_tokens) too_large("moe", "n", n, "max_tokens", opts.max_tokens);
-    if (k > opts.max_k) too_large("moe", "k", k, "max_k", opts.max_k);
+    if (n > opts.max_tokens) too_large(op, "n", n, "max_tokens", opts.max_tokens);
+    if (k > opts.max_k) too_large(op, "k", k, "max_k", opts.max_k);
     if (experts.size() > opts.max_experts)
-        too_large("moe", "the number of experts", experts.size(), "max_experts", opts.max_experts);
+        too_large(op, "the number of experts", experts.size(), "max_experts", opts.max_experts);
 
     // Count the pairs per expert and check every expert that gets tokens (before anything is
     // written: a refused call leaves y as it was).
@@ -321,8 +310,9 @@ void CpuModelOps::Impl::moe(std::span<const model::FfnWeights> experts, const fl
         const std::int32_t e = routing.expert[p];
         if (e < 0) continue;
         if (static_cast<std::size_t>(e) >= ne)
-            throw std::out_of_range("CpuModelOps::moe: expert index " + std::to_string(e) +
-                                    " out of " + std::to_string(ne) + " experts");
+            throw std::out_of_range(std::string("CpuModelOps::") + op + ": expert index " +
+                                    std::to_string(e) + " out of " + std::to_string(ne) +
+                                    " experts");
         const model::FfnWeights& f = experts[static_cast<std::size_t>(e)];
         if (cnt[e]++ != 0) continue;
         if (!shape) shape = &f;
@@ -333,26 +323,40 @@ void CpuModelOps::Impl::moe(std::span<const model::FfnWeights> experts, const fl
         };
         if (!is(f.gate, ffn, hid) || !is(f.up, ffn, hid) || !is(f.down, hid, ffn))
             throw std::invalid_argument(
-                "CpuModelOps::moe: expert " + std::to_string(e) +
+                std::string("CpuModelOps::") + op + ": expert " + std::to_string(e) +
                 " does not have the shape and dtype of the first routed expert: gate and up (" +
                 std::to_string(ffn) + ", " + std::to_string(hid) + "), down (" +
                 std::to_string(hid) + ", " + std::to_string(ffn) + "), " +
                 std::string(dtype_name(d)) + ", all with data");
     }
-    if (!shape) return;  // every slot skipped
+    if (!shape) return {};  // every slot skipped
     const std::size_t hidden = shape->gate.cols, full_ffn = shape->gate.rows;
-    const DType dtype = shape->gate.dtype;
-    if (hidden > opts.max_hidden) too_large("moe", "hidden", hidden, "max_hidden", opts.max_hidden);
-    if (full_ffn > opts.max_ffn) too_large("moe", "ffn", full_ffn, "max_ffn", opts.max_ffn);
+    if (hidden > opts.max_hidden) too_large(op, "hidden", hidden, "max_hidden", opts.max_hidden);
+    if (full_ffn > opts.max_ffn) too_large(op, "ffn", full_ffn, "max_ffn", opts.max_ffn);
     // A row range: gate and up from row f0, down's columns from f0 (its rows keep their stride).
     const std::size_t f0 = routing.ffn_begin;
     const std::size_t f1 = routing.partial() ? routing.ffn_end : full_ffn;
     if (routing.partial() &&
         (f0 % model::MoeRouting::kFfnRowAlign != 0 || f0 >= f1 || f1 > full_ffn))
-        throw std::invalid_argument("CpuModelOps::moe: the row range [" + std::to_string(f0) +
-                                    ", " + std::to_string(f1) + ") is not within the experts' " +
-                                    std::to_string(full_ffn) + " rows from a multiple of " +
-                                    std::to_string(model::MoeRouting::kFfnRowAlign));
+        throw std::invalid_argument(
+            std::string("CpuModelOps::") + op + ": the row range [" + std::to_string(f0) + ", " +
+            std::to_string(f1) + ") is not within the experts' " + std::to_string(full_ffn) +
+            " rows from a multiple of " + std::to_string(model::MoeRouting::kFfnRowAlign));
+    return {shape, f0, f1};
+}
+
+void CpuModelOps::Impl::moe(std::span<const model::FfnWeights> experts, const float* x,
+                            std::size_t n, const model::MoeRouting& routing, float* y) {
+    if (n == 0 || routing.k == 0) return;
+    const std::size_t k = routing.k;
+    const Routed routed = count_routed("moe", experts, n, routing);
+    if (!routed.shape) return;  // every slot skipped
+    const model::FfnWeights* shape = routed.shape;
+    const std::size_t ne = experts.size();
+    std::uint32_t* cnt = count.get();
+    const std::size_t hidden = shape->gate.cols, full_ffn = shape->gate.rows;
+    const DType dtype = shape->gate.dtype;
+    const std::size_t f0 = routed.f0, f1 = routed.f1;
     const std::size_t ffn = f1 - f0;
 
     // Offsets, the used experts and the pairs in expert order (token order within one).

@@ -5,10 +5,6 @@
 
 #include "writescope/core/dtype.hpp"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#endif
-
 namespace writescope::cpu::detail {
 namespace {
 
@@ -40,14 +36,6 @@ void plan_expert_read(const model::FfnWeights& f, std::size_t f0, std::size_t f1
     for (std::size_t r = 0; r < f.down.rows; r += per_piece)
         out.push_back(
             {down + r * stride + f0 * es, run, stride, std::min(per_piece, f.down.rows - r)});
-}
-
-void spin_pause() noexcept {
-    for (int i = 0; i < 8; ++i) {
-#if defined(__x86_64__) || defined(__i386__)
-        _mm_pause();
-#endif
-    }
 }
 
 std::uint64_t read_piece(const ReadPiece& piece) noexcept {

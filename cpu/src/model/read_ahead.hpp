@@ -28,9 +28,6 @@ inline constexpr std::size_t kReadPieceBytes = std::size_t{32} << 10;
 void plan_expert_read(const model::FfnWeights& f, std::size_t f0, std::size_t f1,
                       std::vector<ReadPiece>& out);
 
-// A short wait in a polling loop (about a microsecond; a pause instruction where there is one).
-void spin_pause() noexcept;
-
 // Reads every cache line of the piece; returns a value computed from what it read (the caller
 // keeps it, so that the loads are not optimised away).
 std::uint64_t read_piece(const ReadPiece& piece) noexcept;

@@ -50,9 +50,8 @@ struct DecodeAttnParams {
     float* part_lse = nullptr;
 };
 
-// Returns false (and launches nothing) for a shape outside the compiled set: head_dim 128 with
-// group size 1, 2, 4, 8 or 16, and the MLA latent 576/512 with 16 heads; bf16 or fp16.
-bool decode_attention_supported(const KvGeometry& geo) noexcept;
+// The compiled set of shapes is core's gpu_attention_supports (kv_geometry.hpp); a shape
+// outside it is refused (and nothing launched).
 // Tokens per tile of the tensor-core kernel for this shape (64; 32 for the MLA latent): block
 // sizes must be a multiple of it.
 int decode_attention_tile(const KvGeometry& geo) noexcept;
