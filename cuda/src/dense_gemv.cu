@@ -5,9 +5,10 @@
 // 2.2 µs on the H200.
 //
 // Each CTA first stages the inputs in shared memory, rounded to the weight dtype once (in that
-// dtype's bits for 16-bit weights, fp32 for fp32 ones), then each warp owns output rows (a
-// grid-stride loop over the matrices' rows): its lanes stream a row in 16-byte pieces, kUnroll
-// pieces in flight, and keep one fp32 sum per token, reduced across the warp at the end.
+// dtype's bits for 16-bit weights, fp32 for fp32 ones; the loads of a round all in flight),
+// then each warp owns output rows (a grid-stride loop over the matrices' rows): its lanes
+// stream a row in 16-byte pieces, kUnroll pieces in flight, and keep one fp32 sum per token,
+// reduced across the warp at the end.
 // Products and sums in fp32: the GEMM path's numerics, in another order. (Rounding the inputs
 // as each warp read them from global memory cost as many instructions per weight as the loads
 // could feed: the head of Qwen3 ran at 3.3 TB/s against cuBLAS's 4.1.)
@@ -48,6 +49,42 @@ struct Staged {
     }
 };
 
+// The inputs rounded into shared memory. With 16-byte aligned rows every thread first issues
+// all its loads of a round (kStageUnroll float4 pieces), then rounds and stores them: a decode
+// step's 2048-wide input is one round trip per thread, where a scalar loop over i / C and
+// i % C was 8 (16 at 4096 wide) before the first weight load.
+constexpr int kStageUnroll = 8;
+template <class S>
+__device__ void stage_inputs(const DenseGemvArgs& a, void* staged) {
+    const unsigned C = static_cast<unsigned>(a.cols);
+    const bool vec = reinterpret_cast<std::uintptr_t>(a.x) % 16 == 0 && a.x_ld % 4 == 0;
+    if (!vec) {
+        for (unsigned i = threadIdx.x; i < a.n * C; i += blockDim.x)
+            S::store(staged, i, a.x[i / C * a.x_ld + i % C]);
+        return;
+    }
+    const unsigned q = C / 4, total = static_cast<unsigned>(a.n) * q;  // cols % 4 == 0
+    for (unsigned base = threadIdx.x; base < total; base += kStageUnroll * blockDim.x) {
+        float4 v[kStageUnroll];
+#pragma unroll
+        for (int u = 0; u < kStageUnroll; ++u) {
+            const unsigned i = base + u * blockDim.x;
+            if (i < total)
+                v[u] = *reinterpret_cast<const float4*>(a.x + (i / q) * a.x_ld + (i % q) * 4);
+        }
+#pragma unroll
+        for (int u = 0; u < kStageUnroll; ++u) {
+            const unsigned i = base + u * blockDim.x;
+            if (i >= total) break;
+            const std::size_t e = static_cast<std::size_t>(i / q) * C + (i % q) * 4;
+            S::store(staged, e, v[u].x);
+            S::store(staged, e + 1, v[u].y);
+            S::store(staged, e + 2, v[u].z);
+            S::store(staged, e + 3, v[u].w);
+        }
+    }
+}
+
 template <DType D, bool Narrow>
 __global__ void __launch_bounds__(kWarps * 32) dense_gemv_kernel(const DenseGemvArgs a) {
     using V = typename Load<D, Narrow>::type;
@@ -55,8 +92,7 @@ __global__ void __launch_bounds__(kWarps * 32) dense_gemv_kernel(const DenseGemv
     extern __shared__ __align__(16) unsigned char staged[];
     const int n = static_cast<int>(a.n);
     const std::size_t C = a.cols, es = dtype_bytes(D), step = 32 * V::N;
-    for (std::size_t i = threadIdx.x; i < a.n * C; i += blockDim.x)
-        S::store(staged, i, a.x[i / C * a.x_ld + i % C]);
+    stage_inputs<S>(a, staged);
     __syncthreads();
     std::size_t total = 0;
     for (int m = 0; m < a.mats; ++m)

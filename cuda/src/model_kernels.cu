@@ -135,6 +135,147 @@ __global__ void rotary_kernel(RotaryArgs a) {
     }
 }
 
+// One warp per row of every part (ModelOps::finish_rows), in the arithmetic of rms_norm_kernel
+// (Σ x² in fp64: each lane's elements in order, then the lanes' sums) and rotary_kernel.
+__device__ inline float finish_norm(const FinishPart& p, std::size_t e, float v, float inv) {
+    return p.norm ? __fmul_rn(p.norm[e], __fmul_rn(v, inv)) : v;
+}
+__device__ inline void finish_store(const FinishPart& p, std::size_t r, std::size_t e, float v) {
+    p.x[r * p.ld + e] = v;
+    if (p.out) dev_store_rounded(p.out, r * p.out_ld + e, p.dtype, v);
+}
+__device__ inline float2 finish_rotate(float x0, float x1, float c, float s, bool interleaved) {
+    if (interleaved)
+        return {__fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)),
+                __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c))};
+    return {__fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)),
+            __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s))};
+}
+__device__ inline void finish_cos_sin(const FinishPart& p, float inv_freq, float pos, float& c,
+                                      float& s) {
+    double sd, cd;
+    sincos(static_cast<double>(__fmul_rn(inv_freq, pos)), &sd, &cd);
+    c = __fmul_rn(static_cast<float>(cd), p.factor);
+    s = __fmul_rn(static_cast<float>(sd), p.factor);
+}
+
+// Rows of up to kFinishPer · 32 elements (every model's heads and MLA's 512-wide latent): a
+// lane's elements, their norm weights, its pairs' frequencies and the position are loaded in
+// one round, all in flight; the normalised row meets in the warp's shared slice for the
+// rotation's pairs, and leaves from there. (Reading and writing global memory element by element
+// took 12 µs for DeepSeek's latent on the H100: every store stood between the next loads.)
+constexpr int kFinishPer = 16;
+constexpr int kFinishWarps = kBlock / 32;
+__device__ void finish_row_short(const FinishArgs& a, const FinishPart& p, std::size_t r, int lane,
+                                 float* row) {
+    const float* xr = p.x + r * p.ld;
+    const std::size_t half = p.inv_freq ? p.rot_dim / 2 : 0;
+    float v[kFinishPer], w[kFinishPer], f[kFinishPer / 2];
+#pragma unroll
+    for (int k = 0; k < kFinishPer; ++k) {
+        const std::size_t e = lane + 32 * k;
+        v[k] = e < p.cols ? xr[e] : 0.0f;
+        w[k] = p.norm && e < p.cols ? p.norm[e] : 1.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < kFinishPer / 2; ++k) {
+        const std::size_t i = lane + 32 * k;
+        f[k] = i < half ? p.inv_freq[i] : 0.0f;
+    }
+    const float pos = half ? static_cast<float>(a.pos[r / p.heads]) : 0.0f;
+    float inv = 1.0f;
+    if (p.norm) {
+        double ss = 0;
+#pragma unroll
+        for (int k = 0; k < kFinishPer; ++k) {
+            const double d = v[k];
+            ss += d * d;
+        }
+        ss = warp_sum(ss);
+        const float var = static_cast<float>(ss / static_cast<double>(p.cols));
+        inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, a.eps)));
+    }
+#pragma unroll
+    for (int k = 0; k < kFinishPer; ++k) {
+        const std::size_t e = lane + 32 * k;
+        if (e < p.cols) row[e] = p.norm ? __fmul_rn(w[k], __fmul_rn(v[k], inv)) : v[k];
+    }
+    if (half > 0) {
+        __syncwarp();
+#pragma unroll
+        for (int k = 0; k < kFinishPer / 2; ++k) {
+            const std::size_t i = lane + 32 * k;
+            if (i >= half) break;
+            float c, s;
+            finish_cos_sin(p, f[k], pos, c, s);
+            const std::size_t e0 = p.rot_offset + (p.interleaved ? 2 * i : i);
+            const std::size_t e1 = p.rot_offset + (p.interleaved ? 2 * i + 1 : i + half);
+            const float2 y = finish_rotate(row[e0], row[e1], c, s, p.interleaved);
+            row[e0] = y.x;
+            row[e1] = y.y;
+        }
+        __syncwarp();
+    }
+#pragma unroll
+    for (int k = 0; k < kFinishPer; ++k) {
+        const std::size_t e = lane + 32 * k;
+        if (e < p.cols) finish_store(p, r, e, row[e]);
+    }
+}
+
+// Longer rows: element by element in global memory (the norm's second read from the cache; a
+// row's lanes touch disjoint elements).
+__device__ void finish_row_long(const FinishArgs& a, const FinishPart& p, std::size_t r, int lane) {
+    const float* xr = p.x + r * p.ld;
+    float inv = 1.0f;
+    if (p.norm) {
+        double ss = 0;
+        for (std::size_t e = lane; e < p.cols; e += 32) {
+            const double d = xr[e];
+            ss += d * d;
+        }
+        ss = warp_sum(ss);
+        const float var = static_cast<float>(ss / static_cast<double>(p.cols));
+        inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(var, a.eps)));
+    }
+    const std::size_t half = p.inv_freq ? p.rot_dim / 2 : 0;
+    const std::size_t rb = p.rot_offset, re = p.rot_offset + 2 * half;
+    if (half > 0) {
+        const float pos = static_cast<float>(a.pos[r / p.heads]);
+        for (std::size_t i = lane; i < half; i += 32) {
+            float c, s;
+            finish_cos_sin(p, p.inv_freq[i], pos, c, s);
+            const std::size_t e0 = rb + (p.interleaved ? 2 * i : i);
+            const std::size_t e1 = rb + (p.interleaved ? 2 * i + 1 : i + half);
+            const float2 y = finish_rotate(finish_norm(p, e0, xr[e0], inv),
+                                           finish_norm(p, e1, xr[e1], inv), c, s, p.interleaved);
+            finish_store(p, r, e0, y.x);
+            finish_store(p, r, e1, y.y);
+        }
+    }
+    for (std::size_t e = lane; e < p.cols; e += 32) {
+        if (e >= rb && e < re) continue;
+        finish_store(p, r, e, finish_norm(p, e, xr[e], inv));
+    }
+}
+
+__global__ void __launch_bounds__(kBlock) finish_rows_kernel(const FinishArgs a) {
+    __shared__ float rows[kFinishWarps][kFinishPer * 32];
+    const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+    std::size_t r = (blockIdx.x * std::size_t{blockDim.x} + threadIdx.x) / 32;
+    int pi = 0;
+    while (pi < a.parts && r >= a.part[pi].rows) {
+        r -= a.part[pi].rows;
+        ++pi;
+    }
+    if (pi == a.parts) return;  // the whole warp: rows are per warp
+    const FinishPart& p = a.part[pi];
+    if (p.cols <= static_cast<std::size_t>(kFinishPer) * 32)
+        finish_row_short(a, p, r, lane, rows[warp]);
+    else
+        finish_row_long(a, p, r, lane);
+}
+
 __global__ void add_kernel(float* __restrict__ y, const float* __restrict__ x, std::size_t n) {
     for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
          i += std::size_t{gridDim.x} * blockDim.x)
@@ -275,6 +416,16 @@ void launch_count_ids(const std::int32_t* ids, std::size_t n, std::size_t bins,
                       std::uint32_t* counts, void* stream) {
     if (n == 0) return;
     count_ids_kernel<<<grid_for(n), kBlock, 0, as_stream(stream)>>>(ids, n, bins, counts);
+}
+
+void launch_finish_rows(const FinishArgs& a, void* stream) {
+    std::size_t rows = 0;
+    for (int i = 0; i < a.parts; ++i)
+        rows += a.part[i].rows;
+    if (rows == 0) return;
+    constexpr std::size_t kWarps = kBlock / 32;
+    const std::size_t blocks = (rows + kWarps - 1) / kWarps;
+    finish_rows_kernel<<<static_cast<unsigned>(blocks), kBlock, 0, as_stream(stream)>>>(a);
 }
 
 void launch_add(float* y, const float* x, std::size_t n, void* stream) {

@@ -38,6 +38,28 @@ struct RotaryArgs {
 };
 void launch_rotary(const RotaryArgs& a, void* stream);
 
+// ModelOps::finish_rows over up to kFinishParts parts in one launch (one warp per row).
+struct FinishPart {
+    float* x;  // rows (tokens · heads) of cols fp32 at x + r · ld, written back
+    std::size_t rows, heads, ld, cols;
+    const float* norm;      // cols fp32, device; null: no norm
+    const float* inv_freq;  // rot_dim / 2 fp32, device; null: no rotation
+    std::size_t rot_dim, rot_offset;
+    bool interleaved;
+    float factor;
+    void* out;  // null: none; else row r at out + r · out_ld elements of dtype
+    DType dtype;
+    std::size_t out_ld;
+};
+constexpr int kFinishParts = 4;
+struct FinishArgs {
+    FinishPart part[kFinishParts];
+    int parts;
+    float eps;
+    const std::int64_t* pos;  // (tokens), device
+};
+void launch_finish_rows(const FinishArgs& a, void* stream);
+
 // y[i] += x[i], n elements.
 void launch_add(float* y, const float* x, std::size_t n, void* stream);
 // y (rows, n) += b (n) on every row.

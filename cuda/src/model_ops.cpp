@@ -323,8 +323,6 @@ struct CudaModelOps::Impl {
         if (!w.data && w.cols) throw std::invalid_argument("CudaModelOps::linear: no weight data");
     }
 
-    static constexpr std::size_t kDenseGemvAlone = std::size_t{64} << 20;
-
     // The matrices of one input on the GEMV kernel, in one launch, when it takes them (a few
     // tokens, one dtype and width, aligned rows: detail::dense_gemv_fits); false: not launched.
     bool dense_gemv(std::span<const model::Matrix* const> ws, const float* x, std::size_t n,
@@ -336,7 +334,7 @@ struct CudaModelOps::Impl {
         // (an output projection of 16.8 MB 15.4 µs against 13.8 with its rounding, a router
         // 8.4 against 6.6), while q, k and v in one launch take 14.2 against 28 and the head
         // 145 against 150 (docs/perf.md, "A decode layer's kernels at batch 1").
-        if (ws.size() == 1 && ws[0]->bytes() < kDenseGemvAlone) return false;
+        if (ws.size() == 1 && ws[0]->bytes() < opts.dense_gemv_alone_bytes) return false;
         detail::DenseGemvArgs a;
         a.mats = static_cast<int>(ws.size());
         a.cols = ws[0]->cols;
@@ -961,6 +959,66 @@ void CudaModelOps::rotary(const model::RotaryTable& t, float* x, std::size_t tok
         {inv, t.dim, t.interleaved, t.factor, x, tokens, heads, stride, offset, pos},
         impl_->stream);
     launched("rotary kernel");
+}
+
+void CudaModelOps::finish_rows(std::span<const model::RowFinish> parts, float eps,
+                               const std::int64_t* pos) {
+    model::check_row_finish(parts, "CudaModelOps::finish_rows");
+    impl_->use();
+    detail::FinishArgs a{};
+    a.eps = eps;
+    a.pos = pos;
+    const float* staged = nullptr;  // the host table copied into impl_->inv_freq for this launch
+    const auto flush = [&] {
+        if (a.parts == 0) return;
+        detail::launch_finish_rows(a, impl_->stream);
+        launched("finish_rows kernel");
+        a.parts = 0;
+        staged = nullptr;
+    };
+    for (const model::RowFinish& p : parts) {
+        if (p.tokens * p.heads == 0 || p.cols == 0) continue;
+        const float* inv = nullptr;
+        if (p.rotary && p.rotary->dim >= 2) {
+            inv = p.rotary->inv_freq;
+            cudaPointerAttributes attr{};
+            check(cudaPointerGetAttributes(&attr, inv), "finish_rows: cudaPointerGetAttributes");
+            if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) {
+                // A host table: copied up once per launch (one scratch for the table).
+                if (p.rotary->dim > impl_->opts.max_rotary_dim)
+                    too_large("finish_rows", "rotary dim", p.rotary->dim, "max_rotary_dim",
+                              impl_->opts.max_rotary_dim);
+                if (staged != inv) {
+                    flush();
+                    check(cudaMemcpyAsync(impl_->inv_freq.p, inv, p.rotary->dim / 2 * sizeof(float),
+                                          cudaMemcpyHostToDevice, impl_->stream),
+                          "finish_rows: copying the table");
+                    staged = inv;
+                }
+                inv = impl_->inv_freq.as<const float>();
+            }
+        }
+        if (a.parts == detail::kFinishParts) {
+            const float* keep = staged;
+            flush();
+            staged = keep;  // the scratch still holds it: the next launch is ordered after
+        }
+        a.part[a.parts++] = {p.x,
+                             p.tokens * p.heads,
+                             p.heads,
+                             p.ld,
+                             p.cols,
+                             p.norm ? static_cast<const float*>(p.norm->data) : nullptr,
+                             inv,
+                             inv ? p.rotary->dim : 0,
+                             p.rotary_offset,
+                             p.rotary ? p.rotary->interleaved : false,
+                             p.rotary ? p.rotary->factor : 1.0f,
+                             p.out,
+                             p.dtype,
+                             p.out_ld};
+    }
+    flush();
 }
 
 void CudaModelOps::add(float* y, const float* x, std::size_t n) {

@@ -109,6 +109,10 @@ struct Options {
     // --cublas-linear: every projection through the rounding kernel and cuBLAS (the GPU ops'
     // dense_gemv off: the "before" of the GEMV kernel for a few tokens)
     bool dense_gemv = true;
+    // --gemv-alone BYTES: the smallest matrix on the GEMV kernel alone (CudaModelOpsOptions::
+    // dense_gemv_alone_bytes; default the ops' own)
+    std::size_t gemv_alone = 0;
+    bool gemv_alone_set = false;
 };
 
 double peak_host_gib() {
@@ -699,6 +703,7 @@ std::unique_ptr<ModelSetup> setup_model(const std::string& name, model::ModelCon
     go.max_tokens = co.max_tokens;
     go.fit(lim);
     go.dense_gemv = o.dense_gemv;
+    if (o.gemv_alone_set) go.dense_gemv_alone_bytes = o.gemv_alone;
     // T: an open block per sequence, every layer; the engine's staging and partial states
     // (tens of MiB); G: a quarter of what the weights that must stay leave.
     const KvGeometry g = c.kv_geometry(c.dtype);
@@ -1095,7 +1100,9 @@ int run_generate(int argc, char** argv) {
                 "  steps both ways first and keeps the faster; default auto)]\n"
                 "  [--no-graphs (the GPU runtimes launch every kernel: no CUDA graphs)]\n"
                 "  [--cublas-linear (every projection on cuBLAS: no GEMV kernel for few "
-                "tokens)]\n");
+                "tokens)]\n"
+                "  [--gemv-alone BYTES (the smallest matrix on the GEMV kernel alone; default\n"
+                "  64 MiB)]\n");
         },
         [&](const std::string& a, auto& value) {
             if (sweep_option(a, value, o.models, o.contexts, o.batches)) return true;
@@ -1166,7 +1173,10 @@ int run_generate(int argc, char** argv) {
                 o.graphs = false;
             else if (a == "--cublas-linear")
                 o.dense_gemv = false;
-            else if (a == "--host")
+            else if (a == "--gemv-alone") {
+                o.gemv_alone = std::stoull(value());
+                o.gemv_alone_set = true;
+            } else if (a == "--host")
                 o.host_gib = std::stod(value());
             else if (a == "--prefill-g-tokens")
                 o.prefill_g_tokens = parse_list(value()).at(0);

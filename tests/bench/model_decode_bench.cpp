@@ -52,6 +52,10 @@ struct Options {
     // --cublas-linear: every projection through the rounding kernel and cuBLAS (the GPU ops'
     // dense_gemv off: the "before" of the GEMV kernel for a few tokens)
     bool dense_gemv = true;
+    // --gemv-alone BYTES: the smallest matrix on the GEMV kernel alone (CudaModelOpsOptions::
+    // dense_gemv_alone_bytes; default the ops' own)
+    std::size_t gemv_alone = 0;
+    bool gemv_alone_set = false;
 };
 
 }  // namespace
@@ -90,11 +94,15 @@ int run_model_decode(int argc, char** argv) {
             o.split_gemm = true;
         else if (a == "--cublas-linear")
             o.dense_gemv = false;
-        else if (a == "--help") {
+        else if (a == "--gemv-alone") {
+            o.gemv_alone = std::stoull(next());
+            o.gemv_alone_set = true;
+        } else if (a == "--help") {
             std::printf(
                 "writescope-bench model-decode [--models a,b] [--layers 2] [--batch 1,4,16]\n"
                 "  [--context 1024] [--steps 16] [--threads N] [--gpu SHARE [--staged] "
-                "[--no-graphs] [--split-gemm] [--cublas-linear]] [--json FILE]\n");
+                "[--no-graphs] [--split-gemm] [--cublas-linear] [--gemv-alone BYTES]] [--json "
+                "FILE]\n");
             return 0;
         } else
             throw std::invalid_argument("unknown option " + a);
@@ -161,6 +169,7 @@ int run_model_decode(int argc, char** argv) {
             go.fit(lim);
             go.gemv_beside_host = !o.split_gemm;
             go.dense_gemv = o.dense_gemv;
+            if (o.gemv_alone_set) go.dense_gemv_alone_bytes = o.gemv_alone;
             gpu_ops = std::make_unique<cuda::CudaModelOps>(go);
             std::vector<std::vector<std::uint8_t>> on(m->weights().layers.size());
             for (std::size_t l = 0; l < on.size(); ++l) {

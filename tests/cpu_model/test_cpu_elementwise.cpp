@@ -1,13 +1,18 @@
 // The CPU's per-element model operations against fp64 on fresh random inputs (the seed is
 // printed): embed, rms_norm, rotary (NeoX halves and interleaved pairs, with an offset and YaRN's
 // factor), add, add_bias, route (greedy and group-limited, renormalised, scaled), to_dtype,
-// copy_2d. These are the reference the GPU kernels will be tested against.
+// copy_2d; and finish_rows against the composition of those ops. These are the reference the GPU
+// kernels are tested against.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <numeric>
+#include <random>
+#include <vector>
 
 #include "model_fixtures.hpp"
 #include "test_seed.hpp"
@@ -198,4 +203,118 @@ TEST_CASE("route: softmax, (group-limited) top-k, renormalised and scaled, again
     bad.experts = 65;
     bad.k = 1;
     CHECK_THROWS_AS(ops.route(bad, lg.data(), 0, ex.data(), wt.data()), std::length_error);
+}
+
+namespace {
+
+// A random finish_rows layout: parts of (tokens, heads, ld ≥ cols) rows, each with or without a
+// norm, a rotation (either layout, somewhere within its cols) and an output (any dtype).
+struct FinishCase {
+    std::vector<std::vector<float>> x, norm, inv;
+    std::vector<model::Vector> norms;
+    std::vector<model::RotaryTable> tables;
+    std::vector<std::vector<std::byte>> out;
+    std::vector<model::RowFinish> parts;
+};
+
+FinishCase random_finish(std::mt19937_64& rng, std::size_t tokens) {
+    FinishCase f;
+    const auto pick = [&](std::size_t lo, std::size_t hi) {
+        return std::uniform_int_distribution<std::size_t>(lo, hi)(rng);
+    };
+    const std::size_t n = pick(1, 4);
+    f.x.resize(n), f.norm.resize(n), f.inv.resize(n), f.out.resize(n);
+    f.norms.resize(n), f.tables.resize(n), f.parts.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        model::RowFinish& p = f.parts[i];
+        p.tokens = tokens;
+        p.heads = pick(1, 5);
+        p.cols = pick(1, 300);
+        p.ld = p.cols + (pick(0, 1) ? pick(0, 40) : 0);
+        f.x[i] = random_floats(tokens * p.heads * p.ld, -3, 3, rng);
+        p.x = f.x[i].data();
+        if (pick(0, 1)) {
+            f.norm[i] = random_floats(p.cols, 0.5f, 1.5f, rng);
+            f.norms[i] = {f.norm[i].data(), DType::f32, p.cols};
+            p.norm = &f.norms[i];
+        }
+        if (p.cols >= 2 && pick(0, 2) > 0) {
+            const std::size_t dim = 2 * pick(1, p.cols / 2);
+            f.inv[i].resize(dim / 2);
+            for (std::size_t j = 0; j < dim / 2; ++j)
+                f.inv[i][j] = static_cast<float>(std::pow(1e4, -2.0 * double(j) / double(dim)));
+            f.tables[i] = {f.inv[i].data(), dim, pick(0, 1) == 1, pick(0, 1) ? 1.0f : 1.17f};
+            p.rotary = &f.tables[i];
+            p.rotary_offset = pick(0, p.cols - dim);
+        }
+        if (pick(0, 3) > 0) {
+            p.dtype = std::array{DType::bf16, DType::f16, DType::f32}[pick(0, 2)];
+            p.out_ld = p.cols + pick(0, 9);
+            f.out[i].assign(tokens * p.heads * p.out_ld * dtype_bytes(p.dtype), std::byte{0x5a});
+            p.out = f.out[i].data();
+        }
+    }
+    return f;
+}
+
+}  // namespace
+
+TEST_CASE("finish_rows is the norm, the rotary and the rounding one after another, bit for bit",
+          "[unit][model]") {
+    auto rng = seeded_rng("cpu finish_rows");
+    auto ops = make_ops();
+    for (int round = 0; round < 60; ++round) {
+        const std::size_t tokens = std::uniform_int_distribution<std::size_t>(1, 6)(rng);
+        std::vector<std::int64_t> pos(tokens);
+        for (auto& p : pos)
+            p = std::uniform_int_distribution<std::int64_t>(0, 200000)(rng);
+        FinishCase f = random_finish(rng, tokens);
+        // The composition on copies: rows made compact, normalised, rotated, rounded, put back.
+        std::vector<std::vector<float>> want_x = f.x;
+        std::vector<std::vector<std::byte>> want_out = f.out;
+        for (std::size_t i = 0; i < f.parts.size(); ++i) {
+            const model::RowFinish& p = f.parts[i];
+            const std::size_t rows = tokens * p.heads;
+            std::vector<float> c(rows * p.cols);
+            ops.copy_2d(want_x[i].data(), p.ld, c.data(), p.cols, rows, p.cols);
+            if (p.norm) ops.rms_norm(*p.norm, c.data(), rows, p.cols, 1e-5f, c.data());
+            if (p.rotary)
+                ops.rotary(*p.rotary, c.data(), tokens, p.heads, p.cols, p.rotary_offset,
+                           pos.data());
+            ops.copy_2d(c.data(), p.cols, want_x[i].data(), p.ld, rows, p.cols);
+            if (p.out)
+                for (std::size_t r = 0; r < rows; ++r)
+                    ops.to_dtype(c.data() + r * p.cols, p.cols, p.dtype,
+                                 want_out[i].data() + r * p.out_ld * dtype_bytes(p.dtype));
+        }
+        ops.finish_rows(f.parts, 1e-5f, pos.data());
+        for (std::size_t i = 0; i < f.parts.size(); ++i) {
+            INFO("round " << round << ", part " << i);
+            REQUIRE(f.x[i] == want_x[i]);  // the padding past cols untouched as well
+            REQUIRE(f.out[i] == want_out[i]);
+        }
+    }
+    std::printf("[cpu-model] finish_rows: 60 random layouts equal to the composed ops\n");
+}
+
+TEST_CASE("finish_rows refuses a part that does not fit, naming it, before writing",
+          "[unit][model]") {
+    auto ops = make_ops();
+    std::vector<float> x(64, 1.0f), w(16, 1.0f), inv(8, 1.0f);
+    const std::int64_t pos[] = {3, 4};
+    const model::Vector wv{w.data(), DType::f32, 16}, wrong{w.data(), DType::f32, 8};
+    const model::RotaryTable t{inv.data(), 16, false, 1.0f};
+    const auto refuse = [&](model::RowFinish bad, const char* says) {
+        const model::RowFinish fine{x.data(), 2, 1,       32,         16, &wv,
+                                    nullptr,  0, nullptr, DType::f32, 0};
+        const model::RowFinish parts[] = {fine, bad};
+        const auto before = x;
+        REQUIRE_THROWS_WITH(ops.finish_rows(parts, 1e-6f, pos),
+                            Catch::Contains("part 1") && Catch::Contains(says));
+        REQUIRE(x == before);
+    };
+    refuse({x.data() + 16, 2, 1, 8, 16, nullptr, nullptr, 0, nullptr, DType::f32, 0}, "ld 8");
+    refuse({x.data() + 16, 2, 1, 32, 16, &wrong, nullptr, 0, nullptr, DType::f32, 0}, "norm");
+    refuse({x.data() + 16, 2, 1, 32, 16, nullptr, &t, 4, nullptr, DType::f32, 0}, "rotation");
+    refuse({x.data() + 16, 2, 1, 32, 16, nullptr, nullptr, 0, x.data(), DType::f32, 4}, "out_ld 4");
 }

@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -1286,4 +1287,188 @@ TEST_CASE("GPU per-element ops match the CPU", "[gpu]") {
         REQUIRE(to_host<float>(dstd, dst.size()) == dst);
         std::printf("add, add_bias, to_dtype (bf16/fp16/fp32), copy_2d: equal\n");
     }
+}
+
+// finish_rows (one kernel) against the CPU's finish_rows and an fp64 reference, on the layouts
+// the models use (Qwen3's q, k and v; DeepSeek's latent and absorbed query) and random ones.
+TEST_CASE("GPU finish_rows matches the CPU and the fp64 reference", "[gpu]") {
+    if (!have_gpu()) FAIL("no GPU");
+    auto rng = test::seeded_rng("gpu finish_rows");
+    auto& G = gpu_ops();
+    auto& C = cpu_ops();
+    const auto pick = [&](std::size_t lo, std::size_t hi) {
+        return std::uniform_int_distribution<std::size_t>(lo, hi)(rng);
+    };
+    struct Part {
+        std::size_t heads, ld, cols;
+        bool norm;
+        std::size_t rot_dim, rot_offset;
+        bool interleaved;
+        float factor;
+        bool out;
+        DType dtype;
+        std::size_t out_ld;
+    };
+    struct Layout {
+        std::string what;
+        std::vector<Part> parts;
+    };
+    std::vector<Layout> layouts = {
+        {"qwen3 q/k/v (32+4+4 heads of 128)",
+         {{32, 128, 128, true, 128, 0, false, 1.0f, true, DType::bf16, 128},
+          {4, 128, 128, true, 128, 0, false, 1.0f, true, DType::bf16, 128},
+          {4, 128, 128, false, 0, 0, false, 1.0f, true, DType::bf16, 128}}},
+        {"mixtral q/k/v fp16 (32+8+8, no norm)",
+         {{32, 128, 128, false, 128, 0, false, 1.0f, true, DType::f16, 128},
+          {8, 128, 128, false, 128, 0, false, 1.0f, true, DType::f16, 128},
+          {8, 128, 128, false, 0, 0, false, 1.0f, true, DType::f16, 128}}},
+        {"deepseek latent + absorbed query (yarn)",
+         {{1, 576, 512, true, 0, 0, false, 1.0f, true, DType::bf16, 576},
+          {1, 576, 64, false, 64, 0, true, 1.2079f, true, DType::bf16, 576},
+          {16, 576, 512, false, 0, 0, false, 1.0f, true, DType::bf16, 576},
+          {16, 192, 64, false, 64, 0, true, 1.2079f, true, DType::bf16, 576}}},
+        {"rows past the register path (1000 and 513 cols)",
+         {{3, 1000, 1000, true, 128, 300, false, 1.0f, true, DType::bf16, 1000},
+          {2, 520, 513, true, 64, 449, true, 1.1f, true, DType::f16, 513}}},
+        {"five parts, fp32 out, no out", {}}};
+    for (int i = 0; i < 5; ++i) {  // more parts than one launch takes; the last 8 cols rotated
+        Part p{pick(1, 6),      300,  pick(8, 300), pick(0, 1) == 1, 8,  0,
+               pick(0, 1) == 1, 1.0f, i != 2,       DType::f32,      301};
+        p.rot_offset = p.cols - 8;
+        layouts.back().parts.push_back(p);
+    }
+    for (int i = 0; i < 6; ++i) {
+        Layout l{"random " + std::to_string(i), {}};
+        for (std::size_t j = pick(1, 4); j > 0; --j) {
+            Part p{pick(1, 40),
+                   0,
+                   pick(1, 700),
+                   pick(0, 1) == 1,
+                   0,
+                   0,
+                   pick(0, 1) == 1,
+                   pick(0, 1) ? 1.0f : 0.83f,
+                   pick(0, 3) > 0,
+                   std::array{DType::bf16, DType::f16, DType::f32}[pick(0, 2)],
+                   0};
+            p.ld = p.cols + pick(0, 17);
+            p.out_ld = p.cols + pick(0, 5);
+            if (p.cols >= 2 && pick(0, 2) > 0) {
+                p.rot_dim = 2 * pick(1, std::min<std::size_t>(p.cols / 2, 128));
+                p.rot_offset = pick(0, p.cols - p.rot_dim);
+            }
+            l.parts.push_back(p);
+        }
+        layouts.push_back(std::move(l));
+    }
+
+    for (const Layout& l : layouts)
+        for (std::size_t tokens : {std::size_t{1}, std::size_t{300}}) {
+            std::vector<std::int64_t> pos(tokens);
+            for (auto& p : pos)
+                p = std::uniform_int_distribution<std::int64_t>(0, 131071)(rng);
+            const auto posd = to_device(pos);
+            const std::size_t np = l.parts.size();
+            std::vector<std::vector<float>> x(np), w(np), inv(np), xc(np);
+            std::vector<std::vector<std::byte>> oc(np);
+            std::vector<cuda::DeviceBuffer> xd, wd, invd, od;
+            std::vector<model::Vector> wh(np), wdv(np);
+            std::vector<model::RotaryTable> th(np), td(np);
+            std::vector<model::RowFinish> pc(np), pg(np);
+            for (std::size_t i = 0; i < np; ++i) {
+                const Part& p = l.parts[i];
+                const std::size_t rows = tokens * p.heads;
+                x[i] = random_floats(rows * p.ld, -3, 3, rng);
+                xc[i] = x[i];
+                xd.push_back(to_device(x[i]));
+                pc[i] = {xc[i].data(), tokens, p.heads, p.ld, p.cols};
+                pg[i] = {dptr<float>(xd.back()), tokens, p.heads, p.ld, p.cols};
+                w[i] = random_floats(p.cols, 0.5f, 1.5f, rng);
+                wd.push_back(to_device(w[i]));
+                wh[i] = {w[i].data(), DType::f32, p.cols};
+                wdv[i] = {wd.back().data(), DType::f32, p.cols};
+                if (p.norm) pc[i].norm = &wh[i], pg[i].norm = &wdv[i];
+                inv[i].resize(std::max<std::size_t>(1, p.rot_dim / 2));
+                for (std::size_t j = 0; j < p.rot_dim / 2; ++j)
+                    inv[i][j] = static_cast<float>(
+                        std::pow(1e6, -2.0 * static_cast<double>(j) / double(p.rot_dim)));
+                invd.push_back(to_device(inv[i]));
+                th[i] = {inv[i].data(), p.rot_dim, p.interleaved, p.factor};
+                // Half the parts with a device table, half with the host's (copied by the op).
+                td[i] = {i % 2 ? inv[i].data() : dptr<float>(invd.back()), p.rot_dim, p.interleaved,
+                         p.factor};
+                if (p.rot_dim) {
+                    pc[i].rotary = &th[i], pg[i].rotary = &td[i];
+                    pc[i].rotary_offset = pg[i].rotary_offset = p.rot_offset;
+                }
+                od.emplace_back(std::max<std::size_t>(1, rows * p.out_ld * dtype_bytes(p.dtype)));
+                if (p.out) {
+                    oc[i].assign(rows * p.out_ld * dtype_bytes(p.dtype), std::byte{0});
+                    pc[i].out = oc[i].data(), pg[i].out = od.back().data();
+                    pc[i].dtype = pg[i].dtype = p.dtype;
+                    pc[i].out_ld = pg[i].out_ld = p.out_ld;
+                }
+            }
+            C.finish_rows(pc, 1e-6f, pos.data());
+            G.finish_rows(pg, 1e-6f, dptr<std::int64_t>(posd));
+            double worst_cpu = 0, worst_ref = 0;
+            std::size_t out_diff = 0, out_n = 0;
+            for (std::size_t i = 0; i < np; ++i) {
+                const Part& p = l.parts[i];
+                const std::size_t rows = tokens * p.heads;
+                const auto xg = to_host<float>(xd[i], x[i].size());
+                // fp64: the norm in fp64, the rotation with fp64 cos and sin of the fp32 angle.
+                std::vector<double> ref(p.cols);
+                for (std::size_t r = 0; r < rows; ++r) {
+                    const float* a = x[i].data() + r * p.ld;
+                    double ss = 0;
+                    for (std::size_t e = 0; e < p.cols; ++e)
+                        ss += double(a[e]) * a[e];
+                    const double s = p.norm ? 1.0 / std::sqrt(ss / double(p.cols) + 1e-6) : 1.0;
+                    for (std::size_t e = 0; e < p.cols; ++e)
+                        ref[e] = p.norm ? w[i][e] * (a[e] * s) : a[e];
+                    for (std::size_t j = 0; j < p.rot_dim / 2; ++j) {
+                        const double ang =
+                            static_cast<double>(inv[i][j] * static_cast<float>(pos[r / p.heads]));
+                        const double c = std::cos(ang) * p.factor, sn = std::sin(ang) * p.factor;
+                        const std::size_t e0 = p.rot_offset + (p.interleaved ? 2 * j : j);
+                        const std::size_t e1 =
+                            p.rot_offset + (p.interleaved ? 2 * j + 1 : j + p.rot_dim / 2);
+                        const double r0 = ref[e0] * c - ref[e1] * sn;
+                        const double r1 = ref[e0] * sn + ref[e1] * c;
+                        ref[e0] = r0, ref[e1] = r1;
+                    }
+                    for (std::size_t e = 0; e < p.ld; ++e) {
+                        const std::size_t k = r * p.ld + e;
+                        if (e >= p.cols) {
+                            REQUIRE(xg[k] == x[i][k]);  // past cols: untouched
+                            continue;
+                        }
+                        const double scale = std::max(1.0, std::fabs(ref[e]));
+                        worst_cpu =
+                            std::max(worst_cpu, std::fabs(double(xg[k]) - xc[i][k]) / scale);
+                        worst_ref = std::max(worst_ref, std::fabs(double(xg[k]) - ref[e]) / scale);
+                    }
+                }
+                if (!p.out) continue;
+                const auto og = to_host<std::byte>(od[i], oc[i].size());
+                for (std::size_t r = 0; r < rows; ++r)
+                    for (std::size_t e = 0; e < p.cols; ++e) {
+                        const std::size_t k = r * p.out_ld + e;
+                        const double a = load_as_f32(og.data(), k, p.dtype);
+                        const double b = load_as_f32(oc[i].data(), k, p.dtype);
+                        ++out_n;
+                        if (a == b) continue;
+                        ++out_diff;  // a rounding boundary between two fp32 values an ulp apart
+                        REQUIRE(std::fabs(a - b) <= ulp(b, p.dtype));
+                    }
+            }
+            std::printf(
+                "finish_rows %-42s tokens %3zu: |gpu-cpu| %.2e, |gpu-fp64| %.2e (of max(1, "
+                "|x|)); outputs %zu of %zu equal\n",
+                l.what.c_str(), tokens, worst_cpu, worst_ref, out_n - out_diff, out_n);
+            REQUIRE(worst_cpu <= 16 * 0x1p-23);  // sincos and the norm's sum: a few fp32 ulps
+            REQUIRE(worst_ref <= 32 * 0x1p-23);
+            REQUIRE(out_diff * 1000 <= out_n);
+        }
 }

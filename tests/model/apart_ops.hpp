@@ -127,6 +127,14 @@ class CountingOps final : public model::ModelOps {
                 std::size_t stride, std::size_t offset, const std::int64_t* pos) override {
         op([=, this] { inner_.rotary(t, x, tokens, heads, stride, offset, pos); });
     }
+    void finish_rows(std::span<const model::RowFinish> parts, float eps,
+                     const std::int64_t* pos) override {
+        model::check_row_finish(parts, "CountingOps::finish_rows");
+        // The parts by value: a recording replays them after the caller's span is gone.
+        op([v = std::vector<model::RowFinish>(parts.begin(), parts.end()), eps, pos, this] {
+            inner_.finish_rows(v, eps, pos);
+        });
+    }
     void add(float* y, const float* x, std::size_t n) override {
         op([=, this] { inner_.add(y, x, n); });
     }

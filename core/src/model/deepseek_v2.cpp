@@ -56,7 +56,6 @@ class DeepseekV2 final : public Architecture {
                                max_tokens * static_cast<std::size_t>(std::max(1, c.q_lora_rank)));
         lat_buf_ = OpsBuffer<float>(ops_, max_tokens * lat_);
         q_eng_ = OpsBuffer<float>(ops_, max_tokens * H_ * lat_);
-        head_in_ = OpsBuffer<float>(ops_, max_tokens * rank_);
         attn_ = OpsBuffer<float>(ops_, max_tokens * H_ * vd_);
     }
 
@@ -74,20 +73,24 @@ class DeepseekV2 final : public Architecture {
                           qa_.data());
             ops_.linear(L.q_b_proj, qa_.data(), n, q_.data());
         }
-        // kv_a_layernorm on c_kv only (each row's first rank elements, in place), then the
-        // interleaved rotary on k_pe and on each head's q_pe.
-        ops_.copy_2d(lat_buf_.data(), lat_, head_in_.data(), rank_, n, rank_);
-        ops_.rms_norm(L.kv_a_norm, head_in_.data(), n, rank_, eps, head_in_.data());
-        ops_.copy_2d(head_in_.data(), rank_, lat_buf_.data(), lat_, n, rank_);
-        ops_.rotary(rope_.table(), lat_buf_.data(), n, 1, lat_, rank_, pos);
-        ops_.rotary(rope_.table(), q_.data(), n, H_, qk_, nope_, pos);
-        // The absorbed query: per head [W_UKᵀ q_nope | q_pe], every head in one call each.
+        // The absorbed query's first part: per head W_UKᵀ q_nope, every head in one call.
         const Matrix uk{uk_t_[layer].data(), DType::f32, rank_, nope_};
         ops_.linear_heads(uk, HeadsLayout{H_, rank_ * nope_, H_ * qk_, qk_, H_ * lat_, lat_},
                           q_.data(), n, q_eng_.data());
-        ops_.copy_2d(q_.data() + nope_, qk_, q_eng_.data() + rank_, lat_, n * H_, rot_);
-        ops_.to_dtype(q_eng_.data(), n * H_ * lat_, kv_, q);
-        ops_.to_dtype(lat_buf_.data(), n * lat_, kv_, k);
+        // Then in one call: kv_a_layernorm on c_kv, the interleaved rotary on k_pe and on each
+        // head's q_pe, and the rounding of the engine's key [c_kv | k_pe] and query
+        // [W_UKᵀ q_nope | q_pe] per head.
+        const RotaryTable* rot = &rope_.table();
+        auto* kb = static_cast<std::byte*>(k);
+        auto* qb = static_cast<std::byte*>(q);
+        const std::size_t es = dtype_bytes(kv_);
+        const RowFinish parts[] = {
+            {lat_buf_.data(), n, 1, lat_, rank_, &L.kv_a_norm, nullptr, 0, kb, kv_, lat_},
+            {lat_buf_.data() + rank_, n, 1, lat_, rot_, nullptr, rot, 0, kb + rank_ * es, kv_,
+             lat_},
+            {q_eng_.data(), n, H_, lat_, rank_, nullptr, nullptr, 0, qb, kv_, lat_},
+            {q_.data() + nope_, n, H_, qk_, rot_, nullptr, rot, 0, qb + rank_ * es, kv_, lat_}};
+        ops_.finish_rows(parts, eps, pos);
     }
 
     void attention_out(std::size_t layer, const float* states, std::size_t n, float* out) override {
@@ -115,7 +118,7 @@ class DeepseekV2 final : public Architecture {
     FeedForward ffn_;
     std::size_t H_ = 0, nope_ = 0, rot_ = 0, vd_ = 0, rank_ = 0, qk_ = 0, lat_ = 0;
     std::vector<OpsBuffer<float>> uk_t_;  // per layer: (heads, rank, nope) fp32
-    OpsBuffer<float> q_, qa_, lat_buf_, q_eng_, head_in_, attn_;
+    OpsBuffer<float> q_, qa_, lat_buf_, q_eng_, attn_;
 };
 
 }  // namespace

@@ -41,16 +41,14 @@ void StandardAttention::in(std::size_t layer, const float* xn, std::size_t n,
     if (L.q_bias) ops_.add_bias(q_.data(), L.q_bias, n);
     if (L.k_bias) ops_.add_bias(k_.data(), L.k_bias, n);
     if (L.v_bias) ops_.add_bias(v_.data(), L.v_bias, n);
-    const auto eps = static_cast<float>(c.rms_norm_eps);
-    if (qk_norm_) {
-        ops_.rms_norm(L.q_norm, q_.data(), n * hq, hd, eps, q_.data());
-        ops_.rms_norm(L.k_norm, k_.data(), n * hk, hd, eps, k_.data());
-    }
-    ops_.rotary(rope_.table(), q_.data(), n, hq, hd, 0, pos);
-    ops_.rotary(rope_.table(), k_.data(), n, hk, hd, 0, pos);
-    ops_.to_dtype(q_.data(), n * hq * hd, kv_, q);
-    ops_.to_dtype(k_.data(), n * hk * hd, kv_, k);
-    ops_.to_dtype(v_.data(), n * hk * hd, kv_, v);
+    // Per head: q and k RMS-normalised (Qwen3), rotated; q, k and v rounded for the engine.
+    const RotaryTable* rot = &rope_.table();
+    const Vector* qn = qk_norm_ ? &L.q_norm : nullptr;
+    const Vector* kn = qk_norm_ ? &L.k_norm : nullptr;
+    const RowFinish parts[] = {{q_.data(), n, hq, hd, hd, qn, rot, 0, q, kv_, hd},
+                               {k_.data(), n, hk, hd, hd, kn, rot, 0, k, kv_, hd},
+                               {v_.data(), n, hk, hd, hd, nullptr, nullptr, 0, v, kv_, hd}};
+    ops_.finish_rows(parts, static_cast<float>(c.rms_norm_eps), pos);
 }
 
 void StandardAttention::out(std::size_t layer, const float* states, std::size_t n, float* y) {

@@ -19,45 +19,79 @@ void embed(const model::Matrix& table, const std::int32_t* ids, std::size_t n,
     }
 }
 
+namespace {
+
+// One row of rms_norm: Σ x² in fp64, the scaling in fp32 (transformers' RMSNorm).
+void rms_norm_row(const float* wf, const float* xr, std::size_t dim, float eps,
+                  float* yr) noexcept {
+    double ss = 0;
+    for (std::size_t i = 0; i < dim; ++i)
+        ss += static_cast<double>(xr[i]) * xr[i];
+    const float var = static_cast<float>(ss / static_cast<double>(dim));
+    const float inv = 1.0f / std::sqrt(var + eps);
+    for (std::size_t i = 0; i < dim; ++i)
+        yr[i] = wf[i] * (xr[i] * inv);
+}
+
+// The rotation of one token's `heads` vectors (stride elements apart, the rotated elements at
+// offset) to position p: angle = inv_freq · p in fp32, as transformers' freqs = inv_freq @
+// position_ids; cos and sin in fp64, rounded to fp32, times the factor.
+void rotary_token(const model::RotaryTable& t, float* xt, std::size_t heads, std::size_t stride,
+                  std::size_t offset, std::int64_t pos) noexcept {
+    const std::size_t half = t.dim / 2;
+    const float p = static_cast<float>(pos);
+    for (std::size_t i = 0; i < half; ++i) {
+        const float angle = t.inv_freq[i] * p;
+        const float c = static_cast<float>(std::cos(static_cast<double>(angle))) * t.factor;
+        const float s = static_cast<float>(std::sin(static_cast<double>(angle))) * t.factor;
+        for (std::size_t h = 0; h < heads; ++h) {
+            float* v = xt + h * stride + offset;
+            if (t.interleaved) {
+                const float a = v[2 * i], b = v[2 * i + 1];
+                v[2 * i] = a * c - b * s;
+                v[2 * i + 1] = a * s + b * c;
+            } else {
+                const float a = v[i], b = v[i + half];
+                v[i] = a * c - b * s;
+                v[i + half] = b * c + a * s;
+            }
+        }
+    }
+}
+
+}  // namespace
+
 void rms_norm(const model::Vector& w, const float* x, std::size_t rows, std::size_t dim, float eps,
               float* y) noexcept {
     const auto* wf = static_cast<const float*>(w.data);
-    for (std::size_t t = 0; t < rows; ++t) {
-        const float* xr = x + t * dim;
-        float* yr = y + t * dim;
-        double ss = 0;
-        for (std::size_t i = 0; i < dim; ++i)
-            ss += static_cast<double>(xr[i]) * xr[i];
-        const float var = static_cast<float>(ss / static_cast<double>(dim));
-        const float inv = 1.0f / std::sqrt(var + eps);
-        for (std::size_t i = 0; i < dim; ++i)
-            yr[i] = wf[i] * (xr[i] * inv);
-    }
+    for (std::size_t t = 0; t < rows; ++t)
+        rms_norm_row(wf, x + t * dim, dim, eps, y + t * dim);
 }
 
 void rotary(const model::RotaryTable& t, float* x, std::size_t tokens, std::size_t heads,
             std::size_t stride, std::size_t offset, const std::int64_t* pos) noexcept {
-    const std::size_t half = t.dim / 2;
-    for (std::size_t tok = 0; tok < tokens; ++tok) {
-        const float p = static_cast<float>(pos[tok]);
-        float* xt = x + tok * heads * stride;
-        for (std::size_t i = 0; i < half; ++i) {
-            // fp32 angle, as transformers' freqs = inv_freq @ position_ids in fp32.
-            const float angle = t.inv_freq[i] * p;
-            const float c = static_cast<float>(std::cos(static_cast<double>(angle))) * t.factor;
-            const float s = static_cast<float>(std::sin(static_cast<double>(angle))) * t.factor;
-            for (std::size_t h = 0; h < heads; ++h) {
-                float* v = xt + h * stride + offset;
-                if (t.interleaved) {
-                    const float a = v[2 * i], b = v[2 * i + 1];
-                    v[2 * i] = a * c - b * s;
-                    v[2 * i + 1] = a * s + b * c;
-                } else {
-                    const float a = v[i], b = v[i + half];
-                    v[i] = a * c - b * s;
-                    v[i + half] = b * c + a * s;
+    for (std::size_t tok = 0; tok < tokens; ++tok)
+        rotary_token(t, x + tok * heads * stride, heads, stride, offset, pos[tok]);
+}
+
+void finish_rows(std::span<const model::RowFinish> parts, float eps,
+                 const std::int64_t* pos) noexcept {
+    for (const model::RowFinish& p : parts) {
+        const std::size_t es = dtype_bytes(p.dtype);
+        for (std::size_t tok = 0; tok < p.tokens; ++tok) {
+            float* xt = p.x + tok * p.heads * p.ld;
+            if (p.norm)
+                for (std::size_t h = 0; h < p.heads; ++h)
+                    rms_norm_row(static_cast<const float*>(p.norm->data), xt + h * p.ld, p.cols,
+                                 eps, xt + h * p.ld);
+            if (p.rotary && p.rotary->dim >= 2)
+                rotary_token(*p.rotary, xt, p.heads, p.ld, p.rotary_offset, pos[tok]);
+            if (p.out)
+                for (std::size_t h = 0; h < p.heads; ++h) {
+                    const std::size_t r = tok * p.heads + h;
+                    to_dtype(xt + h * p.ld, p.cols, p.dtype,
+                             static_cast<std::byte*>(p.out) + r * p.out_ld * es);
                 }
-            }
         }
     }
 }

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "writescope/core/model/model_ops.hpp"
@@ -16,6 +17,10 @@ void rms_norm(const model::Vector& w, const float* x, std::size_t rows, std::siz
               float* y) noexcept;
 void rotary(const model::RotaryTable& t, float* x, std::size_t tokens, std::size_t heads,
             std::size_t stride, std::size_t offset, const std::int64_t* pos) noexcept;
+// ModelOps::finish_rows (the parts already checked), with the arithmetic of rms_norm, rotary
+// and to_dtype above.
+void finish_rows(std::span<const model::RowFinish> parts, float eps,
+                 const std::int64_t* pos) noexcept;
 void add(float* y, const float* x, std::size_t n) noexcept;
 void add_bias(float* y, const model::Vector& b, std::size_t rows) noexcept;
 void to_dtype(const float* x, std::size_t n, DType t, void* y) noexcept;

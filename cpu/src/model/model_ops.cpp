@@ -548,6 +548,11 @@ void CpuModelOps::rotary(const model::RotaryTable& t, float* x, std::size_t toke
                          const std::int64_t* pos) {
     detail::rotary(t, x, tokens, heads, stride, offset, pos);
 }
+void CpuModelOps::finish_rows(std::span<const model::RowFinish> parts, float eps,
+                              const std::int64_t* pos) {
+    model::check_row_finish(parts, "CpuModelOps::finish_rows");
+    detail::finish_rows(parts, eps, pos);
+}
 void CpuModelOps::add(float* y, const float* x, std::size_t n) {
     detail::add(y, x, n);
 }

@@ -67,6 +67,8 @@ class CpuModelOps final : public model::ModelOps {
                   float eps, float* y) override;
     void rotary(const model::RotaryTable& t, float* x, std::size_t tokens, std::size_t heads,
                 std::size_t stride, std::size_t offset, const std::int64_t* pos) override;
+    void finish_rows(std::span<const model::RowFinish> parts, float eps,
+                     const std::int64_t* pos) override;
     void add(float* y, const float* x, std::size_t n) override;
     void add_bias(float* y, const model::Vector& b, std::size_t rows) override;
     void route(const model::RoutingParams& p, const float* logits, std::size_t n,

@@ -24,7 +24,8 @@
 //   an expert), the inputs gathered and rounded once, gate and up GEMMs per used expert, SwiGLU
 //   in fp32 rounded to the weight dtype, the down GEMM into one fp32 partial row per pair, then
 //   y += Σ_j weight · partial in slot order (deterministic: no float atomics).
-// - rms_norm and route: one block per row / token; rotary: one thread per rotated pair; the
+// - rms_norm and route: one block per row / token; rotary: one thread per rotated pair;
+//   finish_rows: one warp per row (its norm, rotation and rounding in one pass); the
 //   mean of squares, the softmax normaliser and cos/sin are computed in fp64 and rounded to fp32
 //   as the CPU reference does, so the results are the reference's bits (or within an ulp)
 //   rather than merely close.
@@ -101,6 +102,10 @@ struct CudaModelOpsOptions {
     // as before 2026-12-02 (the benchmark's "before"). The numerics are the same (products and
     // sums in fp32), the order of the sums is not.
     bool dense_gemv = true;
+    // The smallest matrix that takes the GEMV kernel alone (not in a group): below it cuBLAS,
+    // with the rounding kernel ahead, was the faster on the H200 (docs/perf.md, "A decode
+    // layer's kernels at batch 1").
+    std::size_t dense_gemv_alone_bytes = std::size_t{64} << 20;
     // Sized for a model's widest shapes (model::op_limits): hidden, FFN, experts per call and
     // per token.
     void fit(const model::OpLimits& lim) noexcept {
@@ -137,6 +142,9 @@ class CudaModelOps final : public model::ModelOps {
                   float eps, float* y) override;
     void rotary(const model::RotaryTable& t, float* x, std::size_t tokens, std::size_t heads,
                 std::size_t stride, std::size_t offset, const std::int64_t* pos) override;
+    // One kernel for up to four parts (a warp per row; more parts take more launches).
+    void finish_rows(std::span<const model::RowFinish> parts, float eps,
+                     const std::int64_t* pos) override;
     void add(float* y, const float* x, std::size_t n) override;
     void add_bias(float* y, const model::Vector& b, std::size_t rows) override;
     void route(const model::RoutingParams& p, const float* logits, std::size_t n,

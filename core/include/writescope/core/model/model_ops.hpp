@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <span>
 #include <stdexcept>
+#include <string>
 
 #include "writescope/core/function_ref.hpp"
 #include "writescope/core/model/weights.hpp"
@@ -58,6 +59,23 @@ struct HeadsLayout {
     std::size_t y_ld = 0, y_head = 0;
 };
 
+// One tensor of per-head rows made ready for the engine (ModelOps::finish_rows): row r (r = t ·
+// heads + h, token t) is the `cols` fp32 elements at x + r · ld. In this order, each optional:
+// RMS-normalised over its cols with `norm` (fp32, cols elements; rms_norm()'s arithmetic); its
+// elements [rotary_offset, rotary_offset + rotary->dim) rotated at pos[t] (rotary()'s
+// arithmetic); the result written back into x and, with `out`, rounded into out + r · out_ld in
+// `dtype` (to_dtype()'s rounding). Parts of one call neither overlap nor alias another's out.
+struct RowFinish {
+    float* x = nullptr;
+    std::size_t tokens = 0, heads = 1, ld = 0, cols = 0;
+    const Vector* norm = nullptr;
+    const RotaryTable* rotary = nullptr;
+    std::size_t rotary_offset = 0;
+    void* out = nullptr;
+    DType dtype = DType::f32;
+    std::size_t out_ld = 0;
+};
+
 struct MoeRouting {
     const std::int32_t* expert = nullptr;  // (n, k)
     const float* weight = nullptr;         // (n, k)
@@ -72,6 +90,30 @@ struct MoeRouting {
     static constexpr std::size_t kFfnRowAlign = 16;
     bool partial() const noexcept { return ffn_begin != 0 || ffn_end != 0; }
 };
+
+// The checks every finish_rows() makes first (who names the caller in the message).
+inline void check_row_finish(std::span<const RowFinish> parts, const char* who) {
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+        const RowFinish& p = parts[i];
+        const auto fail = [&](const std::string& what) {
+            throw std::invalid_argument(std::string(who) + ": part " + std::to_string(i) + ": " +
+                                        what);
+        };
+        if (p.tokens * p.heads == 0 || p.cols == 0) continue;
+        if (!p.x) fail("no rows");
+        if (p.ld < p.cols)
+            fail("ld " + std::to_string(p.ld) + " is below cols " + std::to_string(p.cols));
+        if (p.norm && (p.norm->dtype != DType::f32 || p.norm->n != p.cols || !p.norm->data))
+            fail("the norm is not fp32 of " + std::to_string(p.cols) + " elements");
+        if (p.rotary && (p.rotary->dim % 2 != 0 || p.rotary_offset + p.rotary->dim > p.cols ||
+                         (p.rotary->dim > 0 && !p.rotary->inv_freq)))
+            fail("the rotation of " + std::to_string(p.rotary->dim) + " elements at " +
+                 std::to_string(p.rotary_offset) + " is not within its " + std::to_string(p.cols) +
+                 " columns");
+        if (p.out && p.out_ld < p.cols)
+            fail("out_ld " + std::to_string(p.out_ld) + " is below cols " + std::to_string(p.cols));
+    }
+}
 
 class ModelOps {
   public:
@@ -117,6 +159,14 @@ class ModelOps {
     // elements per token, token i at position pos[i]: angle = inv_freq · pos in fp32.
     virtual void rotary(const RotaryTable& t, float* x, std::size_t tokens, std::size_t heads,
                         std::size_t stride, std::size_t offset, const std::int64_t* pos) = 0;
+    // Every part as RowFinish says, with eps for the norms and pos (tokens) for the rotations:
+    // what the norm, rotary, copy and rounding ops compute one after another (q and k norms, their
+    // rotary and the rounding of q, k and v for the engine), in one call so that ops may do it in
+    // one pass (one kernel on a GPU). Throws std::invalid_argument for a part whose norm is not
+    // fp32 of cols elements, whose rotation falls outside its cols, or whose ld (out_ld) is
+    // below cols, before anything is written.
+    virtual void finish_rows(std::span<const RowFinish> parts, float eps,
+                             const std::int64_t* pos) = 0;
     // y[i] += x[i], n elements (the residual).
     virtual void add(float* y, const float* x, std::size_t n) = 0;
     // y (rows, b.n) += b on every row (fp32 bias).
