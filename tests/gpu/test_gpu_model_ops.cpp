@@ -39,7 +39,7 @@ bool have_gpu() {
 cuda::CudaModelOpsOptions gpu_opts() {
     cuda::CudaModelOpsOptions o;
     o.max_tokens = 300;
-    o.max_hidden = 4096;
+    o.max_hidden = 12800;  // the wide moe shape
     o.max_ffn = 14336;
     o.max_experts = 256;
     o.max_k = 8;
@@ -53,7 +53,7 @@ cpu::CpuModelOps& cpu_ops() {
     static cpu::CpuModelOps ops([] {
         cpu::CpuModelOpsOptions o;
         o.max_tokens = 300;
-        o.max_hidden = 4096;
+        o.max_hidden = 12800;
         o.max_ffn = 14336;
         o.max_experts = 256;
         o.max_k = 8;
@@ -477,7 +477,9 @@ TEST_CASE("GPU moe matches the CPU and the fp64 reference", "[gpu]") {
     const MoeShape shapes[] = {{"odd", 72, 40, 5, 3, 5, true},
                                {"qwen3-30b-a3b", 2048, 768, 128, 8, 16, false},
                                {"deepseek-v2-lite", 2048, 1408, 64, 6, 16, false},
-                               {"mixtral-8x7b", 4096, 14336, 8, 2, 2, false}};
+                               {"mixtral-8x7b", 4096, 14336, 8, 2, 2, false},
+                               // fp32 rows of 51 KB: wider than any model's, no kernel may bound it
+                               {"wide 12800", 12800, 32, 3, 2, 3, false}};
     bool determinism_checked = false;
     for (const auto& s : shapes)
         for (DType d : {DType::bf16, DType::f16, DType::f32}) {
