@@ -137,6 +137,9 @@ struct ExpertGemvArgs {
     // grouping's meta + experts + 1, which the combine reads: it then leaves y alone and reports
     // the expert). The caller masks such experts' slots to −1; a pair there is its error.
     std::int32_t* unbacked = nullptr;
+    // The tokens (n): 1 takes the kernels for one input per expert (a top-k routes a token to
+    // an expert once; more pairs than that are still right, in more passes). 0: not known.
+    std::size_t tokens = 0;
 };
 bool expert_gemv_fits(std::size_t hidden, std::size_t ffn, DType dtype) noexcept;
 

@@ -636,6 +636,7 @@ detail::ExpertGemvArgs CudaModelOps::Impl::gemv_args(const ExpertTable& t, std::
     a.down_ld = t.ffn;
     a.narrow = t.narrow;
     a.unbacked = meta.as<std::int32_t>() + ne + 1;
+    a.tokens = n;
     return a;
 }
 
