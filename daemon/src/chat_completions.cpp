@@ -10,6 +10,7 @@
 
 #include "completions.hpp"
 #include "model_text.hpp"
+#include "request_fields.hpp"
 #include "service.hpp"
 
 namespace writescope::daemon {
@@ -19,17 +20,6 @@ using json = nlohmann::json;
 using ordered_json = nlohmann::ordered_json;
 
 constexpr std::string_view kRoles[] = {"system", "developer", "user", "assistant", "tool"};
-
-bool present(const json& body, const char* name) {
-    return body.contains(name) && !body.at(name).is_null();
-}
-
-bool bool_of(const json& body, const char* name, bool absent) {
-    if (!present(body, name)) return absent;
-    if (!body[name].is_boolean())
-        throw ApiError{400, fmt::format("\"{}\" must be a boolean", name)};
-    return body[name].get<bool>();
-}
 
 const text::Tokenizer& need_tokenizer(const ModelText* text, std::string_view route) {
     if (!text || !text->tokenizer)
@@ -295,7 +285,7 @@ HttpResponse post_chat_completions(Service& service, const HttpRequest& req) {
         if (!present(body, name)) continue;
         if (!body[name].is_number_integer())
             throw ApiError{400, fmt::format("\"{}\" must be an integer", name)};
-        const auto n = body[name].get<std::int64_t>();
+        const auto n = int64_value(body[name], fmt::format("\"{}\"", name));
         if (n < 1) throw ApiError{400, fmt::format("\"{}\" must be at least 1, got {}", name, n)};
         max_tokens = n;  // max_completion_tokens, read last, wins
     }
@@ -308,7 +298,7 @@ HttpResponse post_chat_completions(Service& service, const HttpRequest& req) {
     if (present(body, "top_logprobs")) {
         if (!body["top_logprobs"].is_number_integer())
             throw ApiError{400, "\"top_logprobs\" must be an integer"};
-        const auto n = body["top_logprobs"].get<std::int64_t>();
+        const auto n = int64_value(body["top_logprobs"], "\"top_logprobs\"");
         if (n < 0 || n > model::SamplingParams::kMaxLogprobs)
             throw ApiError{400, fmt::format("\"top_logprobs\" must be in [0, {}], got {}",
                                             model::SamplingParams::kMaxLogprobs, n)};
@@ -371,7 +361,7 @@ HttpResponse post_detokenize(Service& service, const HttpRequest& req) {
     for (std::size_t i = 0; i < a.size(); ++i) {
         if (!a[i].is_number_integer())
             throw ApiError{400, fmt::format("tokens[{}] is not a token id (an integer)", i)};
-        const auto id = a[i].get<std::int64_t>();
+        const auto id = int64_value(a[i], fmt::format("tokens[{}]", i));
         if (id < 0 || static_cast<std::uint64_t>(id) >= tok.vocab_size())
             throw ApiError{400, fmt::format("tokens[{}] = {} is not in the vocabulary ({} tokens)",
                                             i, id, tok.vocab_size())};

@@ -14,6 +14,7 @@
 
 #include "model_text.hpp"
 #include "reasoning.hpp"
+#include "request_fields.hpp"
 #include "service.hpp"
 #include "tool_calls.hpp"
 #include "writescope/core/model/scheduler.hpp"
@@ -42,22 +43,6 @@ int status_of(ErrorKind k) {
             return 500;
     }
     return 500;
-}
-
-double number_of(const json& body, const char* name) {
-    const auto& v = body.at(name);
-    if (!v.is_number()) throw ApiError{400, fmt::format("\"{}\" must be a number", name)};
-    return v.get<double>();
-}
-
-std::int64_t integer_of(const json& body, const char* name) {
-    const auto& v = body.at(name);
-    if (!v.is_number_integer()) throw ApiError{400, fmt::format("\"{}\" must be an integer", name)};
-    return v.get<std::int64_t>();
-}
-
-bool present(const json& body, const char* name) {
-    return body.contains(name) && !body.at(name).is_null();
 }
 
 // OpenAI's logit_bias: an object from token ids (decimal strings) to a bias each. The ranges
@@ -90,7 +75,7 @@ std::vector<std::int32_t> token_ids(const json& a, std::string_view what) {
         const auto& t = a[i];
         if (!t.is_number_integer())
             throw ApiError{400, fmt::format("{}[{}] is not a token id (an integer)", what, i)};
-        const auto v = t.get<std::int64_t>();
+        const auto v = int64_value(t, fmt::format("{}[{}]", what, i));
         if (v < 0 || v > std::numeric_limits<std::int32_t>::max())
             throw ApiError{400, fmt::format("{}[{}] = {} is not a token id", what, i, v)};
         out.push_back(static_cast<std::int32_t>(v));
@@ -739,9 +724,15 @@ void parse_common_fields(const json& body, Generation& g, const ModelText* text)
     if (present(body, "top_k")) sp.top_k = static_cast<int>(integer_of(body, "top_k"));
     if (present(body, "min_p")) sp.min_p = static_cast<float>(number_of(body, "min_p"));
     if (present(body, "seed")) {
-        const auto v = integer_of(body, "seed");
-        if (v < 0) throw ApiError{400, fmt::format("\"seed\" must be at least 0, got {}", v)};
-        sp.seed = static_cast<std::uint64_t>(v);
+        // Any of the 2^64 seeds (the sampler's is 64 bits).
+        const auto& v = body["seed"];
+        if (v.is_number_unsigned()) {
+            sp.seed = v.get<std::uint64_t>();
+        } else {
+            const auto s = integer_of(body, "seed");
+            if (s < 0) throw ApiError{400, fmt::format("\"seed\" must be at least 0, got {}", s)};
+            sp.seed = static_cast<std::uint64_t>(s);
+        }
     }
     if (present(body, "stop_token_ids")) {
         if (!body["stop_token_ids"].is_array())

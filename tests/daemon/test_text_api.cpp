@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -154,6 +155,19 @@ TEST_CASE("text in, text out: the openai client and the tokenizer routes", "[int
         auto [st4, bad] = d.post("/v1/detokenize", {{"tokens", {1, 320}}});
         CHECK(st4 == 400);
         CHECK_THAT(bad["error"]["message"].get<std::string>(), Catch::Contains("tokens[1]"));
+        // An integer past int64_t's range is refused as written, not wrapped to -1.
+        auto [st5, huge] =
+            d.post("/v1/detokenize", {{"tokens", {1, std::numeric_limits<std::uint64_t>::max()}}});
+        CHECK(st5 == 400);
+        CHECK_THAT(huge["error"]["message"].get<std::string>(),
+                   Catch::Contains("tokens[1] = 18446744073709551615 is out of range"));
+        const json chat_huge = {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                                {"max_completion_tokens", std::uint64_t{1} << 63}};
+        auto [st6, e6] = d.post("/v1/chat/completions", chat_huge);
+        CHECK(st6 == 400);
+        CHECK_THAT(
+            e6["error"]["message"].get<std::string>(),
+            Catch::Contains("\"max_completion_tokens\" = 9223372036854775808 is out of range"));
     }
 
     SECTION("GET /v1/models/{id}: the served model, and 404 naming it for another") {
@@ -325,6 +339,15 @@ TEST_CASE("several prompts in one completion request: n choices each, in prompt 
     REQUIRE(st2 == 200);
     CHECK(batched["choices"][2]["token_ids"] == alone["choices"][0]["token_ids"]);
     CHECK(batched["choices"][3]["token_ids"] == alone["choices"][1]["token_ids"]);
+    // Every 64-bit seed is a seed (OpenAI's is an integer; the sampler's 64 bits): the largest
+    // draws the same tokens twice.
+    json top = one;
+    top["seed"] = std::numeric_limits<std::uint64_t>::max();
+    auto [st3, top1] = d.post("/v1/completions", top);
+    auto [st4, top2] = d.post("/v1/completions", top);
+    REQUIRE(st3 == 200);
+    REQUIRE(st4 == 200);
+    CHECK(top1["choices"][0]["token_ids"] == top2["choices"][0]["token_ids"]);
     // Refusals name the prompt and the limit.
     json many = json::array();
     for (int i = 0; i < 129; ++i)
@@ -333,6 +356,12 @@ TEST_CASE("several prompts in one completion request: n choices each, in prompt 
         {{{"prompt", {a, json::array()}}}, "prompt[1] is empty"},
         {{{"prompt", {a, 5}}}, "prompt[1] must be"},
         {{{"prompt", {a, {1, -2}}}}, "prompt[1][1]"},
+        {{{"prompt", {a, {1, std::numeric_limits<std::uint64_t>::max()}}}},
+         "prompt[1][1] = 18446744073709551615 is out of range"},
+        {{{"prompt", a}, {"max_tokens", std::numeric_limits<std::uint64_t>::max()}},
+         "\"max_tokens\" = 18446744073709551615 is out of range"},
+        {{{"prompt", a}, {"n", std::uint64_t{1} << 63}},
+         "\"n\" = 9223372036854775808 is out of range"},
         {{{"prompt", many}}, "at most 128"},
         {{{"prompt", {a, b}}, {"n", 100}}, "make 200 choices"},
         {{{"prompt", {a, json::array({1, 2, 3, 4, 5, 6, 7, 8, 9})}}, {"max_tokens", 505}},
