@@ -5,7 +5,9 @@
 # the repository root after `source .devdeps/unpack-deps.sh`, with .devdeps fetched (the tool
 # library's fetch-deps.sh) with the text layer's libraries too: fetch-deps.sh libpcre2-dev
 # libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libicu-dev libicu72
-#   MODEL: the built-in preset (default qwen3-30b-a3b); LAYERS (default 2); TOKENS (default 64);
+#   MODEL: the built-in preset or a checkpoint directory (default qwen3-30b-a3b); LAYERS
+#   (default 2; 0: all); TOKENS (default 64); GPU: hardware.gpu as TOML, e.g. GPU='"auto"' or GPU=0
+#   (default: the profile's, "auto");
 #   PROMPT_TOKENS: the completions' prompt length (default 8; long prompts exercise the prefill's
 #   expert streaming when experts are left on the CPU)
 #   VRAM_BUDGET, VRAM_KV_BUDGET: hardware.vram_budget and vram_kv_budget (default: the
@@ -37,8 +39,9 @@ cat > "$S/profile.toml" <<TOML
 source = "$MODEL"
 layers = $LAYERS
 TOML
-if [[ -n ${VRAM_BUDGET:-} || -n ${VRAM_KV_BUDGET:-} ]]; then
+if [[ -n ${VRAM_BUDGET:-} || -n ${VRAM_KV_BUDGET:-} || -n ${GPU:-} ]]; then
   echo "[hardware]" >> "$S/profile.toml"
+  [[ -n ${GPU:-} ]] && echo "gpu = $GPU" >> "$S/profile.toml"
   [[ -n ${VRAM_BUDGET:-} ]] && echo "vram_budget = \"$VRAM_BUDGET\"" >> "$S/profile.toml"
   [[ -n ${VRAM_KV_BUDGET:-} ]] && echo "vram_kv_budget = \"$VRAM_KV_BUDGET\"" >> "$S/profile.toml"
 fi
@@ -56,7 +59,11 @@ done
 echo "ready after $(( $(date +%s) - t0 )) s"
 $CTL status > "$OUT/daemon-status.txt" 2>&1
 $CTL --json status > "$OUT/daemon-status.json" 2>&1
-IDS=$(python3 -c "print(','.join(str(1 + (i * 7919) % 30000) for i in range(${PROMPT_TOKENS:-8})))")
+# The prompt's ids stay inside the vocabulary (a checkpoint directory's config.json, else 30000).
+VOCAB=30000
+[[ -f $MODEL/config.json ]] &&
+  VOCAB=$(python3 -c "import json; print(json.load(open('$MODEL/config.json'))['vocab_size'])")
+IDS=$(python3 -c "print(','.join(str(1 + (i * 7919) % ($VOCAB - 1)) for i in range(${PROMPT_TOKENS:-8})))")
 for i in 1 2 3; do
   s=$(date +%s.%N)
   $CTL --json complete --prompt-ids "$IDS" --max-tokens "$TOKENS" --temperature 0 \
