@@ -454,6 +454,13 @@ HttpResponse put_policy(Service& s, const HttpRequest& req, const Target&) {
 HttpResponse get_history(Service& s, const HttpRequest&, const Target& t) {
     const auto max = s.profile().storage.sample_log_max;
     std::size_t n = std::min<std::size_t>(100, max);
+    // As a body's unknown field is refused, so is a query's: "?limit=5" would otherwise get
+    // the default 100 samples without a word.
+    for (const auto& [key, value] : t.query)
+        if (key != "samples")
+            throw ApiError{400, fmt::format("unknown query parameter \"{}\" (GET /v1/history "
+                                            "takes samples=N)",
+                                            key)};
     if (auto it = t.query.find("samples"); it != t.query.end()) {
         const auto& text = it->second;
         const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);

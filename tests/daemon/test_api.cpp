@@ -259,6 +259,11 @@ TEST_CASE("routes answer after boot and errors keep the shape", "[unit][daemon][
     CHECK(h.get("/v1/policy")["mode"] == "writescope");
     require_error(h.call("POST", "/v1/calibration", "{oops"), 400, "invalid_request_error");
     require_error(h.call("GET", "/v1/history?samples=many"), 400, "invalid_request_error");
+    // An unknown query parameter is named, as an unknown body field is.
+    r = h.call("GET", "/v1/history?samples=3&limit=5");
+    require_error(r, 400, "invalid_request_error");
+    CHECK_THAT(json::parse(r.body)["error"]["message"].get<std::string>(),
+               Catch::Contains("unknown query parameter \"limit\""));
 }
 
 TEST_CASE("PUT /v1/policy changes the engine's mode and tracker", "[unit][daemon][api]") {
