@@ -296,6 +296,24 @@ TEST_CASE("config.json in the hub's spelling and in transformers 5's", "[model]"
     CHECK_THROWS_WITH(
         model::parse_model_config(R"({"model_type": "mixtral", "vocab_size": -1})", "c.json", "x"),
         Catch::Contains("vocab_size"));
+    // Values that would make the forward pass NaN are named, wherever they sit.
+    const std::string base = R"("model_type": "qwen3_moe", "vocab_size": 10, "hidden_size": 64,
+      "num_hidden_layers": 1, "num_attention_heads": 4, )";
+    const std::vector<std::pair<std::string, std::string>> bad = {
+        {R"("rope_theta": -1)", "rope_theta: -1 must be positive"},
+        {R"("rope_theta": 0)", "rope_theta: 0 must be positive"},
+        {R"("rope_parameters": {"rope_theta": 0, "rope_type": "default"})",
+         "rope_parameters.rope_theta"},
+        {R"("rms_norm_eps": -1e-6)", "rms_norm_eps: -1e-06 must not be negative"},
+        {R"("rope_parameters": {"rope_type": "yarn", "factor": 4,
+            "original_max_position_embeddings": 1024, "truncate": "no"})",
+         "rope_parameters.truncate: \"no\" is not a boolean"},
+    };
+    for (const auto& [field, want] : bad) {
+        INFO(field);
+        CHECK_THROWS_WITH(model::parse_model_config("{" + base + field + "}", "c.json", "x"),
+                          Catch::Contains("c.json") && Catch::Contains(want));
+    }
 }
 
 TEST_CASE("the built-in presets are the published shapes, generated at load", "[model]") {

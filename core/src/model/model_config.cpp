@@ -95,6 +95,8 @@ void parse_rope(const Reader& r, ModelConfig& c) {
         where = "rope_scaling";
     }
     c.rope.theta = r.number_or("rope_theta", 10000.0);
+    // A base of 0 or below makes every frequency NaN or infinite (theta^(-2i/d)).
+    if (!(c.rope.theta > 0)) r.fail("rope_theta", dump(r.j.at("rope_theta")) + " must be positive");
     if (!params) return;
     if (!params->is_object()) r.fail(where, "is not an object");
     const Reader p{*params, r.file};
@@ -128,6 +130,8 @@ void parse_rope(const Reader& r, ModelConfig& c) {
     if (c.rope.beta_slow == 0.0) c.rope.beta_slow = 1.0;
     c.rope.mscale = num("mscale", 0.0);
     c.rope.mscale_all_dim = num("mscale_all_dim", 0.0);
+    if (p.has("truncate") && !params->at("truncate").is_boolean())
+        r.fail(key("truncate"), dump(params->at("truncate")) + " is not a boolean");
     c.rope.truncate = !p.has("truncate") || params->at("truncate").get<bool>();
     if (p.has("attention_factor")) {
         c.rope.attention_factor_override = num("attention_factor", 1.0);
@@ -307,6 +311,9 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& fi
     c.num_heads = r.count("num_attention_heads");
     c.num_kv_heads = r.count_or("num_key_value_heads", c.num_heads);
     c.rms_norm_eps = r.number_or("rms_norm_eps", 1e-6);
+    // 1/sqrt(mean(x²) + eps): a negative eps makes a row of small values NaN.
+    if (c.rms_norm_eps < 0)
+        r.fail("rms_norm_eps", dump(r.j.at("rms_norm_eps")) + " must not be negative");
     c.tie_word_embeddings = r.flag_or("tie_word_embeddings", false);
     c.max_position_embeddings = r.count_or("max_position_embeddings", 4096);
     c.attention_bias = r.flag_or("attention_bias", false);
