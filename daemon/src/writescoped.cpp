@@ -50,6 +50,27 @@ int check_config(const DaemonArgs& args) {
             unchecked_keys.push_back(i.key);
         }
         const auto model = load_profile_model(checked.loaded.profile, source, true);
+        // The boot loads the directory's tokenizer beside the weights: one that does not load
+        // fails the boot, so it fails the check; a chat template that does not compile only
+        // turns chat off, which is said.
+        if (!model->builtin()) {
+            const Profile& p = checked.loaded.profile;
+            try {
+                const ModelText text = load_model_text(p.model.source);
+                if (!text.chat_problem.empty())
+                    std::cerr << fmt::format(
+                        "{}: model.source: {}; {}\n", source, text.chat_problem,
+                        text.tokenizer ? "/v1/chat/completions refuses requests"
+                                       : "the model takes token ids only");
+            } catch (const std::runtime_error& e) {
+                ProfileIssue issue{"model.source", e.what(), 0, 0};
+                if (const auto it = p.places.find(issue.key); it != p.places.end()) {
+                    issue.line = it->second.line;
+                    issue.column = it->second.column;
+                }
+                throw ProfileError(source, {issue});
+            }
+        }
         std::cout << fmt::format(
             "{}: ok: model {} ({} KV, {} per token; {}, {} of weights), GPU {}, budgets VRAM {} / "
             "pinned {} / host {}, mode {}{}\n",

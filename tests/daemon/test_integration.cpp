@@ -659,6 +659,50 @@ TEST_CASE("check-config accepts the shipped profile and rejects a bad one naming
     CHECK(defaults.out == read_text(source_dir() / "etc/writescope.toml"));
 }
 
+TEST_CASE("check-config loads a model directory's tokenizer as the boot does",
+          "[integration][daemon]") {
+    TempDir dir;
+    const auto models = source_dir() / "tests/data/models";
+    const auto check = [&](const std::filesystem::path& model) {
+        write_text(dir / "p.toml", "[model]\nsource = \"" + model.string() + "\"\n");
+        return run_command(
+            {writescoped_path(), "--check-config", "--config", (dir / "p.toml").string()});
+    };
+    // A tokenizer.json whose merges name a token not in its vocabulary fails the boot ("the
+    // tokenizer ... did not load"), so it fails the check, placed at model.source.
+    const auto broken = dir / "broken";
+    std::filesystem::copy(models / "qwen3-moe-tiny-chat", broken);
+    {
+        auto tok = nlohmann::json::parse(read_text(broken / "tokenizer.json"));
+        tok["model"]["merges"].push_back(nlohmann::json::array({"zz", "qq"}));
+        write_text(broken / "tokenizer.json", tok.dump());
+    }
+    const auto bad = check(broken);
+    CHECK(bad.status.code == 1);
+    CHECK_THAT(bad.err, Catch::Contains("p.toml:2:10: model.source: the tokenizer") &&
+                            Catch::Contains("\"zz\" or \"qq\" is not in the vocab"));
+    // A template that does not compile leaves the model valid, without chat: said, status 0.
+    const auto no_chat = dir / "no-chat";
+    std::filesystem::copy(models / "qwen3-moe-tiny-chat", no_chat);
+    {
+        auto cfg = nlohmann::json::parse(read_text(no_chat / "tokenizer_config.json"));
+        cfg["chat_template"] = "{% for m in messages %}{{ m.content ";
+        write_text(no_chat / "tokenizer_config.json", cfg.dump());
+    }
+    const auto warned = check(no_chat);
+    CHECK(warned.status.code == 0);
+    CHECK_THAT(warned.out, Catch::Contains("ok: model no-chat"));
+    CHECK_THAT(warned.err, Catch::Contains("the chat template does not compile") &&
+                               Catch::Contains("/v1/chat/completions refuses requests"));
+    // The shipped tiny models check clean, one of them without a tokenizer (token ids only).
+    const auto fine = check(models / "qwen3-moe-tiny-chat");
+    CHECK(fine.status.code == 0);
+    CHECK_THAT(fine.err, !Catch::Contains("model.source"));
+    const auto ids = check(models / "qwen3-moe-tiny");
+    CHECK(ids.status.code == 0);
+    CHECK_THAT(ids.err, Catch::Contains("the model takes token ids only"));
+}
+
 TEST_CASE("SIGHUP reloads the profile and keeps the running one when the new file is bad",
           "[integration][daemon]") {
     TempDir dir;
