@@ -283,9 +283,7 @@ HttpResponse post_chat_completions(Service& service, const HttpRequest& req) {
     std::optional<std::int64_t> max_tokens;
     for (const char* name : {"max_tokens", "max_completion_tokens"}) {
         if (!present(body, name)) continue;
-        if (!body[name].is_number_integer())
-            throw ApiError{400, fmt::format("\"{}\" must be an integer", name)};
-        const auto n = int64_value(body[name], fmt::format("\"{}\"", name));
+        const auto n = integer_of(body, name);
         if (n < 1) throw ApiError{400, fmt::format("\"{}\" must be at least 1, got {}", name, n)};
         max_tokens = n;  // max_completion_tokens, read last, wins
     }
@@ -296,9 +294,7 @@ HttpResponse post_chat_completions(Service& service, const HttpRequest& req) {
     g.request.max_tokens = max_tokens ? static_cast<std::size_t>(*max_tokens) : room;
     const bool logprobs = bool_of(body, "logprobs", false);
     if (present(body, "top_logprobs")) {
-        if (!body["top_logprobs"].is_number_integer())
-            throw ApiError{400, "\"top_logprobs\" must be an integer"};
-        const auto n = int64_value(body["top_logprobs"], "\"top_logprobs\"");
+        const auto n = integer_of(body, "top_logprobs");
         if (n < 0 || n > model::SamplingParams::kMaxLogprobs)
             throw ApiError{400, fmt::format("\"top_logprobs\" must be in [0, {}], got {}",
                                             model::SamplingParams::kMaxLogprobs, n)};

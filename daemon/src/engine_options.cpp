@@ -71,6 +71,11 @@ void check_mode_gpu_unplaced(const Profile& p, int gpu_index, std::string_view s
 
 }  // namespace
 
+void fail_at_key(const Profile& p, std::string_view source, std::string key, std::string message) {
+    throw placed(p,
+                 ProfileError(std::string(source), {{std::move(key), std::move(message), 0, 0}}));
+}
+
 std::unique_ptr<model::Model> load_profile_model(const Profile& p, std::string_view source,
                                                  bool headers_only) {
     try {

@@ -27,6 +27,10 @@ std::string gpu_unused_reason(const Profile& p, const MachineInfo& m, const Engi
 // naming model.source (or model.layers) with the loader's message.
 std::unique_ptr<model::Model> load_profile_model(const Profile& p, std::string_view source,
                                                  bool headers_only);
+// Throws ProfileError naming `key` with `message`, placed where the profile wrote the key (as
+// every check of this file places its own).
+[[noreturn]] void fail_at_key(const Profile& p, std::string_view source, std::string key,
+                              std::string message);
 // The bytes of a model's weights: its parameters in the config's dtype (what a built-in model
 // generates in host memory; known from the headers alone).
 std::uint64_t model_weight_bytes(const model::Model& m) noexcept;

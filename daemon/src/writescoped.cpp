@@ -63,12 +63,7 @@ int check_config(const DaemonArgs& args) {
                         text.tokenizer ? "/v1/chat/completions refuses requests"
                                        : "the model takes token ids only");
             } catch (const std::runtime_error& e) {
-                ProfileIssue issue{"model.source", e.what(), 0, 0};
-                if (const auto it = p.places.find(issue.key); it != p.places.end()) {
-                    issue.line = it->second.line;
-                    issue.column = it->second.column;
-                }
-                throw ProfileError(source, {issue});
+                fail_at_key(p, source, "model.source", e.what());
             }
         }
         std::cout << fmt::format(
