@@ -8,15 +8,20 @@
 #include <stdexcept>
 
 #include "kernel_check.hpp"
+#include "launch.cuh"
 #include "writescope/cuda/attention.hpp"
 
 namespace writescope::cuda {
 namespace {
 
 using detail::check_launch;
+using detail::grid_release;
+using detail::grid_wait;
 
 template <typename T>
 __global__ void append_kernel(const AppendParams p, int kvh, int dk, int dv, bool mla) {
+    grid_wait();
+    grid_release();
     const int s = static_cast<int>(blockIdx.x);
     T* base = reinterpret_cast<T*>(static_cast<char*>(p.t_blocks[s]) + p.block_offset_bytes);
     const int pos = p.t_pos[s];
@@ -48,11 +53,11 @@ void append_kv(const AppendParams& p, void* stream) {
     auto s = static_cast<cudaStream_t>(stream);
     const auto& g = p.geo;
     if (g.dtype == DType::bf16)
-        append_kernel<__nv_bfloat16>
-            <<<p.num_seqs, 128, 0, s>>>(p, g.num_kv_heads, g.head_dim_k, g.head_dim_v, g.mla);
+        detail::launch(append_kernel<__nv_bfloat16>, p.num_seqs, 128, 0, s, p, g.num_kv_heads,
+                       g.head_dim_k, g.head_dim_v, g.mla);
     else if (g.dtype == DType::f16)
-        append_kernel<__half>
-            <<<p.num_seqs, 128, 0, s>>>(p, g.num_kv_heads, g.head_dim_k, g.head_dim_v, g.mla);
+        detail::launch(append_kernel<__half>, p.num_seqs, 128, 0, s, p, g.num_kv_heads,
+                       g.head_dim_k, g.head_dim_v, g.mla);
     else
         throw std::invalid_argument("append_kv: KV dtype must be bf16 or fp16");
     check_launch("append_kv launch");

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "kernel_check.hpp"
+#include "launch.cuh"
 #include "mma_util.cuh"
 #include "writescope/cuda/attention.hpp"
 
@@ -19,6 +20,8 @@ namespace writescope::cuda {
 namespace {
 
 using detail::check_launch;
+using detail::grid_release;
+using detail::grid_wait;
 
 using namespace mma;
 
@@ -97,6 +100,8 @@ __device__ inline void update_row(float* m_s, float* l_s, float* f_s, int g, flo
 template <typename T, int DK, int DV, int G, bool MLA>
 __global__ void __launch_bounds__(kThreads)
     decode_attn_kernel(const DecodeAttnParams p, int num_q_heads, int num_kv_heads, float scale) {
+    grid_wait();
+    grid_release();
     static_assert(DV % kThreads == 0, "DV must be a multiple of the CTA size");
     static_assert(DK % 8 == 0, "DK must be a multiple of 8");
     constexpr int DPT = DV / kThreads;  // output dims per thread
@@ -261,6 +266,8 @@ struct MlaLayout {
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     decode_attn_mla_mma_kernel(const DecodeAttnParams p, int num_q_heads, float scale) {
+    grid_wait();
+    grid_release();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     using L = MlaLayout;
     constexpr int DK = L::DK, DV = L::DV, TILE = L::TILE, STAGES = L::STAGES, NW = L::NW;
@@ -448,6 +455,8 @@ template <typename T, int G, int STAGES>
 __global__ void __launch_bounds__(kThreads)
     decode_attn_gqa_mma_kernel(const DecodeAttnParams p, int num_q_heads, int num_kv_heads,
                                float scale) {
+    grid_wait();
+    grid_release();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     constexpr int D = 128, TILE = 64, NW = kThreads / 32;
     constexpr int kRow = D + 8;  // padded row (K and V alike)
@@ -641,17 +650,17 @@ bool gqa_mma_ready() {
 template <typename T>
 bool launch_attn_mla_mma(const DecodeAttnParams& p, cudaStream_t s) {
     if (p.block_tokens % MlaLayout::TILE != 0 || !mla_mma_ready<T>()) return false;
-    decode_attn_mla_mma_kernel<T>
-        <<<p.item_count, kThreads, MlaLayout::bytes<T>(), s>>>(p, p.geo.num_q_heads, p.geo.scale());
+    detail::launch(decode_attn_mla_mma_kernel<T>, p.item_count, kThreads, MlaLayout::bytes<T>(), s,
+                   p, p.geo.num_q_heads, p.geo.scale());
     return true;
 }
 
 template <typename T, int G, int STAGES>
 bool launch_attn_gqa_mma(const DecodeAttnParams& p, cudaStream_t s) {
     if (p.block_tokens % 64 != 0 || !gqa_mma_ready<T, G, STAGES>()) return false;
-    decode_attn_gqa_mma_kernel<T, G, STAGES>
-        <<<p.item_count, kThreads, gqa_mma_smem_bytes<T, STAGES>(), s>>>(
-            p, p.geo.num_q_heads, p.geo.num_kv_heads, p.geo.scale());
+    detail::launch(decode_attn_gqa_mma_kernel<T, G, STAGES>, p.item_count, kThreads,
+                   gqa_mma_smem_bytes<T, STAGES>(), s, p, p.geo.num_q_heads, p.geo.num_kv_heads,
+                   p.geo.scale());
     return true;
 }
 
@@ -677,8 +686,8 @@ void launch_attn(const DecodeAttnParams& p, cudaStream_t s) {
             std::to_string(MLA ? MlaLayout::bytes<T>() : gqa_mma_smem_bytes<T, 2>()) +
             " bytes) and block_tokens a multiple of " + std::to_string(kTile) + " (got " +
             std::to_string(p.block_tokens) + ")");
-    decode_attn_kernel<T, DK, DV, G, MLA>
-        <<<p.item_count, kThreads, 0, s>>>(p, p.geo.num_q_heads, p.geo.num_kv_heads, p.geo.scale());
+    detail::launch(decode_attn_kernel<T, DK, DV, G, MLA>, p.item_count, kThreads, 0, s, p,
+                   p.geo.num_q_heads, p.geo.num_kv_heads, p.geo.scale());
 }
 
 template <typename T>

@@ -13,6 +13,7 @@
 // as each warp read them from global memory cost as many instructions per weight as the loads
 // could feed: the head of Qwen3 ran at 3.3 TB/s against cuBLAS's 4.1.)
 #include "gemv_load.cuh"
+#include "launch.cuh"
 #include "model_device.cuh"
 #include "model_kernels.hpp"
 
@@ -92,12 +93,25 @@ __global__ void __launch_bounds__(kWarps * 32) dense_gemv_kernel(const DenseGemv
     extern __shared__ __align__(16) unsigned char staged[];
     const int n = static_cast<int>(a.n);
     const std::size_t C = a.cols, es = dtype_bytes(D), step = 32 * V::N;
-    stage_inputs<S>(a, staged);
-    __syncthreads();
     std::size_t total = 0;
     for (int m = 0; m < a.mats; ++m)
         total += a.rows[m];
     const int lane = threadIdx.x % 32;
+    // While the kernel before finishes (launch.cuh): the warp's first row towards L2, a 128-byte
+    // line per lane and round (weights: no kernel writes them).
+    if (std::size_t g = static_cast<std::size_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+        g < total) {
+        int m = 0;
+        while (g >= a.rows[m])
+            g -= a.rows[m++];
+        const auto* w = static_cast<const char*>(a.w[m]) + g * C * es;
+        for (std::size_t b = static_cast<std::size_t>(lane) * 128; b < C * es; b += 32 * 128)
+            prefetch_l2(w + b);
+    }
+    grid_wait();
+    grid_release();
+    stage_inputs<S>(a, staged);
+    __syncthreads();
     for (std::size_t g = static_cast<std::size_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
          g < total; g += static_cast<std::size_t>(gridDim.x) * kWarps) {
         std::size_t row = g;
@@ -156,7 +170,8 @@ void launch_typed(const DenseGemvArgs& a, std::size_t rows, void* stream) {
     const std::size_t want = (rows + kWarps - 1) / kWarps;
     const auto blocks = static_cast<unsigned>(std::min<std::size_t>(
         want, static_cast<std::size_t>(std::max(a.sm_count, 1)) * kCtasPerSm));
-    dense_gemv_kernel<D, Narrow><<<blocks, kWarps * 32, staged_bytes(a), as_stream(stream)>>>(a);
+    launch(dense_gemv_kernel<D, Narrow>, blocks, kWarps * 32, staged_bytes(a), as_stream(stream),
+           a);
 }
 
 bool aligned(const void* p, std::size_t to) noexcept {

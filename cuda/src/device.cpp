@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <stdexcept>
@@ -312,6 +313,42 @@ void profiler_start() {
 void profiler_stop() {
     check(cudaProfilerStop(), "cudaProfilerStop");
 }
+
+namespace {
+std::atomic<bool> g_programmatic{true};
+// Per device: 0 not asked yet, 1 compute capability 9.0 or later, 2 earlier (or unknown).
+std::atomic<int> g_pdl_capable[64];
+}  // namespace
+
+void set_programmatic_launch(bool on) noexcept {
+    g_programmatic.store(on, std::memory_order_relaxed);
+}
+
+bool programmatic_launch() noexcept {
+    return g_programmatic.load(std::memory_order_relaxed);
+}
+
+namespace detail {
+bool programmatic_launch_here() noexcept;  // cuda/src/launch.cuh
+bool programmatic_launch_here() noexcept {
+    if (!programmatic_launch()) return false;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    int known = g_pdl_capable[dev].load(std::memory_order_relaxed);
+    if (known == 0) {
+        int major = 0;
+        const bool ok =
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess;
+        if (!ok) (void)cudaGetLastError();
+        known = ok && major >= 9 ? 1 : 2;
+        g_pdl_capable[dev].store(known, std::memory_order_relaxed);
+    }
+    return known == 1;
+}
+}  // namespace detail
 
 void copy_sync(void* dst, const void* src, std::size_t bytes) {
     check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy");

@@ -10,6 +10,7 @@
 // the SwiGLU is applied in fp32 and rounded to the weight dtype before the down projection,
 // the down partials stay fp32 for the combine in slot order: the numerics of the GEMM path.
 #include "gemv_load.cuh"
+#include "launch.cuh"
 #include "model_device.cuh"
 #include "model_kernels.hpp"
 
@@ -43,6 +44,8 @@ __device__ inline bool warp_work(const ExpertGemvArgs& a, std::size_t rows, Warp
 // (row, input) sum runs over the columns in the same order whatever T and R are: the same bits.
 template <DType D, bool Narrow, int T, int R>
 __global__ void __launch_bounds__(kWarps * 32) gate_up_kernel(const ExpertGemvArgs a) {
+    grid_wait();
+    grid_release();
     using V = typename Load<D, Narrow>::type;
     WarpWork w;
     if (!warp_work<R>(a, a.ffn, w)) return;
@@ -112,6 +115,8 @@ __global__ void __launch_bounds__(kWarps * 32) gate_up_kernel(const ExpertGemvAr
 // takes its rows and inputs.
 template <DType D, bool Narrow, int T, int R>
 __global__ void __launch_bounds__(kWarps * 32) down_kernel(const ExpertGemvArgs a) {
+    grid_wait();
+    grid_release();
     using V = typename Load<D, Narrow>::type;
     WarpWork w;
     if (!warp_work<R>(a, a.hidden, w)) return;
@@ -203,13 +208,13 @@ void launch_for(const ExpertGemvArgs& a, std::size_t rows, Shape s, void* stream
 template <DType D, bool Narrow, int T, int R>
 struct GateUp {
     static void launch(dim3 grid, const ExpertGemvArgs& a, void* stream) {
-        gate_up_kernel<D, Narrow, T, R><<<grid, kWarps * 32, 0, as_stream(stream)>>>(a);
+        detail::launch(gate_up_kernel<D, Narrow, T, R>, grid, kWarps * 32, 0, as_stream(stream), a);
     }
 };
 template <DType D, bool Narrow, int T, int R>
 struct Down {
     static void launch(dim3 grid, const ExpertGemvArgs& a, void* stream) {
-        down_kernel<D, Narrow, T, R><<<grid, kWarps * 32, 0, as_stream(stream)>>>(a);
+        detail::launch(down_kernel<D, Narrow, T, R>, grid, kWarps * 32, 0, as_stream(stream), a);
     }
 };
 

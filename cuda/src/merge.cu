@@ -10,12 +10,15 @@
 #include <string>
 
 #include "kernel_check.hpp"
+#include "launch.cuh"
 #include "writescope/cuda/attention.hpp"
 
 namespace writescope::cuda {
 namespace {
 
 using detail::check_launch;
+using detail::grid_release;
+using detail::grid_wait;
 
 // One CTA per output row; weights of the parts are computed once per batch into shared memory.
 // Merges n partial states of one row, given by src(i) -> (lse, o pointer), and the external
@@ -107,6 +110,8 @@ struct ItemSource {
 // grid (rows, chunks): one chunk of one row's parts, merged alone (no ext) into scratch when
 // to_scratch, or the whole row with ext into out (chunks == 1).
 __global__ void merge_items_kernel(const MergeParams p, bool to_scratch) {
+    grid_wait();
+    grid_release();
     const int row = static_cast<int>(blockIdx.x), c = static_cast<int>(blockIdx.y);
     const int s = row / p.num_q_heads, qh = row % p.num_q_heads;
     const int G = p.num_q_heads / p.num_kv_heads, h = qh / G, g = qh % G;
@@ -135,6 +140,8 @@ struct ChunkSource {
 
 // grid rows: the row's chunk states and ext, merged into out.
 __global__ void merge_chunks_kernel(const MergeParams p) {
+    grid_wait();
+    grid_release();
     const int row = static_cast<int>(blockIdx.x);
     const int dv = p.head_dim_v;
     const size_t first = static_cast<size_t>(row) * p.chunks;
@@ -155,7 +162,7 @@ void merge_partials(const MergeParams& p, void* stream) {
     MergeParams q = p;
     if (q.chunks < 1 || !q.scratch_o || !q.scratch_lse || q.chunk_items < 1) q.chunks = 1;
     if (q.chunks == 1) {
-        merge_items_kernel<<<rows, 128, 0, st>>>(q, false);
+        detail::launch(merge_items_kernel, rows, 128, 0, st, q, false);
         check_launch("merge_partials launch");
         return;
     }
@@ -178,8 +185,8 @@ void merge_gpu_parts(const MergeParams& p, void* stream) {
     check_staged(p, "merge_gpu_parts");
     const int rows = p.num_seqs * p.num_q_heads;
     if (rows == 0) return;
-    merge_items_kernel<<<dim3(rows, p.chunks), 128, 0, static_cast<cudaStream_t>(stream)>>>(p,
-                                                                                            true);
+    detail::launch(merge_items_kernel, dim3(rows, p.chunks), 128, 0,
+                   static_cast<cudaStream_t>(stream), p, true);
     check_launch("merge_gpu_parts launch");
 }
 
@@ -187,7 +194,7 @@ void merge_with_ext(const MergeParams& p, void* stream) {
     check_staged(p, "merge_with_ext");
     const int rows = p.num_seqs * p.num_q_heads;
     if (rows == 0) return;
-    merge_chunks_kernel<<<rows, 128, 0, static_cast<cudaStream_t>(stream)>>>(p);
+    detail::launch(merge_chunks_kernel, rows, 128, 0, static_cast<cudaStream_t>(stream), p);
     check_launch("merge_with_ext launch");
 }
 

@@ -4,6 +4,7 @@
 // same fp64 steps (mean of squares, softmax normaliser, cos and sin).
 #include <cmath>
 
+#include "launch.cuh"
 #include "model_device.cuh"
 #include "model_kernels.hpp"
 
@@ -53,6 +54,8 @@ __device__ float block_max(float v, float* red) {
 
 __global__ void to_dtype_kernel(const float* __restrict__ x, std::size_t n, DType t,
                                 void* __restrict__ y) {
+    grid_wait();
+    grid_release();
     for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
          i += std::size_t{gridDim.x} * blockDim.x)
         dev_store_rounded(y, i, t, x[i]);
@@ -61,6 +64,8 @@ __global__ void to_dtype_kernel(const float* __restrict__ x, std::size_t n, DTyp
 __global__ void embed_kernel(const void* __restrict__ table, DType t, std::size_t cols,
                              const std::int32_t* __restrict__ ids, std::size_t n,
                              float* __restrict__ out) {
+    grid_wait();
+    grid_release();
     for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n * cols;
          i += std::size_t{gridDim.x} * blockDim.x) {
         const std::size_t tok = i / cols, c = i % cols;
@@ -76,6 +81,8 @@ __global__ void embed_kernel(const void* __restrict__ table, DType t, std::size_
 constexpr int kNormPer = 4;
 __global__ void rms_norm_kernel(const float* __restrict__ w, const float* x, std::size_t dim,
                                 float eps, float* y) {
+    grid_wait();
+    grid_release();
     __shared__ double red[32];
     const float* xr = x + blockIdx.x * dim;
     float* yr = y + blockIdx.x * dim;
@@ -112,6 +119,8 @@ __global__ void rms_norm_kernel(const float* __restrict__ w, const float* x, std
 // pair walking the heads waited for each head's read-modify-write: 14.7 µs for Qwen3's 32 query
 // heads at one token). cos and sin are computed per thread, the same fp64 values for every head.
 __global__ void rotary_kernel(RotaryArgs a) {
+    grid_wait();
+    grid_release();
     const std::size_t half = a.dim / 2, per_tok = a.heads * half;
     for (std::size_t idx = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x;
          idx < a.tokens * per_tok; idx += std::size_t{gridDim.x} * blockDim.x) {
@@ -260,6 +269,8 @@ __device__ void finish_row_long(const FinishArgs& a, const FinishPart& p, std::s
 }
 
 __global__ void __launch_bounds__(kBlock) finish_rows_kernel(const FinishArgs a) {
+    grid_wait();
+    grid_release();
     __shared__ float rows[kFinishWarps][kFinishPer * 32];
     const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
     std::size_t r = (blockIdx.x * std::size_t{blockDim.x} + threadIdx.x) / 32;
@@ -277,6 +288,8 @@ __global__ void __launch_bounds__(kBlock) finish_rows_kernel(const FinishArgs a)
 }
 
 __global__ void add_kernel(float* __restrict__ y, const float* __restrict__ x, std::size_t n) {
+    grid_wait();
+    grid_release();
     for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
          i += std::size_t{gridDim.x} * blockDim.x)
         y[i] = __fadd_rn(y[i], x[i]);
@@ -284,6 +297,8 @@ __global__ void add_kernel(float* __restrict__ y, const float* __restrict__ x, s
 
 __global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ b, std::size_t n,
                                 std::size_t rows) {
+    grid_wait();
+    grid_release();
     for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n * rows;
          i += std::size_t{gridDim.x} * blockDim.x)
         y[i] = __fadd_rn(y[i], b[i % n]);
@@ -294,6 +309,8 @@ __global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__
 // order (higher score first, equal scores by the lower index), so ties go to the lower index as
 // in the reference's partial_sort.
 __global__ void route_kernel(RouteArgs a) {
+    grid_wait();
+    grid_release();
     extern __shared__ unsigned char smem[];
     __shared__ double red[32];
     const std::size_t E = a.experts, G = a.groups, k = a.k;
@@ -361,6 +378,8 @@ __global__ void route_kernel(RouteArgs a) {
 __global__ void gather_heads_kernel(const float* __restrict__ x, std::size_t heads, std::size_t n,
                                     std::size_t cols, std::size_t x_ld, std::size_t x_head, DType t,
                                     void* __restrict__ y) {
+    grid_wait();
+    grid_release();
     const std::size_t total = heads * n * cols;
     for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < total;
          i += std::size_t{gridDim.x} * blockDim.x) {
@@ -371,6 +390,8 @@ __global__ void gather_heads_kernel(const float* __restrict__ x, std::size_t hea
 
 __global__ void count_ids_kernel(const std::int32_t* ids, std::size_t n, std::size_t bins,
                                  std::uint32_t* counts) {
+    grid_wait();
+    grid_release();
     for (std::size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
         const std::int32_t e = ids[i];
@@ -381,12 +402,13 @@ __global__ void count_ids_kernel(const std::int32_t* ids, std::size_t n, std::si
 }  // namespace
 
 void launch_to_dtype(const float* x, std::size_t n, DType t, void* y, void* stream) {
-    to_dtype_kernel<<<grid_for(n), kBlock, 0, as_stream(stream)>>>(x, n, t, y);
+    launch(to_dtype_kernel, grid_for(n), kBlock, 0, as_stream(stream), x, n, t, y);
 }
 
 void launch_embed(const void* table, DType t, std::size_t cols, const std::int32_t* ids,
                   std::size_t n, float* out, void* stream) {
-    embed_kernel<<<grid_for(n * cols), kBlock, 0, as_stream(stream)>>>(table, t, cols, ids, n, out);
+    launch(embed_kernel, grid_for(n * cols), kBlock, 0, as_stream(stream), table, t, cols, ids, n,
+           out);
 }
 
 void launch_rms_norm(const float* w, const float* x, std::size_t rows, std::size_t dim, float eps,
@@ -396,26 +418,26 @@ void launch_rms_norm(const float* w, const float* x, std::size_t rows, std::size
     // 2048-wide row gets 512, a 128-wide head 32.
     const std::size_t threads =
         std::clamp<std::size_t>((dim + kNormPer * 32 - 1) / (kNormPer * 32) * 32, 32, 1024);
-    rms_norm_kernel<<<static_cast<unsigned>(rows), static_cast<unsigned>(threads), 0,
-                      as_stream(stream)>>>(w, x, dim, eps, y);
+    launch(rms_norm_kernel, static_cast<unsigned>(rows), static_cast<unsigned>(threads), 0,
+           as_stream(stream), w, x, dim, eps, y);
 }
 
 void launch_rotary(const RotaryArgs& a, void* stream) {
     const std::size_t n = a.tokens * a.heads * (a.dim / 2);
     if (n == 0) return;
-    rotary_kernel<<<grid_for(n), kBlock, 0, as_stream(stream)>>>(a);
+    launch(rotary_kernel, grid_for(n), kBlock, 0, as_stream(stream), a);
 }
 
 void launch_gather_heads(const float* x, std::size_t heads, std::size_t n, std::size_t cols,
                          std::size_t x_ld, std::size_t x_head, DType t, void* y, void* stream) {
-    gather_heads_kernel<<<grid_for(heads * n * cols), kBlock, 0, as_stream(stream)>>>(
-        x, heads, n, cols, x_ld, x_head, t, y);
+    launch(gather_heads_kernel, grid_for(heads * n * cols), kBlock, 0, as_stream(stream), x, heads,
+           n, cols, x_ld, x_head, t, y);
 }
 
 void launch_count_ids(const std::int32_t* ids, std::size_t n, std::size_t bins,
                       std::uint32_t* counts, void* stream) {
     if (n == 0) return;
-    count_ids_kernel<<<grid_for(n), kBlock, 0, as_stream(stream)>>>(ids, n, bins, counts);
+    launch(count_ids_kernel, grid_for(n), kBlock, 0, as_stream(stream), ids, n, bins, counts);
 }
 
 void launch_finish_rows(const FinishArgs& a, void* stream) {
@@ -425,23 +447,23 @@ void launch_finish_rows(const FinishArgs& a, void* stream) {
     if (rows == 0) return;
     constexpr std::size_t kWarps = kBlock / 32;
     const std::size_t blocks = (rows + kWarps - 1) / kWarps;
-    finish_rows_kernel<<<static_cast<unsigned>(blocks), kBlock, 0, as_stream(stream)>>>(a);
+    launch(finish_rows_kernel, static_cast<unsigned>(blocks), kBlock, 0, as_stream(stream), a);
 }
 
 void launch_add(float* y, const float* x, std::size_t n, void* stream) {
-    add_kernel<<<grid_for(n), kBlock, 0, as_stream(stream)>>>(y, x, n);
+    launch(add_kernel, grid_for(n), kBlock, 0, as_stream(stream), y, x, n);
 }
 
 void launch_add_bias(float* y, const float* b, std::size_t n, std::size_t rows, void* stream) {
-    add_bias_kernel<<<grid_for(n * rows), kBlock, 0, as_stream(stream)>>>(y, b, n, rows);
+    launch(add_bias_kernel, grid_for(n * rows), kBlock, 0, as_stream(stream), y, b, n, rows);
 }
 
 void launch_route(const RouteArgs& a, void* stream) {
     const std::size_t threads = std::clamp<std::size_t>((a.experts + 31) / 32 * 32, 32, 1024);
     const std::size_t shared =
         (2 * a.experts + a.groups) * sizeof(float) + (a.groups + a.k) * sizeof(int);
-    route_kernel<<<static_cast<unsigned>(a.n), static_cast<unsigned>(threads), shared,
-                   as_stream(stream)>>>(a);
+    launch(route_kernel, static_cast<unsigned>(a.n), static_cast<unsigned>(threads), shared,
+           as_stream(stream), a);
 }
 
 }  // namespace writescope::cuda::detail

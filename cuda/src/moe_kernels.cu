@@ -1,6 +1,7 @@
 // The expert-grouping kernels of CudaModelOps::moe (model_kernels.hpp): the counting sort of the
 // (token, slot) pairs by expert, the gather of the routed rows in the weight dtype, the SwiGLU
 // and the weighted combine in slot order (no float atomics: the same bits on every run).
+#include "launch.cuh"
 #include "model_device.cuh"
 #include "model_kernels.hpp"
 
@@ -19,6 +20,8 @@ __global__ void group_pairs_kernel(const std::int32_t* __restrict__ expert, std:
                                    std::int32_t* __restrict__ meta,
                                    std::int32_t* __restrict__ pair_token,
                                    std::int32_t* __restrict__ pair_of) {
+    grid_wait();
+    grid_release();
     extern __shared__ int sh[];
     int* cnt = sh;              // (experts): counts, then running offsets
     int* chunk = sh + experts;  // (blockDim.x): a chunk of the routing
@@ -76,6 +79,8 @@ __global__ void group_pairs_kernel(const std::int32_t* __restrict__ expert, std:
 __global__ void gather_kernel(const float* __restrict__ x, std::size_t hidden,
                               const std::int32_t* __restrict__ pair_token, std::size_t pairs,
                               DType t, void* __restrict__ xg) {
+    grid_wait();
+    grid_release();
     for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < pairs * hidden;
          i += std::size_t{gridDim.x} * blockDim.x) {
         const std::size_t p = i / hidden, c = i % hidden;
@@ -85,6 +90,8 @@ __global__ void gather_kernel(const float* __restrict__ x, std::size_t hidden,
 
 __global__ void swiglu_kernel(const float* __restrict__ g, const float* __restrict__ u,
                               std::size_t count, DType t, void* __restrict__ h) {
+    grid_wait();
+    grid_release();
     for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < count;
          i += std::size_t{gridDim.x} * blockDim.x) {
         const float gv = g[i];
@@ -98,6 +105,8 @@ __global__ void combine_kernel(const float* __restrict__ partial, std::size_t hi
                                const float* __restrict__ weight, std::size_t n, std::size_t k,
                                float* __restrict__ y, const std::int32_t* bad,
                                std::int32_t* report) {
+    grid_wait();
+    grid_release();
     if (bad && *bad != -1) {
         if (report && blockIdx.x == 0 && threadIdx.x == 0) atomicCAS(report, -1, *bad);
         return;
@@ -122,26 +131,26 @@ void launch_group_pairs(const std::int32_t* expert, std::size_t n, std::size_t k
                         std::size_t experts, std::int32_t* meta, std::int32_t* pair_token,
                         std::int32_t* pair_of, void* stream) {
     const std::size_t shared = (experts + kGroupThreads) * sizeof(int);
-    group_pairs_kernel<<<1, kGroupThreads, shared, as_stream(stream)>>>(expert, n * k, k, experts,
-                                                                        meta, pair_token, pair_of);
+    launch(group_pairs_kernel, 1, kGroupThreads, shared, as_stream(stream), expert, n * k, k,
+           experts, meta, pair_token, pair_of);
 }
 
 void launch_gather(const float* x, std::size_t hidden, const std::int32_t* pair_token,
                    std::size_t pairs, DType t, void* xg, void* stream) {
-    gather_kernel<<<grid_for(pairs * hidden), kBlock, 0, as_stream(stream)>>>(x, hidden, pair_token,
-                                                                              pairs, t, xg);
+    launch(gather_kernel, grid_for(pairs * hidden), kBlock, 0, as_stream(stream), x, hidden,
+           pair_token, pairs, t, xg);
 }
 
 void launch_swiglu(const float* g, const float* u, std::size_t count, DType t, void* h,
                    void* stream) {
-    swiglu_kernel<<<grid_for(count), kBlock, 0, as_stream(stream)>>>(g, u, count, t, h);
+    launch(swiglu_kernel, grid_for(count), kBlock, 0, as_stream(stream), g, u, count, t, h);
 }
 
 void launch_combine(const float* partial, std::size_t hidden, const std::int32_t* pair_of,
                     const float* weight, std::size_t n, std::size_t k, float* y, void* stream,
                     const std::int32_t* bad, std::int32_t* report) {
-    combine_kernel<<<grid_for(n * hidden), kBlock, 0, as_stream(stream)>>>(
-        partial, hidden, pair_of, weight, n, k, y, bad, report);
+    launch(combine_kernel, grid_for(n * hidden), kBlock, 0, as_stream(stream), partial, hidden,
+           pair_of, weight, n, k, y, bad, report);
 }
 
 }  // namespace writescope::cuda::detail

@@ -142,6 +142,7 @@ json engine_status_json(const ServiceView& v) {
          {{"gpu", v.engine.gpu ? json(v.engine_options.gpu_index) : json(nullptr)},
           {"cpu_isa", v.engine.cpu_isa},
           {"gpu_kernel", v.engine.gpu ? json(v.engine.gpu_kernel) : json(nullptr)},
+          {"gpu_unused", v.gpu_unused.empty() ? json(nullptr) : text_json(v.gpu_unused)},
           {"attention_threads", v.engine.attention_threads}}},
         {"budgets",
          {{"vram_bytes", v.engine_options.gpu_index >= 0 && v.profile.hardware.vram_budget

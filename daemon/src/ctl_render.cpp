@@ -126,14 +126,16 @@ std::string render_status(const json& s) {
                                          str(kv, "dtype"), u64(kv, "block_tokens"),
                                          format_size_human(u64(m, "kv_bytes_per_token")))});
     const auto& gpu = hw.contains("gpu") ? hw["gpu"] : json(nullptr);
-    const std::string gpu_kernel = str(hw, "gpu_kernel");
+    const std::string gpu_kernel = str(hw, "gpu_kernel"), gpu_unused = str(hw, "gpu_unused");
     rows.push_back(
-        {"hardware", fmt::format("{}; CPU kernel {}, {} attention threads",
-                                 gpu.is_null() ? "CPU only"
-                                               : fmt::format("GPU {} ({})", gpu.dump(),
-                                                             gpu_kernel.empty() ? "kernel unknown"
-                                                                                : gpu_kernel),
-                                 str(hw, "cpu_isa"), u64(hw, "attention_threads"))});
+        {"hardware",
+         fmt::format("{}; CPU kernel {}, {} attention threads",
+                     gpu.is_null()
+                         ? (gpu_unused.empty() ? std::string("CPU only")
+                                               : fmt::format("CPU only ({})", gpu_unused))
+                         : fmt::format("GPU {} ({})", gpu.dump(),
+                                       gpu_kernel.empty() ? "kernel unknown" : gpu_kernel),
+                     str(hw, "cpu_isa"), u64(hw, "attention_threads"))});
     if (m.contains("placement") && m["placement"].is_object()) {
         const auto& pl = m["placement"];
         const auto flag_of = [&](const char* part, const char* key) {

@@ -509,6 +509,7 @@ ServiceView Service::view() const {
     {
         std::lock_guard lock(state_mu_);
         v.engine_options = options_;
+        v.gpu_unused = gpu_unused_reason(profile_, machine_, options_);
         v.kv_auto = kv_auto_;
         v.profile = profile_;
         v.boot_stage = stage_;

@@ -108,6 +108,9 @@ struct ServiceView {
     Profile profile;
     std::string profile_source;
     EngineOptions engine_options;
+    // Why hardware.gpu "auto" left this machine's GPU unused (gpu_unused_reason); empty when the
+    // GPU is used, or there is none, or the profile names no GPU.
+    std::string gpu_unused;
     bool engine_up = false;
     bool engine_busy = false;  // a calibration holds the engine: `engine` is the last snapshot
     EngineStatus engine;

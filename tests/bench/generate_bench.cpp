@@ -1099,6 +1099,8 @@ int run_generate(int argc, char** argv) {
                 "  the CPU's caches while the GPU runs the layer's attention: auto times decode\n"
                 "  steps both ways first and keeps the faster; default auto)]\n"
                 "  [--no-graphs (the GPU runtimes launch every kernel: no CUDA graphs)]\n"
+                "  [--no-pdl (no programmatic dependent launch: every kernel waits for the\n"
+                "  whole of the one before)]\n"
                 "  [--cublas-linear (every projection on cuBLAS: no GEMV kernel for few "
                 "tokens)]\n"
                 "  [--gemv-alone BYTES (the smallest matrix on the GEMV kernel alone; default\n"
@@ -1171,6 +1173,8 @@ int run_generate(int argc, char** argv) {
                 o.plan_only = true;
             else if (a == "--no-graphs")
                 o.graphs = false;
+            else if (a == "--no-pdl")
+                cuda::set_programmatic_launch(false);
             else if (a == "--cublas-linear")
                 o.dense_gemv = false;
             else if (a == "--gemv-alone") {

@@ -46,6 +46,9 @@ struct Options {
     double gpu = -1;      // < 0: CPU only; else the share of each layer's routed experts on the GPU
     bool staged = false;  // --staged: the engine's side through host memory every layer
     bool graphs = true;   // --no-graphs: every kernel launched, no recordings
+    // --no-pdl: no programmatic dependent launch (cuda::set_programmatic_launch(false)): every
+    // kernel waits for the whole of the one before (the "before" of 2026-12-06)
+    bool pdl = true;
     // --split-gemm: a split layer's resident experts on the GEMM path with its wait (the GPU
     // ops' gemv_beside_host off: the "before")
     bool split_gemm = false;
@@ -90,6 +93,8 @@ int run_model_decode(int argc, char** argv) {
             o.staged = true;
         else if (a == "--no-graphs")
             o.graphs = false;
+        else if (a == "--no-pdl")
+            o.pdl = false;
         else if (a == "--split-gemm")
             o.split_gemm = true;
         else if (a == "--cublas-linear")
@@ -101,7 +106,8 @@ int run_model_decode(int argc, char** argv) {
             std::printf(
                 "writescope-bench model-decode [--models a,b] [--layers 2] [--batch 1,4,16]\n"
                 "  [--context 1024] [--steps 16] [--threads N] [--gpu SHARE [--staged] "
-                "[--no-graphs] [--split-gemm] [--cublas-linear] [--gemv-alone BYTES]] [--json "
+                "[--no-graphs] [--no-pdl] [--split-gemm] [--cublas-linear] [--gemv-alone BYTES]] "
+                "[--json "
                 "FILE]\n");
             return 0;
         } else
@@ -112,6 +118,8 @@ int run_model_decode(int argc, char** argv) {
     std::vector<std::string> rows;
 #if !WRITESCOPE_BENCH_GPU_MODEL
     if (o.gpu >= 0) throw std::invalid_argument("--gpu: this build has no GPU model runtime");
+#else
+    cuda::set_programmatic_launch(o.pdl);
 #endif
     if (o.gpu > 1) throw std::invalid_argument("--gpu: a share in [0, 1]");
     const bool gpu = o.gpu >= 0;
@@ -197,12 +205,14 @@ int run_model_decode(int argc, char** argv) {
         ro.cuda_graphs = o.graphs;
         const auto rt = model::make_runtime(*m, *ops, *engine, ro, rw);
         if (gpu)
-            std::printf("%s: attention %s, prompts attended %s; %s\n", name.c_str(),
+            std::printf("%s: attention %s, prompts attended %s; %s; programmatic launches %s\n",
+                        name.c_str(),
                         rt->device_attention() ? "device-side (q, K/V and states stay on the GPU)"
                                                : "staged through host memory every layer",
                         rt->device_prompts() ? "on the GPU" : "by the CPU",
                         rt->records_decode() ? "decode segments replayed as CUDA graphs"
-                                             : "every kernel launched");
+                                             : "every kernel launched",
+                        o.pdl ? "on" : "off");
 
         // The read ceiling with the expert pool's thread count, over 2 GiB.
         cpu::WorkerPoolOptions po;

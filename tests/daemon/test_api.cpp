@@ -151,6 +151,16 @@ TEST_CASE("routes answer after boot and errors keep the shape", "[unit][daemon][
     CHECK(st["hardware"]["gpu"].is_null());
     CHECK(st["hardware"]["gpu_kernel"].is_null());
     CHECK_THAT(render_status(st), Catch::Contains("CPU only; CPU kernel fake"));
+    CHECK(st["hardware"]["gpu_unused"].is_null());  // no GPU on this machine: nothing left unused
+    {
+        // hardware.gpu "auto" on a machine whose GPU the model's KV does not suit: why, in the
+        // status (as the boot's engine.gpu_unused warning says it).
+        auto ust = st;
+        ust["hardware"]["gpu_unused"] = "hardware.gpu \"auto\": GPU 0 is not used for model m";
+        CHECK_THAT(render_status(ust),
+                   Catch::Contains("CPU only (hardware.gpu \"auto\": GPU 0 is not used for "
+                                   "model m); CPU kernel fake"));
+    }
     // Without a GPU there is no VRAM budget, and the open tails are in host memory.
     CHECK(st["budgets"]["vram_kv_bytes"] == 0);
     CHECK(st["budgets"]["vram_bytes"].is_null());

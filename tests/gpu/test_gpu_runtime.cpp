@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "reference_model.hpp"
 #include "test_seed.hpp"
@@ -442,5 +443,68 @@ TEST_CASE("the GPU runtime decodes a batch in two halves per layer as it does wh
             static_cast<unsigned long long>(seed));
         CHECK(d_whole / scale <= 1e-3);  // the ops over half the rows may round differently
         CHECK(d_cpu / scale <= 1e-2);
+    }
+}
+
+TEST_CASE("programmatic dependent launches change no bit of a decode", "[gpu]") {
+    if (cuda::device_count() == 0) FAIL("no GPU");
+    auto rng = seeded_rng("gpu runtime programmatic launch");
+    for (const std::string name : {"qwen3-moe-tiny", "deepseek-v2-tiny-yarn", "mixtral-tiny"}) {
+        const model::ModelConfig c = gpu_attention_shape(name);
+        const std::uint64_t seed = rng();
+        const auto m = model::make_random_model(c, seed);
+        const std::size_t B = c.mla() ? 32 : 64, V = static_cast<std::size_t>(c.vocab_size);
+        const std::size_t lens[2] = {3 * B + 5, 2 * B + 7}, steps = 8;
+        std::vector<std::vector<std::int32_t>> prompts(2);
+        for (std::size_t s = 0; s < 2; ++s)
+            for (std::size_t i = 0; i < lens[s]; ++i)
+                prompts[s].push_back(static_cast<std::int32_t>(rng() % V));
+        std::vector<std::vector<std::int32_t>> next(steps, std::vector<std::int32_t>(2));
+        for (auto& t : next)
+            for (auto& x : t)
+                x = static_cast<std::int32_t>(rng() % V);
+        // Two sequences whose KV spills past G into P and U, experts split with the CPU, decoded
+        // with and without CUDA graphs; each runtime set up (and its graphs recorded) with the
+        // switch as given.
+        const auto run = [&](bool pdl, bool graphs) {
+            struct Restore {
+                ~Restore() { cuda::set_programmatic_launch(true); }
+            } restore;
+            cuda::set_programmatic_launch(pdl);
+            GpuRuntime g(*m, 64, /*split=*/true, gpu_engine(*m, B, /*g_blocks=*/2, 2), 2, true,
+                         graphs);
+            const std::uint64_t ids[2] = {21, 22};
+            std::vector<float> out, logits(2 * V);
+            for (std::size_t s = 0; s < 2; ++s) {
+                REQUIRE(g.runtime->admit(ids[s], lens[s] + steps + 1).ok);
+                g.runtime->prefill(ids[s], prompts[s], logits.data());
+                out.insert(out.end(), logits.begin(), logits.begin() + V);
+            }
+            for (std::size_t k = 0; k < steps; ++k) {
+                g.runtime->decode(ids, next[k], logits.data());
+                out.insert(out.end(), logits.begin(), logits.end());
+            }
+            CHECK(g.runtime->records_decode() == graphs);
+            for (const std::uint64_t id : ids)
+                REQUIRE(g.runtime->release(id));
+            return out;
+        };
+        for (const bool graphs : {true, false}) {
+            const std::vector<float> on = run(true, graphs), off = run(false, graphs);
+            REQUIRE(on.size() == off.size());
+            std::size_t differ = 0;
+            double largest = 0;
+            for (std::size_t i = 0; i < on.size(); ++i)
+                if (std::memcmp(&on[i], &off[i], sizeof(float)) != 0) {
+                    ++differ;
+                    largest = std::max(largest, std::abs(static_cast<double>(on[i]) - off[i]));
+                }
+            std::printf(
+                "[gpu] runtime %-36s %s: logits with programmatic launches against without: "
+                "%zu of %zu differ (largest %.3g); seed %llu\n",
+                c.name.c_str(), graphs ? "graphs" : "no graphs", differ, on.size(), largest,
+                static_cast<unsigned long long>(seed));
+            CHECK(differ == 0);
+        }
     }
 }

@@ -151,6 +151,13 @@ void device_synchronize();
 // cudaProfilerStop: `ncu --profile-from-start off`); without a profiler they do nothing.
 void profiler_start();
 void profiler_stop();
+// Programmatic dependent launch (compute capability 9.0 and later): a writescope kernel of a
+// decode step may be placed while the kernel before it on its stream finishes, and waits on the
+// device for that kernel's results (cuda/src/launch.cuh). On by default; off makes every launch
+// wait for the whole of the one before, as <<<>>> does (the benchmarks' --no-pdl). Process-wide,
+// read at each launch: a CUDA graph keeps the launches it was recorded with.
+void set_programmatic_launch(bool on) noexcept;
+bool programmatic_launch() noexcept;
 // A synchronous copy (directions inferred by unified addressing); for set-up, not the decode path.
 void copy_sync(void* dst, const void* src, std::size_t bytes);
 // Asynchronous copies on a stream (directions inferred by unified addressing).
