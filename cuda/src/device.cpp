@@ -306,6 +306,25 @@ void device_synchronize() {
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
+std::string device_fault(int index) noexcept {
+    const auto name = [](cudaError_t e) {
+        return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+    };
+    try {
+        if (const cudaError_t e = cudaSetDevice(index); e != cudaSuccess) {
+            (void)cudaGetLastError();
+            if (cudaSetDevice(index) != cudaSuccess) return name(e);
+        }
+        if (cudaDeviceSynchronize() == cudaSuccess) return {};
+        (void)cudaGetLastError();  // clears an error that is not sticky
+        const cudaError_t again = cudaDeviceSynchronize();
+        if (again == cudaSuccess) return {};
+        return name(again);
+    } catch (...) {
+        return "the device check ran out of memory";
+    }
+}
+
 void profiler_start() {
     check(cudaProfilerStart(), "cudaProfilerStart");
 }

@@ -1109,6 +1109,7 @@ json scheduler_json(const ServiceView& v) {
     const auto& s = *v.scheduler;
     return {{"accepting", s.accepting},
             {"paused", s.paused},
+            {"fault", s.fault.empty() ? json(nullptr) : json(s.fault)},
             {"queued", s.queued},
             {"prefilling", s.prefilling},
             {"running", s.running},

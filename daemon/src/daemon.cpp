@@ -104,6 +104,9 @@ class Daemon {
             feed_watchdog();
         }
         notify("STATUS=starting");
+        service_.on_device_fault([this](const std::string& why) {
+            asio::post(io_, [this, why] { on_device_fault(why); });
+        });
         boot_thread_ = std::thread([this] { boot(); });
         serve();
         boot_thread_.join();
@@ -171,6 +174,15 @@ class Daemon {
         if (stopping_) return;  // cancelled by SIGTERM: a normal stop
         log_error("boot.failed", "boot failed: {}", msg);
         notify(fmt::format("STATUS=failed: {}", msg));
+        exit_code_ = 1;
+        begin_stop();
+    }
+
+    // The model's GPU can no longer run steps (a sticky CUDA error: only a new process
+    // recovers): stop as after a failed boot, so that Restart=on-failure starts it again.
+    void on_device_fault(const std::string& why) {
+        if (stopping_) return;
+        notify(fmt::format("STATUS=failed: the GPU can no longer run the model: {}", why));
         exit_code_ = 1;
         begin_stop();
     }

@@ -20,8 +20,10 @@
 #include "units.hpp"
 #include "writescope/core/model/placement.hpp"
 #include "writescope/cpu/model_ops.hpp"
-#if WRITESCOPE_HAVE_CUDA_MODEL
+#if WRITESCOPE_HAVE_CUDA
 #include "writescope/cuda/device.hpp"
+#endif
+#if WRITESCOPE_HAVE_CUDA_MODEL
 #include "writescope/cuda/device_model.hpp"
 #include "writescope/cuda/model_ops.hpp"
 #endif
@@ -376,6 +378,15 @@ ModelFactory real_model_factory() {
             model::SchedulerOptions so;
             so.max_sequences = p.kv.max_batch;
             so.max_queued = p.server.max_queued_requests;
+#if WRITESCOPE_HAVE_CUDA
+            // After a failed step on the GPU: whether its context is still usable (a sticky
+            // error is not: the daemon stops for its service manager to start it again).
+            if (gpu_engine) {
+                const int index =
+                    p.hardware.gpu.choice == GpuChoice::index ? p.hardware.gpu.index : 0;
+                so.fault_probe = [index] { return cuda::device_fault(index); };
+            }
+#endif
             host->scheduler = std::make_unique<model::Scheduler>(*host->runtime, so);
         } catch (const std::exception& e) {
             throw std::runtime_error(fmt::format("the model runtime did not start: {}", e.what()));

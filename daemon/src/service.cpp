@@ -335,6 +335,14 @@ void Service::load_model(const Profile& profile, const StatusFn& status) {
              info.placement.gpu ? fmt::format("on the GPU: {}", info.placement.summary)
                                 : std::string("on the CPU"),
              info.kernel, info.expert_threads, host->scheduler->max_sequences());
+    host->scheduler->on_fault([this](const std::string& why) {
+        log_error("model.device-fault",
+                  "the GPU can no longer run the model ({}): the requests in flight failed, new "
+                  "ones are refused; stopping so that the service manager starts writescoped "
+                  "again",
+                  why);
+        if (fault_fn_) fault_fn_(why);
+    });
     std::lock_guard lock(model_mu_);
     model_ = std::move(host);
     model_info_ = std::move(info);

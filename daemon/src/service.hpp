@@ -144,6 +144,11 @@ class Service {
     // told each stage (for STATUS=). Throws std::runtime_error on a failure that leaves the daemon
     // unable to serve (and when request_stop() cancels it).
     void boot(const StatusFn& status);
+    // Called (once, on the scheduler's thread) when the model's device can no longer run steps
+    // (model::Scheduler::on_fault, after a failed step: a sticky GPU error); the daemon stops on
+    // it, with a failure status, so that its service manager starts it again. Set before boot.
+    using FaultFn = std::function<void(const std::string& why)>;
+    void on_device_fault(FaultFn fn) { fault_fn_ = std::move(fn); }
 
     Phase phase() const noexcept { return phase_.load(); }
     // Stops new work: the phase becomes stopping, a running calibration is cancelled, and the
@@ -236,6 +241,7 @@ class Service {
     const AllocatorInfo allocator_;
     const ModelFactory model_factory_;
     const std::int64_t started_at_ms_;
+    FaultFn fault_fn_;  // set before boot, read on the scheduler's thread
 
     std::atomic<Phase> phase_{Phase::starting};
     std::atomic<bool> cancel_{false};

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -292,7 +293,7 @@ TEST_CASE("a request that does not fit the budget is refused and the others run 
 
 TEST_CASE("submit refuses bad requests at once, naming the limit", "[unit][serving]") {
     FakeRuntime rt(16, 1000, 4, 1, 32);  // context 32
-    Scheduler s(rt, {1, 1});
+    Scheduler s(rt, {1, 1, {}});
     Events e;
     auto refused = [&](Request r) {
         const auto res = s.submit(std::move(r), e.sink());
@@ -350,6 +351,73 @@ TEST_CASE("a failing step fails its requests with the message, and the loop goes
     CHECK(s.stats().step_errors == 2);
     CHECK(s.stats().failed == 2);
     CHECK(wait_for([&] { return rt.live() == 0; }));
+}
+
+TEST_CASE("a step failure the fault probe calls a device fault fails everything and refuses more",
+          "[unit][serving]") {
+    FakeRuntime rt(16, 1000, 4, /*max_batch=*/1);
+    std::atomic<bool> broken{false};
+    std::atomic<int> probes{0};
+    SchedulerOptions o;
+    o.fault_probe = [&]() -> std::string {
+        ++probes;
+        return broken ? "cudaErrorIllegalAddress: an illegal memory access was encountered" : "";
+    };
+    Scheduler s(rt, o);
+    std::mutex mu;
+    std::vector<std::string> faults;
+    s.on_fault([&](const std::string& why) {
+        std::lock_guard lock(mu);
+        faults.push_back(why);
+    });
+    // A failure the probe does not call a fault: the step's requests alone, as before.
+    rt.fail_next_decodes(1);
+    Events a;
+    REQUIRE(s.submit(greedy({1}, 4), a.sink()));
+    CHECK(a.wait_end().back().error.kind == ErrorKind::internal);
+    CHECK(probes == 1);
+    CHECK(s.stats().fault.empty());
+    // A fault: the running request, and the one queued behind it (one slot), fail as
+    // unavailable naming it; new ones are refused; the handler runs once.
+    Events b, c;
+    REQUIRE(s.submit(greedy({1}, 200), b.sink()));
+    b.wait_tokens(2);
+    s.pause();
+    REQUIRE(s.submit(greedy({1}, 4), c.sink()));
+    broken = true;
+    rt.fail_next_decodes(1);
+    s.resume();
+    const auto eb = b.wait_end(), ec = c.wait_end();
+    CHECK(eb.back().kind == Kind::failed);
+    CHECK(eb.back().error.kind == ErrorKind::unavailable);
+    CHECK_THAT(eb.back().error.message, Contains("decode step failed") && Contains("injected") &&
+                                            Contains("cudaErrorIllegalAddress") &&
+                                            Contains("must start again"));
+    CHECK(ec.back().kind == Kind::failed);
+    CHECK(ec.back().error.kind == ErrorKind::unavailable);
+    CHECK_THAT(ec.back().error.message, Contains("cudaErrorIllegalAddress"));
+    REQUIRE(wait_for([&] {
+        std::lock_guard lock(mu);
+        return !faults.empty();
+    }));
+    {
+        std::lock_guard lock(mu);
+        REQUIRE(faults.size() == 1);
+        CHECK_THAT(faults[0], Contains("illegal memory access"));
+    }
+    const auto st = s.stats();
+    CHECK_THAT(st.fault, Contains("cudaErrorIllegalAddress"));
+    CHECK_FALSE(st.accepting);
+    CHECK(st.queued == 0);
+    CHECK(st.running == 0);
+    CHECK(rt.live() == 0);  // every sequence's KV released
+    Events d;
+    const auto refused = s.submit(greedy({1}, 4), d.sink());
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error->kind == ErrorKind::unavailable);
+    CHECK_THAT(refused.error->message, Contains("can no longer run the model"));
+    std::lock_guard lock(mu);
+    CHECK(faults.size() == 1);
 }
 
 TEST_CASE("seeded sampling is the same whatever runs beside it", "[unit][serving]") {
@@ -417,7 +485,7 @@ TEST_CASE("prompt_logprobs scores every prompt token, in chunks, with the first 
           "[unit][serving]") {
     const std::size_t V = 16;
     FakeRuntime rt(V, 100000, 100, 1, 512);  // prefill chunks of up to 100 tokens
-    Scheduler s(rt, {1, 1});
+    Scheduler s(rt, {1, 1, {}});
     Events e;
     std::vector<std::int32_t> prompt(150);
     for (std::size_t i = 0; i < prompt.size(); ++i)

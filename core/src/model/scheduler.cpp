@@ -96,6 +96,7 @@ struct Scheduler::Sequence {
 
 Scheduler::Scheduler(Runtime& runtime, const SchedulerOptions& opts)
     : rt_(runtime),
+      fault_probe_(opts.fault_probe),
       max_sequences_(opts.max_sequences ? std::min(opts.max_sequences, runtime.max_batch())
                                         : runtime.max_batch()),
       max_queued_(opts.max_queued),
@@ -152,6 +153,12 @@ SubmitResult Scheduler::submit(Request request, EventSink sink) {
     s->sink = std::move(sink);
     s->submitted = Clock::now();
     std::lock_guard lock(mu_);
+    if (!stats_.fault.empty()) {
+        ++stats_.refused;
+        return {0, RequestError{ErrorKind::unavailable,
+                                text("the device can no longer run the model (", stats_.fault,
+                                     "): the server must start again")}};
+    }
     if (!accepting_ || stop_) {
         ++stats_.refused;
         return {0, RequestError{ErrorKind::unavailable, "the scheduler is stopping"}};
@@ -224,6 +231,53 @@ void Scheduler::shutdown() {
         held_cv_.notify_all();
     }
     if (thread_.joinable()) thread_.join();
+}
+
+void Scheduler::on_fault(std::function<void(const std::string& why)> handler) {
+    std::lock_guard lock(mu_);
+    fault_handler_ = std::move(handler);
+}
+
+std::string Scheduler::probe_fault() {
+    if (!fault_probe_) return {};
+    try {
+        return fault_probe_();
+    } catch (const std::exception& e) {
+        return text("the device check failed: ", e.what());
+    }
+}
+
+void Scheduler::fault(const std::string& why) {
+    std::deque<std::unique_ptr<Sequence>> queued;
+    std::function<void(const std::string&)> handler;
+    {
+        std::lock_guard lock(mu_);
+        if (!stats_.fault.empty()) return;
+        stats_.fault = why;
+        accepting_ = false;
+        stats_.accepting = false;
+        queued.swap(queued_);
+        stats_.queued = 0;
+        handler = fault_handler_;
+    }
+    const RequestError err{ErrorKind::unavailable, text("the device can no longer run the model (",
+                                                        why, "): the server must start again")};
+    for (auto* list : {&prefilling_, &running_})
+        for (auto& s : *list)
+            if (!s->ended) {
+                RequestEvent ev = s->event(RequestEvent::Kind::failed);
+                ev.error = err;
+                finish(*s, ev);
+            }
+    prefilling_.clear();
+    running_.clear();
+    for (auto& s : queued) {
+        count_end(RequestEvent::Kind::failed, {});
+        RequestEvent ev = s->event(RequestEvent::Kind::failed);
+        ev.error = err;
+        s->deliver(ev);
+    }
+    if (handler) handler(why);
 }
 
 SchedulerStats Scheduler::stats() const {
@@ -427,10 +481,17 @@ void Scheduler::prefill_one() {
             std::lock_guard lock(mu_);
             ++stats_.step_errors;
         }
+        const std::string why = probe_fault();
         RequestEvent ev = s.event(RequestEvent::Kind::failed);
-        ev.error = {ErrorKind::internal, text("prefill failed: ", e.what())};
+        ev.error = why.empty()
+                       ? RequestError{ErrorKind::internal, text("prefill failed: ", e.what())}
+                       : RequestError{ErrorKind::unavailable,
+                                      text("prefill failed: ", e.what(),
+                                           "; the device can no longer run the model (", why,
+                                           "): the server must start again")};
         finish(s, ev);
         prefilling_.erase(prefilling_.begin());
+        if (!why.empty()) fault(why);
         return;
     }
     s.prefilled += n;
@@ -509,12 +570,19 @@ void Scheduler::decode_running() {
             std::lock_guard lock(mu_);
             ++stats_.step_errors;
         }
+        const std::string why = probe_fault();
         for (auto& s : running_) {
             RequestEvent ev = s->event(RequestEvent::Kind::failed);
-            ev.error = {ErrorKind::internal, text("decode step failed: ", e.what())};
+            ev.error = why.empty() ? RequestError{ErrorKind::internal,
+                                                  text("decode step failed: ", e.what())}
+                                   : RequestError{ErrorKind::unavailable,
+                                                  text("decode step failed: ", e.what(),
+                                                       "; the device can no longer run the model (",
+                                                       why, "): the server must start again")};
             finish(*s, ev);
         }
         running_.clear();
+        if (!why.empty()) fault(why);
         return;
     }
     {

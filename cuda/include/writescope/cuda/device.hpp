@@ -147,6 +147,13 @@ void* mapped_device_pointer(void* pinned_host);
 
 // Waits for all work on the current device (cudaDeviceSynchronize); throws on its error.
 void device_synchronize();
+// Whether GPU `index` can still run work, for after a failure: empty when it can; else the
+// error that left its context unusable for the rest of the process ("cudaErrorIllegalAddress:
+// an illegal memory access was encountered", a device-side assert, an uncorrectable ECC error, a
+// device that fell off the bus: every later call fails with it, and only a new process recovers).
+// Waits for the device's work (cudaDeviceSynchronize); an error a second wait no longer returns
+// was not sticky, and is cleared.
+std::string device_fault(int index) noexcept;
 // Marks the span a profiler started with "profile from start off" records (cudaProfilerStart,
 // cudaProfilerStop: `ncu --profile-from-start off`); without a profiler they do nothing.
 void profiler_start();

@@ -148,6 +148,10 @@ struct SchedulerStats {
     std::size_t running = 0;     // decoding
     std::size_t max_sequences = 0, max_queued = 0;
     bool accepting = true, paused = false;
+    // Why the runtime's device can no longer run steps (SchedulerOptions::fault_probe after a
+    // step failed: a sticky GPU error); empty while it can. Once set it stays: the scheduler
+    // refuses every request (unavailable) and the process must start again.
+    std::string fault;
     Histogram time_to_first_token;    // seconds from submit to the first token
     Histogram time_per_output_token;  // seconds between consecutive tokens of a request
     // Tokens routed to each expert of each layer since start (Runtime::take_expert_heat after
@@ -165,6 +169,13 @@ struct SchedulerStats {
 struct SchedulerOptions {
     std::size_t max_sequences = 0;  // admitted at once; 0: Runtime::max_batch()
     std::size_t max_queued = 256;   // waiting for admission; more are refused (busy)
+    // Asked on the scheduler's thread after a prefill chunk or a decode step threw: empty when
+    // the runtime's device can still run steps (the failure was the step's), else why not (a
+    // sticky CUDA error leaves the context unusable for the process's life). A fault fails the
+    // step's requests and every other admitted or queued one (unavailable, naming it), refuses
+    // new ones, and calls the fault handler (Scheduler::on_fault) once. Unset: every failure is
+    // the step's.
+    std::function<std::string()> fault_probe;
 };
 
 class Scheduler {
@@ -188,6 +199,10 @@ class Scheduler {
 
     void stop_accepting();
     void shutdown();
+    // Called once, on the scheduler's thread, when fault_probe reports a fault (after the
+    // requests were failed); set it before the first request. The daemon stops on it, so that
+    // its service manager starts it again.
+    void on_fault(std::function<void(const std::string& why)> handler);
 
     SchedulerStats stats() const;
     std::size_t max_sequences() const noexcept { return max_sequences_; }
@@ -210,8 +225,14 @@ class Scheduler {
     bool emit_token(Sequence& s, const SampledToken& t);
     void finish(Sequence& s, const RequestEvent& last);
     void count_end(RequestEvent::Kind kind, FinishReason r);
+    // After a step threw: fault_probe's answer (empty: none, or no probe).
+    std::string probe_fault();
+    // A fault: refuses new requests, fails every admitted and queued one, calls the handler.
+    void fault(const std::string& why);
 
     Runtime& rt_;
+    const std::function<std::string()> fault_probe_;
+    std::function<void(const std::string&)> fault_handler_;  // under mu_
     const std::size_t max_sequences_, max_queued_, max_context_, vocab_;
     const std::vector<std::int32_t> eos_;
 
