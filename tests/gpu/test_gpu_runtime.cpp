@@ -117,6 +117,45 @@ std::unique_ptr<Engine> gpu_engine(const model::Model& m, std::size_t B, std::si
     return e;
 }
 
+// Two sequences whose prompts (3·B + 5 and 2·B + 7 random tokens) spill their KV past a G of two
+// blocks into P and U, and `steps` decode steps of random tokens for both.
+struct TwoSequences {
+    std::size_t lens[2];
+    std::vector<std::vector<std::int32_t>> prompts, next;
+};
+TwoSequences two_sequences(std::mt19937_64& rng, std::size_t B, std::size_t V, std::size_t steps) {
+    TwoSequences t{{3 * B + 5, 2 * B + 7},
+                   std::vector<std::vector<std::int32_t>>(2),
+                   std::vector<std::vector<std::int32_t>>(steps, std::vector<std::int32_t>(2))};
+    for (std::size_t s = 0; s < 2; ++s)
+        for (std::size_t i = 0; i < t.lens[s]; ++i)
+            t.prompts[s].push_back(static_cast<std::int32_t>(rng() % V));
+    for (auto& step : t.next)
+        for (auto& x : step)
+            x = static_cast<std::int32_t>(rng() % V);
+    return t;
+}
+
+// The two decoded together by rt (ids `first` and `first` + 1): every step's logits, after each
+// prompt's last ones when `with_prompts`; then both released.
+std::vector<float> decode_two(model::Runtime& rt, const TwoSequences& t, std::size_t V,
+                              std::uint64_t first, bool with_prompts) {
+    const std::uint64_t ids[2] = {first, first + 1};
+    std::vector<float> out, logits(2 * V);
+    for (std::size_t s = 0; s < 2; ++s) {
+        REQUIRE(rt.admit(ids[s], t.lens[s] + t.next.size() + 1).ok);
+        rt.prefill(ids[s], t.prompts[s], logits.data());
+        if (with_prompts) out.insert(out.end(), logits.begin(), logits.begin() + V);
+    }
+    for (const auto& step : t.next) {
+        rt.decode(ids, step, logits.data());
+        out.insert(out.end(), logits.begin(), logits.end());
+    }
+    for (const std::uint64_t id : ids)
+        REQUIRE(rt.release(id));
+    return out;
+}
+
 }  // namespace
 
 TEST_CASE(
@@ -401,30 +440,8 @@ TEST_CASE("the GPU runtime decodes a batch in two halves per layer as it does wh
                          true, false, model::LayerParts::off);
         CpuRuntime cpu(*m, 64, B, 2);
         REQUIRE(halves.engine->attends_in_parts());
-        const std::size_t lens[2] = {3 * B + 5, 2 * B + 7}, steps = 12;
-        std::vector<std::vector<std::int32_t>> prompts(2);
-        for (std::size_t s = 0; s < 2; ++s)
-            for (std::size_t i = 0; i < lens[s]; ++i)
-                prompts[s].push_back(static_cast<std::int32_t>(rng() % V));
-        std::vector<std::vector<std::int32_t>> next(steps, std::vector<std::int32_t>(2));
-        for (auto& t : next)
-            for (auto& x : t)
-                x = static_cast<std::int32_t>(rng() % V);
-        const auto run = [&](model::Runtime& rt) {
-            const std::uint64_t ids[2] = {11, 12};
-            std::vector<float> out, logits(2 * V);
-            for (std::size_t s = 0; s < 2; ++s) {
-                REQUIRE(rt.admit(ids[s], lens[s] + steps + 1).ok);
-                rt.prefill(ids[s], prompts[s], logits.data());
-            }
-            for (std::size_t k = 0; k < steps; ++k) {
-                rt.decode(ids, next[k], logits.data());
-                out.insert(out.end(), logits.begin(), logits.end());
-            }
-            for (const std::uint64_t id : ids)
-                REQUIRE(rt.release(id));
-            return out;
-        };
+        const TwoSequences t = two_sequences(rng, B, V, 12);
+        const auto run = [&](model::Runtime& rt) { return decode_two(rt, t, V, 11, false); };
         const std::vector<float> h = run(*halves.runtime), w = run(*whole.runtime),
                                  ref = run(*cpu.runtime);
         CHECK(halves.runtime->last_step_in_parts());
@@ -454,18 +471,9 @@ TEST_CASE("programmatic dependent launches change no bit of a decode", "[gpu]") 
         const std::uint64_t seed = rng();
         const auto m = model::make_random_model(c, seed);
         const std::size_t B = c.mla() ? 32 : 64, V = static_cast<std::size_t>(c.vocab_size);
-        const std::size_t lens[2] = {3 * B + 5, 2 * B + 7}, steps = 8;
-        std::vector<std::vector<std::int32_t>> prompts(2);
-        for (std::size_t s = 0; s < 2; ++s)
-            for (std::size_t i = 0; i < lens[s]; ++i)
-                prompts[s].push_back(static_cast<std::int32_t>(rng() % V));
-        std::vector<std::vector<std::int32_t>> next(steps, std::vector<std::int32_t>(2));
-        for (auto& t : next)
-            for (auto& x : t)
-                x = static_cast<std::int32_t>(rng() % V);
-        // Two sequences whose KV spills past G into P and U, experts split with the CPU, decoded
-        // with and without CUDA graphs; each runtime set up (and its graphs recorded) with the
-        // switch as given.
+        const TwoSequences t = two_sequences(rng, B, V, 8);
+        // Decoded with experts split with the CPU, with and without CUDA graphs; each runtime
+        // set up (and its graphs recorded) with the switch as given.
         const auto run = [&](bool pdl, bool graphs) {
             struct Restore {
                 ~Restore() { cuda::set_programmatic_launch(true); }
@@ -473,20 +481,8 @@ TEST_CASE("programmatic dependent launches change no bit of a decode", "[gpu]") 
             cuda::set_programmatic_launch(pdl);
             GpuRuntime g(*m, 64, /*split=*/true, gpu_engine(*m, B, /*g_blocks=*/2, 2), 2, true,
                          graphs);
-            const std::uint64_t ids[2] = {21, 22};
-            std::vector<float> out, logits(2 * V);
-            for (std::size_t s = 0; s < 2; ++s) {
-                REQUIRE(g.runtime->admit(ids[s], lens[s] + steps + 1).ok);
-                g.runtime->prefill(ids[s], prompts[s], logits.data());
-                out.insert(out.end(), logits.begin(), logits.begin() + V);
-            }
-            for (std::size_t k = 0; k < steps; ++k) {
-                g.runtime->decode(ids, next[k], logits.data());
-                out.insert(out.end(), logits.begin(), logits.end());
-            }
+            const std::vector<float> out = decode_two(*g.runtime, t, V, 21, true);
             CHECK(g.runtime->records_decode() == graphs);
-            for (const std::uint64_t id : ids)
-                REQUIRE(g.runtime->release(id));
             return out;
         };
         for (const bool graphs : {true, false}) {
