@@ -315,8 +315,9 @@ std::string device_fault(int index) noexcept {
             (void)cudaGetLastError();
             if (cudaSetDevice(index) != cudaSuccess) return name(e);
         }
-        if (cudaDeviceSynchronize() == cudaSuccess) return {};
-        (void)cudaGetLastError();  // clears an error that is not sticky
+        const cudaError_t first = cudaDeviceSynchronize();
+        (void)cudaGetLastError();  // clears an error that is not sticky (this thread's)
+        if (first == cudaSuccess) return {};
         const cudaError_t again = cudaDeviceSynchronize();
         if (again == cudaSuccess) return {};
         return name(again);
