@@ -21,6 +21,7 @@
 #include "log.hpp"
 #include "machine.hpp"
 #include "systemd_notify.hpp"
+#include "units.hpp"
 
 namespace writescope::daemon {
 
@@ -252,7 +253,28 @@ class Daemon {
 
     // --- timers
     void feed_watchdog() {
-        notify("WATCHDOG=1");
+        // A step hung in the runtime (a GPU or CPU that never returns) leaves the serving loop
+        // alive; the watchdog then goes unanswered so that the manager restarts the daemon.
+        if (const auto stalled = service_.stalled_step()) {
+            if (!stall_reported_) {
+                stall_reported_ = true;
+                log_error("model.step-stalled",
+                          "a step of the model has run for {} (server.step_timeout {}): taken "
+                          "for a hung GPU or CPU, the watchdog is no longer answered, so that "
+                          "the service manager restarts writescoped",
+                          format_duration(*stalled),
+                          format_duration(service_.profile().server.step_timeout));
+                notify(fmt::format("STATUS=failed: a step of the model has run for {}",
+                                   format_duration(*stalled)));
+            }
+        } else {
+            if (stall_reported_) {
+                stall_reported_ = false;
+                log_notice("model.step-resumed",
+                           "the stalled step ended: the watchdog is answered again");
+            }
+            notify("WATCHDOG=1");
+        }
         watchdog_timer_.expires_after(watchdog_period_);
         watchdog_timer_.async_wait([this](const boost::system::error_code& ec) {
             if (!ec && !stopped_) feed_watchdog();
@@ -330,6 +352,7 @@ class Daemon {
     asio::signal_set signals_;
     asio::steady_timer watchdog_timer_, sample_timer_, flush_timer_, drain_timer_;
     std::chrono::milliseconds watchdog_period_{0};
+    bool stall_reported_ = false;  // model.step-stalled was logged and not yet resolved
     std::chrono::steady_clock::time_point started_, drain_deadline_;
     std::thread boot_thread_;
     bool stopping_ = false;

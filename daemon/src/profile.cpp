@@ -751,6 +751,13 @@ const std::vector<KeyDef>& key_table() {
             "request_timeout (a slower body gets 408; 100ms to 1h)",
             true, [](Profile & p) -> auto& { return p.server.body_timeout; }, milliseconds(100),
             std::chrono::hours(1)));
+        t.push_back(duration_key(
+            "server", "step_timeout", "\"10m\"",
+            "a prompt chunk or decode step that runs longer is taken for a hung GPU or CPU: under "
+            "systemd's WatchdogSec= the daemon stops answering the watchdog, which restarts it "
+            "(0: never; up to 1d)",
+            true, [](Profile & p) -> auto& { return p.server.step_timeout; }, milliseconds(0),
+            std::chrono::hours(24)));
         t.push_back(string_key(
             "server", "admin_group", "\"writescope-admin\"",
             "group whose members may change the daemon's state (PUT /v1/policy, POST "

@@ -109,6 +109,9 @@ struct Profile {
         std::chrono::milliseconds request_timeout{0};
         // A body must arrive within this (and within request_timeout) once the header is in.
         std::chrono::milliseconds body_timeout{0};
+        // A prefill chunk or decode step running longer is a hang (0: never): the daemon stops
+        // answering the service manager's watchdog, which kills and restarts it.
+        std::chrono::milliseconds step_timeout{0};
         std::string admin_group;  // may change state besides root and the daemon's user; "": none
     } server;
     struct Storage {

@@ -348,6 +348,15 @@ void Service::load_model(const Profile& profile, const StatusFn& status) {
     model_info_ = std::move(info);
 }
 
+std::optional<std::chrono::milliseconds> Service::stalled_step() const {
+    const auto limit = profile().server.step_timeout;
+    const model::Scheduler* s = limit.count() > 0 ? scheduler() : nullptr;
+    if (!s) return std::nullopt;
+    const auto ran = std::chrono::duration_cast<std::chrono::milliseconds>(s->step_running());
+    if (ran <= limit) return std::nullopt;
+    return ran;
+}
+
 model::Scheduler* Service::scheduler() const {
     std::lock_guard lock(model_mu_);
     return model_ ? model_->scheduler.get() : nullptr;

@@ -420,6 +420,22 @@ TEST_CASE("a step failure the fault probe calls a device fault fails everything 
     CHECK(faults.size() == 1);
 }
 
+TEST_CASE("step_running says how long the step in the runtime has run, zero between steps",
+          "[unit][serving]") {
+    FakeRuntime rt;
+    rt.step_delay = 300ms;  // each prefill chunk and decode step
+    Scheduler s(rt);
+    CHECK(s.step_running() == std::chrono::steady_clock::duration::zero());
+    Events a;
+    REQUIRE(s.submit(greedy({1}, 2), a.sink()));
+    // Inside a step: it grows past 100 ms before the 300 ms step ends.
+    CHECK(wait_for([&] { return s.step_running() > 100ms; }, 5s));
+    CHECK(s.step_running() < 10s);
+    a.wait_end();
+    CHECK(wait_for([&] { return s.step_running() == std::chrono::steady_clock::duration::zero(); },
+                   5s));
+}
+
 TEST_CASE("seeded sampling is the same whatever runs beside it", "[unit][serving]") {
     auto run = [](int others) {
         FakeRuntime rt(64);

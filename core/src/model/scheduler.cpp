@@ -385,7 +385,22 @@ void Scheduler::loop() {
     }
 }
 
+std::chrono::steady_clock::duration Scheduler::step_running() const noexcept {
+    const auto began = step_began_.load(std::memory_order_acquire);
+    if (began == 0) return {};
+    const auto now = Clock::now().time_since_epoch().count();
+    return Clock::duration(now > began ? now - began : 0);
+}
+
 void Scheduler::step() {
+    struct Timed {
+        std::atomic<Clock::rep>& began;
+        explicit Timed(std::atomic<Clock::rep>& b) : began(b) {
+            began.store(std::max<Clock::rep>(Clock::now().time_since_epoch().count(), 1),
+                        std::memory_order_release);
+        }
+        ~Timed() { began.store(0, std::memory_order_release); }
+    } timed(step_began_);
     // Sequences cancelled (by cancel() or a sink that threw) leave first: their KV is freed
     // before anything new is admitted.
     for (auto* list : {&prefilling_, &running_}) {

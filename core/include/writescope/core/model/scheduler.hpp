@@ -205,6 +205,10 @@ class Scheduler {
     void on_fault(std::function<void(const std::string& why)> handler);
 
     SchedulerStats stats() const;
+    // How long the step running now (the admissions, a prompt chunk and a decode step: the
+    // runtime's calls) has run; zero between steps and while held. Any thread: a watchdog's
+    // check that the loop is not hung in the runtime.
+    std::chrono::steady_clock::duration step_running() const noexcept;
     std::size_t max_sequences() const noexcept { return max_sequences_; }
     std::size_t max_context() const noexcept { return max_context_; }
 
@@ -250,6 +254,8 @@ class Scheduler {
     bool accepting_ = true;
     bool stop_ = false;
     SchedulerStats stats_;
+    // When the step running now began (steady clock ticks); 0 between steps.
+    std::atomic<std::chrono::steady_clock::rep> step_began_{0};
 
     // The loop thread's own (no lock).
     std::vector<std::unique_ptr<Sequence>> prefilling_, running_;
