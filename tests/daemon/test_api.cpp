@@ -19,10 +19,12 @@
 #include "ctl_render.hpp"
 #include "engine_options.hpp"
 #include "fake_engine.hpp"
+#include "fake_runtime.hpp"
 #include "peer_access.hpp"
 #include "service.hpp"
 #include "temp_dir.hpp"
 #include "wait_until.hpp"
+#include "writescope/core/model/model.hpp"
 #include "writescope/core/policy_state.hpp"
 
 using namespace writescope;
@@ -57,7 +59,7 @@ struct Harness {
     std::unique_ptr<Service> service;
     std::unique_ptr<Api> api;
 
-    explicit Harness(const Profile& p) {
+    explicit Harness(const Profile& p, ModelFactory models = {}) {
         auto opts = engine_options_from_profile(p, test_machine(), "test");
         auto l = log;
         service = std::make_unique<Service>(
@@ -66,7 +68,7 @@ struct Harness {
                 if (l->fail_create) throw std::runtime_error("no such device");
                 return std::make_unique<FakeEngine>(o, l);
             },
-            AllocatorInfo{});
+            AllocatorInfo{}, std::move(models));
         api = std::make_unique<Api>(*service);
     }
     ~Harness() {
@@ -898,4 +900,91 @@ TEST_CASE("boot sizes the KV's VRAM from the stored KV demand (hardware.vram_kv_
                                      " bf16, 1500 steps recorded, mean batch 4.0)"));
     CHECK_THAT(text, Catch::Contains("93.3%"));
     s.finish();
+}
+
+TEST_CASE("a step that leaves the device unusable fails the completions with 503 and stops",
+          "[unit][daemon][api]") {
+    // A stand-in runtime over the tiny checkpoint's config, whose steps fail on demand, and a
+    // fault probe that calls the second failure a sticky GPU error.
+    const char* src = std::getenv("WRITESCOPE_SOURCE_DIR");
+    REQUIRE(src);
+    const auto model_dir = std::filesystem::path(src) / "tests/data/models/qwen3-moe-tiny";
+    // A completion's answer comes through its stream, from the scheduler's thread.
+    const auto answer = [](HttpResponse r) {
+        if (!r.stream) return r;
+        HttpResponse out;
+        std::string streamed;
+        bool is_streamed = false;
+        CHECK(wait_until(
+            [&] {
+                auto t = r.stream->take();
+                if (t.head) {
+                    out = std::move(*t.head);
+                    is_streamed = t.streamed;
+                }
+                streamed += t.body;
+                return t.done;
+            },
+            std::chrono::seconds(10)));
+        if (is_streamed) out.body = streamed;
+        return out;
+    };
+    std::atomic<test::FakeRuntime*> rt{nullptr};
+    std::atomic<int> failures{0};
+    const ModelFactory models = [&](const Profile&, std::string_view, Engine&, const ExpertHistory&,
+                                    const std::function<void(std::string_view)>&) {
+        auto host = std::make_unique<ModelHost>();
+        host->model = model::load_model_dir(model_dir);
+        auto fake = std::make_unique<test::FakeRuntime>(
+            static_cast<std::size_t>(host->model->config().vocab_size), 100000, 16, 4, 512);
+        rt = fake.get();
+        host->runtime = std::move(fake);
+        model::SchedulerOptions so;
+        so.fault_probe = [&]() -> std::string {
+            return ++failures >= 2 ? "cudaErrorIllegalAddress: an illegal memory access" : "";
+        };
+        host->scheduler = std::make_unique<model::Scheduler>(*host->runtime, so);
+        return host;
+    };
+    TempDir dir;
+    Harness h(test_profile(dir.path()), models);
+    std::mutex mu;
+    std::vector<std::string> faults;
+    h.service->on_device_fault([&](const std::string& why) {
+        std::lock_guard lock(mu);
+        faults.push_back(why);
+    });
+    h.service->boot(nullptr);
+    REQUIRE(h.service->phase() == Phase::ready);
+    const std::string body = R"({"prompt": [1, 2, 3], "max_tokens": 8})";
+    // A step failure that is not a fault: 500 for its completion, and the next one is served.
+    rt.load()->fail_next_decodes(1);
+    auto r = answer(h.call("POST", "/v1/completions", body));
+    CHECK(r.status == 500);
+    CHECK(answer(h.call("POST", "/v1/completions", body)).status == 200);
+    {
+        std::lock_guard lock(mu);
+        CHECK(faults.empty());
+    }
+    // A fault: 503 naming it, the status says so, new completions are refused, and the handler
+    // (the daemon's stop) runs once.
+    rt.load()->fail_next_decodes(1);
+    r = answer(h.call("POST", "/v1/completions", body));
+    CHECK(r.status == 503);
+    CHECK_THAT(r.body, Catch::Contains("cudaErrorIllegalAddress"));
+    CHECK(wait_until(
+        [&] {
+            std::lock_guard lock(mu);
+            return faults.size() == 1;
+        },
+        std::chrono::seconds(10)));
+    const auto st = h.get("/v1/status");
+    CHECK_THAT(st["scheduler"]["fault"].get<std::string>(),
+               Catch::Contains("cudaErrorIllegalAddress"));
+    CHECK(st["scheduler"]["accepting"] == false);
+    r = answer(h.call("POST", "/v1/completions", body));
+    CHECK(r.status == 503);
+    CHECK_THAT(r.body, Catch::Contains("can no longer run the model"));
+    std::lock_guard lock(mu);
+    CHECK(faults.size() == 1);
 }
