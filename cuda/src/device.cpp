@@ -311,10 +311,7 @@ std::string device_fault(int index) noexcept {
         return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
     };
     try {
-        if (const cudaError_t e = cudaSetDevice(index); e != cudaSuccess) {
-            (void)cudaGetLastError();
-            if (cudaSetDevice(index) != cudaSuccess) return name(e);
-        }
+        if (const cudaError_t e = cudaSetDevice(index); e != cudaSuccess) return name(e);
         const cudaError_t first = cudaDeviceSynchronize();
         (void)cudaGetLastError();  // clears an error that is not sticky (this thread's)
         if (first == cudaSuccess) return {};

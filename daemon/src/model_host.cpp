@@ -381,11 +381,8 @@ ModelFactory real_model_factory() {
 #if WRITESCOPE_HAVE_CUDA
             // After a failed step on the GPU: whether its context is still usable (a sticky
             // error is not: the daemon stops for its service manager to start it again).
-            if (gpu_engine) {
-                const int index =
-                    p.hardware.gpu.choice == GpuChoice::index ? p.hardware.gpu.index : 0;
-                so.fault_probe = [index] { return cuda::device_fault(index); };
-            }
+            if (const int device = engine.gpu_device(); device >= 0)
+                so.fault_probe = [device] { return cuda::device_fault(device); };
 #endif
             host->scheduler = std::make_unique<model::Scheduler>(*host->runtime, so);
         } catch (const std::exception& e) {

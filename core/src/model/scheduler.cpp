@@ -20,6 +20,18 @@ std::string text(const Parts&... parts) {
     return out.str();
 }
 
+// What a request is told once the device has faulted (SchedulerOptions::fault_probe).
+std::string fault_text(const std::string& why) {
+    return text("the device can no longer run the model (", why, "): the server must start again");
+}
+
+// The failure of a step's requests: the step's own (`what`), or after a fault unavailable,
+// naming it too.
+RequestError step_failure(std::string what, const std::string& fault) {
+    if (fault.empty()) return {ErrorKind::internal, std::move(what)};
+    return {ErrorKind::unavailable, text(what, "; ", fault_text(fault))};
+}
+
 }  // namespace
 
 std::string_view finish_reason_name(FinishReason r) noexcept {
@@ -155,9 +167,7 @@ SubmitResult Scheduler::submit(Request request, EventSink sink) {
     std::lock_guard lock(mu_);
     if (!stats_.fault.empty()) {
         ++stats_.refused;
-        return {0, RequestError{ErrorKind::unavailable,
-                                text("the device can no longer run the model (", stats_.fault,
-                                     "): the server must start again")}};
+        return {0, RequestError{ErrorKind::unavailable, fault_text(stats_.fault)}};
     }
     if (!accepting_ || stop_) {
         ++stats_.refused;
@@ -260,8 +270,7 @@ void Scheduler::fault(const std::string& why) {
         stats_.queued = 0;
         handler = fault_handler_;
     }
-    const RequestError err{ErrorKind::unavailable, text("the device can no longer run the model (",
-                                                        why, "): the server must start again")};
+    const RequestError err{ErrorKind::unavailable, fault_text(why)};
     for (auto* list : {&prefilling_, &running_})
         for (auto& s : *list)
             if (!s->ended) {
@@ -498,12 +507,7 @@ void Scheduler::prefill_one() {
         }
         const std::string why = probe_fault();
         RequestEvent ev = s.event(RequestEvent::Kind::failed);
-        ev.error = why.empty()
-                       ? RequestError{ErrorKind::internal, text("prefill failed: ", e.what())}
-                       : RequestError{ErrorKind::unavailable,
-                                      text("prefill failed: ", e.what(),
-                                           "; the device can no longer run the model (", why,
-                                           "): the server must start again")};
+        ev.error = step_failure(text("prefill failed: ", e.what()), why);
         finish(s, ev);
         prefilling_.erase(prefilling_.begin());
         if (!why.empty()) fault(why);
@@ -588,12 +592,7 @@ void Scheduler::decode_running() {
         const std::string why = probe_fault();
         for (auto& s : running_) {
             RequestEvent ev = s->event(RequestEvent::Kind::failed);
-            ev.error = why.empty() ? RequestError{ErrorKind::internal,
-                                                  text("decode step failed: ", e.what())}
-                                   : RequestError{ErrorKind::unavailable,
-                                                  text("decode step failed: ", e.what(),
-                                                       "; the device can no longer run the model (",
-                                                       why, "): the server must start again")};
+            ev.error = step_failure(text("decode step failed: ", e.what()), why);
             finish(*s, ev);
         }
         running_.clear();
