@@ -665,7 +665,7 @@ std::size_t Store::sample_count() const {
 }
 
 void Store::add_expert_heat(std::string_view model, const model::ExpertHeat& delta,
-                            std::int64_t updated_at) {
+                            std::int64_t updated_at, std::uint64_t keep_tokens) {
     writing([&] {
         std::lock_guard lock(mutex_);
         in_transaction(db_, [&] {
@@ -682,6 +682,18 @@ void Store::add_expert_heat(std::string_view model, const model::ExpertHeat& del
                     s.step();
                     s.reset();
                 }
+            Stmt total(db_, "SELECT coalesce(sum(tokens), 0) FROM expert_heat WHERE model = ?1");
+            total.bind(1, model);
+            total.step();
+            if (total.integer(0) > 0 &&
+                static_cast<std::uint64_t>(total.integer(0)) > keep_tokens) {
+                Stmt half(db_, "UPDATE expert_heat SET tokens = tokens / 2 WHERE model = ?1");
+                half.bind(1, model);
+                half.step();
+                Stmt gone(db_, "DELETE FROM expert_heat WHERE model = ?1 AND tokens <= 0");
+                gone.bind(1, model);
+                gone.step();
+            }
         });
     });
 }

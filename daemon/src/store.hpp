@@ -158,9 +158,14 @@ class Store {
     std::vector<Sample> samples(std::size_t limit) const;
     std::size_t sample_count() const;
 
-    // Adds the counts of `delta` to the model's stored routing history.
+    // Adds the counts of `delta` to the model's stored routing history. When the model's tokens
+    // routed then pass `keep_tokens`, every count of the model is halved (rows that reach 0 go),
+    // as the KV demand is: the placement follows a workload that changes, weighting the newest
+    // ~keep_tokens routings (Qwen3-30B-A3B routes 384 per token: ~10M tokens).
+    static constexpr std::uint64_t kExpertHeatKeepTokens = 4'000'000'000;
     void add_expert_heat(std::string_view model, const model::ExpertHeat& delta,
-                         std::int64_t updated_at);
+                         std::int64_t updated_at,
+                         std::uint64_t keep_tokens = kExpertHeatKeepTokens);
     // The model's routing history (empty when none): counts[layer][expert].
     model::ExpertHeat expert_heat(std::string_view model) const;
 

@@ -609,9 +609,9 @@ void write_json(const std::string& path, const Ceilings& c, const std::vector<Re
     f << "{\n  \"benchmark\": \"attention-step\",\n  \"date\": \"" << date
       << "\",\n  \"machine\": \"" << machine
       << "\",\n  \"ceilings_gbps\": {\"pinned_h2d\": " << c.pinned_h2d
-      << ", \"hbm_copy\": " << c.hbm << ", \"cpu_read\": " << c.cpu_read
-      << ", \"aggregate_cpu\": " << c.agg_cpu << ", \"aggregate_copy\": " << c.agg_copy
-      << "},\n  \"configs\": [\n";
+      << ", \"hbm_copy\": " << c.hbm << ", \"hbm_read\": " << c.hbm_read
+      << ", \"cpu_read\": " << c.cpu_read << ", \"aggregate_cpu\": " << c.agg_cpu
+      << ", \"aggregate_copy\": " << c.agg_copy << "},\n  \"configs\": [\n";
     for (std::size_t i = 0; i < res.size(); ++i) {
         const auto& r = res[i];
         const double best_single = std::min(r.ms_gpu_only, r.ms_cpu_only);
@@ -662,9 +662,9 @@ int run_attention_step(int argc, char** argv) {
                 std::string(cpu::isa_name(isa)).c_str());
     const Ceilings c = measure_ceilings(pool, isa);
     std::printf(
-        "ceilings: pinned H2D %.1f GB/s, HBM copy %.0f GB/s, CPU read %.1f GB/s, "
-        "both at once %.1f (CPU) + %.1f (copy) = %.1f GB/s\n\n",
-        c.pinned_h2d, c.hbm, c.cpu_read, c.agg_cpu, c.agg_copy, c.aggregate());
+        "ceilings: pinned H2D %.1f GB/s, HBM copy %.0f GB/s, HBM read %.0f GB/s, CPU read %.1f "
+        "GB/s, both at once %.1f (CPU) + %.1f (copy) = %.1f GB/s\n\n",
+        c.pinned_h2d, c.hbm, c.hbm_read, c.cpu_read, c.agg_cpu, c.agg_copy, c.aggregate());
 
     CacheFlusher flush(pool, isa, o.flush);
     if (o.flush)

@@ -28,6 +28,7 @@ Ceilings measure_ceilings(cpu::WorkerPool& pool, cpu::Isa isa) {
     cuda::Stream s;
     c.pinned_h2d = copy_rate_gbps(dev.data(), host.slab(0), bytes, 1.0, s);
     c.hbm = copy_rate_gbps(dev2.data(), dev.data(), bytes, 2.0, s);
+    c.hbm_read = cuda::device_read_rate_gbps(dev.data(), bytes, s);
 
     const std::size_t cpu_bytes = std::size_t{4} << 30;
     HostRegionMemory buf("bandwidth", 1, 1, cpu_bytes);

@@ -11,6 +11,7 @@ namespace writescope::bench {
 struct Ceilings {
     double pinned_h2d = 0;  // GB/s, pinned host → device, large copies
     double hbm = 0;         // GB/s, device → device copy counting bytes read + written
+    double hbm_read = 0;    // GB/s, a kernel on every SM reading device memory
     double cpu_read = 0;    // GB/s, every pool thread streaming host memory
     double agg_cpu = 0;     // GB/s read by the CPU while pinned copies run
     double agg_copy = 0;    // GB/s copied by the DMA engine meanwhile

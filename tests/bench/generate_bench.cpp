@@ -1210,9 +1210,10 @@ int run_generate(int argc, char** argv) {
     cpu::WorkerPool pool(cpu::WorkerPoolOptions{});
     const Ceilings ceil = measure_ceilings(pool, isa);
     std::printf(
-        "generate: ceilings pinned H2D %.1f GB/s, HBM %.0f GB/s, CPU read %.1f GB/s, "
-        "aggregate host %.1f GB/s (CPU %.1f while copying %.1f)\n",
-        ceil.pinned_h2d, ceil.hbm, ceil.cpu_read, ceil.aggregate(), ceil.agg_cpu, ceil.agg_copy);
+        "generate: ceilings pinned H2D %.1f GB/s, HBM copy %.0f GB/s, HBM read %.0f GB/s, CPU "
+        "read %.1f GB/s, aggregate host %.1f GB/s (CPU %.1f while copying %.1f)\n",
+        ceil.pinned_h2d, ceil.hbm, ceil.hbm_read, ceil.cpu_read, ceil.aggregate(), ceil.agg_cpu,
+        ceil.agg_copy);
     std::vector<std::string> records;
     std::uint64_t next_id = 1;
     const std::uint64_t host_avail = available_host_bytes(o);

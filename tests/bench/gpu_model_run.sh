@@ -69,7 +69,7 @@ if [[ $PHASES == *decode* ]]; then
     "$BENCH" model-decode $mode ${DECODE_ARGS:-} --json "$OUT/model-decode-$tag.json" \
       > "$OUT/model-decode-$tag.txt" 2>&1
     echo "model-decode $mode rc=$?"
-    grep -E "ms/step|attention" "$OUT/model-decode-$tag.txt"
+    grep -E "ms/step|attention|step / limit|ceiling" "$OUT/model-decode-$tag.txt"
   done
 fi
 if [[ $PHASES == *generate* ]]; then

@@ -8,7 +8,9 @@
 // trials); printed: the prompts' prefill rate, the median ms per step, tokens/s, and the
 // bytes one step reads (weights: attention, norms, head, and each expert routed to once; KV:
 // every sequence's whole context in every layer) ÷ the DRAM read bandwidth measured in the same
-// run with the same threads.
+// run with the same threads. With --gpu, also the bytes in device memory ÷ the HBM read rate
+// (cuda::device_read_rate_gbps, measured at the start), the host experts' bytes ÷ the DRAM read
+// rate, and the step's ratio to the two in turn.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -129,6 +131,18 @@ int run_model_decode(int argc, char** argv) {
             : "CPU only",
         std::string(cpu::isa_name(isa)).c_str(), o.context, o.steps,
         o.threads ? std::to_string(o.threads).c_str() : "all");
+    // The GPU's ceiling: every SM reading 1 GiB of device memory (a GPU-resident step's bytes
+    // are reads), measured before any model holds the memory.
+    double hbm_gbs = 0;
+#if WRITESCOPE_BENCH_GPU_MODEL
+    if (gpu) {
+        cuda::DeviceBuffer b(std::size_t{1} << 30);
+        b.fill_bytes(0x5a);
+        const cuda::Stream s;
+        hbm_gbs = cuda::device_read_rate_gbps(b.data(), b.size(), s);
+        std::printf("ceiling: HBM read %.0f GB/s (every SM, 1 GiB)\n", hbm_gbs);
+    }
+#endif
     for (const std::string& name : o.models) {
         model::ModelLoadOptions lo;
         lo.max_layers = o.layers;
@@ -168,6 +182,7 @@ int run_model_decode(int argc, char** argv) {
         auto cpu_ops = std::make_unique<cpu::CpuModelOps>(co);
         model::ModelOps* ops = cpu_ops.get();
         model::RuntimeWeights rw;
+        std::vector<std::vector<std::uint8_t>> on;  // on[l][e]: expert e of layer l on the GPU
 #if WRITESCOPE_BENCH_GPU_MODEL
         std::unique_ptr<cuda::CudaModelOps> gpu_ops;
         std::unique_ptr<cuda::DeviceModelWeights> dev;
@@ -179,7 +194,7 @@ int run_model_decode(int argc, char** argv) {
             go.dense_gemv = o.dense_gemv;
             if (o.gemv_alone_set) go.dense_gemv_alone_bytes = o.gemv_alone;
             gpu_ops = std::make_unique<cuda::CudaModelOps>(go);
-            std::vector<std::vector<std::uint8_t>> on(m->weights().layers.size());
+            on.resize(m->weights().layers.size());
             for (std::size_t l = 0; l < on.size(); ++l) {
                 const std::size_t E = m->weights().layers[l].experts.size();
                 const auto keep = static_cast<std::size_t>(o.gpu * static_cast<double>(E) + 0.5);
@@ -245,6 +260,7 @@ int run_model_decode(int argc, char** argv) {
             std::vector<std::int32_t> toks(batch);
             std::vector<double> step_s;
             std::uint64_t weight_bytes = 0;
+            double host_expert_bytes = 0;  // of the timed steps: experts routed to on the CPU
             for (std::size_t s = 0; s < warm + o.steps; ++s) {
                 for (std::size_t b = 0; b < batch; ++b)
                     toks[b] = static_cast<std::int32_t>(
@@ -256,9 +272,16 @@ int run_model_decode(int argc, char** argv) {
 #endif
                 const auto t0 = std::chrono::steady_clock::now();
                 rt->decode(ids, toks, logits.data());
+                const double dt = seconds_since(t0);
+                const model::ExpertHeat heat = rt->take_expert_heat();
                 if (s < warm) continue;
-                step_s.push_back(seconds_since(t0));
+                step_s.push_back(dt);
                 weight_bytes += rt->last_weight_bytes();
+                for (std::size_t l = 0; gpu && l < heat.counts.size() && l < on.size(); ++l)
+                    for (std::size_t e = 0; e < heat.counts[l].size() && e < on[l].size(); ++e)
+                        if (heat.counts[l][e] && !on[l][e])
+                            host_expert_bytes +=
+                                static_cast<double>(m->weights().layers[l].experts[e].bytes());
             }
 #if WRITESCOPE_BENCH_GPU_MODEL
             if (gpu) cuda::profiler_stop();
@@ -270,6 +293,15 @@ int run_model_decode(int argc, char** argv) {
                                static_cast<double>(o.context + warm + o.steps / 2) *
                                static_cast<double>(g.bytes_per_token());
             const double gbs = (wb + kvb) / med / 1e9;
+            // On the GPU: the bytes in device memory (weights, and the KV, all in T and G)
+            // against the HBM read ceiling, the host experts' against the CPU's; `limit` is
+            // both memories at their ceilings in turn (at batch 1 the layers' order serialises
+            // them but within a split layer), and the step's ratio to it.
+            const double host_b = host_expert_bytes / static_cast<double>(o.steps);
+            const double dev_b = std::max(0.0, wb + kvb - host_b);
+            const double hbm_ms = gpu ? dev_b / (hbm_gbs * 1e9) * 1e3 : 0.0;
+            const double host_ms = gpu ? host_b / (read_gbs * 1e9) * 1e3 : 0.0;
+            const double limit_ratio = gpu ? (hbm_ms + host_ms) / (med * 1e3) : gbs / read_gbs;
             std::printf(
                 "%-16s %d of %d layers, batch %2zu: %8.2f ms/step (%.3f per layer), %7.1f "
                 "tokens/s; "
@@ -280,20 +312,28 @@ int run_model_decode(int argc, char** argv) {
                 med * 1e3 / c.num_layers, static_cast<double>(batch) / med, wb / 1e6, kvb / 1e6,
                 gbs, gbs / read_gbs, read_gbs, static_cast<double>(batch * o.context) / prefill_s,
                 load_s);
-            char row[640];
+            if (gpu)
+                std::printf(
+                    "%-16s   on the GPU %7.1f MB / %.0f GB/s HBM = %.3f ms; host experts %6.1f "
+                    "MB / %.1f GB/s = %.3f ms; step / limit %.2f\n",
+                    "", dev_b / 1e6, hbm_gbs, hbm_ms, host_b / 1e6, read_gbs, host_ms, limit_ratio);
+            char row[900];
             std::snprintf(row, sizeof row,
                           "{\"model\": \"%s\", \"layers\": %d, \"batch\": %zu, \"context\": %zu, "
                           "\"step_ms\": %.4f, \"tokens_per_s\": %.3f, \"weight_bytes\": %.0f, "
                           "\"kv_bytes\": %.0f, \"gbs\": %.3f, \"read_gbs\": %.3f, "
                           "\"ratio\": %.4f, \"kernel\": \"%s\", \"gpu_experts\": %.2f, "
                           "\"device_attention\": %s, \"cuda_graphs\": %s, \"device_prompts\": %s, "
-                          "\"prefill_tok_s\": %.1f}",
+                          "\"prefill_tok_s\": %.1f, \"hbm_read_gbs\": %.1f, "
+                          "\"device_bytes\": %.0f, \"host_expert_bytes\": %.0f, "
+                          "\"hbm_ms\": %.4f, \"host_ms\": %.4f, \"limit_ratio\": %.4f}",
                           name.c_str(), c.num_layers, batch, o.context, med * 1e3,
                           static_cast<double>(batch) / med, wb, kvb, gbs, read_gbs, gbs / read_gbs,
                           ops->kernel_name(), o.gpu, rt->device_attention() ? "true" : "false",
                           rt->records_decode() ? "true" : "false",
                           rt->device_prompts() ? "true" : "false",
-                          static_cast<double>(batch * o.context) / prefill_s);
+                          static_cast<double>(batch * o.context) / prefill_s, hbm_gbs, dev_b,
+                          host_b, hbm_ms, host_ms, limit_ratio);
             rows.push_back(row);
             for (std::uint64_t id : ids)
                 rt->release(id);

@@ -375,6 +375,39 @@ TEST_CASE("the routing history adds up per model across runs and skips rows it c
     CHECK(h.counts[1] == std::vector<std::uint64_t>{6, 0, 10});
 }
 
+TEST_CASE(
+    "the routing history is halved past its token cap, so the placement follows the "
+    "workload",
+    "[unit][daemon][store]") {
+    TempDir dir;
+    auto store = Store::open(dir.path() / "state");
+    model::ExpertHeat old_work;
+    old_work.counts = {{9, 1, 0}};
+    store->add_expert_heat("m", old_work, 1, 10);  // 10 tokens: kept as they are
+    CHECK(store->expert_heat("m").counts == std::vector<std::vector<std::uint64_t>>{{9, 1}});
+    model::ExpertHeat other;
+    other.counts = {{50}};
+    store->add_expert_heat("other", other, 1, 10);  // another model's, halved on its own: 25
+    // The workload moves to expert 2: 9 + 1 + 4 = 14 > 10 halves everything (1 / 2 = 0 goes).
+    model::ExpertHeat new_work;
+    new_work.counts = {{0, 0, 4}};
+    store->add_expert_heat("m", new_work, 2, 10);
+    CHECK(store->expert_heat("m").counts == std::vector<std::vector<std::uint64_t>>{{4, 0, 2}});
+    store->add_expert_heat("m", new_work, 3, 10);  // 4 + 6 = 10: not past the cap
+    CHECK(store->expert_heat("m").counts == std::vector<std::vector<std::uint64_t>>{{4, 0, 6}});
+    for (int i = 0; i < 3; ++i)
+        store->add_expert_heat("m", new_work, 4 + i, 10);
+    // 4 + 10 = 14 → 2, 5; 2 + 9 = 11 → 1, 4; then 1, 8 (9): the old expert fades, 8 to 1.
+    const model::ExpertHeat h = store->expert_heat("m");
+    REQUIRE(h.counts.size() == 1);
+    CHECK(h.counts[0] == std::vector<std::uint64_t>{1, 0, 8});
+    CHECK(store->expert_heat("other").counts == std::vector<std::vector<std::uint64_t>>{{25}});
+    // The default cap keeps ordinary runs whole.
+    store->add_expert_heat("big", old_work, 1);
+    store->add_expert_heat("big", old_work, 2);
+    CHECK(store->expert_heat("big").counts == std::vector<std::vector<std::uint64_t>>{{18, 2}});
+}
+
 TEST_CASE("the KV demand adds up per model and dtype across runs and skips rows it cannot use",
           "[unit][daemon][store]") {
     TempDir dir;

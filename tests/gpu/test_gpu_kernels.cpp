@@ -496,3 +496,24 @@ TEST_CASE("the device pool honours its budget and reuses freed space", "[gpu]") 
     cuda::PinnedSlabs slabs(3ull << 20 | 12345, 1ull << 20);
     REQUIRE(slabs.slab_count() == 4);
 }
+
+TEST_CASE("the HBM read ceiling reads its whole buffer and refuses a bad one", "[gpu]") {
+    if (!have_gpu()) FAIL("no GPU");
+    const cuda::Stream s;
+    // 256 MiB: past any L2, so the rate is the device memory's. Not timed against a bound (a
+    // benchmark reports it); it must be a rate, and a smaller read of the same memory (an odd
+    // word count, so the kernel's tail runs) must be one too.
+    cuda::DeviceBuffer b(std::size_t{256} << 20);
+    b.fill_bytes(0x5a);
+    const double full = cuda::device_read_rate_gbps(b.data(), b.size(), s);
+    const double part = cuda::device_read_rate_gbps(b.data(), (std::size_t{64} << 20) + 16 * 7, s);
+    std::printf("HBM read: %.0f GB/s over 256 MiB, %.0f over 64 MiB + 7 words (%s)\n", full, part,
+                cuda::device_info(cuda::current_device()).name.c_str());
+    CHECK(std::isfinite(full));
+    CHECK(full > 50.0);  // any GPU writescope runs on reads device memory faster than this
+    CHECK(std::isfinite(part));
+    CHECK(part > 0.0);
+    REQUIRE_THROWS_AS(cuda::device_read_rate_gbps(b.data(), 15, s), std::invalid_argument);
+    REQUIRE_THROWS_AS(cuda::device_read_rate_gbps(static_cast<char*>(b.data()) + 4, 1 << 20, s),
+                      std::invalid_argument);
+}

@@ -165,6 +165,12 @@ void profiler_stop();
 // read at each launch: a CUDA graph keeps the launches it was recorded with.
 void set_programmatic_launch(bool on) noexcept;
 bool programmatic_launch() noexcept;
+// The rate a kernel on every SM reads device memory at, in GB/s: `bytes` (whole 16-byte words)
+// from `src` (16-byte aligned), read once with 16-byte streaming loads on `s`, the median of 5
+// runs after a warm-up. The ceiling of a step whose bytes are all on the GPU (a benchmark's
+// own run measures it; use more than the L2, e.g. 1 GiB); a copy, which also writes, runs
+// slower. Throws std::runtime_error on a CUDA error, std::invalid_argument on a bad buffer.
+double device_read_rate_gbps(const void* src, std::size_t bytes, const Stream& s);
 // A synchronous copy (directions inferred by unified addressing); for set-up, not the decode path.
 void copy_sync(void* dst, const void* src, std::size_t bytes);
 // Asynchronous copies on a stream (directions inferred by unified addressing).
