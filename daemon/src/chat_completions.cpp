@@ -21,14 +21,6 @@ using ordered_json = nlohmann::ordered_json;
 
 constexpr std::string_view kRoles[] = {"system", "developer", "user", "assistant", "tool"};
 
-const text::Tokenizer& need_tokenizer(const ModelText* text, std::string_view route) {
-    if (!text || !text->tokenizer)
-        throw ApiError{400, fmt::format("{} needs a tokenizer: no tokenizer loaded (this model "
-                                        "takes token ids only)",
-                                        route)};
-    return *text->tokenizer;
-}
-
 // The messages as the template sees them: each message's content a string (an array of text
 // parts joined with newlines, as vLLM does for string templates), in the client's key order.
 ordered_json messages_of(const ordered_json& body) {
@@ -352,17 +344,11 @@ HttpResponse post_detokenize(Service& service, const HttpRequest& req) {
     const auto& tok = need_tokenizer(service.text(), "POST /v1/detokenize");
     if (!body.contains("tokens") || !body["tokens"].is_array())
         throw ApiError{400, "\"tokens\" is required: an array of token ids"};
-    std::vector<std::int32_t> ids;
-    const auto& a = body["tokens"];
-    for (std::size_t i = 0; i < a.size(); ++i) {
-        if (!a[i].is_number_integer())
-            throw ApiError{400, fmt::format("tokens[{}] is not a token id (an integer)", i)};
-        const auto id = int64_value(a[i], fmt::format("tokens[{}]", i));
-        if (id < 0 || static_cast<std::uint64_t>(id) >= tok.vocab_size())
+    const std::vector<std::int32_t> ids = token_ids(body["tokens"], "tokens");
+    for (std::size_t i = 0; i < ids.size(); ++i)
+        if (static_cast<std::uint64_t>(ids[i]) >= tok.vocab_size())
             throw ApiError{400, fmt::format("tokens[{}] = {} is not in the vocabulary ({} tokens)",
-                                            i, id, tok.vocab_size())};
-        ids.push_back(static_cast<std::int32_t>(id));
-    }
+                                            i, ids[i], tok.vocab_size())};
     std::string prompt;
     try {
         prompt = tok.decode(ids, false);

@@ -68,29 +68,6 @@ std::vector<std::pair<std::int32_t, float>> logit_bias_of(const json& o) {
     return out;
 }
 
-std::vector<std::int32_t> token_ids(const json& a, std::string_view what) {
-    std::vector<std::int32_t> out;
-    out.reserve(a.size());
-    for (std::size_t i = 0; i < a.size(); ++i) {
-        const auto& t = a[i];
-        if (!t.is_number_integer())
-            throw ApiError{400, fmt::format("{}[{}] is not a token id (an integer)", what, i)};
-        const auto v = int64_value(t, fmt::format("{}[{}]", what, i));
-        if (v < 0 || v > std::numeric_limits<std::int32_t>::max())
-            throw ApiError{400, fmt::format("{}[{}] = {} is not a token id", what, i, v)};
-        out.push_back(static_cast<std::int32_t>(v));
-    }
-    return out;
-}
-
-const text::Tokenizer& need_tokenizer(const ModelText* text, std::string_view what) {
-    if (!text || !text->tokenizer)
-        throw ApiError{400, fmt::format("{} needs a tokenizer: no tokenizer loaded (this model "
-                                        "takes token ids only)",
-                                        what)};
-    return *text->tokenizer;
-}
-
 // One prompt: text, encoded as transformers does by default (the post-processor's special
 // tokens included), or token ids; text_out gets its text, for echo. `what` names its ids in
 // errors, `named` the prompt.
@@ -115,6 +92,29 @@ std::vector<std::int32_t> one_prompt(const json& one, const ModelText* text, Ech
 }
 
 }  // namespace
+
+std::vector<std::int32_t> token_ids(const json& a, std::string_view what) {
+    std::vector<std::int32_t> out;
+    out.reserve(a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        const auto& t = a[i];
+        if (!t.is_number_integer())
+            throw ApiError{400, fmt::format("{}[{}] is not a token id (an integer)", what, i)};
+        const auto v = int64_value(t, fmt::format("{}[{}]", what, i));
+        if (v < 0 || v > std::numeric_limits<std::int32_t>::max())
+            throw ApiError{400, fmt::format("{}[{}] = {} is not a token id", what, i, v)};
+        out.push_back(static_cast<std::int32_t>(v));
+    }
+    return out;
+}
+
+const text::Tokenizer& need_tokenizer(const ModelText* text, std::string_view what) {
+    if (!text || !text->tokenizer)
+        throw ApiError{400, fmt::format("{} needs a tokenizer: no tokenizer loaded (this model "
+                                        "takes token ids only)",
+                                        what)};
+    return *text->tokenizer;
+}
 
 // The prompts: a string or an array of token ids (one prompt), or an array of strings or of
 // token-id arrays (one prompt each, as OpenAI takes them). texts gets each one's text.

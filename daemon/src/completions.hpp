@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -13,11 +15,21 @@
 #include "api.hpp"
 #include "writescope/core/model/scheduler.hpp"
 
+namespace writescope::text {
+class Tokenizer;
+}
+
 namespace writescope::daemon {
 
 class Service;
 struct ServiceView;
 struct ModelText;
+
+// The served model's tokenizer; without one, 400 "<what> needs a tokenizer: no tokenizer
+// loaded …".
+const text::Tokenizer& need_tokenizer(const ModelText* text, std::string_view what);
+// A JSON array's elements as token ids: integers in [0, 2³¹); else 400 naming `what`[i].
+std::vector<std::int32_t> token_ids(const nlohmann::json& a, std::string_view what);
 
 // Parses and checks the request, submits it, and returns a response that the scheduler's
 // events fill (streamed as server-sent events when "stream" is true). Throws ApiError for what
