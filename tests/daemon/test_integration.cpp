@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <random>
@@ -27,12 +28,15 @@
 #include "temp_dir.hpp"
 #include "test_seed.hpp"
 #include "wait_until.hpp"
+#include "writescope/core/model/model.hpp"
+#include "writescope/core/model/model_config.hpp"
 
 using namespace writescope::test;
 using writescope::daemon::ClientResponse;
 using writescope::daemon::http_request;
 using writescope::daemon::parse_http_response;
 using json = nlohmann::json;
+namespace model = writescope::model;
 
 namespace {
 
@@ -881,6 +885,74 @@ TEST_CASE("the serving loop feeds the watchdog", "[integration][daemon]") {
     CHECK(at_ready >= 1);  // the first feed comes before boot
     CHECK(wait_until([&] { return run.notify().count("WATCHDOG=1") >= at_ready + 8; }, 800ms));
     CHECK_THAT(run.log(), Catch::Contains("[watchdog.enabled] watchdog every 50 ms"));
+    run.stop();
+}
+
+TEST_CASE("a step past server.step_timeout withholds the watchdog until it ends",
+          "[integration][daemon]") {
+    TempDir dir;
+    // A model whose 512-token prompt chunks take milliseconds even on many cores (~5 GFLOP a
+    // chunk), written as a Hugging Face directory: the tiny test models' steps are too short
+    // to be caught by a tick.
+    model::ModelConfig c = *model::model_preset("qwen3-30b-a3b");
+    c.name = "stall-test";
+    c.dtype = writescope::DType::f32;
+    c.vocab_size = 320;
+    c.hidden_size = 512;
+    c.num_layers = 2;
+    c.num_heads = 8;
+    c.num_kv_heads = 4;
+    c.head_dim = 64;
+    c.rope.dim = 64;
+    c.num_experts = 8;
+    c.experts_per_token = 2;
+    c.moe_intermediate_size = 512;
+    c.intermediate_size = 512;
+    c.max_position_embeddings = 2048;
+    c.mlp_only_layers = {};
+    REQUIRE(c.validate().empty());
+    const std::filesystem::path model_dir = dir / "stall-model";
+    model::save_model_dir(*model::make_random_model(c, 7), model_dir);
+    const std::string tiny = (source_dir() / "tests/data/models/qwen3-moe-tiny").string();
+    Run run(dir, profile_text({{tiny, model_dir.string()},
+                               {"request_timeout = \"5s\"",
+                                "request_timeout = \"30s\"\nstep_timeout = \"1ms\""}}));
+    // Fed every 5 ms, each tick asking how long the running step has run.
+    run.start({{"WATCHDOG_USEC", "10000"}});
+    INFO(run.log());
+    REQUIRE(run.notify().wait_for("READY=1"));
+    json req = {{"prompt", json::array()}, {"max_tokens", 4}, {"temperature", 0}};
+    for (int i = 0; i < 1500; ++i)
+        req["prompt"].push_back((i * 37 + 11) % 320);
+    const auto failed_status = [&] {
+        for (const auto& m : run.notify().messages())
+            if (m.find("STATUS=failed: a step of the model has run for") != std::string::npos)
+                return true;
+        return false;
+    };
+    ClientResponse r;
+    std::thread client([&] { r = run.call("POST", "/v1/completions", req.dump()); });
+    const bool stalled = wait_until(failed_status, 10s, 1ms);
+    // While the step runs on, no feed: the daemon logs the resume before it feeds again, so
+    // feeds counted before the log shows a resume were sent during the stall.
+    const std::size_t fed = run.notify().count("WATCHDOG=1");
+    std::this_thread::sleep_for(40ms);  // 8 ticks
+    const std::size_t fed_later = run.notify().count("WATCHDOG=1");
+    const bool still_stalled = run.log().find("model.step-resumed") == std::string::npos;
+    client.join();
+    REQUIRE(stalled);
+    if (still_stalled) CHECK(fed_later == fed);
+    INFO(r.body);
+    CHECK(r.status == 200);  // the step that stalled the watchdog was only slow: it finished
+    CHECK(
+        wait_until([&] { return run.log().find("model.step-resumed") != std::string::npos; }, 5s));
+    const std::string log = run.log();
+    INFO(log);
+    CHECK_THAT(log, Catch::Contains("[model.step-stalled] a step of the model has run for") &&
+                        Catch::Contains("(server.step_timeout 1ms)"));
+    // And the feeds come back once the step has ended.
+    const std::size_t fed_after = run.notify().count("WATCHDOG=1");
+    CHECK(wait_until([&] { return run.notify().count("WATCHDOG=1") > fed_after; }, 2s));
     run.stop();
 }
 
