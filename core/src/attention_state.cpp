@@ -13,7 +13,8 @@ void merge_states(std::span<const ConstStateView> parts, StateView out) noexcept
     const std::size_t dim = out.dim;
     for (std::size_t r = 0; r < out.rows; ++r) {
         float m = kLseEmpty;
-        for (const auto& p : parts) m = std::max(m, p.lse[r]);
+        for (const auto& p : parts)
+            m = std::max(m, p.lse[r]);
         float* o = out.o + r * dim;
         std::fill(o, o + dim, 0.0f);
         if (m == kLseEmpty) {
@@ -26,10 +27,12 @@ void merge_states(std::span<const ConstStateView> parts, StateView out) noexcept
             const float w = std::exp(p.lse[r] - m);
             wsum += w;
             const float* po = p.o + r * dim;
-            for (std::size_t i = 0; i < dim; ++i) o[i] += w * po[i];
+            for (std::size_t i = 0; i < dim; ++i)
+                o[i] += w * po[i];
         }
         const float inv = 1.0f / wsum;
-        for (std::size_t i = 0; i < dim; ++i) o[i] *= inv;
+        for (std::size_t i = 0; i < dim; ++i)
+            o[i] *= inv;
         out.lse[r] = m + std::log(wsum);
     }
 }

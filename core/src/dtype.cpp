@@ -13,7 +13,7 @@ std::uint16_t f32_to_f16(float f) noexcept {
     const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
     const std::uint32_t sign = (u >> 16) & 0x8000u;
     const std::uint32_t abs = u & 0x7fffffffu;
-    if (abs > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);  // NaN
+    if (abs > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u);   // NaN
     if (abs >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // overflow → inf
     if (abs < 0x38800000u) {
         // Subnormal or zero in fp16: value = abs_f / 2^-24, rounded to nearest even.

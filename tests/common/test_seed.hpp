@@ -12,6 +12,8 @@ namespace writescope::test {
 std::uint64_t fresh_seed(std::string_view what);
 
 // An engine seeded by fresh_seed.
-inline std::mt19937_64 seeded_rng(std::string_view what) { return std::mt19937_64(fresh_seed(what)); }
+inline std::mt19937_64 seeded_rng(std::string_view what) {
+    return std::mt19937_64(fresh_seed(what));
+}
 
 }  // namespace writescope::test

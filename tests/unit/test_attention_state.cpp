@@ -22,15 +22,18 @@ void ref_state(const std::vector<double>& s, const std::vector<std::vector<doubl
         return;
     }
     double m = -INFINITY;
-    for (std::size_t i = b; i < e; ++i) m = std::max(m, s[i]);
+    for (std::size_t i = b; i < e; ++i)
+        m = std::max(m, s[i]);
     double z = 0;
     std::vector<double> acc(dim, 0.0);
     for (std::size_t i = b; i < e; ++i) {
         const double w = std::exp(s[i] - m);
         z += w;
-        for (std::size_t d = 0; d < dim; ++d) acc[d] += w * v[i][d];
+        for (std::size_t d = 0; d < dim; ++d)
+            acc[d] += w * v[i][d];
     }
-    for (std::size_t d = 0; d < dim; ++d) o[d] = static_cast<float>(acc[d] / z);
+    for (std::size_t d = 0; d < dim; ++d)
+        o[d] = static_cast<float>(acc[d] / z);
     lse = static_cast<float>(m + std::log(z));
 }
 
@@ -44,16 +47,19 @@ TEST_CASE("merging partial states at random split points equals unsplit attentio
         const std::size_t n = 1 + rng() % 300, dim = 1 + rng() % 64;
         std::vector<double> s(n);
         std::vector<std::vector<double>> v(n, std::vector<double>(dim));
-        for (auto& x : s) x = nd(rng);
+        for (auto& x : s)
+            x = nd(rng);
         for (auto& row : v)
-            for (auto& x : row) x = nd(rng);
+            for (auto& x : row)
+                x = nd(rng);
         std::vector<float> o_full;
         float lse_full;
         ref_state(s, v, 0, n, o_full, lse_full);
 
         // Cut into up to 6 parts (some empty), merge them pairwise in random order and N-way.
         std::vector<std::size_t> cuts{0, n};
-        for (int c = 0, k = static_cast<int>(rng() % 6); c < k; ++c) cuts.push_back(rng() % (n + 1));
+        for (int c = 0, k = static_cast<int>(rng() % 6); c < k; ++c)
+            cuts.push_back(rng() % (n + 1));
         std::sort(cuts.begin(), cuts.end());
         std::vector<std::vector<float>> po(cuts.size() - 1);
         std::vector<float> pl(cuts.size() - 1);
@@ -65,16 +71,19 @@ TEST_CASE("merging partial states at random split points equals unsplit attentio
         std::shuffle(order.begin(), order.end(), rng);
         std::vector<float> acc(dim, 0.0f);
         float acc_lse = kLseEmpty;
-        for (auto p : order) merge_state_into(acc.data(), acc_lse, po[p].data(), pl[p], dim);
+        for (auto p : order)
+            merge_state_into(acc.data(), acc_lse, po[p].data(), pl[p], dim);
 
         std::vector<ConstStateView> views;
-        for (std::size_t p = 0; p < po.size(); ++p) views.push_back({po[p].data(), &pl[p], 1, dim});
+        for (std::size_t p = 0; p < po.size(); ++p)
+            views.push_back({po[p].data(), &pl[p], 1, dim});
         std::vector<float> nway(dim);
         float nway_lse;
         merge_states(views, {nway.data(), &nway_lse, 1, dim});
 
         double scale = 0;
-        for (float x : o_full) scale = std::max(scale, std::fabs(static_cast<double>(x)));
+        for (float x : o_full)
+            scale = std::max(scale, std::fabs(static_cast<double>(x)));
         for (std::size_t d = 0; d < dim; ++d) {
             REQUIRE(std::fabs(acc[d] - o_full[d]) <= 1e-5 * (scale + 1));
             REQUIRE(std::fabs(nway[d] - o_full[d]) <= 1e-5 * (scale + 1));
@@ -89,7 +98,8 @@ TEST_CASE("empty parts are NaN-safe in the merge", "[unit][merge]") {
     float la = kLseEmpty, lb = kLseEmpty;
     merge_state_into(a.data(), la, b.data(), lb, 4);
     CHECK(la == kLseEmpty);
-    for (float x : a) CHECK(x == 0.0f);
+    for (float x : a)
+        CHECK(x == 0.0f);
 
     std::vector<float> c{1, 2, 3, 4};
     float lc = 0.5f;
@@ -104,5 +114,6 @@ TEST_CASE("empty parts are NaN-safe in the merge", "[unit][merge]") {
     float lout = 1.0f;
     merge_states(none, {out.data(), &lout, 1, 4});
     CHECK(lout == kLseEmpty);
-    for (float x : out) CHECK(x == 0.0f);
+    for (float x : out)
+        CHECK(x == 0.0f);
 }
