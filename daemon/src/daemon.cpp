@@ -262,10 +262,9 @@ class Daemon {
                           "a step of the model has run for {} (server.step_timeout {}): taken "
                           "for a hung GPU or CPU, the watchdog is no longer answered, so that "
                           "the service manager restarts writescoped",
-                          format_duration(*stalled),
-                          format_duration(service_.profile().server.step_timeout));
+                          format_duration(stalled->ran), format_duration(stalled->limit));
                 notify(fmt::format("STATUS=failed: a step of the model has run for {}",
-                                   format_duration(*stalled)));
+                                   format_duration(stalled->ran)));
             }
         } else {
             if (stall_reported_) {

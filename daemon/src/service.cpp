@@ -348,13 +348,13 @@ void Service::load_model(const Profile& profile, const StatusFn& status) {
     model_info_ = std::move(info);
 }
 
-std::optional<std::chrono::milliseconds> Service::stalled_step() const {
+std::optional<Service::StepStall> Service::stalled_step() const {
     const auto limit = profile().server.step_timeout;
     const model::Scheduler* s = limit.count() > 0 ? scheduler() : nullptr;
     if (!s) return std::nullopt;
     const auto ran = std::chrono::duration_cast<std::chrono::milliseconds>(s->step_running());
     if (ran <= limit) return std::nullopt;
-    return ran;
+    return StepStall{ran, limit};
 }
 
 model::Scheduler* Service::scheduler() const {

@@ -170,8 +170,12 @@ class Service {
     ServiceView view() const;
     Profile profile() const;
     // How long the scheduler's step has run, when that is longer than server.step_timeout (a
-    // hung GPU or CPU: the daemon then stops answering the watchdog); nothing otherwise.
-    std::optional<std::chrono::milliseconds> stalled_step() const;
+    // hung GPU or CPU: the daemon then stops answering the watchdog), with that limit; nothing
+    // otherwise.
+    struct StepStall {
+        std::chrono::milliseconds ran, limit;
+    };
+    std::optional<StepStall> stalled_step() const;
     // What a 503 says while starting or stopping.
     std::string unavailable_message() const;
 

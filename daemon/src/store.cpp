@@ -7,6 +7,7 @@
 #include <array>
 #include <chrono>
 #include <ctime>
+#include <initializer_list>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -218,6 +219,29 @@ void in_transaction(sqlite3* db, F&& body) {
         sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
         throw;
     }
+}
+
+// A history that weights its newest counts: when the rows of `table` that `where` selects (its
+// parameters bound by bind(Stmt&)) sum past `keep` in column `count`, each column of `counts`
+// is halved and the rows whose `count` reaches 0 go. Inside the caller's transaction.
+template <class Bind>
+void halve_past(sqlite3* db, std::string_view table, std::string_view where, std::string_view count,
+                std::initializer_list<std::string_view> counts, std::uint64_t keep,
+                const Bind& bind) {
+    Stmt total(db,
+               fmt::format("SELECT coalesce(sum({}), 0) FROM {} WHERE {}", count, table, where));
+    bind(total);
+    total.step();
+    if (total.integer(0) <= 0 || static_cast<std::uint64_t>(total.integer(0)) <= keep) return;
+    std::string set;
+    for (const std::string_view c : counts)
+        set += fmt::format("{}{} = {} / 2", set.empty() ? "" : ", ", c, c);
+    Stmt half(db, fmt::format("UPDATE {} SET {} WHERE {}", table, set, where));
+    bind(half);
+    half.step();
+    Stmt gone(db, fmt::format("DELETE FROM {} WHERE {} AND {} <= 0", table, where, count));
+    bind(gone);
+    gone.step();
 }
 
 // The columns each table of the current schema has, in order: a table altered by hand (a column
@@ -682,18 +706,8 @@ void Store::add_expert_heat(std::string_view model, const model::ExpertHeat& del
                     s.step();
                     s.reset();
                 }
-            Stmt total(db_, "SELECT coalesce(sum(tokens), 0) FROM expert_heat WHERE model = ?1");
-            total.bind(1, model);
-            total.step();
-            if (total.integer(0) > 0 &&
-                static_cast<std::uint64_t>(total.integer(0)) > keep_tokens) {
-                Stmt half(db_, "UPDATE expert_heat SET tokens = tokens / 2 WHERE model = ?1");
-                half.bind(1, model);
-                half.step();
-                Stmt gone(db_, "DELETE FROM expert_heat WHERE model = ?1 AND tokens <= 0");
-                gone.bind(1, model);
-                gone.step();
-            }
+            halve_past(db_, "expert_heat", "model = ?1", "tokens", {"tokens"}, keep_tokens,
+                       [&](Stmt& st) { st.bind(1, model); });
         });
     });
 }
@@ -736,22 +750,9 @@ void Store::add_kv_demand(std::string_view model, std::string_view dtype,
                 s.step();
                 s.reset();
             }
-            Stmt total(db_,
-                       "SELECT coalesce(sum(steps), 0) FROM kv_demand WHERE model = ?1 AND "
-                       "dtype = ?2");
-            total.bind(1, model).bind(2, dtype);
-            total.step();
-            if (total.integer(0) > 0 && static_cast<std::uint64_t>(total.integer(0)) > keep_steps) {
-                Stmt half(db_,
-                          "UPDATE kv_demand SET steps = steps / 2, sequence_steps = "
-                          "sequence_steps / 2 WHERE model = ?1 AND dtype = ?2");
-                half.bind(1, model).bind(2, dtype);
-                half.step();
-                Stmt gone(db_,
-                          "DELETE FROM kv_demand WHERE model = ?1 AND dtype = ?2 AND steps <= 0");
-                gone.bind(1, model).bind(2, dtype);
-                gone.step();
-            }
+            halve_past(db_, "kv_demand", "model = ?1 AND dtype = ?2", "steps",
+                       {"steps", "sequence_steps"}, keep_steps,
+                       [&](Stmt& st) { st.bind(1, model).bind(2, dtype); });
         });
     });
 }

@@ -54,6 +54,7 @@
 
 #include "bench_util.hpp"
 #include "ceilings.hpp"
+#include "host_expert_bytes.hpp"
 #include "writescope/core/engine.hpp"
 #include "writescope/core/model/model.hpp"
 #include "writescope/core/model/placement.hpp"
@@ -377,11 +378,7 @@ Run decode(ModelSetup& s, const std::string& mode, std::size_t batch, std::size_
             if (mode == "writescope-all-gpu") {
                 // Every expert on the GPU: the host serves only the spilled KV.
             } else if (mode != "cpu-only") {
-                for (std::size_t l = 0; l < heat.counts.size(); ++l)
-                    for (std::size_t x = 0; x < heat.counts[l].size(); ++x)
-                        if (heat.counts[l][x] && !s.placement.on_gpu[l][x])
-                            experts_host +=
-                                static_cast<double>(s.m->weights().layers[l].experts[x].bytes());
+                experts_host = host_expert_bytes(*s.m, s.placement.on_gpu, heat);
             } else {
                 experts_host = static_cast<double>(rt->last_weight_bytes());
             }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "bench_util.hpp"
+#include "host_expert_bytes.hpp"
 #include "read_bandwidth.hpp"
 #include "writescope/core/engine.hpp"
 #include "writescope/core/model/model.hpp"
@@ -260,7 +261,7 @@ int run_model_decode(int argc, char** argv) {
             std::vector<std::int32_t> toks(batch);
             std::vector<double> step_s;
             std::uint64_t weight_bytes = 0;
-            double host_expert_bytes = 0;  // of the timed steps: experts routed to on the CPU
+            double host_expert_bytes_sum = 0;  // of the timed steps: experts routed to on the CPU
             for (std::size_t s = 0; s < warm + o.steps; ++s) {
                 for (std::size_t b = 0; b < batch; ++b)
                     toks[b] = static_cast<std::int32_t>(
@@ -277,11 +278,7 @@ int run_model_decode(int argc, char** argv) {
                 if (s < warm) continue;
                 step_s.push_back(dt);
                 weight_bytes += rt->last_weight_bytes();
-                for (std::size_t l = 0; gpu && l < heat.counts.size() && l < on.size(); ++l)
-                    for (std::size_t e = 0; e < heat.counts[l].size() && e < on[l].size(); ++e)
-                        if (heat.counts[l][e] && !on[l][e])
-                            host_expert_bytes +=
-                                static_cast<double>(m->weights().layers[l].experts[e].bytes());
+                if (gpu) host_expert_bytes_sum += host_expert_bytes(*m, on, heat);
             }
 #if WRITESCOPE_BENCH_GPU_MODEL
             if (gpu) cuda::profiler_stop();
@@ -297,7 +294,7 @@ int run_model_decode(int argc, char** argv) {
             // against the HBM read ceiling, the host experts' against the CPU's; `limit` is
             // both memories at their ceilings in turn (at batch 1 the layers' order serialises
             // them but within a split layer), and the step's ratio to it.
-            const double host_b = host_expert_bytes / static_cast<double>(o.steps);
+            const double host_b = host_expert_bytes_sum / static_cast<double>(o.steps);
             const double dev_b = std::max(0.0, wb + kvb - host_b);
             const double hbm_ms = gpu ? dev_b / (hbm_gbs * 1e9) * 1e3 : 0.0;
             const double host_ms = gpu ? host_b / (read_gbs * 1e9) * 1e3 : 0.0;
