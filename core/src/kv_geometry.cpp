@@ -35,19 +35,24 @@ namespace {
 bool gpu_dtype(DType t) noexcept {
     return t == DType::bf16 || t == DType::f16;
 }
-bool gpu_mla_shape(const KvGeometry& g) noexcept {
-    return g.head_dim_k == 576 && g.head_dim_v == 512 && g.num_q_heads == 16 && g.num_kv_heads == 1;
-}
+// The GPU's decode kernels read K rows with 16-byte loads, hold a CTA's queries (up to 16 heads)
+// in shared memory and give each thread up to 4 of the 128 threads' output dims: K rows a
+// multiple of 8 wide up to kGpuMaxHeadDimK, V rows up to kGpuMaxHeadDimV.
 bool gpu_head_shape(const KvGeometry& g) noexcept {
-    const int gs = g.group_size();
-    return g.head_dim_k == 128 && g.head_dim_v == 128 &&
-           (gs == 1 || gs == 2 || gs == 4 || gs == 8 || gs == 16);
+    return g.head_dim_k % 8 == 0 && g.head_dim_k >= 8 && g.head_dim_k <= kGpuMaxHeadDimK &&
+           g.head_dim_v >= 2 && g.head_dim_v % 2 == 0 && g.head_dim_v <= kGpuMaxHeadDimV;
+}
+// The part of validate() the kernels' indexing rests on (without its messages: noexcept).
+bool heads_consistent(const KvGeometry& g) noexcept {
+    if (g.num_q_heads <= 0 || g.num_kv_heads <= 0 || g.num_q_heads % g.num_kv_heads != 0)
+        return false;
+    return !g.mla || (g.num_kv_heads == 1 && g.head_dim_v <= g.head_dim_k);
 }
 
 }  // namespace
 
 bool gpu_attention_supports(const KvGeometry& g) noexcept {
-    return gpu_dtype(g.dtype) && (g.mla ? gpu_mla_shape(g) : gpu_head_shape(g));
+    return gpu_dtype(g.dtype) && heads_consistent(g) && gpu_head_shape(g);
 }
 
 std::string gpu_attention_refusal(const KvGeometry& g) {
@@ -56,14 +61,14 @@ std::string gpu_attention_refusal(const KvGeometry& g) {
         return "its KV is " + std::string(dtype_name(g.dtype)) +
                ", and the GPU's attention kernels take bf16 or fp16 KV (kv.dtype = \"bf16\" "
                "stores it so)";
-    if (g.mla)
-        return "its MLA latent is " + std::to_string(g.head_dim_k) + "/" +
-               std::to_string(g.head_dim_v) + " wide with " + std::to_string(g.num_q_heads) +
-               " query heads, and the GPU's attention kernels take 576/512 with 16";
-    return "its heads are " + std::to_string(g.head_dim_k) + "/" + std::to_string(g.head_dim_v) +
-           " wide (K/V) with " + std::to_string(g.group_size()) +
-           " query heads per KV head, and the GPU's attention kernels take 128/128 with 1, 2, "
-           "4, 8 or 16";
+    if (!heads_consistent(g)) {
+        const std::string bad = g.validate();
+        return "its KV geometry is bad: " + (bad.empty() ? std::string("heads") : bad);
+    }
+    return std::string(g.mla ? "its MLA latent is " : "its heads are ") +
+           std::to_string(g.head_dim_k) + "/" + std::to_string(g.head_dim_v) +
+           " wide (K/V), and the GPU's attention kernels take K rows a multiple of 8 wide up to " +
+           std::to_string(kGpuMaxHeadDimK) + " and V rows up to " + std::to_string(kGpuMaxHeadDimV);
 }
 
 std::optional<KvGeometry> kv_geometry_preset(std::string_view name, DType dtype) {

@@ -93,42 +93,58 @@ __device__ inline void update_row(float* m_s, float* l_s, float* f_s, int g, flo
     f_s[g] = f;
 }
 
-// One CTA per work item (sequence, KV head, run of blocks), all G query heads of the group.
-// Tiles of kThreads tokens: each thread scores one token against the G queries (its K row read
-// with 16-byte loads), one warp per head runs the online softmax over the tile, then each thread
-// accumulates DV/kThreads output dims of every head over the tile's V rows (coalesced).
-template <typename T, int DK, int DV, int G, bool MLA>
+// The shape of a launch as the kernels read it: the group's query heads are taken in slices of
+// at most 16 (the rows of one CTA; blockIdx.y is the slice), so a group of any size runs.
+struct AttnShape {
+    int num_q_heads, num_kv_heads, group, dk, dv;
+    bool mla;
+    float scale;
+};
+
+AttnShape shape_of(const KvGeometry& g) {
+    return {g.num_q_heads, g.num_kv_heads, g.group_size(), g.head_dim_k,
+            g.head_dim_v,  g.mla,          g.scale()};
+}
+
+// One CTA per (work item, slice of up to GM query heads of its group): the item is a (sequence,
+// KV head, run of blocks). Tiles of kThreads tokens: each thread scores one token against the
+// slice's queries (its K row read with 16-byte loads), one warp per head runs the online softmax
+// over the tile, then each thread accumulates up to DPT output dims (tid + k·kThreads) of every
+// head over the tile's V rows (coalesced). Any dk that is a multiple of 8 (the 16-byte loads)
+// and any dv up to DPT·kThreads; the queries, scaled, in dynamic shared memory (GM·dk floats).
+template <typename T, int GM, int DPT>
 __global__ void __launch_bounds__(kThreads)
-    decode_attn_kernel(const DecodeAttnParams p, int num_q_heads, int num_kv_heads, float scale) {
+    decode_attn_kernel(const DecodeAttnParams p, const AttnShape sh) {
     grid_wait();
     grid_release();
-    static_assert(DV % kThreads == 0, "DV must be a multiple of the CTA size");
-    static_assert(DK % 8 == 0, "DK must be a multiple of 8");
-    constexpr int DPT = DV / kThreads;  // output dims per thread
     constexpr int NW = kThreads / 32;
+    const int DK = sh.dk, DV = sh.dv, G = sh.group;
 
-    __shared__ float q_s[G][DK];
-    __shared__ float s_s[G][kThreads];
+    extern __shared__ float4 q_dyn[];
+    float* const q_s = reinterpret_cast<float*>(q_dyn);  // [GM][DK]
+    __shared__ float s_s[GM][kThreads];
     __shared__ const T* vrow_s[kThreads];
-    __shared__ float m_s[G], l_s[G], f_s[G];
+    __shared__ float m_s[GM], l_s[GM], f_s[GM];
 
     const int item_idx = p.item_begin + static_cast<int>(blockIdx.x);
     const AttnWorkItem it = p.items[item_idx];
     const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
     const int B = p.block_tokens;
+    const int g0 = static_cast<int>(blockIdx.y) * GM, rows = min(GM, G - g0);
 
-    const T* q =
-        static_cast<const T*>(p.q) +
-        (static_cast<size_t>(it.seq) * num_q_heads + static_cast<size_t>(it.kv_head) * G) * DK;
-    for (int i = tid; i < G * DK; i += kThreads)
-        q_s[i / DK][i % DK] = to_f32(q[i]) * scale;
-    if (tid < G) {
+    const T* q = static_cast<const T*>(p.q) + (static_cast<size_t>(it.seq) * sh.num_q_heads +
+                                               static_cast<size_t>(it.kv_head) * G + g0) *
+                                                  DK;
+    for (int i = tid; i < GM * DK; i += kThreads)
+        q_s[i] = i < rows * DK ? to_f32(q[i]) * sh.scale : 0.0f;  // rows past the slice: zero
+    if (tid < GM) {
         m_s[tid] = -INFINITY;
         l_s[tid] = 0.0f;
+        f_s[tid] = 1.0f;
     }
-    float o[G][DPT];
+    float o[GM][DPT];
 #pragma unroll
-    for (int g = 0; g < G; ++g)
+    for (int g = 0; g < GM; ++g)
 #pragma unroll
         for (int k = 0; k < DPT; ++k)
             o[g][k] = 0.0f;
@@ -138,36 +154,36 @@ __global__ void __launch_bounds__(kThreads)
 
     for (int tile = 0; tile < total; tile += kThreads) {
         const int j = tile + tid;
-        float acc[G];
+        float acc[GM];
 #pragma unroll
-        for (int g = 0; g < G; ++g)
+        for (int g = 0; g < GM; ++g)
             acc[g] = 0.0f;
         if (j < total) {
             const int blk = it.first_block + j / B, off = j % B;
             const T* base = block_base<T>(p, blk);
-            const T* krow = MLA ? base + static_cast<size_t>(off) * DK
-                                : base + (static_cast<size_t>(it.kv_head) * B + off) * DK;
-            vrow_s[tid] = MLA ? krow
-                              : base + static_cast<size_t>(num_kv_heads) * B * DK +
-                                    (static_cast<size_t>(it.kv_head) * B + off) * DV;
+            const T* krow = sh.mla ? base + static_cast<size_t>(off) * DK
+                                   : base + (static_cast<size_t>(it.kv_head) * B + off) * DK;
+            vrow_s[tid] = sh.mla ? krow
+                                 : base + static_cast<size_t>(sh.num_kv_heads) * B * DK +
+                                       (static_cast<size_t>(it.kv_head) * B + off) * DV;
 #pragma unroll 4
             for (int d = 0; d < DK; d += 8) {
                 float k[8];
                 load8(krow + d, k);
 #pragma unroll
-                for (int g = 0; g < G; ++g)
+                for (int g = 0; g < GM; ++g)
 #pragma unroll
                     for (int e = 0; e < 8; ++e)
-                        acc[g] = fmaf(q_s[g][d + e], k[e], acc[g]);
+                        acc[g] = fmaf(q_s[g * DK + d + e], k[e], acc[g]);
             }
         }
 #pragma unroll
-        for (int g = 0; g < G; ++g)
+        for (int g = 0; g < GM; ++g)
             s_s[g][tid] = j < total ? acc[g] : -INFINITY;
         __syncthreads();
 
         const int nvalid = min(kThreads, total - tile);
-        for (int g = warp; g < G; g += NW) {
+        for (int g = warp; g < rows; g += NW) {
             float mx = -INFINITY;
             for (int t = lane; t < kThreads; t += 32)
                 mx = fmaxf(mx, s_s[g][t]);
@@ -186,7 +202,7 @@ __global__ void __launch_bounds__(kThreads)
         __syncthreads();
 
 #pragma unroll
-        for (int g = 0; g < G; ++g) {
+        for (int g = 0; g < GM; ++g) {
             const float f = f_s[g];
 #pragma unroll
             for (int k = 0; k < DPT; ++k)
@@ -197,11 +213,13 @@ __global__ void __launch_bounds__(kThreads)
             const T* vr = vrow_s[t];
             float v[DPT];
 #pragma unroll
-            for (int k = 0; k < DPT; ++k)
-                v[k] = to_f32(vr[tid + k * kThreads]);
+            for (int k = 0; k < DPT; ++k) {
+                const int d = tid + k * kThreads;
+                v[k] = d < DV ? to_f32(vr[d]) : 0.0f;
+            }
 #pragma unroll
-            for (int g = 0; g < G; ++g) {
-                const float pg = s_s[g][t];
+            for (int g = 0; g < GM; ++g) {
+                const float pg = s_s[g][t];  // rows past the slice: scores of zero queries
 #pragma unroll
                 for (int k = 0; k < DPT; ++k)
                     o[g][k] = fmaf(pg, v[k], o[g][k]);
@@ -211,13 +229,16 @@ __global__ void __launch_bounds__(kThreads)
     }
 
 #pragma unroll
-    for (int g = 0; g < G; ++g) {
+    for (int g = 0; g < GM; ++g) {
+        if (g >= rows) break;
         const float l = l_s[g];
-        const size_t row = static_cast<size_t>(item_idx) * G + g;
+        const size_t row = static_cast<size_t>(item_idx) * G + g0 + g;
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
-        for (int k = 0; k < DPT; ++k)
-            p.part_o[row * DV + tid + k * kThreads] = o[g][k] * inv;
+        for (int k = 0; k < DPT; ++k) {
+            const int d = tid + k * kThreads;
+            if (d < DV) p.part_o[row * DV + d] = o[g][k] * inv;
+        }
         if (tid == 0) p.part_lse[row] = l > 0.0f ? m_s[g] + logf(l) : -INFINITY;
     }
 }
@@ -240,7 +261,8 @@ __global__ void __launch_bounds__(kThreads)
 // bytes so that ldmatrix's eight row addresses fall in different banks. How the four warps share a
 // tile is each kernel's own (below).
 
-// The MLA latent (576 = 512 + 64 dims, 16 heads, V = the latent's first 512 dims). A latent row
+// The MLA latent (576 = 512 + 64 dims, V = the latent's first 512 dims; the query heads in slices
+// of up to 16 per CTA, blockIdx.y the slice, rows past it zero queries). A latent row
 // is 1152 bytes, so O (16 × 512 fp32) cannot stay in one warp's registers: the warps split Q·K
 // over the latent's dims (Q's fragments for its 144 dims held in registers), the partial scores
 // meet in shared memory, the online softmax runs over head rows (four per warp) and writes P
@@ -292,8 +314,11 @@ __global__ void __launch_bounds__(kThreads)
     const int gid = lane >> 2, tig = lane & 3;
     const int B = p.block_tokens;
 
-    const T* q = static_cast<const T*>(p.q) + static_cast<size_t>(it.seq) * num_q_heads * DK;
-    load_q16<T, DK>(q_s, L::kRow, q, 16, tid);
+    // This CTA's slice of up to 16 heads (blockIdx.y); rows past it are zero queries.
+    const int g0 = static_cast<int>(blockIdx.y) * 16, rows = min(16, num_q_heads - g0);
+    const T* q = static_cast<const T*>(p.q) +
+                 (static_cast<size_t>(it.seq) * num_q_heads + static_cast<size_t>(g0)) * DK;
+    load_q16<T, DK>(q_s, L::kRow, q, rows, tid);
     for (int c = tid; c < 2 * 16 * L::pRow / 8; c += kThreads)
         reinterpret_cast<uint4*>(ph_s)[c] = make_uint4(0, 0, 0, 0);
     if (tid < 16) {
@@ -426,18 +451,19 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int g = gid + half * 8;
+        if (g >= rows) continue;
         const float l = l_s[g];
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        float* out =
-            p.part_o + (static_cast<size_t>(item_idx) * 16 + g) * DV + warp * DV_W + tig * 2;
+        float* out = p.part_o + (static_cast<size_t>(item_idx) * num_q_heads + g0 + g) * DV +
+                     warp * DV_W + tig * 2;
 #pragma unroll
         for (int n = 0; n < NV; ++n)
             *reinterpret_cast<float2*>(out + n * 8) =
                 make_float2(o[n][half * 2] * inv, o[n][half * 2 + 1] * inv);
     }
-    if (tid < 16) {
+    if (tid < rows) {
         const float l = l_s[tid];
-        p.part_lse[static_cast<size_t>(item_idx) * 16 + tid] =
+        p.part_lse[static_cast<size_t>(item_idx) * num_q_heads + g0 + tid] =
             l > 0.0f ? m_s[tid] + logf(l) : -INFINITY;
     }
 #else
@@ -450,18 +476,20 @@ __global__ void __launch_bounds__(kThreads)
 // probabilities and the output never leave registers: the Q·K accumulators of two 8-token
 // column groups are, element for element, the A fragment of the P·V mma. One barrier per tile
 // (the stage ring's handoff); the four warps' states merge once at the end through shared
-// memory. Rows past G are zero queries whose states are never written.
-template <typename T, int G, int STAGES>
+// memory. A CTA takes a slice of up to 16 of the group's query heads (blockIdx.y); rows past
+// the slice are zero queries whose states are never written. D: the heads' width, K and V alike
+// (64, 128 or 256: Q's fragments and O take D / 4 + D / 2 registers per thread).
+template <typename T, int D, int STAGES>
 __global__ void __launch_bounds__(kThreads)
-    decode_attn_gqa_mma_kernel(const DecodeAttnParams p, int num_q_heads, int num_kv_heads,
+    decode_attn_gqa_mma_kernel(const DecodeAttnParams p, int num_q_heads, int num_kv_heads, int G,
                                float scale) {
     grid_wait();
     grid_release();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    constexpr int D = 128, TILE = 64, NW = kThreads / 32;
+    constexpr int TILE = 64, NW = kThreads / 32;
     constexpr int kRow = D + 8;  // padded row (K and V alike)
     constexpr int stage = 2 * TILE * kRow;
-    static_assert(G >= 1 && G <= 16 && STAGES >= 2, "shape");
+    static_assert(D % 32 == 0 && STAGES >= 2, "shape");
     extern __shared__ uint4 smem_raw[];
     T* const q_s = reinterpret_cast<T*>(smem_raw);  // [16][kRow]
     T* const kv_s = q_s + 16 * kRow;                // STAGES × (K tile, V tile)
@@ -472,10 +500,11 @@ __global__ void __launch_bounds__(kThreads)
     const int gid = lane >> 2, tig = lane & 3;
     const int B = p.block_tokens;
 
+    const int g0 = static_cast<int>(blockIdx.y) * 16, rows = min(16, G - g0);
     const T* q =
         static_cast<const T*>(p.q) +
-        (static_cast<size_t>(it.seq) * num_q_heads + static_cast<size_t>(it.kv_head) * G) * D;
-    load_q16<T, D>(q_s, kRow, q, G, tid);
+        (static_cast<size_t>(it.seq) * num_q_heads + static_cast<size_t>(it.kv_head) * G + g0) * D;
+    load_q16<T, D>(q_s, kRow, q, rows, tid);
     const int total = item_tokens(p, it);
     const int ntiles = (total + TILE - 1) / TILE;
 
@@ -601,7 +630,7 @@ __global__ void __launch_bounds__(kThreads)
         }
     }
     __syncthreads();
-    for (int i = tid; i < G * D; i += kThreads) {
+    for (int i = tid; i < rows * D; i += kThreads) {
         const int row = i / D, d = i % D;
         float mx = -INFINITY;
 #pragma unroll
@@ -617,7 +646,7 @@ __global__ void __launch_bounds__(kThreads)
                 acc += wgt * mo[(w * 16 + row) * D + d];
                 lsum += wgt * ml[w * 16 + row];
             }
-        const size_t out = static_cast<size_t>(item_idx) * G + row;
+        const size_t out = static_cast<size_t>(item_idx) * G + g0 + row;
         p.part_o[out * D + d] = lsum > 0.0f ? acc / lsum : 0.0f;
         if (d == 0) p.part_lse[out] = lsum > 0.0f ? mx + logf(lsum) : -INFINITY;
     }
@@ -626,12 +655,18 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
-template <typename T, int STAGES>
+template <typename T, int D, int STAGES>
 constexpr std::size_t gqa_mma_smem_bytes() {
-    constexpr std::size_t kRow = 128 + 8;
+    constexpr std::size_t kRow = D + 8;
     const std::size_t ring = (16 + STAGES * 2 * 64) * kRow * sizeof(T);
-    const std::size_t merge = 16 * kRow * sizeof(T) + (4 * 16 * 128 + 2 * 4 * 16) * sizeof(float);
+    const std::size_t merge = 16 * kRow * sizeof(T) + (4 * 16 * D + 2 * 4 * 16) * sizeof(float);
     return ring > merge ? ring : merge;
+}
+
+// Query-head slices per item: the CTAs along y.
+int slices(const KvGeometry& g, int per_cta) {
+    const int heads = g.mla ? g.num_q_heads : g.group_size();
+    return (heads + per_cta - 1) / per_cta;
 }
 
 template <typename T>
@@ -640,110 +675,146 @@ bool mla_mma_ready() {
     return kernel_ready(&decode_attn_mla_mma_kernel<T>, cache, MlaLayout::bytes<T>());
 }
 
-template <typename T, int G, int STAGES>
+template <typename T, int D, int STAGES>
 bool gqa_mma_ready() {
     static KernelReady cache[64];
-    return kernel_ready(&decode_attn_gqa_mma_kernel<T, G, STAGES>, cache,
-                        gqa_mma_smem_bytes<T, STAGES>());
+    return kernel_ready(&decode_attn_gqa_mma_kernel<T, D, STAGES>, cache,
+                        gqa_mma_smem_bytes<T, D, STAGES>());
 }
 
-template <typename T>
-bool launch_attn_mla_mma(const DecodeAttnParams& p, cudaStream_t s) {
-    if (p.block_tokens % MlaLayout::TILE != 0 || !mla_mma_ready<T>()) return false;
-    detail::launch(decode_attn_mla_mma_kernel<T>, p.item_count, kThreads, MlaLayout::bytes<T>(), s,
-                   p, p.geo.num_q_heads, p.geo.scale());
-    return true;
+// The tensor-core kernels' shapes: the MLA latent 576/512 (any number of heads), the heads 64,
+// 128 or 256 wide with K and V alike (any group size).
+bool mma_shape(const KvGeometry& g) noexcept {
+    if (g.mla) return g.head_dim_k == MlaLayout::DK && g.head_dim_v == MlaLayout::DV;
+    return g.head_dim_k == g.head_dim_v &&
+           (g.head_dim_k == 64 || g.head_dim_k == 128 || g.head_dim_k == 256);
 }
 
-template <typename T, int G, int STAGES>
-bool launch_attn_gqa_mma(const DecodeAttnParams& p, cudaStream_t s) {
-    if (p.block_tokens % 64 != 0 || !gqa_mma_ready<T, G, STAGES>()) return false;
-    detail::launch(decode_attn_gqa_mma_kernel<T, G, STAGES>, p.item_count, kThreads,
-                   gqa_mma_smem_bytes<T, STAGES>(), s, p, p.geo.num_q_heads, p.geo.num_kv_heads,
-                   p.geo.scale());
-    return true;
-}
-
-template <typename T, int DK, int DV, int G, bool MLA>
-void launch_attn(const DecodeAttnParams& p, cudaStream_t s) {
-    if (p.item_count <= 0) return;
-    // The 128-dim heads: 64-token tiles, two stages (~74 KB: three CTAs per SM on Hopper, two
-    // on A100, one on sm_86/89; one tile in flight each while one is attended). The MLA latent:
-    // 32-token tiles, two stages (~104 KB: two CTAs per SM on Hopper, one on A100; too much for
-    // sm_86/89, which run the SIMT kernel). Measured on the H200 only.
-    constexpr int kTile = MLA ? 32 : 64;
-    if (p.kernel != AttnKernel::simt) {
-        if constexpr (MLA) {
-            if (launch_attn_mla_mma<T>(p, s)) return;
-        } else {
-            if (launch_attn_gqa_mma<T, G, 2>(p, s)) return;
-        }
-    }
-    if (p.kernel == AttnKernel::mma)
-        throw std::invalid_argument(
-            "GPU decode attention: the tensor-core kernel needs sm_80 or later, enough shared "
-            "memory per block (" +
-            std::to_string(MLA ? MlaLayout::bytes<T>() : gqa_mma_smem_bytes<T, 2>()) +
-            " bytes) and block_tokens a multiple of " + std::to_string(kTile) + " (got " +
-            std::to_string(p.block_tokens) + ")");
-    detail::launch(decode_attn_kernel<T, DK, DV, G, MLA>, p.item_count, kThreads, 0, s, p,
-                   p.geo.num_q_heads, p.geo.num_kv_heads, p.geo.scale());
-}
-
-template <typename T>
-bool dispatch_attn(const DecodeAttnParams& p, cudaStream_t s) {
-    const auto& g = p.geo;
-    if (g.mla) {
-        if (g.head_dim_k == 576 && g.head_dim_v == 512 && g.num_q_heads == 16 &&
-            g.num_kv_heads == 1) {
-            launch_attn<T, 576, 512, 16, true>(p, s);
-            return true;
-        }
-        return false;
-    }
-    if (g.head_dim_k != 128 || g.head_dim_v != 128) return false;
-    switch (g.group_size()) {
-        case 1:
-            launch_attn<T, 128, 128, 1, false>(p, s);
-            return true;
-        case 2:
-            launch_attn<T, 128, 128, 2, false>(p, s);
-            return true;
-        case 4:
-            launch_attn<T, 128, 128, 4, false>(p, s);
-            return true;
-        case 8:
-            launch_attn<T, 128, 128, 8, false>(p, s);
-            return true;
-        case 16:
-            launch_attn<T, 128, 128, 16, false>(p, s);
-            return true;
-        default:
-            return false;
-    }
-}
-
-}  // namespace
-
-namespace {
 template <typename T>
 bool mma_ready_for(const KvGeometry& g) {
+    if (!mma_shape(g)) return false;
     if (g.mla) return mla_mma_ready<T>();
-    switch (g.group_size()) {
-        case 1:
-            return gqa_mma_ready<T, 1, 2>();
-        case 2:
-            return gqa_mma_ready<T, 2, 2>();
-        case 4:
-            return gqa_mma_ready<T, 4, 2>();
-        case 8:
-            return gqa_mma_ready<T, 8, 2>();
-        case 16:
-            return gqa_mma_ready<T, 16, 2>();
+    switch (g.head_dim_k) {
+        case 64:
+            return gqa_mma_ready<T, 64, 2>();
+        case 128:
+            return gqa_mma_ready<T, 128, 2>();
         default:
-            return false;
+            return gqa_mma_ready<T, 256, 2>();
     }
 }
+
+std::size_t mma_smem_bytes(const KvGeometry& g) {
+    if (g.mla) return MlaLayout::bytes<__nv_bfloat16>();
+    switch (g.head_dim_k) {
+        case 64:
+            return gqa_mma_smem_bytes<__nv_bfloat16, 64, 2>();
+        case 128:
+            return gqa_mma_smem_bytes<__nv_bfloat16, 128, 2>();
+        default:
+            return gqa_mma_smem_bytes<__nv_bfloat16, 256, 2>();
+    }
+}
+
+// The tensor-core launch (its shape and device checked by the caller).
+template <typename T>
+void launch_mma(const DecodeAttnParams& p, cudaStream_t s) {
+    const auto& g = p.geo;
+    const dim3 grid(static_cast<unsigned>(p.item_count), static_cast<unsigned>(slices(g, 16)));
+    if (g.mla) {
+        detail::launch(decode_attn_mla_mma_kernel<T>, grid, kThreads, MlaLayout::bytes<T>(), s, p,
+                       g.num_q_heads, g.scale());
+        return;
+    }
+    auto gqa = [&](auto kernel, std::size_t smem) {
+        detail::launch(kernel, grid, kThreads, smem, s, p, g.num_q_heads, g.num_kv_heads,
+                       g.group_size(), g.scale());
+    };
+    switch (g.head_dim_k) {
+        case 64:
+            gqa(decode_attn_gqa_mma_kernel<T, 64, 2>, gqa_mma_smem_bytes<T, 64, 2>());
+            break;
+        case 128:
+            gqa(decode_attn_gqa_mma_kernel<T, 128, 2>, gqa_mma_smem_bytes<T, 128, 2>());
+            break;
+        default:
+            gqa(decode_attn_gqa_mma_kernel<T, 256, 2>, gqa_mma_smem_bytes<T, 256, 2>());
+            break;
+    }
+}
+
+// The SIMT kernel for any supported shape: heads per CTA GM (the group, or the MLA heads, up to
+// 16, rounded up to a power of two) and output dims per thread DPT (dv / kThreads rounded up).
+template <typename T, int GM, int DPT>
+void launch_simt_as(const DecodeAttnParams& p, cudaStream_t s) {
+    const auto& g = p.geo;
+    const dim3 grid(static_cast<unsigned>(p.item_count), static_cast<unsigned>(slices(g, GM)));
+    const std::size_t smem = static_cast<std::size_t>(GM) * g.head_dim_k * sizeof(float);
+    detail::launch(decode_attn_kernel<T, GM, DPT>, grid, kThreads, smem, s, p, shape_of(g));
+}
+
+template <typename T, int GM>
+void launch_simt_dpt(const DecodeAttnParams& p, cudaStream_t s) {
+    const int dv = p.geo.head_dim_v;
+    if (dv <= kThreads)
+        launch_simt_as<T, GM, 1>(p, s);
+    else if (dv <= 2 * kThreads)
+        launch_simt_as<T, GM, 2>(p, s);
+    else
+        launch_simt_as<T, GM, 4>(p, s);
+}
+
+int simt_heads_per_cta(const KvGeometry& g) noexcept {
+    const int heads = std::min(g.mla ? g.num_q_heads : g.group_size(), 16);
+    int gm = 1;
+    while (gm < heads)
+        gm *= 2;
+    return gm;
+}
+
+template <typename T>
+void launch_simt(const DecodeAttnParams& p, cudaStream_t s) {
+    switch (simt_heads_per_cta(p.geo)) {
+        case 1:
+            return launch_simt_dpt<T, 1>(p, s);
+        case 2:
+            return launch_simt_dpt<T, 2>(p, s);
+        case 4:
+            return launch_simt_dpt<T, 4>(p, s);
+        case 8:
+            return launch_simt_dpt<T, 8>(p, s);
+        default:
+            return launch_simt_dpt<T, 16>(p, s);
+    }
+}
+
+// The tensor-core kernel where it applies (its shape, a block size its tile divides, sm_80 or
+// later with the shared memory it needs: ~74 KB for 128-wide heads, three CTAs per SM on
+// Hopper; ~104 KB for the MLA latent; ~140 KB for 256-wide heads, one CTA per SM), else the
+// SIMT kernel. Measured on the H200 and H100 for the 128-wide heads and the MLA latent.
+template <typename T>
+void launch_attn(const DecodeAttnParams& p, cudaStream_t s) {
+    if (p.item_count <= 0) return;
+    const auto& g = p.geo;
+    if (p.kernel != AttnKernel::simt) {
+        const int tile = decode_attention_tile(g);
+        if (mma_shape(g) && p.block_tokens % tile == 0 && mma_ready_for<T>(g)) {
+            launch_mma<T>(p, s);
+            return;
+        }
+        if (p.kernel == AttnKernel::mma)
+            throw std::invalid_argument(
+                "GPU decode attention: the tensor-core kernel needs the MLA latent 576/512 or "
+                "heads 64, 128 or 256 wide (K and V alike; got " +
+                std::to_string(g.head_dim_k) + "/" + std::to_string(g.head_dim_v) +
+                "), sm_80 or later, enough shared memory per block (" +
+                std::to_string(mma_shape(g) ? mma_smem_bytes(g) : 0) +
+                " bytes) and block_tokens a multiple of " + std::to_string(tile) + " (got " +
+                std::to_string(p.block_tokens) + ")");
+    }
+    launch_simt<T>(p, s);
+}
+
 }  // namespace
 
 int decode_attention_tile(const KvGeometry& g) noexcept {
@@ -751,7 +822,7 @@ int decode_attention_tile(const KvGeometry& g) noexcept {
 }
 
 bool decode_attention_uses_mma(const KvGeometry& g, int block_tokens) {
-    if (!gpu_attention_supports(g)) return false;
+    if (!gpu_attention_supports(g) || !mma_shape(g)) return false;
     const int tile = decode_attention_tile(g);
     if (block_tokens <= 0 || block_tokens % tile != 0) return false;
     return g.dtype == DType::bf16 ? mma_ready_for<__nv_bfloat16>(g) : mma_ready_for<__half>(g);
@@ -759,17 +830,13 @@ bool decode_attention_uses_mma(const KvGeometry& g, int block_tokens) {
 
 void decode_attention(const DecodeAttnParams& p, void* stream) {
     auto s = static_cast<cudaStream_t>(stream);
-    bool ok = false;
+    if (!gpu_attention_supports(p.geo))
+        throw std::invalid_argument("GPU decode attention: unsupported shape: " +
+                                    gpu_attention_refusal(p.geo));
     if (p.geo.dtype == DType::bf16)
-        ok = dispatch_attn<__nv_bfloat16>(p, s);
-    else if (p.geo.dtype == DType::f16)
-        ok = dispatch_attn<__half>(p, s);
-    if (!ok)
-        throw std::invalid_argument(
-            "GPU decode attention: unsupported shape (" + std::string(dtype_name(p.geo.dtype)) +
-            ", head_dim " + std::to_string(p.geo.head_dim_k) + "/" +
-            std::to_string(p.geo.head_dim_v) + ", group " + std::to_string(p.geo.group_size()) +
-            "); compiled: bf16/fp16, head_dim 128 with group 1/2/4/8/16, MLA 576/512 x16");
+        launch_attn<__nv_bfloat16>(p, s);
+    else
+        launch_attn<__half>(p, s);
     check_launch("decode_attention launch");
 }
 

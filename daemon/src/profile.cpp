@@ -441,8 +441,9 @@ const std::vector<KeyDef>& key_table() {
         t.push_back(
             {"hardware", "gpu", "\"auto\"",
              "GPU to use: \"auto\" (GPU 0 when an NVIDIA GPU and the CUDA backend are present "
-             "and the GPU's attention kernels take the model's KV: bf16 or fp16, heads 128 wide "
-             "or DeepSeek's MLA latent; else the CPU, with a warning saying why), \"none\" (CPU "
+             "and the GPU's attention kernels take the model's KV: bf16 or fp16, heads up to "
+             "576/512 wide in multiples of 8, or DeepSeek's MLA latent; else the CPU, with a "
+             "warning saying why), \"none\" (CPU "
              "only), or a GPU index",
              false,
              [](const toml::node& n, Profile& p) -> std::string {

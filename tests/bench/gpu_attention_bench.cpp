@@ -14,6 +14,7 @@
 #include <cstring>
 #include <ctime>
 #include <memory>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -43,13 +44,35 @@ struct Options {
     bool host = false;
 };
 
+// A preset, or a shape past them: "gqa:Q/KV/D" (Q query heads over KV heads D wide, e.g.
+// Mixtral-8x22B's gqa:48/8/128) or "mla:H" (the 576/512 latent with H heads, e.g. DeepSeek-V3's
+// mla:128).
+std::optional<KvGeometry> bench_geometry(const std::string& name) {
+    int q = 0, kv = 0, d = 0;
+    char tail = 0;
+    if (std::sscanf(name.c_str(), "gqa:%d/%d/%d%c", &q, &kv, &d, &tail) == 3) {
+        KvGeometry g{name, 1, q, kv, d, d, false, DType::bf16, 0.0f, d};
+        if (!g.validate().empty() || !gpu_attention_supports(g)) return std::nullopt;
+        return g;
+    }
+    if (std::sscanf(name.c_str(), "mla:%d%c", &q, &tail) == 1 && q > 0) {
+        KvGeometry g = *kv_geometry_preset("deepseek-v2-lite", DType::bf16);
+        g.name = name;
+        g.num_q_heads = q;
+        return g;
+    }
+    return kv_geometry_preset(name, DType::bf16);
+}
+
 void usage() {
     std::puts(
         "usage: writescope-bench gpu-attention [--models a,b] [--contexts 8K,128K]\n"
         "         [--batches 1,16] [--block N] [--item-blocks N (0: per point, as the step)]\n"
         "         [--reps N] [--host]\n"
         "  The in-place decode attention kernel over device-resident paged KV (bf16), each\n"
-        "  kernel variant on the same inputs, against the HBM copy rate measured in the run.");
+        "  kernel variant on the same inputs, against the HBM copy rate measured in the run.\n"
+        "  Models: the presets, gqa:Q/KV/D (Q query heads over KV heads D wide) or mla:H (the\n"
+        "  576/512 latent with H heads).");
 }
 
 Options parse(int argc, char** argv) {
@@ -121,8 +144,8 @@ int run_gpu_attention(int argc, char** argv) {
     std::mt19937_64 rng(seed);
 
     for (const auto& name : o.models) {
-        const auto geo = kv_geometry_preset(name, DType::bf16);
-        if (!geo) throw std::invalid_argument("unknown model " + name);
+        const auto geo = bench_geometry(name);
+        if (!geo) throw std::invalid_argument("unknown model or unsupported shape " + name);
         const KvGeometry& g = *geo;
         const auto lay = LinearBlockLayout::of(g, o.block);
         const std::size_t block_bytes = lay.elems() * 2;

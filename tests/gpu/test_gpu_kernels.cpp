@@ -327,6 +327,28 @@ std::vector<KvGeometry> gpu_shapes(DType t) {
         v.push_back(g);
     }
     v.push_back(*kv_geometry_preset("deepseek-v2-lite", t));
+    // Groups that are no power of two, groups past 16 (two slices of heads per item), the
+    // tensor cores' other widths (64, 256), and widths only the SIMT kernel takes (K and V
+    // apart; 16 and 32 as in tiny models).
+    struct Heads {
+        int q, kv, dk, dv;
+    };
+    for (const Heads h : {Heads{12, 4, 64, 64}, Heads{14, 2, 64, 64}, Heads{24, 4, 128, 128},
+                          Heads{48, 2, 128, 128}, Heads{8, 2, 256, 256}, Heads{8, 4, 32, 32},
+                          Heads{10, 2, 16, 16}, Heads{6, 3, 96, 64}})
+        v.push_back({"test", 1, h.q, h.kv, h.dk, h.dv, false, t, 0.0f, h.dk});
+    // The MLA latent with fewer and more heads than a CTA's 16 (a partial last slice), and a
+    // small latent (the SIMT kernel).
+    for (const int heads : {4, 20, 40}) {
+        KvGeometry d = *kv_geometry_preset("deepseek-v2-lite", t);
+        d.num_q_heads = heads;
+        v.push_back(d);
+    }
+    KvGeometry d = *kv_geometry_preset("deepseek-v2-lite", t);
+    d.num_q_heads = 4;
+    d.head_dim_k = 96;
+    d.head_dim_v = 64;
+    v.push_back(d);
     return v;
 }
 

@@ -261,28 +261,37 @@ TEST_CASE(
 
 namespace {
 
-// The tiny models' shapes where the GPU attention kernels have them (head_dim 128; the MLA
-// latent 576/512 with 16 heads), bf16, random weights: the GPU kernels cover no fp32 KV or
-// small heads, so the reference here is the CPU runtime (itself checked against transformers).
-model::ModelConfig gpu_attention_shape(const std::string& name) {
+// The tiny models at shapes of the GPU attention kernels, bf16, random weights (the GPU kernels
+// take no fp32 KV, so the reference here is the CPU runtime, itself checked against
+// transformers). Variant 0: the tensor cores' shapes of the three presets (head_dim 128; the MLA
+// latent 576/512 with 16 heads). Variant 1: a group of 3 at head_dim 64 (tensor cores), heads 32
+// wide (the SIMT kernel), the latent with 20 heads (a second, partial slice of heads). Variant 2
+// (MLA): a small latent (48/32, the SIMT kernel) with 4 heads.
+model::ModelConfig gpu_attention_shape(const std::string& name, int variant) {
     model::ModelConfig c = model::load_model_dir(models_dir() / name)->config();
     c.dtype = DType::bf16;
     c.max_position_embeddings = std::max(c.max_position_embeddings, 1024);
     if (c.mla()) {
-        c.num_heads = 16;
-        c.num_kv_heads = 16;
-        c.kv_lora_rank = 512;
-        c.qk_rope_head_dim = 64;
-        c.qk_nope_head_dim = 32;
-        c.v_head_dim = 32;
-        c.rope.dim = 64;
-    } else {
+        c.num_heads = variant == 0 ? 16 : variant == 1 ? 20 : 4;
+        c.num_kv_heads = c.num_heads;
+        c.kv_lora_rank = variant == 2 ? 32 : 512;
+        c.qk_rope_head_dim = variant == 2 ? 16 : 64;
+        c.qk_nope_head_dim = variant == 2 ? 16 : 32;
+        c.v_head_dim = variant == 2 ? 16 : 32;
+        c.rope.dim = c.qk_rope_head_dim;
+    } else if (variant == 0) {
         c.head_dim = 128;
         c.num_heads = 4;
         c.num_kv_heads = name == "mixtral-tiny" ? 1 : 2;
         c.rope.dim = 128;
+    } else {
+        const bool mixtral = name == "mixtral-tiny";
+        c.head_dim = mixtral ? 32 : 64;
+        c.num_heads = mixtral ? 4 : 6;
+        c.num_kv_heads = mixtral ? 1 : 2;
+        c.rope.dim = c.head_dim;
     }
-    c.name = name + "-gpu-attention-shape";
+    c.name = name + "-gpu-attention-shape-" + std::to_string(variant);
     return c;
 }
 
@@ -294,8 +303,15 @@ TEST_CASE(
     "[gpu]") {
     if (cuda::device_count() == 0) FAIL("no GPU");
     auto rng = seeded_rng("gpu runtime over a gpu engine");
-    for (const std::string name : {"qwen3-moe-tiny", "deepseek-v2-tiny-yarn", "mixtral-tiny"}) {
-        const model::ModelConfig c = gpu_attention_shape(name);
+    struct Shape {
+        const char* name;
+        int variant;
+    };
+    for (const Shape shape :
+         {Shape{"qwen3-moe-tiny", 0}, Shape{"deepseek-v2-tiny-yarn", 0}, Shape{"mixtral-tiny", 0},
+          Shape{"qwen3-moe-tiny", 1}, Shape{"mixtral-tiny", 1}, Shape{"deepseek-v2-tiny-yarn", 1},
+          Shape{"deepseek-v2-tiny-yarn", 2}}) {
+        const model::ModelConfig c = gpu_attention_shape(shape.name, shape.variant);
         const std::uint64_t seed = rng();
         std::printf("[gpu] %s: random weights, seed %llu\n", c.name.c_str(),
                     static_cast<unsigned long long>(seed));
@@ -428,7 +444,7 @@ TEST_CASE("the GPU runtime decodes a batch in two halves per layer as it does wh
     if (cuda::device_count() == 0) FAIL("no GPU");
     auto rng = seeded_rng("gpu runtime layer parts");
     for (const std::string name : {"qwen3-moe-tiny", "deepseek-v2-tiny-yarn", "mixtral-tiny"}) {
-        const model::ModelConfig c = gpu_attention_shape(name);
+        const model::ModelConfig c = gpu_attention_shape(name, 0);
         const std::uint64_t seed = rng();
         const auto m = model::make_random_model(c, seed);
         const std::size_t B = c.mla() ? 32 : 64, V = static_cast<std::size_t>(c.vocab_size);
@@ -467,7 +483,7 @@ TEST_CASE("programmatic dependent launches change no bit of a decode", "[gpu]") 
     if (cuda::device_count() == 0) FAIL("no GPU");
     auto rng = seeded_rng("gpu runtime programmatic launch");
     for (const std::string name : {"qwen3-moe-tiny", "deepseek-v2-tiny-yarn", "mixtral-tiny"}) {
-        const model::ModelConfig c = gpu_attention_shape(name);
+        const model::ModelConfig c = gpu_attention_shape(name, 0);
         const std::uint64_t seed = rng();
         const auto m = model::make_random_model(c, seed);
         const std::size_t B = c.mla() ? 32 : 64, V = static_cast<std::size_t>(c.vocab_size);

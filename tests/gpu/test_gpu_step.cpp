@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdio>
+#include <string>
 
 #include "../engine/decode_truth.hpp"
 #include "../engine/step_fixture.hpp"
@@ -21,14 +22,33 @@
 
 using namespace writescope;
 
+namespace {
+
+// A preset's geometry, or one of two shapes past the presets' kernels: a group of 3 at
+// head_dim 64 ("group-3-dim-64", Qwen2-0.5B's widths) and the MLA latent with 20 heads
+// ("mla-20-heads": two slices of heads per work item).
+KvGeometry step_geometry(const std::string& name, DType t) {
+    if (name == "group-3-dim-64") return {name, 1, 12, 4, 64, 64, false, t, 0.0f, 64};
+    if (name == "mla-20-heads") {
+        KvGeometry g = *kv_geometry_preset("deepseek-v2-lite", t);
+        g.name = name;
+        g.num_q_heads = 20;
+        return g;
+    }
+    return *kv_geometry_preset(name, t);
+}
+
+}  // namespace
+
 TEST_CASE("hybrid steps in every mode equal unsplit fp64 attention", "[gpu]") {
     if (cuda::device_count() == 0) FAIL("no GPU: run the gpu label only on a GPU machine");
     auto rng = test::seeded_rng("gpu hybrid step");
     const char* modes[] = {"writescope",  "gpu-only",   "cpu-only",
                            "static:0.25", "static:0.6", "monolithic"};
-    for (const char* preset : {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"})
+    for (const char* preset :
+         {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite", "group-3-dim-64", "mla-20-heads"})
         for (const char* mode_text : modes) {
-            auto g = *kv_geometry_preset(preset, rng() % 3 == 0 ? DType::f16 : DType::bf16);
+            auto g = step_geometry(preset, rng() % 3 == 0 ? DType::f16 : DType::bf16);
             g.num_layers = 2;
             const std::size_t B = 64, max_seqs = 5;
             const ExecutionMode mode = parse_execution_mode(mode_text);
@@ -196,8 +216,9 @@ TEST_CASE("decode steps on the GPU: new tokens appended by append_kv, attended, 
           "[gpu]") {
     if (cuda::device_count() == 0) FAIL("no GPU");
     auto rng = test::seeded_rng("gpu decode steps");
-    for (const char* preset : {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"}) {
-        auto g = *kv_geometry_preset(preset, rng() % 3 == 0 ? DType::f16 : DType::bf16);
+    for (const char* preset :
+         {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite", "group-3-dim-64", "mla-20-heads"}) {
+        auto g = step_geometry(preset, rng() % 3 == 0 ? DType::f16 : DType::bf16);
         g.num_layers = 2;
         const std::size_t B = 64, max_seqs = 3, steps = 150;
         cpu::CpuAttention cpu(g, B, 4, false, max_seqs);

@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -44,8 +45,10 @@ TEST_CASE("fp16 and bf16 conversion round to nearest", "[unit][dtype]") {
     REQUIRE_FALSE(parse_dtype("int4").has_value());
 }
 
-TEST_CASE("the GPU's attention takes the three presets in 16 bits, and says why not otherwise",
-          "[unit][geometry]") {
+TEST_CASE(
+    "the GPU's attention takes 16-bit KV of any group and width it reads, and says why not "
+    "otherwise",
+    "[unit][geometry]") {
     for (const std::string& name : kv_geometry_preset_names())
         for (const DType t : {DType::bf16, DType::f16}) {
             INFO(name << " " << dtype_name(t));
@@ -58,21 +61,44 @@ TEST_CASE("the GPU's attention takes the three presets in 16 bits, and says why 
     CHECK_THAT(gpu_attention_refusal(g), Catch::Contains("KV is fp32"));
     CHECK_THAT(gpu_attention_refusal(g), Catch::Contains("kv.dtype"));
     g.dtype = DType::bf16;
-    g.head_dim_k = g.head_dim_v = 64;  // heads of 64: not compiled
+    // Any width that is a multiple of 8 up to the MLA latent's, any group.
+    for (const int dim : {8, 16, 32, 64, 96, 128, 256, 576})
+        for (const int group : {1, 2, 3, 4, 6, 7, 8, 12, 16, 24, 32}) {
+            g.head_dim_k = dim;
+            g.head_dim_v = std::min(dim, kGpuMaxHeadDimV);
+            g.num_q_heads = 2 * group;
+            g.num_kv_heads = 2;
+            INFO(dim << " wide, group " << group);
+            CHECK(gpu_attention_supports(g));
+            CHECK(gpu_attention_refusal(g).empty());
+        }
+    g.num_q_heads = 8;
+    g.head_dim_k = g.head_dim_v = 100;  // not a multiple of 8: no 16-byte loads
     CHECK_FALSE(gpu_attention_supports(g));
-    CHECK_THAT(gpu_attention_refusal(g), Catch::Contains("64/64 wide"));
-    g.head_dim_k = g.head_dim_v = 128;
-    g.num_q_heads = 12;  // a group of 3
+    CHECK_THAT(gpu_attention_refusal(g), Catch::Contains("heads are 100/100 wide"));
+    CHECK_THAT(gpu_attention_refusal(g), Catch::Contains("a multiple of 8"));
+    g.head_dim_k = g.head_dim_v = 640;  // wider than the kernels' rows
     CHECK_FALSE(gpu_attention_supports(g));
-    CHECK_THAT(gpu_attention_refusal(g), Catch::Contains("3 query heads per KV head"));
-    for (const int group : {1, 2, 4, 8, 16}) {
-        g.num_q_heads = 4 * group;
-        CHECK(gpu_attention_supports(g));
-    }
+    CHECK_THAT(gpu_attention_refusal(g), Catch::Contains("up to 576"));
+    g.head_dim_k = 128;
+    g.head_dim_v = 514;
+    CHECK_FALSE(gpu_attention_supports(g));
+    CHECK_THAT(gpu_attention_refusal(g), Catch::Contains("V rows up to 512"));
+    g.head_dim_v = 128;
+    g.num_q_heads = 9;  // not a multiple of the KV heads
+    CHECK_FALSE(gpu_attention_supports(g));
+    CHECK_THAT(gpu_attention_refusal(g), Catch::Contains("geometry is bad"));
     KvGeometry d = kv_geometry_preset("deepseek-v2-lite").value();
-    d.num_q_heads = 32;  // another MLA shape: not compiled
+    for (const int heads : {1, 4, 16, 20, 32, 128}) {  // any number of heads over the latent
+        d.num_q_heads = heads;
+        CHECK(gpu_attention_supports(d));
+    }
+    d.head_dim_k = 96;  // a small latent (64 + 32) and its value part
+    d.head_dim_v = 64;
+    CHECK(gpu_attention_supports(d));
+    d.head_dim_k = 1024;
     CHECK_FALSE(gpu_attention_supports(d));
-    CHECK_THAT(gpu_attention_refusal(d), Catch::Contains("MLA latent is 576/512 wide with 32"));
+    CHECK_THAT(gpu_attention_refusal(d), Catch::Contains("MLA latent is 1024/64 wide"));
 }
 
 TEST_CASE("KV geometry presets have the published bytes per token", "[unit][geometry]") {

@@ -48,10 +48,15 @@ struct KvGeometry {
     std::string validate() const;
 };
 
-// Whether the GPU's decode attention kernels (cuda/) take this geometry: bf16 or fp16 KV, and
-// heads 128 wide (K and V) with 1, 2, 4, 8 or 16 query heads per KV head, or the MLA latent
-// 576/512 with 16 query heads. The one statement of that set: the kernels' dispatch checks it,
-// and the daemon leaves the GPU unused under hardware.gpu "auto" for a model outside it.
+// The widest K and V rows the GPU's decode attention kernels take (the MLA latent: 576/512).
+inline constexpr int kGpuMaxHeadDimK = 576;
+inline constexpr int kGpuMaxHeadDimV = 512;
+// Whether the GPU's decode attention kernels (cuda/) take this geometry: bf16 or fp16 KV, K rows
+// a multiple of 8 wide up to kGpuMaxHeadDimK and V rows up to kGpuMaxHeadDimV, any number of
+// query heads per KV head (MLA: any number of heads over the one latent). Tensor cores for the
+// MLA latent 576/512 and heads 64, 128 or 256 wide; a SIMT kernel for the rest
+// (cuda/attention.hpp). The one statement of that set: the kernels' dispatch checks it, and the
+// daemon leaves the GPU unused under hardware.gpu "auto" for a model outside it.
 bool gpu_attention_supports(const KvGeometry& g) noexcept;
 // Empty when it does; else why not, naming what the kernels take (for messages).
 std::string gpu_attention_refusal(const KvGeometry& g);
