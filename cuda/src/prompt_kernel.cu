@@ -27,22 +27,28 @@ namespace {
 using detail::check_launch;
 using namespace mma;
 
-constexpr int kD = 128, kTile = 64, kRows = 64, kStages = 2;
-constexpr int kRow = kD + 8;  // padded shared row (Q, K and V alike)
+constexpr int kTile = 64, kRows = 64, kStages = 2;
+// The groups a CTA's 64 rows hold at least one query of.
+constexpr int kMaxGroup = kRows;
 
-template <typename T>
+template <typename T, int D>
 constexpr std::size_t prompt_smem_bytes() {
-    return static_cast<std::size_t>(kRows + kStages * 2 * kTile) * kRow * sizeof(T);
+    return static_cast<std::size_t>(kRows + kStages * 2 * kTile) * (D + 8) * sizeof(T);
 }
 
-template <typename T, int G>
+// D: the heads' width, K and V alike (64 or 128). G: the group size (≤ 64): a CTA's rows are
+// 64 / G queries × the G heads, the rows past 64 / G · G zero and never written.
+template <typename T, int D>
 __global__ void __launch_bounds__(kThreads)
-    prompt_attn_gqa_kernel(const PromptAttnParams p, int num_q_heads, int num_kv_heads,
+    prompt_attn_gqa_kernel(const PromptAttnParams p, int num_q_heads, int num_kv_heads, int G,
                            float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    constexpr int QT = kRows / G;  // queries per CTA
+    constexpr int kD = D;
+    constexpr int kRow = kD + 8;  // padded shared row (Q, K and V alike)
     constexpr int stage = 2 * kTile * kRow;
-    static_assert(G >= 1 && G <= 16 && kRows % G == 0, "shape");
+    static_assert(kD % 32 == 0, "shape");
+    const int QT = kRows / G;  // queries per CTA
+    const int used = QT * G;   // rows holding a (query, head)
     extern __shared__ uint4 smem_raw[];
     T* const q_s = reinterpret_cast<T*>(smem_raw);  // [kRows][kRow]
     T* const kv_s = q_s + kRows * kRow;             // kStages × (K tile, V tile)
@@ -65,13 +71,14 @@ __global__ void __launch_bounds__(kThreads)
     for (int hh = 0; hh < 2; ++hh)
         last[hh] = p.causal ? q0 + (warp * 16 + gid + 8 * hh) / G : total;
 
-    // Q rows: row r is query q0 + r / G, head h·G + r % G; rows past the chunk are zero.
+    // Q rows: row r is query q0 + r / G, head h·G + r % G; rows past the chunk or past `used`
+    // are zero.
     const T* q = static_cast<const T*>(p.q);
     for (int c = tid; c < kRows * (kD / 8); c += kThreads) {
         const int r = c / (kD / 8), col = (c % (kD / 8)) * 8;
         const int qi = q0 + r / G;
         uint4 v = make_uint4(0, 0, 0, 0);
-        if (qi < p.num_queries)
+        if (r < used && qi < p.num_queries)
             v = *reinterpret_cast<const uint4*>(
                 q +
                 (static_cast<size_t>(qi) * num_q_heads + static_cast<size_t>(h) * G + r % G) * kD +
@@ -190,7 +197,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int hh = 0; hh < 2; ++hh) {
         const int r = warp * 16 + gid + 8 * hh;
         const int qi = q0 + r / G;
-        if (qi >= p.num_queries) continue;
+        if (r >= used || qi >= p.num_queries) continue;
         const size_t item =
             (static_cast<size_t>(qi) * num_kv_heads + static_cast<size_t>(h)) * p.splits + split;
         const size_t row = item * G + static_cast<size_t>(r % G);
@@ -207,61 +214,57 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
-template <typename T, int G>
+template <typename T, int D>
 bool ready() {
     static KernelReady cache[64];
-    return kernel_ready(&prompt_attn_gqa_kernel<T, G>, cache, prompt_smem_bytes<T>());
+    return kernel_ready(&prompt_attn_gqa_kernel<T, D>, cache, prompt_smem_bytes<T, D>());
 }
 
-template <typename T, int G>
+template <typename T, int D>
 void launch(const PromptAttnParams& p, cudaStream_t s) {
-    constexpr int QT = kRows / G;
+    const int G = p.geo.group_size(), QT = kRows / G;
     const dim3 grid(static_cast<unsigned>((p.num_queries + QT - 1) / QT),
                     static_cast<unsigned>(p.geo.num_kv_heads), static_cast<unsigned>(p.splits));
-    prompt_attn_gqa_kernel<T, G><<<grid, kThreads, prompt_smem_bytes<T>(), s>>>(
-        p, p.geo.num_q_heads, p.geo.num_kv_heads, p.geo.scale());
+    prompt_attn_gqa_kernel<T, D><<<grid, kThreads, prompt_smem_bytes<T, D>(), s>>>(
+        p, p.geo.num_q_heads, p.geo.num_kv_heads, G, p.geo.scale());
 }
 
-// The kernel's instantiations as operations Op::run<T, G>(p, stream): whether it runs here, and
+// The kernel's instantiations as operations Op::run<T, D>(p, stream): whether it runs here, and
 // its launch.
 struct Ready {
-    template <typename T, int G>
+    template <typename T, int D>
     static bool run(const PromptAttnParams*, cudaStream_t) {
-        return ready<T, G>();
+        return ready<T, D>();
     }
 };
 struct Launch {
-    template <typename T, int G>
+    template <typename T, int D>
     static bool run(const PromptAttnParams* p, cudaStream_t s) {
-        launch<T, G>(*p, s);
+        launch<T, D>(*p, s);
         return true;
     }
 };
 
 template <class Op, typename T>
-bool by_group(const KvGeometry& g, const PromptAttnParams* p, cudaStream_t s) {
-    switch (g.group_size()) {
-        case 1:
-            return Op::template run<T, 1>(p, s);
-        case 2:
-            return Op::template run<T, 2>(p, s);
-        case 4:
-            return Op::template run<T, 4>(p, s);
-        case 8:
-            return Op::template run<T, 8>(p, s);
-        case 16:
-            return Op::template run<T, 16>(p, s);
+bool by_width(const KvGeometry& g, const PromptAttnParams* p, cudaStream_t s) {
+    switch (g.head_dim_k) {
+        case 64:
+            return Op::template run<T, 64>(p, s);
+        case 128:
+            return Op::template run<T, 128>(p, s);
         default:
             return false;
     }
 }
 
-// Op for the shape's dtype and group; false where none fits.
+// Op for the shape's dtype and width; false where none fits (the MLA latent, heads of other
+// widths or K and V apart, groups past 64).
 template <class Op>
 bool dispatch(const KvGeometry& g, const PromptAttnParams* p, cudaStream_t s) {
-    if (g.mla || g.head_dim_k != kD || g.head_dim_v != kD) return false;
-    if (g.dtype == DType::bf16) return by_group<Op, __nv_bfloat16>(g, p, s);
-    if (g.dtype == DType::f16) return by_group<Op, __half>(g, p, s);
+    if (g.mla || g.head_dim_k != g.head_dim_v || g.group_size() < 1 || g.group_size() > kMaxGroup)
+        return false;
+    if (g.dtype == DType::bf16) return by_width<Op, __nv_bfloat16>(g, p, s);
+    if (g.dtype == DType::f16) return by_width<Op, __half>(g, p, s);
     return false;
 }
 

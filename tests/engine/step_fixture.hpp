@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -22,9 +23,23 @@
 
 namespace writescope::test {
 
-// A small geometry of a preset model: `layers` layers, bf16.
-inline KvGeometry small_geometry(const char* preset, int layers) {
-    auto g = *kv_geometry_preset(preset, DType::bf16);
+// A small geometry of a preset model, or of a shape past the presets' kernels: a group of 3 at
+// head_dim 64 ("group-3-dim-64", Qwen2-0.5B's widths), heads 32 wide ("dim-32", a tiny model's:
+// the GPU's SIMT kernel) or the MLA latent with 20 heads ("mla-20-heads": two slices of heads
+// per GPU work item); `layers` layers, bf16.
+inline KvGeometry small_geometry(const std::string& preset, int layers) {
+    KvGeometry g;
+    if (preset == "group-3-dim-64") {
+        g = {preset, layers, 12, 4, 64, 64, false, DType::bf16, 0.0f, 64};
+    } else if (preset == "dim-32") {
+        g = {preset, layers, 8, 2, 32, 32, false, DType::bf16, 0.0f, 32};
+    } else if (preset == "mla-20-heads") {
+        g = *kv_geometry_preset("deepseek-v2-lite", DType::bf16);
+        g.name = preset;
+        g.num_q_heads = 20;
+    } else {
+        g = *kv_geometry_preset(preset, DType::bf16);
+    }
     g.num_layers = layers;
     return g;
 }

@@ -17,7 +17,8 @@ using namespace writescope;
 
 TEST_CASE("CPU-only steps over T and U equal fp64 attention in every layer", "[unit][engine]") {
     auto rng = test::seeded_rng("cpu-only step executor");
-    for (const char* preset : {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"}) {
+    for (const char* preset : {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite",
+                               "group-3-dim-64", "dim-32", "mla-20-heads"}) {
         const auto g = test::small_geometry(preset, 2);
         const std::size_t B = 64, max_seqs = 6;
         cpu::CpuAttention cpu(g, B, 2, false, max_seqs);

@@ -180,7 +180,8 @@ TEST_CASE("prompt chunks attended on the GPU equal fp64 attention over T, G, P, 
           "[gpu]") {
     if (cuda::device_count() == 0) FAIL("no GPU");
     auto rng = test::seeded_rng("gpu prompt attention");
-    for (const char* preset : {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"}) {
+    for (const char* preset : {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite",
+                               "group-3-dim-64", "dim-32", "mla-20-heads"}) {
         EngineOptions o;
         o.geometry = test::small_geometry(preset, 2);
         if (rng() % 3 == 0) o.geometry.dtype = DType::f16;
@@ -189,7 +190,8 @@ TEST_CASE("prompt chunks attended on the GPU equal fp64 attention over T, G, P, 
         o.max_prompt_tokens = 256;
         // The decode workspace (32 and 56 MB), the prompt workspace (~15 and ~45 MB) and a few
         // dozen G blocks.
-        o.vram_kv_bytes = o.geometry.mla ? 112ull << 20 : 56ull << 20;
+        o.vram_kv_bytes =
+            o.geometry.mla ? (o.geometry.num_q_heads > 16 ? 160ull : 112ull) << 20 : 56ull << 20;
         o.pinned_kv_bytes = 96ull << 20;
         o.host_kv_bytes = 96ull << 20;
         o.attention_threads = 8;
@@ -262,10 +264,10 @@ TEST_CASE("prompt chunks attended on the GPU equal fp64 attention over T, G, P, 
         }
         // The chunk is not stored: the sequence holds what it held.
         REQUIRE(e->status().regions[static_cast<int>(Region::P)].used_blocks == in_p);
-        // The 128-dim heads run the stored blocks on the tiled prompt kernel (64/G queries per
-        // CTA); the MLA latent runs each query as a decode item.
+        // Heads 64 or 128 wide run the stored blocks on the tiled prompt kernel (64/G queries
+        // per CTA); the MLA latent and other widths run each query as a decode item.
         const bool tiled = cuda::prompt_attention_supported(g, static_cast<int>(B));
-        CHECK(tiled == !g.mla);
+        CHECK(tiled == (!g.mla && (g.head_dim_k == 64 || g.head_dim_k == 128)));
         std::printf(
             "[gpu] prompt %-16s worst rel err vs fp64 %.3e (lse %.3e), CPU path %.3e; stored "
             "blocks on %s\n",

@@ -24,18 +24,11 @@ using namespace writescope;
 
 namespace {
 
-// A preset's geometry, or one of two shapes past the presets' kernels: a group of 3 at
-// head_dim 64 ("group-3-dim-64", Qwen2-0.5B's widths) and the MLA latent with 20 heads
-// ("mla-20-heads": two slices of heads per work item).
+// A preset's geometry, or a shape past the presets' kernels (test::small_geometry), in dtype t.
 KvGeometry step_geometry(const std::string& name, DType t) {
-    if (name == "group-3-dim-64") return {name, 1, 12, 4, 64, 64, false, t, 0.0f, 64};
-    if (name == "mla-20-heads") {
-        KvGeometry g = *kv_geometry_preset("deepseek-v2-lite", t);
-        g.name = name;
-        g.num_q_heads = 20;
-        return g;
-    }
-    return *kv_geometry_preset(name, t);
+    KvGeometry g = test::small_geometry(name, 1);
+    g.dtype = t;
+    return g;
 }
 
 }  // namespace
