@@ -22,9 +22,12 @@ struct AttnWorkItem {
     std::int32_t num_blocks = 0;
 };
 
-// Which kernel runs the attention. automatic: the tensor-core kernel where it applies (sm_80 or
-// later, block_tokens a multiple of its tile: 64 tokens, 32 for MLA, and the shared memory it
-// needs per block: ~74 KB, ~104 KB for MLA), the SIMT kernel otherwise.
+// Which kernel runs the attention. automatic: the tensor-core kernel where it applies (heads 64,
+// 128 or 256 wide with K and V alike, or the MLA latent 576/512; sm_80 or later, block_tokens a
+// multiple of its tile: 64 tokens, 32 for MLA, and the shared memory it needs per block: ~74 KB
+// for 128-wide heads, ~140 KB for 256, ~104 KB for MLA), the SIMT kernel otherwise (every shape
+// gpu_attention_supports takes). Either takes up to 16 query heads per CTA: a larger group (or
+// MLA's heads) runs as slices of 16 heads over the same KV.
 // The other two force one (mma throws std::invalid_argument where it does not apply); for tests
 // and benchmarks.
 enum class AttnKernel : std::uint8_t { automatic, simt, mma };
@@ -64,15 +67,15 @@ void decode_attention(const DecodeAttnParams& p, void* stream);
 
 // Prompt chunks (cuda/src/prompt_attention.cpp): n queries of one sequence over a run of blocks
 // that every query sees whole (the stored context), or causally (the chunk's own tokens), on
-// tensor cores, for the 128-dim heads. A
-// CTA takes 64 (query, head) rows of one KV head, 64/G queries, so that each KV tile in shared
-// memory serves 64/G queries at once (the decode kernels, one query per item, read it once per
-// query). The partial states use the decode kernels' part layout for items in (query, KV head,
-// split) order: item (q·num_kv_heads + h)·splits + s, its G rows item·G + g.
+// tensor cores, for heads 64 or 128 wide (K and V alike) and groups up to 64. A
+// CTA takes 64 (query, head) rows of one KV head, 64/G queries (rows past 64/G·G unused), so that
+// each KV tile in shared memory serves 64/G queries at once (the decode kernels, one query per
+// item, read it once per query). The partial states use the decode kernels' part layout for items
+// in (query, KV head, split) order: item (q·num_kv_heads + h)·splits + s, its G rows item·G + g.
 struct PromptAttnParams {
     KvGeometry geo;
     std::int32_t block_tokens = 0;
-    const void* q = nullptr;  // (num_queries, num_q_heads, 128), device memory
+    const void* q = nullptr;  // (num_queries, num_q_heads, head_dim), device memory
     // As DecodeAttnParams: block bases plus the offset, valid tokens per block.
     const void* const* block_ptrs = nullptr;
     std::int64_t block_offset_bytes = 0;
@@ -85,12 +88,13 @@ struct PromptAttnParams {
     std::int32_t splits = 1, split_blocks = 0;
     // The chunk itself instead (splits 1): query i sees the run's tokens 0..i.
     bool causal = false;
-    float* part_o = nullptr;  // (num_queries·num_kv_heads·splits·G, 128)
+    float* part_o = nullptr;  // (num_queries·num_kv_heads·splits·G, head_dim)
     float* part_lse = nullptr;
 };
 // Whether prompt_attention runs for this shape and block size on the current device: bf16 or
-// fp16, head_dim 128, group 1, 2, 4, 8 or 16, block_tokens a multiple of 64, sm_80 or later with
-// ~87 KB of shared memory per block. (Otherwise the caller runs each query as a decode item.)
+// fp16, heads 64 or 128 wide (K and V alike), a group of at most 64, block_tokens a multiple of
+// 64, sm_80 or later with the kernel's shared memory per block (~87 KB for 128-wide heads).
+// (Otherwise the caller runs each query as a decode item.)
 bool prompt_attention_supported(const KvGeometry& geo, int block_tokens);
 // Queries per CTA for the shape (64 / group size).
 int prompt_attention_queries_per_cta(const KvGeometry& geo) noexcept;
