@@ -360,9 +360,8 @@ ModelFactory real_model_factory() {
             if (gpu_engine) {
                 status("placing the weights on the GPU");
                 host->host_ops = std::move(ops);
-                start_gpu_runtime(
-                    *host, p, p.hardware.gpu.choice == GpuChoice::index ? p.hardware.gpu.index : 0,
-                    ro, engine, history);
+                // The engine's GPU: the one its KV and attention are on.
+                start_gpu_runtime(*host, p, engine.options().gpu_index, ro, engine, history);
             }
 #else
             (void)history;
