@@ -35,7 +35,8 @@ DeviceModelWeights::DeviceModelWeights(const model::Model& m,
             *dst = store_.upload(*src);
         d.moe = s.moe;
         d.mlp = store_.upload(s.mlp);
-        d.router = s.router;  // shape only: the runtime places its fp32 copy
+        d.router = s.router;            // shape only: the runtime places its fp32 copy
+        d.router_bias = s.router_bias;  // the same
         d.shared = store_.upload(s.shared);
         d.experts.resize(s.experts.size());
         for (std::size_t e = 0; e < s.experts.size(); ++e) {

@@ -321,26 +321,43 @@ __global__ void route_kernel(RouteArgs a) {
     int* slot = keep + G;
     const float* l = a.logits + blockIdx.x * E;
 
-    float m = -INFINITY;
-    for (std::size_t e = threadIdx.x; e < E; e += blockDim.x)
-        m = fmaxf(m, l[e]);
-    m = block_max(m, reinterpret_cast<float*>(red));
-    double sum = 0;
-    for (std::size_t e = threadIdx.x; e < E; e += blockDim.x)
-        sum += exp(static_cast<double>(l[e]) - m);
-    sum = block_sum(sum, red);
-    for (std::size_t e = threadIdx.x; e < E; e += blockDim.x) {
-        p[e] = static_cast<float>(exp(static_cast<double>(l[e]) - m) / sum);
-        score[e] = p[e];
+    if (a.sigmoid) {
+        // Each expert's sigmoid, correctly rounded from fp64; the choice adds the bias.
+        for (std::size_t e = threadIdx.x; e < E; e += blockDim.x) {
+            p[e] = static_cast<float>(1.0 / (1.0 + exp(-static_cast<double>(l[e]))));
+            score[e] = a.bias ? __fadd_rn(p[e], a.bias[e]) : p[e];
+        }
+    } else {
+        float m = -INFINITY;
+        for (std::size_t e = threadIdx.x; e < E; e += blockDim.x)
+            m = fmaxf(m, l[e]);
+        m = block_max(m, reinterpret_cast<float*>(red));
+        double sum = 0;
+        for (std::size_t e = threadIdx.x; e < E; e += blockDim.x)
+            sum += exp(static_cast<double>(l[e]) - m);
+        sum = block_sum(sum, red);
+        for (std::size_t e = threadIdx.x; e < E; e += blockDim.x) {
+            p[e] = static_cast<float>(exp(static_cast<double>(l[e]) - m) / sum);
+            score[e] = p[e];
+        }
     }
     __syncthreads();
     if (G > 1) {
+        // Groups scored by their best expert (softmax) or the sum of their two best choice
+        // values (sigmoid).
         const std::size_t per = E / G;
         for (std::size_t g = threadIdx.x; g < G; g += blockDim.x) {
-            float best = p[g * per];
-            for (std::size_t e = g * per + 1; e < (g + 1) * per; ++e)
-                best = fmaxf(best, p[e]);
-            gscore[g] = best;
+            float best = -INFINITY, second = -INFINITY;
+            for (std::size_t e = g * per; e < (g + 1) * per; ++e) {
+                const float v = score[e];
+                if (v > best) {
+                    second = best;
+                    best = v;
+                } else if (v > second) {
+                    second = v;
+                }
+            }
+            gscore[g] = a.sigmoid ? __fadd_rn(best, second) : best;
         }
         __syncthreads();
         for (std::size_t g = threadIdx.x; g < G; g += blockDim.x) {
@@ -363,11 +380,14 @@ __global__ void route_kernel(RouteArgs a) {
     }
     __syncthreads();
     if (threadIdx.x == 0) {
+        // The weights: the chosen experts' scores (softmax: as masked; sigmoid: uncorrected).
+        const float* w_of = a.sigmoid ? p : score;
         float total = 0;
         for (std::size_t j = 0; j < k; ++j)
-            total = __fadd_rn(total, score[slot[j]]);
+            total = __fadd_rn(total, w_of[slot[j]]);
+        if (a.sigmoid) total = __fadd_rn(total, 1e-20f);
         for (std::size_t j = 0; j < k; ++j) {
-            const float w = score[slot[j]];
+            const float w = w_of[slot[j]];
             a.out_experts[blockIdx.x * k + j] = slot[j];
             a.out_weights[blockIdx.x * k + j] =
                 __fmul_rn(a.renormalize ? __fdiv_rn(w, total) : w, a.scale);

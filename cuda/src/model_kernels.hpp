@@ -70,6 +70,8 @@ struct RouteArgs {
     std::size_t n, experts, k, groups, keep_groups;
     bool renormalize;
     float scale;
+    bool sigmoid;               // model::RoutingParams' sigmoid scoring
+    const float* bias;          // (experts) fp32 or null: the sigmoid choice's correction
     std::int32_t* out_experts;  // (n, k)
     float* out_weights;         // (n, k)
 };

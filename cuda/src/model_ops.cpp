@@ -1043,7 +1043,7 @@ void CudaModelOps::route(const model::RoutingParams& p, const float* logits, std
     if (E > impl_->opts.max_experts)
         too_large("route", "experts", E, "max_experts", impl_->opts.max_experts);
     if (k == 0 || k > E || E % G != 0 || p.keep_groups == 0 || p.keep_groups > G ||
-        k > p.keep_groups * (E / G)) {
+        k > p.keep_groups * (E / G) || (p.sigmoid && G > 1 && E / G < 2)) {
         std::string m = "CudaModelOps::route: k = ";
         m += std::to_string(k);
         m += " of ";
@@ -1057,9 +1057,9 @@ void CudaModelOps::route(const model::RoutingParams& p, const float* logits, std
     }
     if (n == 0) return;
     impl_->use();
-    detail::launch_route(
-        {logits, n, E, k, G, p.keep_groups, p.renormalize, p.scale, experts, weights},
-        impl_->stream);
+    detail::launch_route({logits, n, E, k, G, p.keep_groups, p.renormalize, p.scale, p.sigmoid,
+                          p.bias, experts, weights},
+                         impl_->stream);
     launched("route kernel");
 }
 

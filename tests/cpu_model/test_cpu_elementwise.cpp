@@ -205,6 +205,81 @@ TEST_CASE("route: softmax, (group-limited) top-k, renormalised and scaled, again
     CHECK_THROWS_AS(ops.route(bad, lg.data(), 0, ex.data(), wt.data()), std::length_error);
 }
 
+TEST_CASE("route: sigmoid scores, the corrected choice in groups (noaux_tc), against fp64",
+          "[unit][model]") {
+    auto rng = seeded_rng("cpu sigmoid routing");
+    auto ops = make_ops();
+    const std::size_t n = 11, E = 32;
+    for (int variant = 0; variant < 4; ++variant) {
+        model::RoutingParams p;
+        p.experts = E;
+        p.k = variant == 3 ? 1 : 4;
+        p.sigmoid = true;
+        p.renormalize = variant != 1;
+        p.scale = variant == 0 ? 2.5f : 1.0f;
+        if (variant != 2) {
+            p.groups = 8;
+            p.keep_groups = variant == 3 ? 1 : 3;
+        }
+        auto logits = random_floats(n * E, -4, 4, rng);
+        // A bias that reorders the choice; variant 1 none (a null bias), variant 3 one large
+        // enough to make kept experts' choice values negative (masked experts, at 0, then win).
+        std::vector<float> bias = random_floats(E, variant == 3 ? -2.0f : -0.3f, 0.3f, rng);
+        p.bias = variant == 1 ? nullptr : bias.data();
+        std::vector<std::int32_t> ex(n * p.k);
+        std::vector<float> wt(n * p.k);
+        ops.route(p, logits.data(), n, ex.data(), wt.data());
+        for (std::size_t t = 0; t < n; ++t) {
+            std::vector<double> prob(E), choice(E);
+            for (std::size_t e = 0; e < E; ++e) {
+                prob[e] = 1.0 / (1.0 + std::exp(-static_cast<double>(logits[t * E + e])));
+                choice[e] = prob[e] + (p.bias ? p.bias[e] : 0.0);
+            }
+            if (p.groups > 1) {
+                const std::size_t per = E / p.groups;
+                std::vector<double> gs(p.groups);
+                for (std::size_t g = 0; g < p.groups; ++g) {
+                    std::vector<double> v(
+                        choice.begin() + static_cast<std::ptrdiff_t>(g * per),
+                        choice.begin() + static_cast<std::ptrdiff_t>((g + 1) * per));
+                    std::sort(v.rbegin(), v.rend());
+                    gs[g] = v[0] + v[1];
+                }
+                std::vector<std::size_t> g(p.groups);
+                std::iota(g.begin(), g.end(), std::size_t{0});
+                std::stable_sort(g.begin(), g.end(),
+                                 [&](std::size_t a, std::size_t b) { return gs[a] > gs[b]; });
+                for (std::size_t gi = p.keep_groups; gi < p.groups; ++gi)
+                    for (std::size_t e = g[gi] * per; e < (g[gi] + 1) * per; ++e)
+                        choice[e] = 0;
+            }
+            std::vector<std::size_t> order(E);
+            std::iota(order.begin(), order.end(), std::size_t{0});
+            std::stable_sort(order.begin(), order.end(),
+                             [&](std::size_t a, std::size_t b) { return choice[a] > choice[b]; });
+            double total = 1e-20;
+            for (std::size_t j = 0; j < p.k; ++j)
+                total += prob[order[j]];
+            for (std::size_t j = 0; j < p.k; ++j) {
+                INFO("variant " << variant << " token " << t << " slot " << j);
+                REQUIRE(ex[t * p.k + j] == static_cast<std::int32_t>(order[j]));
+                const double ref =
+                    (p.renormalize ? prob[order[j]] / total : prob[order[j]]) * p.scale;
+                REQUIRE(wt[t * p.k + j] == Approx(ref).epsilon(1e-6));
+            }
+        }
+    }
+    model::RoutingParams bad;  // groups of one expert: noaux_tc scores a group by two
+    bad.experts = 16;
+    bad.k = 2;
+    bad.sigmoid = true;
+    bad.groups = 16;
+    bad.keep_groups = 4;
+    std::vector<std::int32_t> ex(2);
+    std::vector<float> wt(2), lg(16);
+    CHECK_THROWS_AS(ops.route(bad, lg.data(), 1, ex.data(), wt.data()), std::invalid_argument);
+}
+
 namespace {
 
 // A random finish_rows layout: parts of (tokens, heads, ld ≥ cols) rows, each with or without a

@@ -26,7 +26,8 @@ models are reproducible. The configs exercise what docs/design.md section 5 list
 head_dim (≠ hidden / heads), q/k norms, mlp_only_layers and decoder_sparse_step, tied and untied heads;
 Mixtral's top-2; DeepSeek-V2's MLA with and without q_lora_rank, YaRN (factor, mscale,
 mscale_all_dim), greedy and group_limited_greedy routing, shared experts, dense first layers,
-routed_scaling_factor and norm_topk_prob.
+routed_scaling_factor and norm_topk_prob; DeepSeek-V3's sigmoid routing with its correction bias
+(noaux_tc groups) and both rotary layouts (rope_interleave).
 """
 import argparse
 import json
@@ -77,6 +78,18 @@ def deepseek_v2(dtype, **kw):
     return transformers.DeepseekV2Config(**cfg), dtype
 
 
+def deepseek_v3(dtype, **kw):
+    cfg = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+               num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+               q_lora_rank=48, kv_lora_rank=64, qk_rope_head_dim=32, qk_nope_head_dim=32,
+               v_head_dim=32, n_routed_experts=16, num_experts_per_tok=4, n_shared_experts=1,
+               first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+               n_group=4, topk_group=2, rope_interleave=True, rms_norm_eps=1e-6,
+               rope_theta=10000.0, max_position_embeddings=512, tie_word_embeddings=False)
+    cfg.update(kw)
+    return transformers.DeepseekV3Config(**cfg), dtype
+
+
 YARN = {"type": "yarn", "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
         "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}
 
@@ -102,6 +115,17 @@ MODELS = {
     # N(0, 1) rows repeats the input token).
     "qwen3-moe-tiny-tied": lambda: qwen3_moe(torch.float32, tie_word_embeddings=True,
                                              num_hidden_layers=3, mlp_only_layers=[0]),
+    # DeepSeek-V3: sigmoid scores with e_score_correction_bias (drawn, not zero), noaux_tc over 4
+    # groups of 4 (2 kept), top-4 renormalised × 2.5, q_lora_rank, interleaved rotary.
+    "deepseek-v3-tiny": lambda: deepseek_v3(torch.float32),
+    # bf16, one group, no renormalisation, NeoX rotary (rope_interleave false), YaRN, no
+    # q_lora_rank, 2 shared experts, top-3 of 8.
+    "deepseek-v3-tiny-bf16": lambda: deepseek_v3(torch.bfloat16, n_routed_experts=8,
+                                                 num_experts_per_tok=3, n_group=1, topk_group=1,
+                                                 norm_topk_prob=False, routed_scaling_factor=1.0,
+                                                 rope_interleave=False, q_lora_rank=None,
+                                                 n_shared_experts=2, rope_scaling=dict(YARN),
+                                                 max_position_embeddings=128),
 }
 
 PROMPT_LENGTHS = (100, 37)
@@ -112,7 +136,9 @@ def redraw(model, gen):
     """Seeded weights with scales that give peaked distributions."""
     with torch.no_grad():
         for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
-            if p.dim() == 1:  # norms (and biases)
+            if name.endswith("e_score_correction_bias"):  # a parameter in some versions
+                v = 0.3 * torch.randn(p.shape, generator=gen, dtype=torch.float64)
+            elif p.dim() == 1:  # norms (and biases)
                 v = 1.0 + 0.2 * torch.randn(p.shape, generator=gen, dtype=torch.float64)
             else:
                 fan_in = p.shape[-1]
@@ -127,6 +153,11 @@ def redraw(model, gen):
                     gain = 2.0
                 v = torch.randn(p.shape, generator=gen, dtype=torch.float64) * (gain / math.sqrt(fan_in))
             p.copy_(v.to(p.dtype))
+        # DeepSeek-V3's routing correction is a buffer, not a parameter: drawn so that it
+        # reorders the choice (sigmoid scores lie in (0, 1)).
+        for name, b in sorted(model.named_buffers(), key=lambda kv: kv[0]):
+            if name.endswith("e_score_correction_bias"):
+                b.copy_((0.3 * torch.randn(b.shape, generator=gen, dtype=torch.float64)).to(b.dtype))
 
 
 def forward_logits(model, ids, device):

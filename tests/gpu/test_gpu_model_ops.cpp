@@ -1122,6 +1122,7 @@ TEST_CASE("GPU route gives the CPU's experts and weights", "[gpu]") {
     struct Cfg {
         const char* what;
         model::RoutingParams p;
+        bool bias = false;  // sigmoid: a random e_score_correction_bias
     };
     const Cfg cfgs[] = {
         {"qwen3 (128, top-8, renorm)", {128, 8, true, 1.0f, 1, 1}},
@@ -1129,7 +1130,12 @@ TEST_CASE("GPU route gives the CPU's experts and weights", "[gpu]") {
         {"deepseek-v2-lite (64, top-6)", {64, 6, false, 1.0f, 1, 1}},
         {"deepseek grouped (64, 8 groups keep 3, top-6, x16)", {64, 6, false, 16.0f, 8, 3}},
         {"v3-like (256, 8 groups keep 4, top-8, renorm, x2.5)", {256, 8, true, 2.5f, 8, 4}},
-        {"odd (7, top-3)", {7, 3, true, 1.0f, 1, 1}}};
+        {"odd (7, top-3)", {7, 3, true, 1.0f, 1, 1}},
+        {"deepseek-v3 sigmoid (256, 8 groups keep 4, top-8, x2.5)",
+         {256, 8, true, 2.5f, 8, 4, true},
+         true},
+        {"moonlight sigmoid (64, top-6, renorm, x2.446)", {64, 6, true, 2.446f, 1, 1, true}, true},
+        {"sigmoid, no bias (16, 4 groups keep 2, top-3)", {16, 3, false, 1.0f, 4, 2, true}}};
     for (const auto& c : cfgs)
         for (bool ties : {false, true})
             for (std::size_t n : {1u, 16u, 300u}) {
@@ -1139,14 +1145,22 @@ TEST_CASE("GPU route gives the CPU's experts and weights", "[gpu]") {
                 std::uniform_int_distribution<int> small(0, 2);
                 for (auto& l : logits)
                     l = ties ? static_cast<float>(small(rng)) : nd(rng);
+                std::vector<float> bias(E);
+                std::uniform_real_distribution<float> ub(-0.5f, 0.5f);
+                for (auto& b : bias)
+                    b = ub(rng);
+                const auto bd = to_device(bias);
+                model::RoutingParams pc = c.p, pg = c.p;
+                pc.bias = c.bias ? bias.data() : nullptr;
+                pg.bias = c.bias ? dptr<float>(bd) : nullptr;
                 std::vector<std::int32_t> ec(n * k);
                 std::vector<float> wc(n * k);
-                cpu_ops().route(c.p, logits.data(), n, ec.data(), wc.data());
+                cpu_ops().route(pc, logits.data(), n, ec.data(), wc.data());
                 const auto ld = to_device(logits);
                 cuda::DeviceBuffer ed(n * k * 4), wd(n * k * 4);
                 ed.fill_bytes(0xff);
                 wd.fill_bytes(0xff);
-                gpu_ops().route(c.p, dptr<float>(ld), n, dptr<std::int32_t>(ed), dptr<float>(wd));
+                gpu_ops().route(pg, dptr<float>(ld), n, dptr<std::int32_t>(ed), dptr<float>(wd));
                 const auto eg = to_host<std::int32_t>(ed, n * k);
                 const auto wg = to_host<float>(wd, n * k);
                 REQUIRE(eg == ec);
@@ -1155,7 +1169,7 @@ TEST_CASE("GPU route gives the CPU's experts and weights", "[gpu]") {
                     worst = std::max(worst, std::fabs(double(wg[i]) - wc[i]) /
                                                 (std::fabs(double(wc[i])) * 0x1p-23 + 1e-30));
                 std::printf(
-                    "route %-52s %s n=%3zu: experts equal, max weight difference %.1f "
+                    "route %-56s %s n=%3zu: experts equal, max weight difference %.1f "
                     "ulp\n",
                     c.what, ties ? "ties" : "    ", n, worst);
                 REQUIRE(worst <= 4.0);

@@ -98,14 +98,28 @@ std::vector<float> greedy_logits(const model::Model& m, const std::vector<std::i
 
 TEST_CASE("a random model saved as a Hugging Face directory loads back with the same logits",
           "[model]") {
-    for (const std::string preset : {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite"}) {
+    for (const std::string preset :
+         {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite", "deepseek-v3"}) {
         INFO(preset);
-        const auto cfg = small_config(preset);
+        // deepseek-v3: V2-Lite's small config with V3's routing (sigmoid scores corrected by
+        // e_score_correction_bias, noaux_tc groups) and NeoX rotary (rope_interleave false).
+        auto cfg = small_config(preset == "deepseek-v3" ? "deepseek-v2-lite" : preset);
+        if (preset == "deepseek-v3") {
+            cfg.model_type = "deepseek_v3";
+            cfg.scoring_func = model::ScoringFunc::sigmoid;
+            cfg.topk_method = model::TopkMethod::noaux_tc;
+            cfg.norm_topk_prob = true;
+            cfg.rope.interleaved = false;
+            REQUIRE(cfg.validate().empty());
+        }
         const auto m = model::make_random_model(cfg, 42, 0.1);
         TempDir d;
         model::save_model_dir(*m, d.path);
         const auto back = model::load_model_dir(d.path);
         CHECK(back->config().model_type == cfg.model_type);
+        CHECK(back->config().scoring_func == cfg.scoring_func);
+        CHECK(back->config().topk_method == cfg.topk_method);
+        CHECK(back->config().rope.interleaved == cfg.rope.interleaved);
         CHECK(back->config().num_layers == cfg.num_layers);
         CHECK(back->config().kv_geometry(DType::f32).scale() ==
               Approx(cfg.kv_geometry(DType::f32).scale()));
@@ -273,6 +287,56 @@ TEST_CASE("config.json in the hub's spelling and in transformers 5's", "[model]"
     CHECK(c.is_moe_layer(1));
     CHECK(c.kv_geometry(DType::bf16).head_dim_k == 576);
     CHECK(c.kv_geometry(DType::bf16).bytes_per_token_layer() == 1152);
+
+    // DeepSeek-V3's spelling (Moonlight-16B-A3B's shape): sigmoid scores, noaux_tc.
+    const std::string v3 = R"({
+      "model_type": "deepseek_v3", "torch_dtype": "bfloat16", "vocab_size": 163840,
+      "hidden_size": 2048, "num_hidden_layers": 27, "num_attention_heads": 16,
+      "num_key_value_heads": 16, "intermediate_size": 11264, "moe_intermediate_size": 1408,
+      "n_routed_experts": 64, "num_experts_per_tok": 6, "n_shared_experts": 2,
+      "first_k_dense_replace": 1, "moe_layer_freq": 1, "q_lora_rank": null,
+      "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+      "rope_theta": 50000, "max_position_embeddings": 8192, "topk_method": "noaux_tc",
+      "scoring_func": "sigmoid", "n_group": 1, "topk_group": 1, "norm_topk_prob": true,
+      "routed_scaling_factor": 2.446})";
+    const auto d3 = model::parse_model_config(v3, "config.json", "moonlight");
+    CHECK(d3.mla());
+    CHECK(d3.scoring_func == model::ScoringFunc::sigmoid);
+    CHECK(d3.topk_method == model::TopkMethod::noaux_tc);
+    CHECK(d3.rope.interleaved);  // rope_interleave's default
+    CHECK(d3.routed_scaling_factor == Approx(2.446));
+    CHECK(d3.kv_geometry(DType::bf16).head_dim_k == 576);
+    // Without the routing keys: transformers' DeepseekV3Config defaults.
+    std::string bare = v3;
+    for (const std::string key : {R"("topk_method": "noaux_tc",)", R"("scoring_func": "sigmoid",)",
+                                  R"("n_group": 1, "topk_group": 1, "norm_topk_prob": true,)"})
+        bare.erase(bare.find(key), key.size());
+    const auto d3d = model::parse_model_config(bare, "config.json", "v3");
+    CHECK(d3d.n_group == 8);
+    CHECK(d3d.topk_group == 4);
+    CHECK(d3d.norm_topk_prob);
+    CHECK(d3d.topk_method == model::TopkMethod::noaux_tc);
+    const auto with = [&](const std::string& from, const std::string& to) {
+        std::string t = v3;
+        t.replace(t.find(from), from.size(), to);
+        return t;
+    };
+    CHECK_THROWS_WITH(
+        model::parse_model_config(
+            with(R"("scoring_func": "sigmoid")", R"("scoring_func": "softmax")"), "c.json", "x"),
+        Catch::Contains("c.json") && Catch::Contains("scoring_func") && Catch::Contains("softmax"));
+    CHECK_THROWS_WITH(
+        model::parse_model_config(
+            with(R"("topk_method": "noaux_tc")", R"("topk_method": "greedy")"), "c.json", "x"),
+        Catch::Contains("topk_method") && Catch::Contains("noaux_tc"));
+    CHECK_THROWS_WITH(
+        model::parse_model_config(with(R"("n_group": 1)", R"("n_group": 64)"), "c.json", "x"),
+        Catch::Contains("c.json") && Catch::Contains("2 routed experts per group"));
+    CHECK_THROWS_WITH(model::parse_model_config(
+                          with(R"("scoring_func": "sigmoid")", R"("scoring_func": "sigmoid",)"
+                                                               R"( "rope_interleave": "yes")"),
+                          "c.json", "x"),
+                      Catch::Contains("rope_interleave"));
 
     const std::string v5 = R"({"model_type": "qwen3_moe", "dtype": "float32", "vocab_size": 10,
       "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,

@@ -73,9 +73,11 @@ RoutingParams routing_params(const ModelConfig& c) noexcept {
     RoutingParams p;
     p.experts = static_cast<std::size_t>(std::max(0, c.num_experts));
     p.k = static_cast<std::size_t>(std::max(0, c.experts_per_token));
-    p.renormalize = c.norm_topk_prob && c.family != Family::deepseek_v2;
+    // DeepSeek-V2 (as transformers has it) does not renormalise; V3 does with norm_topk_prob.
+    p.sigmoid = c.scoring_func == ScoringFunc::sigmoid;
+    p.renormalize = c.norm_topk_prob && (c.family != Family::deepseek_v2 || p.sigmoid);
     p.scale = c.family == Family::deepseek_v2 ? static_cast<float>(c.routed_scaling_factor) : 1.0f;
-    if (c.topk_method == TopkMethod::group_limited_greedy && c.n_group > 1) {
+    if (c.topk_method != TopkMethod::greedy && c.n_group > 1) {
         p.groups = static_cast<std::size_t>(c.n_group);
         p.keep_groups = static_cast<std::size_t>(c.topk_group);
     }

@@ -31,7 +31,9 @@ class Rotary {
 
 // The routing of a config's MoE layers: Qwen3 renormalises when norm_topk_prob, Mixtral always
 // (its config reader sets norm_topk_prob); DeepSeek-V2 never (transformers 5.17 ignores its
-// norm_topk_prob) and scales by routed_scaling_factor; groups for group_limited_greedy.
+// norm_topk_prob) and scales by routed_scaling_factor; groups for group_limited_greedy and
+// noaux_tc; DeepSeek-V3 sigmoid scores (the bias is the caller's, per layer), renormalised when
+// norm_topk_prob, × routed_scaling_factor.
 RoutingParams routing_params(const ModelConfig& c) noexcept;
 
 }  // namespace writescope::model::detail

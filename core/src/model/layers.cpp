@@ -69,6 +69,7 @@ FeedForward::FeedForward(const Binding& b)
     const std::size_t max_tokens = b.max_tokens;
     const std::size_t E = static_cast<std::size_t>(std::max(1, c.num_experts));
     routers_.resize(host.size());
+    router_biases_.resize(host.size());
     on_host_.resize(host.size());
     layer_split_.assign(host.size(), 0);
     for (std::size_t l = 0; l < host.size(); ++l) {
@@ -83,6 +84,14 @@ FeedForward::FeedForward(const Binding& b)
         for (std::size_t i = 0; i < f.size(); ++i)
             f[i] = load_unaligned_as_f32(r.data, i, r.dtype);
         routers_[l] = OpsBuffer<float>(ops_, std::span<const float>(f));
+        if (routing_params_.sigmoid) {
+            const Vector& bias = host[l].router_bias;
+            if (!bias || bias.dtype != DType::f32 || bias.n != r.rows)
+                throw std::invalid_argument(where + ": e_score_correction_bias is not " +
+                                            std::to_string(r.rows) + " fp32 values");
+            router_biases_[l] = OpsBuffer<float>(
+                ops_, std::span<const float>(static_cast<const float*>(bias.data), bias.n));
+        }
         if (host[l].shared.gate && !L.shared.gate)
             throw std::invalid_argument(where + ": the shared experts are not placed");
         on_host_[l].assign(L.experts.size(), 0);
@@ -176,7 +185,9 @@ void FeedForward::run_ops(std::size_t layer, const float* xn, std::size_t n, flo
     const std::size_t k = static_cast<std::size_t>(c.experts_per_token);
     std::int32_t* const expert_ids = route_experts();
     float* const expert_weights = route_weights(n);
-    ops_.route(routing_params_, logits_.data(), n, expert_ids, expert_weights);
+    RoutingParams rp = routing_params_;
+    rp.bias = router_biases_[layer].data();
+    ops_.route(rp, logits_.data(), n, expert_ids, expert_weights);
     ops_.count_ids(expert_ids, n * k, bins_, counts_ops_.data() + layer * bins_);
     if (layer_split_[layer]) {
         // The hidden rows beside the routing, so that run_host's one copy brings all three down.
@@ -392,8 +403,9 @@ void FeedForward::read_ahead(std::size_t layer, std::size_t n) {
     }
     const LayerWeights& L = m_.weights().layers[layer];
     host_ops_->linear(L.router, ahead_x_.data(), n, ahead_logits_.data());
-    host_ops_->route(routing_params_, ahead_logits_.data(), n, ahead_ids_.data(),
-                     ahead_weights_.data());
+    RoutingParams rp = routing_params_;
+    rp.bias = static_cast<const float*>(L.router_bias.data);  // host fp32 (or null)
+    host_ops_->route(rp, ahead_logits_.data(), n, ahead_ids_.data(), ahead_weights_.data());
     // The predicted slots of host experts (the others −1), each expert's rows read once.
     const std::vector<std::uint8_t>& on_host = on_host_[layer];
     std::fill(ahead_read_.begin(), ahead_read_.end(), 0);
@@ -478,6 +490,7 @@ std::uint64_t FeedForward::fixed_bytes() const noexcept {
             continue;
         }
         b += L.router.rows * L.router.cols * sizeof(float);  // the fp32 router the ops read
+        b += router_biases_[l].size() * sizeof(float);
         if (L.shared.gate) b += L.shared.bytes();
     }
     return b;

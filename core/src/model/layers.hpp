@@ -134,6 +134,7 @@ class FeedForward {
     // The routers in fp32 (docs/design.md section 5: routers in fp32), one per layer (empty for
     // dense layers).
     std::vector<OpsBuffer<float>> routers_;
+    std::vector<OpsBuffer<float>> router_biases_;  // DeepSeek-V3's correction (else empty)
     OpsBuffer<float> logits_, ones_;
     OpsBuffer<std::int32_t> zeros_;
     // A call's routing in the ops' memory: experts (n·k int32), weights (n·k fp32) and, for a

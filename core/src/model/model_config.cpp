@@ -224,6 +224,8 @@ std::uint64_t ModelConfig::parameter_count() const noexcept {
         }
         if (is_moe_layer(l)) {
             n += static_cast<std::uint64_t>(num_experts) * h;
+            if (scoring_func == ScoringFunc::sigmoid)
+                n += static_cast<std::uint64_t>(num_experts);  // e_score_correction_bias
             n += static_cast<std::uint64_t>(num_experts) * 3 * h * moe_intermediate_size;
             n += static_cast<std::uint64_t>(n_shared_experts) * 3 * h * moe_intermediate_size;
         } else {
@@ -260,9 +262,13 @@ std::string ModelConfig::validate() const {
         if (!positive(moe_intermediate_size)) return "moe_intermediate_size must be positive";
         if (!positive(experts_per_token) || experts_per_token > num_experts)
             return "num_experts_per_tok must be in [1, the number of experts]";
-        if (topk_method == TopkMethod::group_limited_greedy) {
+        if (topk_method != TopkMethod::greedy) {
             if (!positive(n_group) || num_experts % n_group)
                 return "n_group must divide the number of routed experts";
+            // noaux_tc scores a group by its two best experts.
+            if (topk_method == TopkMethod::noaux_tc && num_experts / n_group < 2)
+                return "noaux_tc needs at least 2 routed experts per group (n_group " +
+                       std::to_string(n_group) + " of " + std::to_string(num_experts) + ")";
             if (!positive(topk_group) || topk_group > n_group)
                 return "topk_group must be in [1, n_group]";
             if (experts_per_token > topk_group * (num_experts / n_group))
@@ -295,12 +301,12 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& fi
         c.family = Family::qwen3;
     else if (t == "mixtral" || t == "mistral" || t == "llama")
         c.family = Family::mixtral;
-    else if (t == "deepseek_v2")
+    else if (t == "deepseek_v2" || t == "deepseek_v3")
         c.family = Family::deepseek_v2;
     else
         r.fail("model_type", "\"" + t +
                                  "\" is not supported (qwen3_moe, qwen3, mixtral, mistral, llama, "
-                                 "deepseek_v2)");
+                                 "deepseek_v2, deepseek_v3)");
     c.dtype = parse_checkpoint_dtype(r);
     if (const std::string act = r.string_or("hidden_act", "silu"); act != "silu")
         r.fail("hidden_act", "\"" + act + "\" is not supported (silu)");
@@ -324,7 +330,11 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& fi
     parse_rope(r, c);
 
     if (c.family == Family::deepseek_v2) {
-        if (c.attention_bias) r.fail("attention_bias", "true is not supported for deepseek_v2");
+        // deepseek_v3: the same layers; sigmoid scores corrected by e_score_correction_bias for
+        // the choice (noaux_tc), rope_interleave, and transformers' DeepseekV3Config defaults
+        // for the routing keys a config.json leaves out.
+        const bool v3 = t == "deepseek_v3";
+        if (c.attention_bias) r.fail("attention_bias", "true is not supported for " + t);
         c.q_lora_rank = r.natural_or("q_lora_rank", 0);
         c.kv_lora_rank = r.count("kv_lora_rank");
         c.qk_nope_head_dim = r.count("qk_nope_head_dim");
@@ -334,25 +344,35 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& fi
         c.num_experts = r.natural_or("n_routed_experts", 0);
         c.experts_per_token = r.natural_or("num_experts_per_tok", 0);
         c.moe_intermediate_size = r.natural_or("moe_intermediate_size", 0);
-        c.n_shared_experts = r.natural_or("n_shared_experts", 0);
-        c.first_k_dense_replace = r.natural_or("first_k_dense_replace", 0);
+        c.n_shared_experts = r.natural_or("n_shared_experts", v3 ? 1 : 0);
+        c.first_k_dense_replace = r.natural_or("first_k_dense_replace", v3 ? 3 : 0);
         c.moe_layer_freq = r.count_or("moe_layer_freq", 1);
-        c.routed_scaling_factor = r.number_or("routed_scaling_factor", 1.0);
-        c.norm_topk_prob = r.flag_or("norm_topk_prob", false);
-        const std::string method = r.string_or("topk_method", "greedy");
-        if (method == "greedy")
-            c.topk_method = TopkMethod::greedy;
-        else if (method == "group_limited_greedy")
-            c.topk_method = TopkMethod::group_limited_greedy;
-        else
-            r.fail("topk_method",
-                   "\"" + method + "\" is not supported (greedy, group_limited_greedy)");
-        c.n_group = r.count_or("n_group", 1);
-        c.topk_group = r.count_or("topk_group", 1);
-        if (const std::string s = r.string_or("scoring_func", "softmax"); s != "softmax")
-            r.fail("scoring_func", "\"" + s + "\" is not supported (softmax)");
+        c.routed_scaling_factor = r.number_or("routed_scaling_factor", v3 ? 2.5 : 1.0);
+        c.norm_topk_prob = r.flag_or("norm_topk_prob", v3);
+        const std::string method = r.string_or("topk_method", v3 ? "noaux_tc" : "greedy");
+        if (v3) {
+            if (method != "noaux_tc")
+                r.fail("topk_method",
+                       "\"" + method + "\" is not supported for deepseek_v3 (noaux_tc)");
+            c.topk_method = TopkMethod::noaux_tc;
+            if (const std::string s = r.string_or("scoring_func", "sigmoid"); s != "sigmoid")
+                r.fail("scoring_func", "\"" + s + "\" is not supported for deepseek_v3 (sigmoid)");
+            c.scoring_func = ScoringFunc::sigmoid;
+        } else {
+            if (method == "greedy")
+                c.topk_method = TopkMethod::greedy;
+            else if (method == "group_limited_greedy")
+                c.topk_method = TopkMethod::group_limited_greedy;
+            else
+                r.fail("topk_method",
+                       "\"" + method + "\" is not supported (greedy, group_limited_greedy)");
+            if (const std::string s = r.string_or("scoring_func", "softmax"); s != "softmax")
+                r.fail("scoring_func", "\"" + s + "\" is not supported (softmax)");
+        }
+        c.n_group = r.count_or("n_group", v3 ? 8 : 1);
+        c.topk_group = r.count_or("topk_group", v3 ? 4 : 1);
         c.rope.dim = c.qk_rope_head_dim;
-        c.rope.interleaved = true;
+        c.rope.interleaved = v3 ? r.flag_or("rope_interleave", true) : true;
     } else {
         c.head_dim = r.has("head_dim") ? r.count("head_dim") : 0;
         if (c.head_dim == 0) {
@@ -488,10 +508,13 @@ std::string model_config_json(const ModelConfig& c) {
             j["moe_layer_freq"] = c.moe_layer_freq;
             j["routed_scaling_factor"] = c.routed_scaling_factor;
             j["norm_topk_prob"] = c.norm_topk_prob;
-            j["topk_method"] =
-                c.topk_method == TopkMethod::greedy ? "greedy" : "group_limited_greedy";
+            j["topk_method"] = c.topk_method == TopkMethod::greedy     ? "greedy"
+                               : c.topk_method == TopkMethod::noaux_tc ? "noaux_tc"
+                                                                       : "group_limited_greedy";
+            j["scoring_func"] = c.scoring_func == ScoringFunc::sigmoid ? "sigmoid" : "softmax";
             j["n_group"] = c.n_group;
             j["topk_group"] = c.topk_group;
+            if (c.model_type == "deepseek_v3") j["rope_interleave"] = c.rope.interleaved;
             break;
     }
     return j.dump(2) + "\n";

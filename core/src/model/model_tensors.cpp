@@ -54,6 +54,8 @@ std::vector<TensorSlot> tensor_slots(const ModelConfig& c, ModelWeights& w, int 
                       L.experts[static_cast<std::size_t>(e)], h, c.moe_intermediate_size,
                       mixtral_moe);
             l.matrix(mlp + "gate.weight", L.router, c.num_experts, h);
+            if (c.scoring_func == ScoringFunc::sigmoid)
+                l.vector(mlp + "gate.e_score_correction_bias", L.router_bias, c.num_experts, false);
             if (c.n_shared_experts > 0)
                 l.ffn(mlp + "shared_experts.", L.shared, h,
                       static_cast<std::int64_t>(c.n_shared_experts) * c.moe_intermediate_size,

@@ -141,28 +141,46 @@ void Router::route(const model::RoutingParams& rp, const float* logits, std::siz
                                 std::to_string(p_.size()) + " / " + std::to_string(keep_.size()) +
                                 " it was sized for");
     if (k == 0 || k > E || E % G != 0 || rp.keep_groups == 0 || rp.keep_groups > G ||
-        k > rp.keep_groups * (E / G))
+        k > rp.keep_groups * (E / G) || (rp.sigmoid && G > 1 && E / G < 2))
         throw std::invalid_argument("CpuModelOps::route: k = " + std::to_string(k) + " of " +
                                     std::to_string(E) + " experts in " + std::to_string(G) +
                                     " groups (keeping " + std::to_string(rp.keep_groups) +
                                     ") is not a routing");
     for (std::size_t t = 0; t < n; ++t) {
         const float* l = logits + t * E;
-        const float m = *std::max_element(l, l + E);
-        double sum = 0;
-        for (std::size_t e = 0; e < E; ++e)
-            sum += std::exp(static_cast<double>(l[e]) - m);
-        for (std::size_t e = 0; e < E; ++e)
-            p_[e] = static_cast<float>(std::exp(static_cast<double>(l[e]) - m) / sum);
-        std::copy_n(p_.begin(), E, score_.begin());
+        if (rp.sigmoid) {
+            // Each expert's sigmoid, correctly rounded from fp64; the choice adds the bias.
+            for (std::size_t e = 0; e < E; ++e) {
+                p_[e] = static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(l[e]))));
+                score_[e] = rp.bias ? p_[e] + rp.bias[e] : p_[e];
+            }
+        } else {
+            const float m = *std::max_element(l, l + E);
+            double sum = 0;
+            for (std::size_t e = 0; e < E; ++e)
+                sum += std::exp(static_cast<double>(l[e]) - m);
+            for (std::size_t e = 0; e < E; ++e)
+                p_[e] = static_cast<float>(std::exp(static_cast<double>(l[e]) - m) / sum);
+            std::copy_n(p_.begin(), E, score_.begin());
+        }
         if (G > 1) {
-            // Groups scored by their best expert; the experts of all but the keep_groups best
-            // groups are masked to 0 (transformers' masked_fill), then top-k over all.
+            // Groups scored by their best expert (softmax) or the sum of their two best choice
+            // values (sigmoid); the experts of all but the keep_groups best groups are masked
+            // to 0 (transformers' masked_fill), then top-k over all.
             const std::size_t per = E / G;
-            for (std::size_t g = 0; g < G; ++g)
-                group_score_[g] =
-                    *std::max_element(p_.begin() + static_cast<std::ptrdiff_t>(g * per),
-                                      p_.begin() + static_cast<std::ptrdiff_t>((g + 1) * per));
+            for (std::size_t g = 0; g < G; ++g) {
+                float best = -INFINITY, second = -INFINITY;
+                for (std::size_t e = g * per; e < (g + 1) * per; ++e) {
+                    const float v = score_[e];
+                    if (v > best) {
+                        second = best;
+                        best = v;
+                    } else if (v > second) {
+                        second = v;
+                    }
+                }
+                group_score_[g] = rp.sigmoid ? best + second : best;
+            }
             std::iota(group_order_.begin(), group_order_.begin() + static_cast<std::ptrdiff_t>(G),
                       std::size_t{0});
             std::stable_sort(
@@ -183,12 +201,16 @@ void Router::route(const model::RoutingParams& rp, const float* logits, std::siz
                               const float sb = score_[static_cast<std::size_t>(b)];
                               return sa != sb ? sa > sb : a < b;
                           });
+        // The weights: the chosen experts' scores (softmax: as masked, so 0 for an expert of a
+        // group not kept; sigmoid: uncorrected).
+        const std::vector<float>& w_of = rp.sigmoid ? p_ : score_;
         float total = 0;
         for (std::size_t j = 0; j < k; ++j)
-            total += score_[static_cast<std::size_t>(order_[j])];
+            total += w_of[static_cast<std::size_t>(order_[j])];
+        if (rp.sigmoid) total += 1e-20f;
         for (std::size_t j = 0; j < k; ++j) {
             experts[t * k + j] = order_[j];
-            const float w = score_[static_cast<std::size_t>(order_[j])];
+            const float w = w_of[static_cast<std::size_t>(order_[j])];
             weights[t * k + j] = (rp.renormalize ? w / total : w) * rp.scale;
         }
     }

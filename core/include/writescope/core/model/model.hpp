@@ -30,6 +30,7 @@ struct LayerWeights {
     bool moe = false;
     FfnWeights mlp;                   // dense layers
     Matrix router;                    // (num_experts, hidden)
+    Vector router_bias;               // DeepSeek-V3: e_score_correction_bias (num_experts)
     std::vector<FfnWeights> experts;  // routed experts
     FfnWeights shared;  // DeepSeek: n_shared_experts fused (width n·moe_intermediate)
 };

@@ -1,7 +1,8 @@
 // A model's architecture, read from a Hugging Face config.json (or made by a built-in preset).
 //
 // Families: qwen3_moe (and its dense relative qwen3), mixtral (and mistral, llama: a dense MLP
-// instead of the experts), deepseek_v2 (MLA). Both spellings transformers has used are read:
+// instead of the experts), deepseek_v2 (MLA; and deepseek_v3, the same layers with sigmoid
+// routing). Both spellings transformers has used are read:
 // `rope_theta` / `rope_scaling` (hub checkpoints) and `rope_parameters` (transformers 5), and
 // `torch_dtype` / `dtype`.
 #pragma once
@@ -33,7 +34,8 @@ std::string_view family_name(Family f) noexcept;
 struct RopeConfig {
     double theta = 10000.0;
     int dim = 0;               // rotated dims per head (head_dim; qk_rope_head_dim for MLA)
-    bool interleaved = false;  // DeepSeek-V2: pairs (2i, 2i+1); else NeoX halves (i, i + dim/2)
+    bool interleaved = false;  // DeepSeek (V3: rope_interleave): pairs (2i, 2i+1); else NeoX
+                               // halves (i, i + dim/2)
     // YaRN (rope_type "yarn"); factor 1 means none.
     bool yarn = false;
     double factor = 1.0;
@@ -49,8 +51,13 @@ struct RopeConfig {
     double attention_factor() const noexcept;
 };
 
-// Expert routing.
-enum class TopkMethod : std::uint8_t { greedy, group_limited_greedy };
+// Expert routing. greedy: top-k over all experts; group_limited_greedy (DeepSeek-V2): groups
+// scored by their best expert; noaux_tc (DeepSeek-V3): groups scored by the sum of their two best
+// corrected scores.
+enum class TopkMethod : std::uint8_t { greedy, group_limited_greedy, noaux_tc };
+// How router logits become scores: softmax over the experts, or each expert's sigmoid
+// (DeepSeek-V3, whose choice adds e_score_correction_bias and whose weights do not).
+enum class ScoringFunc : std::uint8_t { softmax, sigmoid };
 
 struct ModelConfig {
     std::string name;        // the directory's or the preset's name
@@ -88,9 +95,10 @@ struct ModelConfig {
     int n_shared_experts = 0;
     double routed_scaling_factor = 1.0;
     TopkMethod topk_method = TopkMethod::greedy;
+    ScoringFunc scoring_func = ScoringFunc::softmax;
     int n_group = 1, topk_group = 1;
 
-    // MLA (DeepSeek-V2).
+    // MLA (DeepSeek-V2 and V3).
     int q_lora_rank = 0;  // 0: one q_proj
     int kv_lora_rank = 0;
     int qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;

@@ -37,14 +37,21 @@ struct RotaryTable {
     float factor = 1.0f;              // YaRN's attention factor on cos and sin
 };
 
-// Expert routing (docs/design.md section 5): softmax over `experts` logits in fp32; with
-// groups > 1, only the keep_groups groups with the best expert stay (the others' scores become 0);
-// top-k (ties to the lower index); renormalised over the k when `renormalize`; × scale.
+// Expert routing (docs/design.md section 5). Softmax: scores are the softmax over `experts`
+// logits in fp32; with groups > 1, only the keep_groups groups with the best expert stay (the
+// others' scores become 0); top-k (ties to the lower index); renormalised over the k when
+// `renormalize`; × scale. Sigmoid (DeepSeek-V3's noaux_tc): scores are sigmoid(logit); the choice
+// is made on score + bias[e] (`bias`: experts fp32 in the ops' memory; null: no correction), a
+// group scored by the sum of its two best choice values, the experts of the groups not kept
+// set to 0 for the choice; the weights are the chosen experts' uncorrected scores, divided by
+// their sum + 1e-20 when `renormalize`; × scale.
 struct RoutingParams {
     std::size_t experts = 0, k = 0;
     bool renormalize = false;
     float scale = 1.0f;
     std::size_t groups = 1, keep_groups = 1;
+    bool sigmoid = false;
+    const float* bias = nullptr;
 };
 
 // Routing of n tokens to k experts each: expert[t·k + j] is an index into the experts span (−1:
