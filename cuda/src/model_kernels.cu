@@ -368,7 +368,7 @@ __global__ void route_kernel(RouteArgs a) {
         }
         __syncthreads();
         for (std::size_t e = threadIdx.x; e < E; e += blockDim.x)
-            if (!keep[e / per]) score[e] = 0.0f;
+            if (!keep[e / per]) score[e] = a.sigmoid ? -INFINITY : 0.0f;  // as the CPU's
         __syncthreads();
     }
     for (std::size_t e = threadIdx.x; e < E; e += blockDim.x) {

@@ -223,7 +223,7 @@ TEST_CASE("route: sigmoid scores, the corrected choice in groups (noaux_tc), aga
         }
         auto logits = random_floats(n * E, -4, 4, rng);
         // A bias that reorders the choice; variant 1 none (a null bias), variant 3 one large
-        // enough to make kept experts' choice values negative (masked experts, at 0, then win).
+        // enough to make kept experts' choice values negative (masked experts still lose).
         std::vector<float> bias = random_floats(E, variant == 3 ? -2.0f : -0.3f, 0.3f, rng);
         p.bias = variant == 1 ? nullptr : bias.data();
         std::vector<std::int32_t> ex(n * p.k);
@@ -251,7 +251,7 @@ TEST_CASE("route: sigmoid scores, the corrected choice in groups (noaux_tc), aga
                                  [&](std::size_t a, std::size_t b) { return gs[a] > gs[b]; });
                 for (std::size_t gi = p.keep_groups; gi < p.groups; ++gi)
                     for (std::size_t e = g[gi] * per; e < (g[gi] + 1) * per; ++e)
-                        choice[e] = 0;
+                        choice[e] = -INFINITY;
             }
             std::vector<std::size_t> order(E);
             std::iota(order.begin(), order.end(), std::size_t{0});

@@ -1129,7 +1129,7 @@ TEST_CASE("GPU route gives the CPU's experts and weights", "[gpu]") {
         {"mixtral (8, top-2, renorm)", {8, 2, true, 1.0f, 1, 1}},
         {"deepseek-v2-lite (64, top-6)", {64, 6, false, 1.0f, 1, 1}},
         {"deepseek grouped (64, 8 groups keep 3, top-6, x16)", {64, 6, false, 16.0f, 8, 3}},
-        {"v3-like (256, 8 groups keep 4, top-8, renorm, x2.5)", {256, 8, true, 2.5f, 8, 4}},
+        {"softmax in V3's shape (256, 8 groups keep 4, top-8, x2.5)", {256, 8, true, 2.5f, 8, 4}},
         {"odd (7, top-3)", {7, 3, true, 1.0f, 1, 1}},
         {"deepseek-v3 sigmoid (256, 8 groups keep 4, top-8, x2.5)",
          {256, 8, true, 2.5f, 8, 4, true},

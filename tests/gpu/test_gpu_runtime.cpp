@@ -310,7 +310,7 @@ TEST_CASE(
     for (const Shape shape :
          {Shape{"qwen3-moe-tiny", 0}, Shape{"deepseek-v2-tiny-yarn", 0}, Shape{"mixtral-tiny", 0},
           Shape{"qwen3-moe-tiny", 1}, Shape{"mixtral-tiny", 1}, Shape{"deepseek-v2-tiny-yarn", 1},
-          Shape{"deepseek-v2-tiny-yarn", 2}}) {
+          Shape{"deepseek-v2-tiny-yarn", 2}, Shape{"deepseek-v3-tiny-neox", 0}}) {
         const model::ModelConfig c = gpu_attention_shape(shape.name, shape.variant);
         const std::uint64_t seed = rng();
         std::printf("[gpu] %s: random weights, seed %llu\n", c.name.c_str(),

@@ -60,7 +60,8 @@ inline Reference read_reference(const std::filesystem::path& dir) {
 
 inline std::vector<std::string> reference_model_names() {
     return {"qwen3-moe-tiny",        "qwen3-moe-tiny-bf16",    "mixtral-tiny",
-            "deepseek-v2-tiny-yarn", "deepseek-v2-tiny-group", "qwen3-moe-tiny-tied"};
+            "deepseek-v2-tiny-yarn", "deepseek-v2-tiny-group", "qwen3-moe-tiny-tied",
+            "deepseek-v3-tiny",      "deepseek-v3-tiny-neox"};
 }
 
 // CPU ops sized for a model: `max_tokens` rows, the model's widest shapes, two threads.

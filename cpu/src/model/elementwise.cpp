@@ -166,7 +166,8 @@ void Router::route(const model::RoutingParams& rp, const float* logits, std::siz
         if (G > 1) {
             // Groups scored by their best expert (softmax) or the sum of their two best choice
             // values (sigmoid); the experts of all but the keep_groups best groups are masked
-            // to 0 (transformers' masked_fill), then top-k over all.
+            // (transformers' masked_fill: 0 for the softmax, −inf for the sigmoid's choice),
+            // then top-k over all.
             const std::size_t per = E / G;
             for (std::size_t g = 0; g < G; ++g) {
                 float best = -INFINITY, second = -INFINITY;
@@ -190,7 +191,7 @@ void Router::route(const model::RoutingParams& rp, const float* logits, std::siz
             for (std::size_t g = 0; g < rp.keep_groups; ++g)
                 keep_[group_order_[g]] = 1;
             for (std::size_t e = 0; e < E; ++e)
-                if (!keep_[e / per]) score_[e] = 0.0f;
+                if (!keep_[e / per]) score_[e] = rp.sigmoid ? -INFINITY : 0.0f;
         }
         const auto first = order_.begin(), last = order_.begin() + static_cast<std::ptrdiff_t>(E);
         std::iota(first, last, 0);

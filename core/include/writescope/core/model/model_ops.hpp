@@ -43,7 +43,7 @@ struct RotaryTable {
 // `renormalize`; × scale. Sigmoid (DeepSeek-V3's noaux_tc): scores are sigmoid(logit); the choice
 // is made on score + bias[e] (`bias`: experts fp32 in the ops' memory; null: no correction), a
 // group scored by the sum of its two best choice values, the experts of the groups not kept
-// set to 0 for the choice; the weights are the chosen experts' uncorrected scores, divided by
+// out of the choice (−inf); the weights are the chosen experts' uncorrected scores, divided by
 // their sum + 1e-20 when `renormalize`; × scale.
 struct RoutingParams {
     std::size_t experts = 0, k = 0;
