@@ -1042,19 +1042,8 @@ void CudaModelOps::route(const model::RoutingParams& p, const float* logits, std
     const std::size_t E = p.experts, k = p.k, G = std::max<std::size_t>(1, p.groups);
     if (E > impl_->opts.max_experts)
         too_large("route", "experts", E, "max_experts", impl_->opts.max_experts);
-    if (k == 0 || k > E || E % G != 0 || p.keep_groups == 0 || p.keep_groups > G ||
-        k > p.keep_groups * (E / G) || (p.sigmoid && G > 1 && E / G < 2)) {
-        std::string m = "CudaModelOps::route: k = ";
-        m += std::to_string(k);
-        m += " of ";
-        m += std::to_string(E);
-        m += " experts in ";
-        m += std::to_string(G);
-        m += " groups (keeping ";
-        m += std::to_string(p.keep_groups);
-        m += ") is not a routing";
-        throw std::invalid_argument(m);
-    }
+    if (const std::string e = model::routing_error(p); !e.empty())
+        throw std::invalid_argument("CudaModelOps::route: " + e);
     if (n == 0) return;
     impl_->use();
     detail::launch_route({logits, n, E, k, G, p.keep_groups, p.renormalize, p.scale, p.sigmoid,

@@ -140,12 +140,8 @@ void Router::route(const model::RoutingParams& rp, const float* logits, std::siz
                                 std::to_string(G) + " groups exceed the " +
                                 std::to_string(p_.size()) + " / " + std::to_string(keep_.size()) +
                                 " it was sized for");
-    if (k == 0 || k > E || E % G != 0 || rp.keep_groups == 0 || rp.keep_groups > G ||
-        k > rp.keep_groups * (E / G) || (rp.sigmoid && G > 1 && E / G < 2))
-        throw std::invalid_argument("CpuModelOps::route: k = " + std::to_string(k) + " of " +
-                                    std::to_string(E) + " experts in " + std::to_string(G) +
-                                    " groups (keeping " + std::to_string(rp.keep_groups) +
-                                    ") is not a routing");
+    if (const std::string e = model::routing_error(rp); !e.empty())
+        throw std::invalid_argument("CpuModelOps::route: " + e);
     for (std::size_t t = 0; t < n; ++t) {
         const float* l = logits + t * E;
         if (rp.sigmoid) {

@@ -53,6 +53,18 @@ struct RoutingParams {
     bool sigmoid = false;
     const float* bias = nullptr;
 };
+// Empty when p describes a routing both ops can run (k of the experts, groups dividing them, the
+// k within the kept groups; sigmoid groups of at least two); else why not. Inline: the ops
+// libraries link only core's base.
+inline std::string routing_error(const RoutingParams& p) {
+    const std::size_t E = p.experts, k = p.k, G = p.groups > 1 ? p.groups : 1;
+    if (k > 0 && k <= E && E % G == 0 && p.keep_groups > 0 && p.keep_groups <= G &&
+        k <= p.keep_groups * (E / G) && !(p.sigmoid && G > 1 && E / G < 2))
+        return {};
+    return "k = " + std::to_string(k) + " of " + std::to_string(E) + " experts in " +
+           std::to_string(G) + " groups (keeping " + std::to_string(p.keep_groups) + ")" +
+           (p.sigmoid ? ", sigmoid (groups of two or more)" : "") + " is not a routing";
+}
 
 // Routing of n tokens to k experts each: expert[t·k + j] is an index into the experts span (−1:
 // no expert, skipped), weight[t·k + j] its fp32 combine weight.
