@@ -27,6 +27,9 @@
 #include "writescope/cuda/device_model.hpp"
 #include "writescope/cuda/model_ops.hpp"
 #endif
+#if WRITESCOPE_FAULT_INJECTION
+#include "fault_injection.hpp"
+#endif
 
 namespace writescope::daemon {
 
@@ -382,6 +385,9 @@ ModelFactory real_model_factory() {
             // error is not: the daemon stops for its service manager to start it again).
             if (const int device = engine.gpu_device(); device >= 0)
                 so.fault_probe = [device] { return cuda::device_fault(device); };
+#endif
+#if WRITESCOPE_FAULT_INJECTION
+            host->runtime = with_fault_injection(std::move(host->runtime), engine.gpu_device());
 #endif
             host->scheduler = std::make_unique<model::Scheduler>(*host->runtime, so);
         } catch (const std::exception& e) {

@@ -13,6 +13,10 @@
 #   VRAM_BUDGET, VRAM_KV_BUDGET: hardware.vram_budget and vram_kv_budget (default: the
 #   profile's); a small VRAM_BUDGET leaves experts on the CPU (and a first start measures the
 #   routing). RESTARTS: start the daemon this many times over the same state (default 1).
+#   FAULT_AT_STEP: builds with -DWRITESCOPE_FAULT_INJECTION=ON and makes decode step N fault the
+#   GPU (WRITESCOPE_INJECT_GPU_FAULT=N, a real illegal-address fault): completion 1 must end
+#   before it; completions 2 and 3 run at once over it and must both fail with 503 naming
+#   cudaErrorIllegalAddress; then the daemon must stop on its own with exit status 1.
 set -u
 OUT=${OUT:-/tmp/ws-out}
 mkdir -p "$OUT"
@@ -24,7 +28,7 @@ TOKENS=${TOKENS:-64}
 sed -i 's#^prefix *= */usr$#prefix=/opt/deps/usr#' /opt/deps/usr/lib/x86_64-linux-gnu/pkgconfig/*.pc
 t0=$(date +%s)
 if ! cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-    -DWRITESCOPE_DAEMON_GPU_MODEL=ON \
+    -DWRITESCOPE_DAEMON_GPU_MODEL=ON -DWRITESCOPE_FAULT_INJECTION=${FAULT_AT_STEP:+ON} \
     > "$OUT/daemon-build.log" 2>&1 ||
    ! ninja -C "$B" writescoped writescopectl >> "$OUT/daemon-build.log" 2>&1; then
   grep -E "error|Could NOT|not found" "$OUT/daemon-build.log" | head -20
@@ -48,7 +52,7 @@ fi
 CTL="$B/daemon/writescopectl --socket $S/writescoped.sock"
 for run in $(seq 1 "${RESTARTS:-1}"); do
 echo "start $run"
-"$B/daemon/writescoped" --config "$S/profile.toml" --state-dir "$S" --socket "$S/writescoped.sock" \
+WRITESCOPE_INJECT_GPU_FAULT=${FAULT_AT_STEP:-} "$B/daemon/writescoped" --config "$S/profile.toml" --state-dir "$S" --socket "$S/writescoped.sock" \
   > "$OUT/daemon.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 600); do
@@ -64,6 +68,32 @@ VOCAB=30000
 [[ -f $MODEL/config.json ]] &&
   VOCAB=$(python3 -c "import json; print(json.load(open('$MODEL/config.json'))['vocab_size'])")
 IDS=$(python3 -c "print(','.join(str(1 + (i * 7919) % ($VOCAB - 1)) for i in range(${PROMPT_TOKENS:-8})))")
+if [[ -n ${FAULT_AT_STEP:-} ]]; then
+  $CTL --json complete --prompt-ids "$IDS" --max-tokens "$TOKENS" --temperature 0 \
+    --ignore-eos > "$OUT/complete-1.json" 2>&1
+  echo "completion 1 (before the fault): rc $?"
+  clients=()
+  for i in 2 3; do
+    $CTL --json complete --prompt-ids "$IDS" --max-tokens "$TOKENS" --temperature 0 \
+      --ignore-eos > "$OUT/complete-$i.json" 2>&1 &
+    clients+=($!)
+  done
+  wait "${clients[@]}"
+  for i in 2 3; do
+    echo "completion $i (over the fault): $(head -c 400 "$OUT/complete-$i.json")"
+  done
+  $CTL status > "$OUT/daemon-status-fault.txt" 2>&1
+  echo "status after the fault: rc $?, $(grep -i fault "$OUT/daemon-status-fault.txt" | head -2)"
+  for _ in $(seq 1 60); do kill -0 $pid 2>/dev/null || break; sleep 0.5; done
+  if kill -0 $pid 2>/dev/null; then
+    echo "the daemon did not stop on its own within 30 s"; kill -TERM $pid
+  fi
+  wait $pid
+  echo "daemon exit $? (on its own)"
+  grep -E "fault|error|stopp" "$OUT/daemon.log" | head -20
+  mv "$OUT/daemon.log" "$OUT/daemon-$run.log"
+  continue
+fi
 for i in 1 2 3; do
   s=$(date +%s.%N)
   $CTL --json complete --prompt-ids "$IDS" --max-tokens "$TOKENS" --temperature 0 \
