@@ -87,7 +87,7 @@ std::optional<KvGeometry> kv_geometry_preset(std::string_view name, DType dtype)
         // qk_rope_head_dim 64, qk_nope_head_dim 128, v_head_dim 128, rope_scaling yarn with
         // factor 40 and mscale_all_dim 0.707. Absorbed MLA attends the 576-wide latent with every
         // head; the softmax scale is 1/sqrt(128 + 64) times yarn's mscale squared, as the model's
-        // own attention (and a model directory read by hf_config) computes it.
+        // own attention (and ModelConfig::kv_geometry() of its config.json) computes it.
         g = {std::string(name), 27, 16, 1, 576, 512, true, dtype, 0.0f, 192};
         const double mscale = yarn_mscale(40.0, 0.707);
         g.softmax_scale = static_cast<float>(mscale * mscale / std::sqrt(192.0));
