@@ -1,23 +1,19 @@
 #include "fault_injection.hpp"
 
 #include <charconv>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <string_view>
-
-#include "log.hpp"
-#include "writescope/cuda/fault_injection.hpp"
+#include <utility>
 
 namespace writescope::daemon {
 namespace {
 
-constexpr const char* kVariable = "WRITESCOPE_INJECT_GPU_FAULT";
-
 class FaultInjectingRuntime final : public model::Runtime {
   public:
-    FaultInjectingRuntime(std::unique_ptr<model::Runtime> inner, int device, std::size_t step)
-        : inner_(std::move(inner)), device_(device), fault_step_(step) {}
+    FaultInjectingRuntime(std::unique_ptr<model::Runtime> inner, std::size_t step,
+                          std::function<void()> fault)
+        : inner_(std::move(inner)), fault_step_(step), fault_(std::move(fault)) {}
 
     const model::ModelConfig& config() const noexcept override { return inner_->config(); }
     std::size_t max_context() const noexcept override { return inner_->max_context(); }
@@ -34,12 +30,7 @@ class FaultInjectingRuntime final : public model::Runtime {
     }
     void decode(std::span<const std::uint64_t> seq_ids, std::span<const std::int32_t> tokens,
                 float* logits) override {
-        if (++steps_ == fault_step_) {
-            log_warning("fault-injection.fault",
-                        "{}: decode step {} faults GPU {} with an illegal address", kVariable,
-                        steps_, device_);
-            cuda::inject_illegal_address(device_);
-        }
+        if (++steps_ == fault_step_) fault_();
         inner_->decode(seq_ids, tokens, logits);
     }
     bool release(std::uint64_t seq_id) override { return inner_->release(seq_id); }
@@ -68,31 +59,27 @@ class FaultInjectingRuntime final : public model::Runtime {
 
   private:
     std::unique_ptr<model::Runtime> inner_;
-    const int device_;
     const std::size_t fault_step_;
+    const std::function<void()> fault_;
     std::size_t steps_ = 0;  // the scheduler's thread alone calls decode
 };
 
 }  // namespace
 
-std::unique_ptr<model::Runtime> with_fault_injection(std::unique_ptr<model::Runtime> runtime,
-                                                     int device) {
-    const char* v = std::getenv(kVariable);
-    if (v == nullptr || *v == '\0') return runtime;
-    const std::string_view s(v);
+std::optional<std::size_t> injected_fault_step(const char* value) {
+    if (value == nullptr || *value == '\0') return std::nullopt;
+    const std::string_view s(value);
     std::size_t step = 0;
     const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), step);
     if (ec != std::errc{} || end != s.data() + s.size() || step == 0)
-        throw std::invalid_argument(std::string(kVariable) + "=\"" + std::string(s) +
+        throw std::invalid_argument(std::string(kInjectGpuFault) + "=\"" + std::string(s) +
                                     "\": not a decode step number (a positive integer)");
-    if (device < 0)
-        throw std::invalid_argument(std::string(kVariable) +
-                                    " is set but the model's engine has no GPU to fault");
-    log_warning("fault-injection.armed",
-                "{}={}: decode step {} will fault GPU {} (a build for the fault test; no package "
-                "has it)",
-                kVariable, step, step, device);
-    return std::make_unique<FaultInjectingRuntime>(std::move(runtime), device, step);
+    return step;
+}
+
+std::unique_ptr<model::Runtime> with_fault_at_step(std::unique_ptr<model::Runtime> runtime,
+                                                   std::size_t step, std::function<void()> fault) {
+    return std::make_unique<FaultInjectingRuntime>(std::move(runtime), step, std::move(fault));
 }
 
 }  // namespace writescope::daemon

@@ -28,7 +28,10 @@
 #include "writescope/cuda/model_ops.hpp"
 #endif
 #if WRITESCOPE_FAULT_INJECTION
+#include <cstdlib>
+
 #include "fault_injection.hpp"
+#include "writescope/cuda/fault_injection.hpp"
 #endif
 
 namespace writescope::daemon {
@@ -307,6 +310,27 @@ void start_gpu_runtime(ModelHost& host, const Profile& prof, int gpu,
 }
 #endif
 
+#if WRITESCOPE_FAULT_INJECTION
+// WRITESCOPE_INJECT_GPU_FAULT=N (fault_injection.hpp): decode step N stores through an illegal
+// address on the engine's GPU.
+void arm_fault_injection(ModelHost& host, int device) {
+    const auto step = injected_fault_step(std::getenv(kInjectGpuFault));
+    if (!step) return;
+    if (device < 0)
+        throw std::invalid_argument(std::string(kInjectGpuFault) +
+                                    " is set but the model's engine has no GPU to fault");
+    log_warning("fault-injection.armed",
+                "{}={}: decode step {} will fault GPU {} (a build for the fault test; no "
+                "package has it)",
+                kInjectGpuFault, *step, *step, device);
+    host.runtime = with_fault_at_step(std::move(host.runtime), *step, [n = *step, device] {
+        log_warning("fault-injection.fault", "decode step {} faults GPU {} with an illegal address",
+                    n, device);
+        cuda::inject_illegal_address(device);
+    });
+}
+#endif
+
 }  // namespace
 
 ModelFactory real_model_factory() {
@@ -387,7 +411,7 @@ ModelFactory real_model_factory() {
                 so.fault_probe = [device] { return cuda::device_fault(device); };
 #endif
 #if WRITESCOPE_FAULT_INJECTION
-            host->runtime = with_fault_injection(std::move(host->runtime), engine.gpu_device());
+            arm_fault_injection(*host, engine.gpu_device());
 #endif
             host->scheduler = std::make_unique<model::Scheduler>(*host->runtime, so);
         } catch (const std::exception& e) {
