@@ -8,7 +8,8 @@ Run on the GPU machine (it has PyTorch and transformers; nothing here needs the 
 For every model it writes DIR/<name>/ with what `save_pretrained` writes (config.json,
 model.safetensors, generation_config.json) and reference.json:
 
-    {"transformers": version, "torch": version, "seed": s, "dtype": "float32" | "bfloat16",
+    {"transformers": version, "torch": version, "seed": s,
+     "dtype": "float32" | "bfloat16" | "float16",
      "prompts": [{"ids": [...], "greedy": [...], "logits": "logits_0.npy",
                   "greedy_native": [...], "logits_native": "logits_native_0.npy"}]}
 
@@ -27,7 +28,8 @@ head_dim (≠ hidden / heads), q/k norms, mlp_only_layers and decoder_sparse_ste
 Mixtral's top-2; DeepSeek-V2's MLA with and without q_lora_rank, YaRN (factor, mscale,
 mscale_all_dim), greedy and group_limited_greedy routing, shared experts, dense first layers,
 routed_scaling_factor and norm_topk_prob; DeepSeek-V3's sigmoid routing with its correction bias
-(noaux_tc groups) and both rotary layouts (rope_interleave).
+(noaux_tc groups) and both rotary layouts (rope_interleave); a float16 checkpoint (Mixtral) and
+Qwen3's YaRN.
 """
 import argparse
 import json
@@ -128,6 +130,14 @@ MODELS = {
                                                  rope_interleave=False, q_lora_rank=None,
                                                  n_shared_experts=2, rope_scaling=dict(YARN),
                                                  max_position_embeddings=128),
+    # float16: the checkpoint dtype the others leave out (weights and KV in half precision).
+    "mixtral-tiny-f16": lambda: mixtral(torch.float16),
+    # Qwen3's long-context setting (its model card: YaRN, factor 4 over 32768 positions), here
+    # factor 4 over 32, no mscale keys (attention factor 0.1 ln 4 + 1), the prompts past 32.
+    "qwen3-moe-tiny-yarn": lambda: qwen3_moe(torch.float32, max_position_embeddings=128,
+                                             rope_scaling={"rope_type": "yarn", "type": "yarn",
+                                                           "factor": 4.0,
+                                                           "original_max_position_embeddings": 32}),
 }
 
 # Drawn in bf16, saved (and referenced) as float32: the same values, exactly.

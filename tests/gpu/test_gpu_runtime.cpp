@@ -3,7 +3,8 @@
 // (DeviceModelWeights), all routed experts on the GPU or every other one on the CPU (host
 // CpuModelOps, the layer's routing split), with the KV in a CPU engine and in a GPU engine whose
 // small VRAM budget sends the prompt's blocks to T, G, P and U. Tolerances as the CPU runtime's
-// (reference_model.hpp): fp32 1e-4 of the largest logit, bf16 3 %; fp32 greedy tokens equal.
+// (reference_model.hpp): fp32 1e-4 of the largest logit, bf16 3 %, fp16 0.5 %; fp32 greedy
+// tokens equal.
 #include <catch2/catch.hpp>
 
 #include <cmath>
