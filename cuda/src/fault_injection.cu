@@ -1,4 +1,4 @@
-// cuda::inject_illegal_address (fault_injection.hpp): built only with WRITESCOPE_FAULT_INJECTION.
+// cuda::inject_illegal_address (fault_injection.hpp).
 #include <cuda_runtime.h>
 
 #include <cstdint>

@@ -68,14 +68,17 @@ VOCAB=30000
 [[ -f $MODEL/config.json ]] &&
   VOCAB=$(python3 -c "import json; print(json.load(open('$MODEL/config.json'))['vocab_size'])")
 IDS=$(python3 -c "print(','.join(str(1 + (i * 7919) % ($VOCAB - 1)) for i in range(${PROMPT_TOKENS:-8})))")
-if [[ -n ${FAULT_AT_STEP:-} ]]; then
+# One greedy completion of the prompt, its answer in $OUT/complete-$1.json.
+run_completion() {
   $CTL --json complete --prompt-ids "$IDS" --max-tokens "$TOKENS" --temperature 0 \
-    --ignore-eos > "$OUT/complete-1.json" 2>&1
+    --ignore-eos > "$OUT/complete-$1.json" 2>&1
+}
+if [[ -n ${FAULT_AT_STEP:-} ]]; then
+  run_completion 1
   echo "completion 1 (before the fault): rc $?"
   clients=()
   for i in 2 3; do
-    $CTL --json complete --prompt-ids "$IDS" --max-tokens "$TOKENS" --temperature 0 \
-      --ignore-eos > "$OUT/complete-$i.json" 2>&1 &
+    run_completion $i &
     clients+=($!)
   done
   wait "${clients[@]}"
@@ -96,8 +99,7 @@ if [[ -n ${FAULT_AT_STEP:-} ]]; then
 fi
 for i in 1 2 3; do
   s=$(date +%s.%N)
-  $CTL --json complete --prompt-ids "$IDS" --max-tokens "$TOKENS" --temperature 0 \
-    --ignore-eos > "$OUT/complete-$i.json" 2>&1
+  run_completion $i
   echo "completion $i: rc $?, $(python3 -c "print(round($(date +%s.%N) - $s, 3))") s for $TOKENS tokens"
 done
 $CTL --json status > "$OUT/daemon-status-after.json" 2>&1

@@ -11,6 +11,7 @@
 
 #include "fault_kernel.hpp"
 #include "writescope/cuda/device.hpp"
+#include "writescope/cuda/fault_injection.hpp"
 
 using Catch::Matchers::Contains;
 using namespace writescope;
@@ -28,7 +29,7 @@ TEST_CASE("device_fault names a sticky error and nothing else", "[gpu]") {
     REQUIRE(cudaMalloc(&p, 256) == cudaSuccess);
     REQUIRE(cudaFree(p) == cudaSuccess);
     // An illegal address: sticky.
-    launch_fault_kernel();
+    cuda::inject_illegal_address(0);
     const std::string why = cuda::device_fault(0);
     std::printf("[gpu] device_fault after an illegal address: %s\n", why.c_str());
     CHECK_THAT(why, Contains("cudaErrorIllegalAddress"));

@@ -1,6 +1,6 @@
-// A real GPU fault on demand, for the test of what the daemon does when its GPU can no longer
-// run steps (writescoped(8), BOOT; docs/api.md). Built only with
-// -DWRITESCOPE_FAULT_INJECTION=ON, which no package sets.
+// A real GPU fault on demand, for the tests of what follows one: cuda::device_fault
+// (tests/gpu/test_gpu_fault.cpp) and the daemon's stop (writescoped(8), BOOT), which calls it only
+// when built with -DWRITESCOPE_FAULT_INJECTION=ON, as no package is.
 #pragma once
 
 namespace writescope::cuda {
