@@ -28,6 +28,7 @@ DeviceModelWeights::DeviceModelWeights(const model::Model& m,
         for (auto [src, dst] : {std::pair{&s.q_bias, &d.q_bias},
                                 {&s.k_bias, &d.k_bias},
                                 {&s.v_bias, &d.v_bias},
+                                {&s.o_bias, &d.o_bias},
                                 {&s.q_norm, &d.q_norm},
                                 {&s.k_norm, &d.k_norm},
                                 {&s.q_a_norm, &d.q_a_norm},
@@ -38,6 +39,7 @@ DeviceModelWeights::DeviceModelWeights(const model::Model& m,
         d.router = s.router;            // shape only: the runtime places its fp32 copy
         d.router_bias = s.router_bias;  // the same
         d.shared = store_.upload(s.shared);
+        d.shared_gate = s.shared_gate;  // shape only: the runtime places its fp32 copy
         d.experts.resize(s.experts.size());
         for (std::size_t e = 0; e < s.experts.size(); ++e) {
             const bool gpu =

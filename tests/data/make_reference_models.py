@@ -28,8 +28,8 @@ head_dim (≠ hidden / heads), q/k norms, mlp_only_layers and decoder_sparse_ste
 Mixtral's top-2; DeepSeek-V2's MLA with and without q_lora_rank, YaRN (factor, mscale,
 mscale_all_dim), greedy and group_limited_greedy routing, shared experts, dense first layers,
 routed_scaling_factor and norm_topk_prob; DeepSeek-V3's sigmoid routing with its correction bias
-(noaux_tc groups) and both rotary layouts (rope_interleave); a float16 checkpoint (Mixtral) and
-Qwen3's YaRN.
+(noaux_tc groups) and both rotary layouts (rope_interleave); a float16 checkpoint (Mixtral),
+Qwen3's YaRN and attention_bias; Qwen2-MoE's q/k/v biases and sigmoid-gated shared expert.
 """
 import argparse
 import json
@@ -65,6 +65,18 @@ def mixtral(dtype, **kw):
                router_aux_loss_coef=0.0, output_router_logits=False)
     cfg.update(kw)
     return transformers.MixtralConfig(**cfg), dtype
+
+
+def qwen2_moe(dtype, **kw):
+    cfg = dict(vocab_size=VOCAB, hidden_size=128, intermediate_size=96, num_hidden_layers=4,
+               num_attention_heads=4, num_key_value_heads=2, moe_intermediate_size=32,
+               shared_expert_intermediate_size=48, num_experts=8, num_experts_per_tok=2,
+               norm_topk_prob=False, mlp_only_layers=[1], decoder_sparse_step=1, qkv_bias=True,
+               rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=512,
+               use_sliding_window=False, tie_word_embeddings=False, router_aux_loss_coef=0.0,
+               output_router_logits=False)
+    cfg.update(kw)
+    return transformers.Qwen2MoeConfig(**cfg), dtype
 
 
 def deepseek_v2(dtype, **kw):
@@ -138,6 +150,16 @@ MODELS = {
                                              rope_scaling={"rope_type": "yarn", "type": "yarn",
                                                            "factor": 4.0,
                                                            "original_max_position_embeddings": 32}),
+    # Qwen2-MoE (Qwen1.5-MoE-A2.7B, Qwen2-57B-A14B): q/k/v biases, no q/k norms, a shared expert
+    # of its own width behind a sigmoid gate, top-2 of 8 not renormalised, a dense layer 1.
+    "qwen2-moe-tiny": lambda: qwen2_moe(torch.float32),
+    # bf16, one KV head per query head (group 1), decoder_sparse_step 2, renormalised top-2.
+    "qwen2-moe-tiny-bf16": lambda: qwen2_moe(torch.bfloat16, num_key_value_heads=4,
+                                             decoder_sparse_step=2, mlp_only_layers=[],
+                                             norm_topk_prob=True),
+    # Qwen3-MoE with attention_bias: biases on q, k, v and o.
+    "qwen3-moe-tiny-bias": lambda: qwen3_moe(torch.float32, attention_bias=True,
+                                             num_hidden_layers=3),
 }
 
 # Drawn in bf16, saved (and referenced) as float32: the same values, exactly.
@@ -153,6 +175,8 @@ def redraw(model, gen):
         for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
             if name.endswith("e_score_correction_bias"):  # a parameter in some versions
                 v = 0.3 * torch.randn(p.shape, generator=gen, dtype=torch.float64)
+            elif name.endswith(".bias"):  # projection biases (Qwen2's q/k/v, attention_bias)
+                v = 0.5 * torch.randn(p.shape, generator=gen, dtype=torch.float64)
             elif p.dim() == 1:  # norms (and biases)
                 v = 1.0 + 0.2 * torch.randn(p.shape, generator=gen, dtype=torch.float64)
             else:
@@ -162,6 +186,8 @@ def redraw(model, gen):
                     # embeddings ~ N(0, 1); a tied head reuses them, so smaller there
                     tied = getattr(model.config, "tie_word_embeddings", False)
                     gain = (0.3 if tied else 1.0) * math.sqrt(fan_in)
+                elif name.endswith("shared_expert_gate.weight"):
+                    gain = 1.0  # Qwen2-MoE's sigmoid gate: values across (0, 1)
                 elif name.endswith("gate.weight") and "proj" not in name:
                     gain = 3.0  # routers: distinct expert choices
                 elif "lm_head" in name:

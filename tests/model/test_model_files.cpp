@@ -98,25 +98,51 @@ std::vector<float> greedy_logits(const model::Model& m, const std::vector<std::i
 
 TEST_CASE("a random model saved as a Hugging Face directory loads back with the same logits",
           "[model]") {
-    for (const std::string preset :
-         {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite", "deepseek-v3"}) {
+    for (const std::string preset : {"qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v2-lite",
+                                     "deepseek-v3", "qwen2-moe", "qwen3-bias", "llama-bias"}) {
         INFO(preset);
         // deepseek-v3: V2-Lite's small config with V3's routing (sigmoid scores corrected by
         // e_score_correction_bias, noaux_tc groups) and NeoX rotary (rope_interleave false).
-        auto cfg = small_config(preset == "deepseek-v3" ? "deepseek-v2-lite" : preset);
+        // qwen2-moe: Qwen3's with q/k/v biases, no q/k norms and a gated shared expert of its own
+        // width; qwen3-bias and llama-bias: attention_bias (q, k, v and o).
+        const bool qwen = preset == "qwen2-moe" || preset == "qwen3-bias";
+        auto cfg = small_config(preset == "deepseek-v3"  ? "deepseek-v2-lite"
+                                : qwen                   ? "qwen3-30b-a3b"
+                                : preset == "llama-bias" ? "mixtral-8x7b"
+                                                         : preset);
         if (preset == "deepseek-v3") {
             cfg.model_type = "deepseek_v3";
             cfg.scoring_func = model::ScoringFunc::sigmoid;
             cfg.topk_method = model::TopkMethod::noaux_tc;
             cfg.norm_topk_prob = true;
             cfg.rope.interleaved = false;
-            REQUIRE(cfg.validate().empty());
+        } else if (preset == "qwen2-moe") {
+            cfg.model_type = "qwen2_moe";
+            cfg.family = model::Family::qwen2;
+            cfg.attention_bias = true;
+            cfg.shared_expert_intermediate_size = 40;
+        } else if (preset == "qwen3-bias") {
+            cfg.attention_bias = cfg.o_bias = true;
+        } else if (preset == "llama-bias") {
+            cfg.model_type = "llama";
+            cfg.num_experts = 0;
+            cfg.attention_bias = cfg.o_bias = true;
         }
+        REQUIRE(cfg.validate().empty());
         const auto m = model::make_random_model(cfg, 42, 0.1);
         TempDir d;
         model::save_model_dir(*m, d.path);
         const auto back = model::load_model_dir(d.path);
         CHECK(back->config().model_type == cfg.model_type);
+        CHECK(back->config().family == cfg.family);
+        CHECK(back->config().attention_bias == cfg.attention_bias);
+        CHECK(back->config().o_bias == cfg.o_bias);
+        CHECK(back->config().shared_width() == cfg.shared_width());
+        // Every tensor counted: fp32 weights are 4 bytes a parameter.
+        CHECK(m->weight_bytes() == 4 * cfg.parameter_count());
+        CHECK(static_cast<bool>(back->weights().layers[0].o_bias) == cfg.o_bias);
+        CHECK(static_cast<bool>(back->weights().layers[0].q_bias) == cfg.attention_bias);
+        CHECK(static_cast<bool>(back->weights().layers[0].shared_gate) == cfg.shared_gated());
         CHECK(back->config().scoring_func == cfg.scoring_func);
         CHECK(back->config().topk_method == cfg.topk_method);
         CHECK(back->config().rope.interleaved == cfg.rope.interleaved);
@@ -337,6 +363,89 @@ TEST_CASE("config.json in the hub's spelling and in transformers 5's", "[model]"
                                                                R"( "rope_interleave": "yes")"),
                           "c.json", "x"),
                       Catch::Contains("rope_interleave"));
+
+    // Qwen2-MoE (Qwen/Qwen1.5-MoE-A2.7B's config.json, abridged): q/k/v biases (qkv_bias's
+    // default), a shared expert of 5632 behind its gate; the keys left out take
+    // Qwen2MoeConfig's defaults.
+    const std::string q2 = R"({"model_type": "qwen2_moe", "torch_dtype": "bfloat16",
+      "vocab_size": 151936, "hidden_size": 2048, "num_hidden_layers": 24,
+      "num_attention_heads": 16, "num_key_value_heads": 16, "intermediate_size": 5632,
+      "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
+      "num_experts": 60, "num_experts_per_tok": 4, "norm_topk_prob": false,
+      "decoder_sparse_step": 1, "max_position_embeddings": 8192, "rope_theta": 1000000.0,
+      "use_sliding_window": false, "sliding_window": 32768, "max_window_layers": 21,
+      "tie_word_embeddings": false})";
+    const auto a27 = model::parse_model_config(q2, "config.json", "qwen1.5-moe");
+    CHECK(a27.family == model::Family::qwen2);
+    CHECK(a27.attention_bias);
+    CHECK(!a27.o_bias);
+    CHECK(a27.head_dim == 128);
+    CHECK(a27.shared_width() == 5632);
+    CHECK(a27.shared_gated());
+    CHECK(a27.is_moe_layer(0));
+    CHECK(a27.max_position_embeddings == 8192);  // no sliding window: not capped by it
+    // 14.3B parameters (the model card).
+    CHECK(a27.parameter_count() > 14'200'000'000ull);
+    CHECK(a27.parameter_count() < 14'400'000'000ull);
+    const auto q2_with = [&](const std::string& from, const std::string& to) {
+        std::string t = q2;
+        t.replace(t.find(from), from.size(), to);
+        return t;
+    };
+    CHECK(!model::parse_model_config(
+               q2_with(R"("norm_topk_prob": false,)", R"("qkv_bias": false,)"), "c.json", "x")
+               .attention_bias);
+    {
+        std::string q2_bare = q2;
+        for (const std::string key :
+             {R"("moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,)",
+              R"("num_experts": 60, "num_experts_per_tok": 4,)"})
+            q2_bare.erase(q2_bare.find(key), key.size());
+        const auto d = model::parse_model_config(q2_bare, "c.json", "x");
+        CHECK(d.num_experts == 60);
+        CHECK(d.experts_per_token == 4);
+        CHECK(d.moe_intermediate_size == 1408);
+        CHECK(d.shared_expert_intermediate_size == 5632);
+    }
+    CHECK_THROWS_WITH(model::parse_model_config(q2_with(R"("use_sliding_window": false)",
+                                                        R"("use_sliding_window": true)"),
+                                                "c.json", "x"),
+                      Catch::Contains("c.json") && Catch::Contains("use_sliding_window"));
+    CHECK_THROWS_WITH(
+        model::parse_model_config(q2_with(R"("shared_expert_intermediate_size": 5632)",
+                                          R"("shared_expert_intermediate_size": -1)"),
+                                  "c.json", "x"),
+        Catch::Contains("shared_expert_intermediate_size"));
+    // A shared expert of width 0 is none (transformers' would add zeros).
+    CHECK(!model::parse_model_config(q2_with(R"("shared_expert_intermediate_size": 5632)",
+                                             R"("shared_expert_intermediate_size": 0)"),
+                                     "c.json", "x")
+               .shared_gated());
+    // Dense Qwen2: biases on q, k and v always.
+    const auto dense = model::parse_model_config(
+        R"({"model_type": "qwen2", "vocab_size": 10, "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96})",
+        "c.json", "x");
+    CHECK(dense.attention_bias);
+    CHECK(!dense.o_bias);
+    CHECK(!dense.is_moe_layer(0));
+    // attention_bias: q, k, v and o for Llama and Qwen3; Mistral's and Mixtral's projections
+    // have none whatever it says (transformers builds them without).
+    const std::string gqa = R"(, "vocab_size": 10, "hidden_size": 64, "num_hidden_layers": 1,
+      "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
+      "attention_bias": true})";
+    for (const std::string t : {"llama", "qwen3", "mistral"}) {
+        INFO(t);
+        const auto parsed =
+            model::parse_model_config(R"({"model_type": ")" + t + "\"" + gqa, "c.json", "x");
+        CHECK(parsed.attention_bias == (t != "mistral"));
+        CHECK(parsed.o_bias == (t != "mistral"));
+    }
+    CHECK_THROWS_WITH(
+        model::parse_model_config(with(R"("scoring_func": "sigmoid")",
+                                       R"("scoring_func": "sigmoid", "attention_bias": true)"),
+                                  "c.json", "x"),
+        Catch::Contains("attention_bias"));
 
     const std::string v5 = R"({"model_type": "qwen3_moe", "dtype": "float32", "vocab_size": 10,
       "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,

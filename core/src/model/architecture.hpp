@@ -1,8 +1,8 @@
 // One architecture's decoder layer, in three parts around the engine's attention: the runtime
 // (runtime.cpp) runs embedding → for each layer [norm → attention_in → engine → attention_out →
 // residual → norm → the feed-forward block (adds into the residual)] → final norm → head, and the
-// per-architecture files (qwen3_moe.cpp, mixtral.cpp, deepseek_v2.cpp) supply the parts over the
-// shared blocks (layers.hpp, blocks.hpp).
+// per-architecture files (qwen3_moe.cpp, qwen2_moe.cpp, mixtral.cpp, deepseek_v2.cpp) supply the
+// parts over the shared blocks (layers.hpp, blocks.hpp).
 #pragma once
 
 #include <cstddef>
@@ -83,6 +83,7 @@ void timed(Profile* profile, const ModelOps& ops, double LayerTimes::*part, F&& 
 }
 
 std::unique_ptr<Architecture> make_qwen3_moe(const Binding& b);
+std::unique_ptr<Architecture> make_qwen2_moe(const Binding& b);
 std::unique_ptr<Architecture> make_mixtral(const Binding& b);
 std::unique_ptr<Architecture> make_deepseek_v2(const Binding& b);
 

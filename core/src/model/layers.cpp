@@ -53,7 +53,9 @@ void StandardAttention::in(std::size_t layer, const float* xn, std::size_t n,
 
 void StandardAttention::out(std::size_t layer, const float* states, std::size_t n, float* y) {
     // The states are (n, heads, head_dim): exactly o_proj's input rows.
-    ops_.linear(w_.layers[layer].o_proj, states, n, y);
+    const LayerWeights& L = w_.layers[layer];
+    ops_.linear(L.o_proj, states, n, y);
+    if (L.o_bias) ops_.add_bias(y, L.o_bias, n);
 }
 
 FeedForward::FeedForward(const Binding& b)
@@ -70,6 +72,7 @@ FeedForward::FeedForward(const Binding& b)
     const std::size_t E = static_cast<std::size_t>(std::max(1, c.num_experts));
     routers_.resize(host.size());
     router_biases_.resize(host.size());
+    shared_gates_.resize(host.size());
     on_host_.resize(host.size());
     layer_split_.assign(host.size(), 0);
     for (std::size_t l = 0; l < host.size(); ++l) {
@@ -94,6 +97,15 @@ FeedForward::FeedForward(const Binding& b)
         }
         if (host[l].shared.gate && !L.shared.gate)
             throw std::invalid_argument(where + ": the shared experts are not placed");
+        if (const Matrix& g = host[l].shared_gate; g.data) {
+            if (g.rows != 1 || g.cols != r.cols)
+                throw std::invalid_argument(where + ": the shared expert gate is not (1, " +
+                                            std::to_string(r.cols) + ")");
+            std::vector<float> gf(g.cols);
+            for (std::size_t i = 0; i < gf.size(); ++i)
+                gf[i] = load_unaligned_as_f32(g.data, i, g.dtype);
+            shared_gates_[l] = OpsBuffer<float>(ops_, std::span<const float>(gf));
+        }
         on_host_[l].assign(L.experts.size(), 0);
         for (std::size_t e = 0; e < L.experts.size(); ++e)
             if (!L.experts[e].gate) {
@@ -162,6 +174,12 @@ FeedForward::FeedForward(const Binding& b)
         counts_now_.assign(host.size() * E, 0);
         counts_seen_.assign(host.size() * E, 0);
     }
+    if (std::any_of(shared_gates_.begin(), shared_gates_.end(),
+                    [](const OpsBuffer<float>& g) { return g.size() > 0; })) {
+        shared_logits_ = OpsBuffer<float>(ops_, max_tokens);
+        shared_weights_ = OpsBuffer<float>(ops_, max_tokens);
+        shared_ids_ = OpsBuffer<std::int32_t>(ops_, max_tokens);
+    }
     ones_ = OpsBuffer<float>(ops_, std::vector<float>(max_tokens, 1.0f));
     zeros_ = OpsBuffer<std::int32_t>(ops_, max_tokens);  // zeroed
 }
@@ -206,7 +224,18 @@ void FeedForward::run_ops(std::size_t layer, const float* xn, std::size_t n, flo
 void FeedForward::shared(std::size_t layer, const float* xn, std::size_t n, float* h) {
     const LayerWeights& L = w_.layers[layer];
     if (!L.shared.gate) return;
-    const MoeRouting single{zeros_.data(), ones_.data(), 1};
+    MoeRouting single{zeros_.data(), ones_.data(), 1};
+    if (const OpsBuffer<float>& g = shared_gates_[layer]; g.size() > 0) {
+        // Qwen2-MoE: each token's shared output × sigmoid(gate · x), the sigmoid computed by the
+        // router over one expert (as DeepSeek-V3's scores: fp64, rounded; no correction).
+        ops_.linear(Matrix{g.data(), DType::f32, 1, g.size()}, xn, n, shared_logits_.data());
+        RoutingParams p;
+        p.experts = 1;
+        p.k = 1;
+        p.sigmoid = true;
+        ops_.route(p, shared_logits_.data(), n, shared_ids_.data(), shared_weights_.data());
+        single = MoeRouting{shared_ids_.data(), shared_weights_.data(), 1};
+    }
     timed(profile_, ops_, &LayerTimes::ops_experts,
           [&] { ops_.moe(std::span<const FfnWeights>(&L.shared, 1), xn, n, single, h); });
 }
@@ -492,6 +521,7 @@ std::uint64_t FeedForward::fixed_bytes() const noexcept {
         b += L.router.rows * L.router.cols * sizeof(float);  // the fp32 router the ops read
         b += router_biases_[l].size() * sizeof(float);
         if (L.shared.gate) b += L.shared.bytes();
+        b += shared_gates_[l].size() * sizeof(float);
     }
     return b;
 }

@@ -51,7 +51,8 @@ class StandardAttention {
 };
 
 // Dense layers: the MLP. MoE layers: router (fp32) → route_tokens → the routed experts, then the
-// shared experts (DeepSeek), each added into h.
+// shared experts (DeepSeek; Qwen2-MoE's one, scaled per token by its sigmoid gate), each added
+// into h.
 //
 // Experts with null views in the binding's weights are host-resident: the layer's routing comes
 // down, the slots are split by where their expert lives, the ops run the resident ones while
@@ -135,6 +136,12 @@ class FeedForward {
     // dense layers).
     std::vector<OpsBuffer<float>> routers_;
     std::vector<OpsBuffer<float>> router_biases_;  // DeepSeek-V3's correction (else empty)
+    // Qwen2-MoE's shared expert gates in fp32 (one row per MoE layer; else empty), a call's
+    // gate logits, and the per-token weights sigmoid(logit) with their expert ids (all 0), made
+    // by the ops' router over one expert (RoutingParams::sigmoid).
+    std::vector<OpsBuffer<float>> shared_gates_;
+    OpsBuffer<float> shared_logits_, shared_weights_;
+    OpsBuffer<std::int32_t> shared_ids_;
     OpsBuffer<float> logits_, ones_;
     OpsBuffer<std::int32_t> zeros_;
     // A call's routing in the ops' memory: experts (n·k int32), weights (n·k fp32) and, for a

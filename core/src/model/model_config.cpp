@@ -74,6 +74,18 @@ struct Reader {
     }
 };
 
+// Qwen's mlp_only_layers: the layers that keep a dense MLP.
+void read_mlp_only_layers(const Reader& r, ModelConfig& c) {
+    if (!r.has("mlp_only_layers")) return;
+    const json& m = r.j.at("mlp_only_layers");
+    if (!m.is_array()) r.fail("mlp_only_layers", "is not a list of layer indices");
+    for (const json& e : m) {
+        if (!e.is_number_integer() || e.get<long long>() < 0 || e.get<long long>() > (1 << 24))
+            r.fail("mlp_only_layers", dump(m) + " is not a list of layer indices");
+        c.mlp_only_layers.push_back(e.get<int>());
+    }
+}
+
 DType parse_checkpoint_dtype(const Reader& r) {
     const char* key = r.has("dtype") ? "dtype" : "torch_dtype";
     const std::string s = r.string_or(key, "bfloat16");
@@ -145,6 +157,8 @@ std::string_view family_name(Family f) noexcept {
     switch (f) {
         case Family::qwen3:
             return "qwen3";
+        case Family::qwen2:
+            return "qwen2";
         case Family::mixtral:
             return "mixtral";
         case Family::deepseek_v2:
@@ -221,13 +235,16 @@ std::uint64_t ModelConfig::parameter_count() const noexcept {
             const std::uint64_t kv = static_cast<std::uint64_t>(num_kv_heads) * head_dim;
             n += h * q * 2 + h * kv * 2;
             if (family == Family::qwen3) n += 2 * static_cast<std::uint64_t>(head_dim);
+            if (attention_bias) n += q + 2 * kv;
+            if (o_bias) n += h;
         }
         if (is_moe_layer(l)) {
             n += static_cast<std::uint64_t>(num_experts) * h;
             if (scoring_func == ScoringFunc::sigmoid)
                 n += static_cast<std::uint64_t>(num_experts);  // e_score_correction_bias
             n += static_cast<std::uint64_t>(num_experts) * 3 * h * moe_intermediate_size;
-            n += static_cast<std::uint64_t>(n_shared_experts) * 3 * h * moe_intermediate_size;
+            n += static_cast<std::uint64_t>(std::max(0, shared_width())) * 3 * h;
+            if (shared_gated()) n += h;  // shared_expert_gate
         } else {
             n += 3 * h * static_cast<std::uint64_t>(intermediate_size);
         }
@@ -262,6 +279,7 @@ std::string ModelConfig::validate() const {
         if (!positive(moe_intermediate_size)) return "moe_intermediate_size must be positive";
         if (!positive(experts_per_token) || experts_per_token > num_experts)
             return "num_experts_per_tok must be in [1, the number of experts]";
+        if (shared_width() < 0) return "shared_expert_intermediate_size must not be negative";
         if (topk_method != TopkMethod::greedy) {
             if (!positive(n_group) || num_experts % n_group)
                 return "n_group must divide the number of routed experts";
@@ -299,14 +317,17 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& fi
     const std::string& t = c.model_type;
     if (t == "qwen3_moe" || t == "qwen3")
         c.family = Family::qwen3;
+    else if (t == "qwen2_moe" || t == "qwen2")
+        c.family = Family::qwen2;
     else if (t == "mixtral" || t == "mistral" || t == "llama")
         c.family = Family::mixtral;
     else if (t == "deepseek_v2" || t == "deepseek_v3")
         c.family = Family::deepseek_v2;
     else
-        r.fail("model_type", "\"" + t +
-                                 "\" is not supported (qwen3_moe, qwen3, mixtral, mistral, llama, "
-                                 "deepseek_v2, deepseek_v3)");
+        r.fail("model_type",
+               "\"" + t +
+                   "\" is not supported (qwen3_moe, qwen3, qwen2_moe, qwen2, mixtral, "
+                   "mistral, llama, deepseek_v2, deepseek_v3)");
     c.dtype = parse_checkpoint_dtype(r);
     if (const std::string act = r.string_or("hidden_act", "silu"); act != "silu")
         r.fail("hidden_act", "\"" + act + "\" is not supported (silu)");
@@ -322,7 +343,13 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& fi
         r.fail("rms_norm_eps", dump(r.j.at("rms_norm_eps")) + " must not be negative");
     c.tie_word_embeddings = r.flag_or("tie_word_embeddings", false);
     c.max_position_embeddings = r.count_or("max_position_embeddings", 4096);
-    c.attention_bias = r.flag_or("attention_bias", false);
+    // Llama's and Qwen3's attention_bias puts biases on q, k, v and o (DeepSeek's would put
+    // them on its MLA projections: refused below); Mistral and Mixtral have none whatever it
+    // says (transformers 5.17 builds their projections without); Qwen2's are read below.
+    if (t != "mistral" && t != "mixtral" && c.family != Family::qwen2) {
+        c.attention_bias = r.flag_or("attention_bias", false);
+        c.o_bias = c.attention_bias;
+    }
     if (r.flag_or("mlp_bias", false)) r.fail("mlp_bias", "true is not supported");
     c.eos_token_ids = r.ids("eos_token_id");
     if (const auto bos = r.ids("bos_token_id"); !bos.empty()) c.bos_token_id = bos.front();
@@ -394,16 +421,29 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& fi
                 c.moe_intermediate_size = r.natural_or("moe_intermediate_size", 0);
                 c.norm_topk_prob = r.flag_or("norm_topk_prob", false);
                 c.decoder_sparse_step = r.count_or("decoder_sparse_step", 1);
-                if (r.has("mlp_only_layers")) {
-                    const json& m = j.at("mlp_only_layers");
-                    if (!m.is_array()) r.fail("mlp_only_layers", "is not a list of layer indices");
-                    for (const json& e : m) {
-                        if (!e.is_number_integer() || e.get<long long>() < 0)
-                            r.fail("mlp_only_layers", dump(m) + " is not a list of layer indices");
-                        c.mlp_only_layers.push_back(e.get<int>());
-                    }
-                }
+                read_mlp_only_layers(r, c);
             }
+            if (r.flag_or("use_sliding_window", false))
+                r.fail("use_sliding_window", "true is not supported");
+        } else if (c.family == Family::qwen2) {
+            // Qwen2: biases on q, k and v, none on o and no q/k norms. qwen2_moe: every layer
+            // MoE but mlp_only_layers and those off decoder_sparse_step, with one shared expert
+            // behind a sigmoid gate; a key left out takes transformers 5.17's Qwen2MoeConfig
+            // default, as transformers would load it.
+            c.attention_bias = t == "qwen2" || r.flag_or("qkv_bias", true);
+            if (t == "qwen2_moe") {
+                if (!r.has("intermediate_size")) c.intermediate_size = 5632;
+                c.num_experts = r.natural_or("num_experts", 60);
+                c.experts_per_token = r.natural_or("num_experts_per_tok", 4);
+                c.moe_intermediate_size = r.natural_or("moe_intermediate_size", 1408);
+                c.shared_expert_intermediate_size =
+                    r.natural_or("shared_expert_intermediate_size", 5632);
+                c.norm_topk_prob = r.flag_or("norm_topk_prob", false);
+                c.decoder_sparse_step = r.count_or("decoder_sparse_step", 1);
+                read_mlp_only_layers(r, c);
+            }
+            // Qwen2's sliding window applies to some layers only (max_window_layers); it is off in
+            // every published Qwen2-MoE config.
             if (r.flag_or("use_sliding_window", false))
                 r.fail("use_sliding_window", "true is not supported");
         } else {
@@ -474,6 +514,20 @@ std::string model_config_json(const ModelConfig& c) {
         j["rope_scaling"] = rs;
     }
     switch (c.family) {
+        case Family::qwen2:
+            j["head_dim"] = c.head_dim;  // LlamaAttention reads it when given
+            if (c.model_type == "qwen2_moe") {
+                j.erase("attention_bias");
+                j["qkv_bias"] = c.attention_bias;
+                j["num_experts"] = c.num_experts;
+                j["num_experts_per_tok"] = c.experts_per_token;
+                j["moe_intermediate_size"] = c.moe_intermediate_size;
+                j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
+                j["norm_topk_prob"] = c.norm_topk_prob;
+                j["decoder_sparse_step"] = c.decoder_sparse_step;
+                j["mlp_only_layers"] = c.mlp_only_layers;
+            }
+            break;
         case Family::qwen3:
             j["head_dim"] = c.head_dim;
             if (c.model_type == "qwen3_moe") {

@@ -347,8 +347,7 @@ std::unique_ptr<Model> make_builtin_model(std::string_view preset, const ModelLo
 OpLimits op_limits(const ModelConfig& c) noexcept {
     const auto z = [](int v) { return static_cast<std::size_t>(std::max(v, 0)); };
     OpLimits l;
-    l.max_ffn = std::max({z(c.intermediate_size), z(c.moe_intermediate_size),
-                          z(c.moe_intermediate_size) * z(c.n_shared_experts)});
+    l.max_ffn = std::max({z(c.intermediate_size), z(c.moe_intermediate_size), z(c.shared_width())});
     l.max_cols = std::max({z(c.hidden_size), z(c.num_heads) * z(c.head_dim), l.max_ffn});
     if (c.mla())
         l.max_cols = std::max({l.max_cols, z(c.num_heads) * z(c.v_head_dim), z(c.q_lora_rank),

@@ -56,10 +56,15 @@ std::vector<TensorSlot> tensor_slots(const ModelConfig& c, ModelWeights& w, int 
             l.matrix(mlp + "gate.weight", L.router, c.num_experts, h);
             if (c.scoring_func == ScoringFunc::sigmoid)
                 l.vector(mlp + "gate.e_score_correction_bias", L.router_bias, c.num_experts, false);
-            if (c.n_shared_experts > 0)
-                l.ffn(mlp + "shared_experts.", L.shared, h,
-                      static_cast<std::int64_t>(c.n_shared_experts) * c.moe_intermediate_size,
-                      false);
+            if (c.shared_width() > 0) {
+                // DeepSeek: "shared_experts." (the n fused); Qwen2-MoE: "shared_expert." and
+                // its gate.
+                const bool qwen2 = c.family == Family::qwen2;
+                l.ffn(mlp + (qwen2 ? "shared_expert." : "shared_experts."), L.shared, h,
+                      c.shared_width(), false);
+                if (c.shared_gated())
+                    l.matrix(mlp + "shared_expert_gate.weight", L.shared_gate, 1, h);
+            }
         } else {
             l.ffn(mlp, L.mlp, h, c.intermediate_size, false);
         }
@@ -85,6 +90,7 @@ std::vector<TensorSlot> tensor_slots(const ModelConfig& c, ModelWeights& w, int 
             if (c.family == Family::qwen3) l.vector(a + "k_norm.weight", L.k_norm, hd);
             if (c.attention_bias) l.vector(a + "k_proj.bias", L.k_bias, kv * hd, false);
             l.matrix(a + "k_proj.weight", L.k_proj, kv * hd, h);
+            if (c.o_bias) l.vector(a + "o_proj.bias", L.o_bias, h, false);
             l.matrix(a + "o_proj.weight", L.o_proj, h, heads * hd);
             if (c.family == Family::qwen3) l.vector(a + "q_norm.weight", L.q_norm, hd);
             if (c.attention_bias) l.vector(a + "q_proj.bias", L.q_bias, heads * hd, false);

@@ -86,11 +86,11 @@ Placement plan_placement(const Model& m, const PlacementBudget& b, const ExpertH
     for (std::size_t l = 0; l < w.layers.size(); ++l) {
         const LayerWeights& L = w.layers[l];
         for (const Matrix* x : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.q_a_proj,
-                                &L.q_b_proj, &L.kv_a_proj, &L.kv_b_proj, &L.router})
+                                &L.q_b_proj, &L.kv_a_proj, &L.kv_b_proj, &L.router, &L.shared_gate})
             p.always_gpu_bytes += bytes_of(*x);
         for (const Vector* x :
              {&L.input_norm, &L.post_attention_norm, &L.q_norm, &L.k_norm, &L.q_a_norm,
-              &L.kv_a_norm, &L.q_bias, &L.k_bias, &L.v_bias, &L.router_bias})
+              &L.kv_a_norm, &L.q_bias, &L.k_bias, &L.v_bias, &L.o_bias, &L.router_bias})
             p.always_gpu_bytes += bytes_of(*x);
         p.always_gpu_bytes += L.mlp.bytes() + L.shared.bytes();
         p.on_gpu.emplace_back(L.moe ? L.experts.size() : 0, 0);

@@ -29,6 +29,8 @@ std::unique_ptr<Architecture> make_architecture(const detail::Binding& b) {
     switch (b.model.config().family) {
         case Family::qwen3:
             return detail::make_qwen3_moe(b);
+        case Family::qwen2:
+            return detail::make_qwen2_moe(b);
         case Family::mixtral:
             return detail::make_mixtral(b);
         case Family::deepseek_v2:

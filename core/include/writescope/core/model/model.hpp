@@ -23,7 +23,7 @@ namespace writescope::model {
 struct LayerWeights {
     Vector input_norm, post_attention_norm;
     Matrix q_proj, k_proj, v_proj, o_proj;
-    Vector q_bias, k_bias, v_bias;
+    Vector q_bias, k_bias, v_bias, o_bias;
     Vector q_norm, k_norm;
     Matrix q_a_proj, q_b_proj, kv_a_proj, kv_b_proj;
     Vector q_a_norm, kv_a_norm;
@@ -32,7 +32,11 @@ struct LayerWeights {
     Matrix router;                    // (num_experts, hidden)
     Vector router_bias;               // DeepSeek-V3: e_score_correction_bias (num_experts)
     std::vector<FfnWeights> experts;  // routed experts
-    FfnWeights shared;  // DeepSeek: n_shared_experts fused (width n·moe_intermediate)
+    // DeepSeek: n_shared_experts fused (width n·moe_intermediate); Qwen2-MoE: its shared expert
+    // (width shared_expert_intermediate_size), scaled per token by sigmoid(shared_gate · x),
+    // shared_gate (1, hidden).
+    FfnWeights shared;
+    Matrix shared_gate;
 };
 
 struct ModelWeights {

@@ -1,8 +1,8 @@
 // A model's architecture, read from a Hugging Face config.json (or made by a built-in preset).
 //
-// Families: qwen3_moe (and its dense relative qwen3), mixtral (and mistral, llama: a dense MLP
-// instead of the experts), deepseek_v2 (MLA; and deepseek_v3, the same layers with sigmoid
-// routing). Both spellings transformers has used are read:
+// Families: qwen3_moe (and its dense relative qwen3), qwen2_moe (and qwen2), mixtral (and
+// mistral, llama: a dense MLP instead of the experts), deepseek_v2 (MLA; and deepseek_v3, the
+// same layers with sigmoid routing). Both spellings transformers has used are read:
 // `rope_theta` / `rope_scaling` (hub checkpoints) and `rope_parameters` (transformers 5), and
 // `torch_dtype` / `dtype`.
 #pragma once
@@ -27,7 +27,7 @@ class ModelConfigError : public std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
-enum class Family : std::uint8_t { qwen3, mixtral, deepseek_v2 };
+enum class Family : std::uint8_t { qwen3, qwen2, mixtral, deepseek_v2 };
 std::string_view family_name(Family f) noexcept;
 
 // Rotary position embedding.
@@ -75,7 +75,10 @@ struct ModelConfig {
     double rms_norm_eps = 1e-6;
     bool tie_word_embeddings = false;
     int max_position_embeddings = 0;
-    bool attention_bias = false;  // q/k/v (and o) projections carry biases (qwen2-style)
+    // Projection biases: q, k and v (Qwen2's always, qwen2_moe's qkv_bias, Llama's and Qwen3's
+    // attention_bias), and o (Llama's and Qwen3's attention_bias only).
+    bool attention_bias = false;
+    bool o_bias = false;
     RopeConfig rope;
     std::vector<int> eos_token_ids;  // eos_token_id (a number or a list); may be empty
     int bos_token_id = -1;
@@ -93,6 +96,9 @@ struct ModelConfig {
     int first_k_dense_replace = 0;
     int moe_layer_freq = 1;
     int n_shared_experts = 0;
+    // Qwen2-MoE: one shared expert of this width (0: none) per MoE layer, its output scaled per
+    // token by sigmoid(shared_expert_gate · x).
+    int shared_expert_intermediate_size = 0;
     double routed_scaling_factor = 1.0;
     TopkMethod topk_method = TopkMethod::greedy;
     ScoringFunc scoring_func = ScoringFunc::softmax;
@@ -105,6 +111,14 @@ struct ModelConfig {
 
     bool mla() const noexcept { return family == Family::deepseek_v2; }
     bool is_moe_layer(int layer) const noexcept;
+    // The width of an MoE layer's shared expert FFN (DeepSeek: the n_shared_experts fused;
+    // Qwen2-MoE: shared_expert_intermediate_size); 0 without one.
+    int shared_width() const noexcept {
+        return family == Family::qwen2 ? shared_expert_intermediate_size
+                                       : n_shared_experts * moe_intermediate_size;
+    }
+    // Whether the shared expert is gated (Qwen2-MoE's shared_expert_gate).
+    bool shared_gated() const noexcept { return family == Family::qwen2 && shared_width() > 0; }
     // The width of q·k per head (standard: head_dim; MLA: nope + rope).
     int qk_head_dim() const noexcept {
         return mla() ? qk_nope_head_dim + qk_rope_head_dim : head_dim;
