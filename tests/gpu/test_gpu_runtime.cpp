@@ -444,7 +444,8 @@ TEST_CASE("the GPU runtime decodes a batch in two halves per layer as it does wh
           "[gpu]") {
     if (cuda::device_count() == 0) FAIL("no GPU");
     auto rng = seeded_rng("gpu runtime layer parts");
-    for (const std::string name : {"qwen3-moe-tiny", "deepseek-v2-tiny-yarn", "mixtral-tiny"}) {
+    for (const std::string name :
+         {"qwen3-moe-tiny", "deepseek-v2-tiny-yarn", "mixtral-tiny", "qwen2-moe-tiny"}) {
         const model::ModelConfig c = gpu_attention_shape(name, 0);
         const std::uint64_t seed = rng();
         const auto m = model::make_random_model(c, seed);
@@ -483,7 +484,8 @@ TEST_CASE("the GPU runtime decodes a batch in two halves per layer as it does wh
 TEST_CASE("programmatic dependent launches change no bit of a decode", "[gpu]") {
     if (cuda::device_count() == 0) FAIL("no GPU");
     auto rng = seeded_rng("gpu runtime programmatic launch");
-    for (const std::string name : {"qwen3-moe-tiny", "deepseek-v2-tiny-yarn", "mixtral-tiny"}) {
+    for (const std::string name :
+         {"qwen3-moe-tiny", "deepseek-v2-tiny-yarn", "mixtral-tiny", "qwen2-moe-tiny"}) {
         const model::ModelConfig c = gpu_attention_shape(name, 0);
         const std::uint64_t seed = rng();
         const auto m = model::make_random_model(c, seed);

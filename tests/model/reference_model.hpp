@@ -62,7 +62,8 @@ inline std::vector<std::string> reference_model_names() {
     return {"qwen3-moe-tiny",        "qwen3-moe-tiny-bf16",    "mixtral-tiny",
             "deepseek-v2-tiny-yarn", "deepseek-v2-tiny-group", "qwen3-moe-tiny-tied",
             "deepseek-v3-tiny",      "deepseek-v3-tiny-neox",  "mixtral-tiny-f16",
-            "qwen3-moe-tiny-yarn"};
+            "qwen3-moe-tiny-yarn",   "qwen2-moe-tiny",         "qwen2-moe-tiny-bf16",
+            "qwen3-moe-tiny-bias"};
 }
 
 // CPU ops sized for a model: `max_tokens` rows, the model's widest shapes, two threads.
