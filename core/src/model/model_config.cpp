@@ -515,28 +515,20 @@ std::string model_config_json(const ModelConfig& c) {
     }
     switch (c.family) {
         case Family::qwen2:
-            j["head_dim"] = c.head_dim;  // LlamaAttention reads it when given
-            if (c.model_type == "qwen2_moe") {
-                j.erase("attention_bias");
-                j["qkv_bias"] = c.attention_bias;
+        case Family::qwen3:
+            j["head_dim"] = c.head_dim;  // Qwen2's LlamaAttention reads it when given
+            if (c.model_type == "qwen2_moe" || c.model_type == "qwen3_moe") {
                 j["num_experts"] = c.num_experts;
                 j["num_experts_per_tok"] = c.experts_per_token;
                 j["moe_intermediate_size"] = c.moe_intermediate_size;
-                j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
                 j["norm_topk_prob"] = c.norm_topk_prob;
                 j["decoder_sparse_step"] = c.decoder_sparse_step;
                 j["mlp_only_layers"] = c.mlp_only_layers;
             }
-            break;
-        case Family::qwen3:
-            j["head_dim"] = c.head_dim;
-            if (c.model_type == "qwen3_moe") {
-                j["num_experts"] = c.num_experts;
-                j["num_experts_per_tok"] = c.experts_per_token;
-                j["moe_intermediate_size"] = c.moe_intermediate_size;
-                j["norm_topk_prob"] = c.norm_topk_prob;
-                j["decoder_sparse_step"] = c.decoder_sparse_step;
-                j["mlp_only_layers"] = c.mlp_only_layers;
+            if (c.model_type == "qwen2_moe") {
+                j.erase("attention_bias");
+                j["qkv_bias"] = c.attention_bias;
+                j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
             }
             break;
         case Family::mixtral:
