@@ -58,6 +58,19 @@ void StandardAttention::out(std::size_t layer, const float* states, std::size_t 
     if (L.o_bias) ops_.add_bias(y, L.o_bias, n);
 }
 
+namespace {
+
+// A matrix converted to fp32 once, in the ops' memory (the routers and Qwen2-MoE's shared expert
+// gates: docs/design.md section 5, routers in fp32).
+OpsBuffer<float> fp32_in_ops(ModelOps& ops, const Matrix& m) {
+    std::vector<float> f(m.rows * m.cols);
+    for (std::size_t i = 0; i < f.size(); ++i)
+        f[i] = load_unaligned_as_f32(m.data, i, m.dtype);
+    return OpsBuffer<float>(ops, std::span<const float>(f));
+}
+
+}  // namespace
+
 FeedForward::FeedForward(const Binding& b)
     : m_(b.model),
       w_(b.weights),
@@ -83,10 +96,7 @@ FeedForward::FeedForward(const Binding& b)
             continue;
         }
         const Matrix& r = host[l].router;
-        std::vector<float> f(r.rows * r.cols);
-        for (std::size_t i = 0; i < f.size(); ++i)
-            f[i] = load_unaligned_as_f32(r.data, i, r.dtype);
-        routers_[l] = OpsBuffer<float>(ops_, std::span<const float>(f));
+        routers_[l] = fp32_in_ops(ops_, r);
         if (routing_params_.sigmoid) {
             const Vector& bias = host[l].router_bias;
             if (!bias || bias.dtype != DType::f32 || bias.n != r.rows)
@@ -97,15 +107,7 @@ FeedForward::FeedForward(const Binding& b)
         }
         if (host[l].shared.gate && !L.shared.gate)
             throw std::invalid_argument(where + ": the shared experts are not placed");
-        if (const Matrix& g = host[l].shared_gate; g.data) {
-            if (g.rows != 1 || g.cols != r.cols)
-                throw std::invalid_argument(where + ": the shared expert gate is not (1, " +
-                                            std::to_string(r.cols) + ")");
-            std::vector<float> gf(g.cols);
-            for (std::size_t i = 0; i < gf.size(); ++i)
-                gf[i] = load_unaligned_as_f32(g.data, i, g.dtype);
-            shared_gates_[l] = OpsBuffer<float>(ops_, std::span<const float>(gf));
-        }
+        if (host[l].shared_gate) shared_gates_[l] = fp32_in_ops(ops_, host[l].shared_gate);
         on_host_[l].assign(L.experts.size(), 0);
         for (std::size_t e = 0; e < L.experts.size(); ++e)
             if (!L.experts[e].gate) {
