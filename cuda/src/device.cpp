@@ -250,6 +250,15 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 }
 namespace {
 
+// Waits for what the calling thread's default stream holds. cudaMemcpy from pageable memory to
+// the device may return once the bytes are staged, before they land, and cudaMemset of device
+// memory returns at once; both run on the default stream, which the non-blocking streams every
+// kernel here runs on do not wait for. So a copy or fill that says it is done when it returns
+// waits here (set-up and tests, not a step's path).
+void finish_default_stream(const char* what) {
+    check(cudaStreamSynchronize(nullptr), what);
+}
+
 // A copy between host and device in pieces that each lie within the host range's first page,
 // its whole pages or its last page. A host page may be page-locked (cudaHostRegister) on
 // behalf of another object that shares it (the GPU runtime locks host-resident experts widened
@@ -272,6 +281,7 @@ void copy_paged(char* dev, const char* host, std::size_t bytes, bool to_device, 
                   : cudaMemcpy(const_cast<char*>(host) + off, dev + off, n, cudaMemcpyDeviceToHost),
               what);
     }
+    if (to_device) finish_default_stream(what);
 }
 
 }  // namespace
@@ -286,6 +296,7 @@ void DeviceBuffer::download(void* host, std::size_t bytes, std::size_t offset) c
 }
 void DeviceBuffer::fill_bytes(int value) {
     check(cudaMemset(ptr_, value, bytes_), "memset");
+    finish_default_stream("memset");
 }
 
 void host_register(void* p, std::size_t bytes) {
@@ -369,6 +380,7 @@ bool programmatic_launch_here() noexcept {
 
 void copy_sync(void* dst, const void* src, std::size_t bytes) {
     check(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "cudaMemcpy");
+    finish_default_stream("cudaMemcpy");
 }
 
 void copy_async(void* dst, const void* src, std::size_t bytes, const Stream& s) {

@@ -1082,13 +1082,21 @@ void CudaModelOps::copy_2d(const float* src, std::size_t src_stride, float* dst,
 
 void* CudaModelOps::allocate(std::size_t bytes) {
     impl_->use();
+    if (impl_->recording)
+        throw std::logic_error("CudaModelOps::allocate: called while recording (set-up only)");
     void* p = nullptr;
     const std::size_t n = (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256;
     check(cudaMalloc(&p, n), "cudaMalloc");
-    const cudaError_t e = cudaMemset(p, 0, n);
+    // Zeroed on the ops' stream, and waited for: a cudaMemset would run on the default stream,
+    // which this non-blocking stream does not wait for, so an upload enqueued next (OpsBuffer's
+    // fill) could land first and be zeroed after it: the likely cause of the one runtime seen
+    // with wrong logits in every prompt (docs/perf.md, 2026-12-07 16:45). The wait also covers
+    // other streams that read the buffer later. Set-up, not a step's path.
+    cudaError_t e = cudaMemsetAsync(p, 0, n, impl_->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(impl_->stream);
     if (e != cudaSuccess) {
         cudaFree(p);
-        check(e, "cudaMemset");
+        check(e, "cudaMemsetAsync");
     }
     return p;
 }

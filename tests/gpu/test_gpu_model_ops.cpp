@@ -16,10 +16,13 @@
 #include <new>
 #include <numeric>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "spin_kernel.hpp"
 #include "test_seed.hpp"
+#include "writescope/core/model/ops_buffer.hpp"
 #include "writescope/cpu/model_ops.hpp"
 #include "writescope/cuda/device.hpp"
 #include "writescope/cuda/model_ops.hpp"
@@ -1487,4 +1490,28 @@ TEST_CASE("GPU finish_rows matches the CPU and the fp64 reference", "[gpu]") {
             REQUIRE(worst_ref <= 32 * 0x1p-23);
             REQUIRE(out_diff * 1000 <= out_n);
         }
+}
+
+// allocate() hands out zeroed memory, and OpsBuffer fills it right away (an upload on the ops'
+// stream): the zeroing must come first whatever the default stream holds. It was a cudaMemset,
+// which runs on the default stream; the ops' stream is non-blocking and does not wait for it, so
+// behind a busy default stream the upload landed first and was zeroed after it.
+TEST_CASE("an ops buffer filled when it is made keeps its bytes while the default stream is busy",
+          "[gpu]") {
+    if (!have_gpu()) FAIL("no GPU");
+    cuda::CudaModelOps& ops = gpu_ops();
+    auto rng = test::seeded_rng("ops buffer fill behind the default stream");
+    std::uniform_real_distribution<float> u(1.0f, 2.0f);
+    for (int rep = 0; rep < 3; ++rep) {
+        std::vector<float> host(std::size_t{1} << 16);
+        for (float& x : host)
+            x = u(rng);
+        REQUIRE(test::spin_default_stream(50.0));
+        const model::OpsBuffer<float> b(ops, std::span<const float>(host));
+        cuda::device_synchronize();  // the spin, and whatever was queued behind it
+        std::vector<float> back(host.size());
+        b.download(std::span<float>(back));
+        INFO("rep " << rep);
+        CHECK(back == host);
+    }
 }
