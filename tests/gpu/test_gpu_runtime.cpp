@@ -563,7 +563,8 @@ TEST_CASE("a GPU runtime made while the default stream is busy reproduces transf
 }
 
 // Not in the suite (hidden tag): the hunt for an intermittent wrong result seen once with the
-// host experts split by rows (docs/perf.md, 2026-12-07). Repeats test 1's rows runtime of
+// host experts split by rows (docs/perf.md, 2026-12-07; most likely the zeroing that the test
+// above covers, not the split). Repeats test 1's rows runtime of
 // chunk 7 and its rows-half runtime of chunk 128 (twice) for one model until the time is up, and
 // prints for each prompt its worst position (prefill or decode step), the positions past the
 // bound and which decode steps split by rows (R) or not (.).
