@@ -207,7 +207,9 @@ class ModelOps {
     // upload and download are copies the caller may skip).
     virtual bool host_memory() const noexcept = 0;
     // `bytes` of the ops' memory, zeroed, 256-byte aligned; throws std::bad_alloc (host) or
-    // std::runtime_error naming the failure. Set-up, not the per-step path.
+    // std::runtime_error naming the failure. Set-up, not the per-step path: the zeroing is done
+    // when it returns, for the ops' work and any other reader (a GPU's waits for it), and it is
+    // refused (std::logic_error) while recording.
     virtual void* allocate(std::size_t bytes) = 0;
     virtual void deallocate(void* p) noexcept = 0;
     // Host → ops memory, ordered after the work enqueued before it; the host bytes may be
