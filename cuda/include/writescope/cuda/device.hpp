@@ -115,6 +115,8 @@ class PinnedSlabs {
 };
 
 // A plain device buffer (cudaMalloc), for tests, benchmarks and workspaces outside the pool.
+// upload and fill_bytes are done when they return, for work on any stream; download waits for
+// the default stream only (a stream's kernels that wrote the buffer must be waited for first).
 class DeviceBuffer {
   public:
     DeviceBuffer() = default;
@@ -171,7 +173,8 @@ bool programmatic_launch() noexcept;
 // own run measures it; use more than the L2, e.g. 1 GiB); a copy, which also writes, runs
 // slower. Throws std::runtime_error on a CUDA error, std::invalid_argument on a bad buffer.
 double device_read_rate_gbps(const void* src, std::size_t bytes, const Stream& s);
-// A synchronous copy (directions inferred by unified addressing); for set-up, not the decode path.
+// A synchronous copy (directions inferred by unified addressing), done when it returns; for
+// set-up, not the decode path.
 void copy_sync(void* dst, const void* src, std::size_t bytes);
 // Asynchronous copies on a stream (directions inferred by unified addressing).
 void copy_async(void* dst, const void* src, std::size_t bytes, const Stream& s);
