@@ -581,7 +581,16 @@ TEST_CASE("the rows split's runtimes, repeated", "[.][gpu-stress]") {
     const double seconds = std::stod(env("WRITESCOPE_STRESS_SECONDS", "60"));
     const std::string variant = env("WRITESCOPE_STRESS_VARIANT", "default");
     const bool graphs = variant != "no-graphs", rows = variant != "rows-off";
-    if (variant == "no-pdl") cuda::set_programmatic_launch(false);
+    // Programmatic launches back on when the case ends, however it ends.
+    struct PdlOff {
+        bool active;
+        explicit PdlOff(bool off) : active(off) {
+            if (active) cuda::set_programmatic_launch(false);
+        }
+        ~PdlOff() {
+            if (active) cuda::set_programmatic_launch(true);
+        }
+    } pdl_off(variant == "no-pdl");
     const auto dir = models_dir() / name;
     const Reference ref = read_reference(dir);
     model::ModelLoadOptions copy;
@@ -602,12 +611,10 @@ TEST_CASE("the rows split's runtimes, repeated", "[.][gpu-stress]") {
             std::vector<double> err;  // per position, absolute
             double ref_max = 0;
             const auto add = [&](const float* ours, std::size_t row) {
-                double e = 0;
-                for (std::size_t v = 0; v < V; ++v) {
-                    e = std::max(e, std::abs(static_cast<double>(ours[v]) - p.logits.at(row, v)));
-                    ref_max = std::max(ref_max, std::abs(static_cast<double>(p.logits.at(row, v))));
-                }
-                err.push_back(e);
+                Errors e;
+                e.add(ours, p.logits, row);
+                err.push_back(e.max_abs);
+                ref_max = std::max(ref_max, e.ref_max);
             };
             for (std::size_t r = 0; r < p.ids.size(); ++r)
                 add(logits.data() + r * V, r);
@@ -650,7 +657,6 @@ TEST_CASE("the rows split's runtimes, repeated", "[.][gpu-stress]") {
         run(it, "rows-half", 128, 0.5);
         run(it, "rows-half", 128, 0.5);
     }
-    cuda::set_programmatic_launch(true);
     std::printf("[stress] %s %s: %d failing prompts in %d runtimes (%d iterations, %.0f s)\n",
                 name.c_str(), variant.c_str(), failures, runs, it, since());
     CHECK(failures == 0);
