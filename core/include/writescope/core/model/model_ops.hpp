@@ -213,7 +213,9 @@ class ModelOps {
     virtual void* allocate(std::size_t bytes) = 0;
     virtual void deallocate(void* p) noexcept = 0;
     // Host → ops memory, ordered after the work enqueued before it; the host bytes may be
-    // reused when it returns.
+    // reused when it returns. On a GPU that holds for pageable sources (every caller's), which
+    // the driver stages before it returns; a page-locked source would be read later, so its
+    // bytes must stay until the ops' work is waited for.
     virtual void upload(void* dst, const void* host_src, std::size_t bytes) = 0;
     // Ops memory → host, after the work enqueued before it; the bytes are there when it returns.
     virtual void download(void* host_dst, const void* src, std::size_t bytes) = 0;
