@@ -42,6 +42,15 @@ bool keeps_layer_0(std::size_t layer, std::size_t e) {
     return layer == 0 || split_keeps(layer, e);
 }
 
+// Programmatic dependent launches on or off while it lives, back on (the default) however the
+// case ends.
+struct ProgrammaticLaunch {
+    explicit ProgrammaticLaunch(bool on) { cuda::set_programmatic_launch(on); }
+    ~ProgrammaticLaunch() { cuda::set_programmatic_launch(true); }
+    ProgrammaticLaunch(const ProgrammaticLaunch&) = delete;
+    ProgrammaticLaunch& operator=(const ProgrammaticLaunch&) = delete;
+};
+
 struct GpuRuntime {
     std::unique_ptr<Engine> engine;
     std::unique_ptr<cuda::CudaModelOps> ops;
@@ -502,10 +511,7 @@ TEST_CASE("programmatic dependent launches change no bit of a decode", "[gpu]") 
         // Decoded with experts split with the CPU, with and without CUDA graphs; each runtime
         // set up (and its graphs recorded) with the switch as given.
         const auto run = [&](bool pdl, bool graphs) {
-            struct Restore {
-                ~Restore() { cuda::set_programmatic_launch(true); }
-            } restore;
-            cuda::set_programmatic_launch(pdl);
+            const ProgrammaticLaunch launch(pdl);
             GpuRuntime g(*m, 64, /*split=*/true, gpu_engine(*m, B, /*g_blocks=*/2, 2), 2, true,
                          graphs);
             const std::vector<float> out = decode_two(*g.runtime, t, V, 21, true);
@@ -581,16 +587,7 @@ TEST_CASE("the rows split's runtimes, repeated", "[.][gpu-stress]") {
     const double seconds = std::stod(env("WRITESCOPE_STRESS_SECONDS", "60"));
     const std::string variant = env("WRITESCOPE_STRESS_VARIANT", "default");
     const bool graphs = variant != "no-graphs", rows = variant != "rows-off";
-    // Programmatic launches back on when the case ends, however it ends.
-    struct PdlOff {
-        bool active;
-        explicit PdlOff(bool off) : active(off) {
-            if (active) cuda::set_programmatic_launch(false);
-        }
-        ~PdlOff() {
-            if (active) cuda::set_programmatic_launch(true);
-        }
-    } pdl_off(variant == "no-pdl");
+    const ProgrammaticLaunch launch(variant != "no-pdl");
     const auto dir = models_dir() / name;
     const Reference ref = read_reference(dir);
     model::ModelLoadOptions copy;
