@@ -7,50 +7,10 @@
 #include "launch.cuh"
 #include "model_device.cuh"
 #include "model_kernels.hpp"
+#include "route_device.cuh"
 
 namespace writescope::cuda::detail {
 namespace {
-
-__device__ inline float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-// Block-wide sum / max; red: 32 values of shared scratch. Every thread gets the result.
-__device__ double block_sum(double v, double* red) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int warps = (blockDim.x + 31) / 32;
-    v = warp_sum(v);
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < warps ? red[lane] : 0.0;
-        v = warp_sum(v);
-        if (lane == 0) red[0] = v;
-    }
-    __syncthreads();
-    const double r = red[0];
-    __syncthreads();
-    return r;
-}
-__device__ float block_max(float v, float* red) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int warps = (blockDim.x + 31) / 32;
-    v = warp_max(v);
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < warps ? red[lane] : -INFINITY;
-        v = warp_max(v);
-        if (lane == 0) red[0] = v;
-    }
-    __syncthreads();
-    const float r = red[0];
-    __syncthreads();
-    return r;
-}
 
 __global__ void to_dtype_kernel(const float* __restrict__ x, std::size_t n, DType t,
                                 void* __restrict__ y) {
@@ -304,95 +264,13 @@ __global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__
         y[i] = __fadd_rn(y[i], b[i % n]);
 }
 
-// One block per token. Shared: p and score (experts), group scores and kept flags (groups), the
-// chosen experts (k). Top-k by rank: an expert's rank is the number of experts before it in the
-// order (higher score first, equal scores by the lower index), so ties go to the lower index as
-// in the reference's partial_sort.
+// One block per token (route_token, route_device.cuh, with the block as its team).
 __global__ void route_kernel(RouteArgs a) {
     grid_wait();
     grid_release();
     extern __shared__ unsigned char smem[];
     __shared__ double red[32];
-    const std::size_t E = a.experts, G = a.groups, k = a.k;
-    float* p = reinterpret_cast<float*>(smem);
-    float* score = p + E;
-    float* gscore = score + E;
-    int* keep = reinterpret_cast<int*>(gscore + G);
-    int* slot = keep + G;
-    const float* l = a.logits + blockIdx.x * E;
-
-    if (a.sigmoid) {
-        // Each expert's sigmoid, correctly rounded from fp64; the choice adds the bias.
-        for (std::size_t e = threadIdx.x; e < E; e += blockDim.x) {
-            p[e] = static_cast<float>(1.0 / (1.0 + exp(-static_cast<double>(l[e]))));
-            score[e] = a.bias ? __fadd_rn(p[e], a.bias[e]) : p[e];
-        }
-    } else {
-        float m = -INFINITY;
-        for (std::size_t e = threadIdx.x; e < E; e += blockDim.x)
-            m = fmaxf(m, l[e]);
-        m = block_max(m, reinterpret_cast<float*>(red));
-        double sum = 0;
-        for (std::size_t e = threadIdx.x; e < E; e += blockDim.x)
-            sum += exp(static_cast<double>(l[e]) - m);
-        sum = block_sum(sum, red);
-        for (std::size_t e = threadIdx.x; e < E; e += blockDim.x) {
-            p[e] = static_cast<float>(exp(static_cast<double>(l[e]) - m) / sum);
-            score[e] = p[e];
-        }
-    }
-    __syncthreads();
-    if (G > 1) {
-        // Groups scored by their best expert (softmax) or the sum of their two best choice
-        // values (sigmoid).
-        const std::size_t per = E / G;
-        for (std::size_t g = threadIdx.x; g < G; g += blockDim.x) {
-            float best = -INFINITY, second = -INFINITY;
-            for (std::size_t e = g * per; e < (g + 1) * per; ++e) {
-                const float v = score[e];
-                if (v > best) {
-                    second = best;
-                    best = v;
-                } else if (v > second) {
-                    second = v;
-                }
-            }
-            gscore[g] = a.sigmoid ? __fadd_rn(best, second) : best;
-        }
-        __syncthreads();
-        for (std::size_t g = threadIdx.x; g < G; g += blockDim.x) {
-            std::size_t rank = 0;
-            for (std::size_t o = 0; o < G; ++o)
-                rank += gscore[o] > gscore[g] || (gscore[o] == gscore[g] && o < g);
-            keep[g] = rank < a.keep_groups;
-        }
-        __syncthreads();
-        for (std::size_t e = threadIdx.x; e < E; e += blockDim.x)
-            if (!keep[e / per]) score[e] = a.sigmoid ? -INFINITY : 0.0f;  // as the CPU's
-        __syncthreads();
-    }
-    for (std::size_t e = threadIdx.x; e < E; e += blockDim.x) {
-        const float s = score[e];
-        std::size_t rank = 0;
-        for (std::size_t o = 0; o < E; ++o)
-            rank += score[o] > s || (score[o] == s && o < e);
-        if (rank < k) slot[rank] = static_cast<int>(e);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        // The weights: the chosen experts' scores (softmax: as masked; sigmoid: uncorrected).
-        const float* w_of = a.sigmoid ? p : score;
-        float total = 0;
-        for (std::size_t j = 0; j < k; ++j)
-            total = __fadd_rn(total, w_of[slot[j]]);
-        if (a.sigmoid) total = __fadd_rn(total, 1e-20f);
-        for (std::size_t j = 0; j < k; ++j) {
-            const float w = w_of[slot[j]];
-            a.out_experts[blockIdx.x * k + j] = slot[j];
-            a.out_weights[blockIdx.x * k + j] =
-                __fmul_rn(a.renormalize ? __fdiv_rn(w, total) : w, a.scale);
-        }
-    }
+    route_token(BlockTeam{red}, a, a.logits + blockIdx.x * a.experts, blockIdx.x, smem);
 }
 
 __global__ void gather_heads_kernel(const float* __restrict__ x, std::size_t heads, std::size_t n,
@@ -480,8 +358,7 @@ void launch_add_bias(float* y, const float* b, std::size_t n, std::size_t rows, 
 
 void launch_route(const RouteArgs& a, void* stream) {
     const std::size_t threads = std::clamp<std::size_t>((a.experts + 31) / 32 * 32, 32, 1024);
-    const std::size_t shared =
-        (2 * a.experts + a.groups) * sizeof(float) + (a.groups + a.k) * sizeof(int);
+    const std::size_t shared = route_scratch_words(a.experts, a.groups, a.k) * 4;
     launch(route_kernel, static_cast<unsigned>(a.n), static_cast<unsigned>(threads), shared,
            as_stream(stream), a);
 }

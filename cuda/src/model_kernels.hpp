@@ -77,6 +77,31 @@ struct RouteArgs {
 };
 void launch_route(const RouteArgs& a, void* stream);
 
+// ModelOps::route_from for a few tokens in one launch (router.cu): the router's logits, the
+// routing and the counts. Each warp computes one slice of one router row's dot products for
+// every token (its weights loaded before the wait for the kernel before: no kernel writes
+// them) into `partial`; the last CTA to finish sums each row's slices in order, writes the
+// logits, routes each token with one warp (route_token) and counts the chosen experts.
+// plan_router fills per and parts, or says the kernel does not take the call: more than
+// kRouterTokens tokens, cols not a multiple of 4, w or x not 16-byte aligned, more than
+// kRouterPieces (row, slice) pieces or more shared memory than a CTA has by default.
+constexpr std::size_t kRouterTokens = 8;
+constexpr std::size_t kRouterPieces = 8192;
+struct RouterArgs {
+    const float* w;  // (route.experts, cols) fp32, rows cols apart
+    const float* x;  // (route.n, cols) fp32
+    std::size_t cols;
+    int per = 0;            // float4 loads per lane in one slice (1, 2 or 4)
+    std::size_t parts = 0;  // slices per row: parts · 32 · per float4 cover the row
+    float* partial;         // (route.n, route.experts, parts) fp32 scratch
+    unsigned* ticket;       // 0 between calls (the last CTA sets it back)
+    std::uint32_t* counts;  // (route.experts) or null: += 1 per chosen expert
+    float* logits;          // (route.n, route.experts) fp32 written (route.logits unused)
+    RouteArgs route;
+};
+bool plan_router(RouterArgs& a) noexcept;
+void launch_router(const RouterArgs& a, void* stream);
+
 // The (token, slot) pairs grouped by expert (a counting sort, token order within an expert),
 // one block: meta (2 · experts + 3) int32 receives the exclusive prefix of the pair counts
 // (meta[e] = first sorted pair of expert e, meta[experts] = pairs kept), at meta[experts + 1]

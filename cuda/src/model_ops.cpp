@@ -214,6 +214,10 @@ struct CudaModelOps::Impl {
     DevMem pair_token, pair_of;  // (max_pairs) int32: token of each sorted pair; pair of (t, j)
     DevMem meta;  // (2 max_experts + 3) int32: offsets, pairs, bad index, the experts with pairs
     DevMem inv_freq;  // (max_rotary_dim / 2) fp32: a host rotary table copied up
+    // The router kernel's (kRouterTokens, kRouterPieces) fp32 partial sums, then its ticket
+    // (zeroed at construction; each launch leaves it 0).
+    DevMem router_ws;
+    unsigned* router_ticket = nullptr;
     std::unique_ptr<std::int32_t, PinnedDel> meta_owner;
     std::int32_t* meta_host = nullptr;  // pinned copy of meta (max_experts + 2)
     // Host-mapped: an out-of-range expert index the GEMV path met (−1: none), read after waits.
@@ -257,6 +261,13 @@ struct CudaModelOps::Impl {
         pair_of = take(max_pairs * 4, "moe pair workspace");
         meta = take((2 * o.max_experts + 3) * 4, "moe offsets");
         inv_freq = take(o.max_rotary_dim / 2 * 4, "rotary table");
+        if (o.fused_router) {
+            const std::size_t partial = detail::kRouterTokens * detail::kRouterPieces * 4;
+            router_ws = take(partial + 256, "router workspace");
+            router_ticket = reinterpret_cast<unsigned*>(router_ws.as<std::byte>() + partial);
+            check(cudaMemsetAsync(router_ticket, 0, 4, stream), "router ticket: cudaMemsetAsync");
+            check(cudaStreamSynchronize(stream), "router ticket: cudaStreamSynchronize");
+        }
         void* pinned = nullptr;
         check(cudaMallocHost(&pinned, (o.max_experts + 2) * 4), "cudaMallocHost");
         meta_host = static_cast<std::int32_t*>(pinned);
@@ -1050,6 +1061,33 @@ void CudaModelOps::route(const model::RoutingParams& p, const float* logits, std
                           p.bias, experts, weights},
                          impl_->stream);
     launched("route kernel");
+}
+
+void CudaModelOps::route_from(const model::Matrix& router, const float* x, std::size_t n,
+                              const model::RoutingParams& p, float* logits, std::int32_t* experts,
+                              float* weights, std::uint32_t* counts) {
+    const std::size_t E = p.experts, G = std::max<std::size_t>(1, p.groups);
+    detail::RouterArgs a{};
+    a.w = static_cast<const float*>(router.data);
+    a.x = x;
+    a.cols = router.cols;
+    a.route = {logits,        n,       E,         p.k,    G,       p.keep_groups,
+               p.renormalize, p.scale, p.sigmoid, p.bias, experts, weights};
+    a.counts = counts;
+    a.logits = logits;
+    if (!impl_->router_ticket || router.dtype != DType::f32 || router.rows != E ||
+        E > impl_->opts.max_experts || !model::routing_error(p).empty() ||
+        !detail::plan_router(a)) {
+        // What the three calls check and throw, or what they compute.
+        model::ModelOps::route_from(router, x, n, p, logits, experts, weights, counts);
+        return;
+    }
+    impl_->check_linear(router, n);
+    impl_->use();
+    a.partial = impl_->router_ws.as<float>();
+    a.ticket = impl_->router_ticket;
+    detail::launch_router(a, impl_->stream);
+    launched("router kernel");
 }
 
 void CudaModelOps::to_dtype(const float* x, std::size_t n, DType t, void* y) {

@@ -110,6 +110,9 @@ struct Options {
     // --cublas-linear: every projection through the rounding kernel and cuBLAS (the GPU ops'
     // dense_gemv off: the "before" of the GEMV kernel for a few tokens)
     bool dense_gemv = true;
+    // --fused-router: a MoE layer's router product, routing and counts in one kernel for a few
+    // tokens (the GPU ops' fused_router, off by default until it has run on a GPU)
+    bool fused_router = false;
     // --gemv-alone BYTES: the smallest matrix on the GEMV kernel alone (CudaModelOpsOptions::
     // dense_gemv_alone_bytes; default the ops' own)
     std::size_t gemv_alone = 0;
@@ -700,6 +703,7 @@ std::unique_ptr<ModelSetup> setup_model(const std::string& name, model::ModelCon
     go.max_tokens = co.max_tokens;
     go.fit(lim);
     go.dense_gemv = o.dense_gemv;
+    go.fused_router = o.fused_router;
     if (o.gemv_alone_set) go.dense_gemv_alone_bytes = o.gemv_alone;
     // T: an open block per sequence, every layer; the engine's staging and partial states
     // (tens of MiB); G: a quarter of what the weights that must stay leave.
@@ -1100,6 +1104,9 @@ int run_generate(int argc, char** argv) {
                 "  whole of the one before)]\n"
                 "  [--cublas-linear (every projection on cuBLAS: no GEMV kernel for few "
                 "tokens)]\n"
+                "  [--fused-router (a MoE layer's router product, routing and counts in one "
+                "kernel\n"
+                "  for a few tokens; off by default until it has run on a GPU)]\n"
                 "  [--gemv-alone BYTES (the smallest matrix on the GEMV kernel alone; default\n"
                 "  64 MiB)]\n");
         },
@@ -1174,6 +1181,8 @@ int run_generate(int argc, char** argv) {
                 cuda::set_programmatic_launch(false);
             else if (a == "--cublas-linear")
                 o.dense_gemv = false;
+            else if (a == "--fused-router")
+                o.fused_router = true;
             else if (a == "--gemv-alone") {
                 o.gemv_alone = std::stoull(value());
                 o.gemv_alone_set = true;

@@ -58,6 +58,9 @@ struct Options {
     // --cublas-linear: every projection through the rounding kernel and cuBLAS (the GPU ops'
     // dense_gemv off: the "before" of the GEMV kernel for a few tokens)
     bool dense_gemv = true;
+    // --fused-router: a MoE layer's router product, routing and counts in one kernel for a few
+    // tokens (the GPU ops' fused_router, off by default until it has run on a GPU)
+    bool fused_router = false;
     // --gemv-alone BYTES: the smallest matrix on the GEMV kernel alone (CudaModelOpsOptions::
     // dense_gemv_alone_bytes; default the ops' own)
     std::size_t gemv_alone = 0;
@@ -102,6 +105,8 @@ int run_model_decode(int argc, char** argv) {
             o.split_gemm = true;
         else if (a == "--cublas-linear")
             o.dense_gemv = false;
+        else if (a == "--fused-router")
+            o.fused_router = true;
         else if (a == "--gemv-alone") {
             o.gemv_alone = std::stoull(next());
             o.gemv_alone_set = true;
@@ -109,7 +114,8 @@ int run_model_decode(int argc, char** argv) {
             std::printf(
                 "writescope-bench model-decode [--models a,b] [--layers 2] [--batch 1,4,16]\n"
                 "  [--context 1024] [--steps 16] [--threads N] [--gpu SHARE [--staged] "
-                "[--no-graphs] [--no-pdl] [--split-gemm] [--cublas-linear] [--gemv-alone BYTES]] "
+                "[--no-graphs] [--no-pdl] [--split-gemm] [--cublas-linear] [--fused-router] "
+                "[--gemv-alone BYTES]] "
                 "[--json "
                 "FILE]\n");
             return 0;
@@ -193,6 +199,7 @@ int run_model_decode(int argc, char** argv) {
             go.fit(lim);
             go.gemv_beside_host = !o.split_gemm;
             go.dense_gemv = o.dense_gemv;
+            go.fused_router = o.fused_router;
             if (o.gemv_alone_set) go.dense_gemv_alone_bytes = o.gemv_alone;
             gpu_ops = std::make_unique<cuda::CudaModelOps>(go);
             on.resize(m->weights().layers.size());

@@ -46,6 +46,7 @@ cuda::CudaModelOpsOptions gpu_opts() {
     o.max_ffn = 14336;
     o.max_experts = 256;
     o.max_k = 8;
+    o.fused_router = true;  // the router kernel (off by default until it has run on a GPU)
     return o;
 }
 cuda::CudaModelOps& gpu_ops() {
@@ -1177,6 +1178,140 @@ TEST_CASE("GPU route gives the CPU's experts and weights", "[gpu]") {
                     c.what, ties ? "ties" : "    ", n, worst);
                 REQUIRE(worst <= 4.0);
             }
+}
+
+// route_from: the router's fp32 product, the routing and the counts, in one kernel for up to 8
+// tokens (an fp32 router whose width is a multiple of 4), else the three calls. The logits
+// against fp64 within linear's bound; the experts and weights against the CPU's route() of the
+// GPU's own logits (the experts equal, the weights within 4 ulp); the counts against the
+// starting counts plus the experts chosen. With ties: rows of the router repeated, so that
+// tokens meet equal logits (bit for bit: the kernel computes equal rows alike) and the lower
+// index must win. Then the kernel recorded once and replayed three times (its ticket).
+TEST_CASE("GPU route_from gives linear's logits and the CPU's routing and counts", "[gpu]") {
+    if (!have_gpu()) FAIL("no GPU");
+    auto rng = test::seeded_rng("gpu model route_from");
+    struct Cfg {
+        const char* what;
+        model::RoutingParams p;
+        std::size_t cols;
+        bool bias = false;  // sigmoid: a random e_score_correction_bias
+    };
+    const Cfg cfgs[] = {
+        {"qwen3 (128, top-8, renorm) x 2048", {128, 8, true, 1.0f, 1, 1}, 2048},
+        {"mixtral (8, top-2, renorm) x 4096", {8, 2, true, 1.0f, 1, 1}, 4096},
+        {"deepseek-v2-lite (64, top-6) x 2048", {64, 6, false, 1.0f, 1, 1}, 2048},
+        {"deepseek-v2 grouped (160, 8 groups keep 3, top-6, x16) x 5120",
+         {160, 6, false, 16.0f, 8, 3},
+         5120},
+        {"deepseek-v3 sigmoid (256, 8 groups keep 4, top-8, x2.5) x 7168",
+         {256, 8, true, 2.5f, 8, 4, true},
+         7168,
+         true},
+        {"qwen2 shared gate (1, sigmoid) x 2048", {1, 1, false, 1.0f, 1, 1, true}, 2048},
+        {"odd (7, top-3) x 36", {7, 3, true, 1.0f, 1, 1}, 36},
+        {"cols not a multiple of 4 (16, top-2) x 2050", {16, 2, true, 1.0f, 1, 1}, 2050}};
+    auto& ops = gpu_ops();
+    for (const auto& c : cfgs)
+        for (bool ties : {false, true})
+            for (std::size_t n : {1u, 3u, 8u, 9u}) {
+                const std::size_t E = c.p.experts, k = c.p.k, C = c.cols;
+                std::vector<float> w = random_floats(E * C, -0.05f, 0.05f, rng);
+                if (ties)  // rows 2i + 1 repeat rows 2i
+                    for (std::size_t e = 1; e < E; e += 2)
+                        std::copy_n(w.begin() + static_cast<std::ptrdiff_t>((e - 1) * C), C,
+                                    w.begin() + static_cast<std::ptrdiff_t>(e * C));
+                const auto x = random_floats(n * C, -1.0f, 1.0f, rng);
+                std::vector<float> bias(E);
+                for (auto& b : bias)
+                    b = std::uniform_real_distribution<float>(-0.5f, 0.5f)(rng);
+                std::vector<std::uint32_t> counts0(E);
+                for (auto& v : counts0)
+                    v = static_cast<std::uint32_t>(rng());
+                const auto wd = to_device(w), xd = to_device(x), bd = to_device(bias),
+                           cd = to_device(counts0);
+                cuda::DeviceBuffer ld(n * E * 4), ed(n * k * 4), gd(n * k * 4);
+                ld.fill_bytes(0xff);
+                ed.fill_bytes(0xff);
+                gd.fill_bytes(0xff);
+                model::RoutingParams pg = c.p, pc = c.p;
+                pg.bias = c.bias ? dptr<float>(bd) : nullptr;
+                pc.bias = c.bias ? bias.data() : nullptr;
+                const model::Matrix router{wd.data(), DType::f32, E, C};
+                ops.route_from(router, dptr<float>(xd), n, pg, dptr<float>(ld),
+                               dptr<std::int32_t>(ed), dptr<float>(gd), dptr<std::uint32_t>(cd));
+                const auto lg = to_host<float>(ld, n * E);
+                const auto eg = to_host<std::int32_t>(ed, n * k);
+                const auto wg = to_host<float>(gd, n * k);
+                const auto cg = to_host<std::uint32_t>(cd, E);
+                // The logits against fp64 (and, on the router kernel, equal rows alike).
+                const bool fused = n <= 8 && C % 4 == 0;
+                double worst = 0;
+                for (std::size_t t = 0; t < n; ++t)
+                    for (std::size_t e = 0; e < E; ++e) {
+                        double y = 0, a = 0;
+                        for (std::size_t j = 0; j < C; ++j) {
+                            const double pr = double(w[e * C + j]) * x[t * C + j];
+                            y += pr;
+                            a += std::fabs(pr);
+                        }
+                        const double d = std::fabs(lg[t * E + e] - y);
+                        worst = std::max(worst, std::isnan(d) ? 1e30 : d / a);
+                        if (ties && fused && e % 2 == 1)
+                            REQUIRE(lg[t * E + e] == lg[t * E + e - 1]);
+                    }
+                const double bound = (static_cast<double>(C) + 2) * kU;
+                // The routing of those logits, as the CPU routes them.
+                std::vector<std::int32_t> ec(n * k);
+                std::vector<float> wc(n * k);
+                cpu_ops().route(pc, lg.data(), n, ec.data(), wc.data());
+                double ulps = 0;
+                for (std::size_t i = 0; i < n * k; ++i)
+                    ulps = std::max(ulps, std::fabs(double(wg[i]) - wc[i]) /
+                                              (std::fabs(double(wc[i])) * 0x1p-23 + 1e-30));
+                std::vector<std::uint32_t> cc = counts0;
+                for (const std::int32_t e : ec)
+                    ++cc[static_cast<std::size_t>(e)];
+                std::printf(
+                    "route_from %-62s %s n=%zu: logits |gpu-fp64|/scale %.2e (bound %.1e), "
+                    "weights %.1f ulp from the CPU's\n",
+                    c.what, ties ? "ties" : "    ", n, worst, bound, ulps);
+                REQUIRE(worst <= bound);
+                REQUIRE(eg == ec);
+                REQUIRE(ulps <= 4.0);
+                REQUIRE(cg == cc);
+            }
+    // Recorded once, replayed three times: each replay routes again and counts again.
+    for (const std::size_t n : {1u, 8u}) {
+        const std::size_t E = 128, k = 8, C = 2048;
+        const model::RoutingParams p{E, k, true, 1.0f, 1, 1};
+        const auto w = random_floats(E * C, -0.05f, 0.05f, rng);
+        const auto x = random_floats(n * C, -1.0f, 1.0f, rng);
+        const std::vector<std::uint32_t> counts0(E, 0);
+        const auto wd = to_device(w), xd = to_device(x), cd = to_device(counts0);
+        cuda::DeviceBuffer ld(n * E * 4), ed(n * k * 4), gd(n * k * 4);
+        const model::Matrix router{wd.data(), DType::f32, E, C};
+        ops.synchronize();
+        ops.begin_record();
+        ops.route_from(router, dptr<float>(xd), n, p, dptr<float>(ld), dptr<std::int32_t>(ed),
+                       dptr<float>(gd), dptr<std::uint32_t>(cd));
+        const std::size_t rec = ops.end_record();
+        std::vector<std::int32_t> first;
+        for (int r = 0; r < 3; ++r) {
+            ed.fill_bytes(0xff);
+            ops.replay(rec);
+            const auto eg = to_host<std::int32_t>(ed, n * k);
+            if (r == 0) first = eg;
+            REQUIRE(eg == first);
+            REQUIRE(std::all_of(eg.begin(), eg.end(),
+                                [&](std::int32_t e) { return e >= 0 && e < std::int32_t(E); }));
+        }
+        ops.drop_record(rec);
+        std::vector<std::uint32_t> cc(E, 0);
+        for (const std::int32_t e : first)
+            cc[static_cast<std::size_t>(e)] += 3;
+        REQUIRE(to_host<std::uint32_t>(cd, E) == cc);
+        std::printf("route_from recorded, n=%zu: three replays routed alike and counted 3x\n", n);
+    }
 }
 
 TEST_CASE("GPU per-element ops match the CPU", "[gpu]") {

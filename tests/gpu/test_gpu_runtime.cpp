@@ -73,6 +73,7 @@ struct GpuRuntime {
         cuda::CudaModelOpsOptions co;
         co.max_tokens = std::max(chunk, max_batch);
         co.fit(lim);
+        co.fused_router = true;  // the router kernel (off by default until it has run on a GPU)
         if (stream || rows) {
             co.stream_expert_bytes = model::largest_expert_bytes(m.weights());
             co.stream_pinned_bytes = 64 << 10;

@@ -201,14 +201,13 @@ void FeedForward::run_ops(std::size_t layer, const float* xn, std::size_t n, flo
         return;
     }
     const Matrix router{routers_[layer].data(), DType::f32, L.router.rows, L.router.cols};
-    ops_.linear(router, xn, n, logits_.data());
     const std::size_t k = static_cast<std::size_t>(c.experts_per_token);
     std::int32_t* const expert_ids = route_experts();
     float* const expert_weights = route_weights(n);
     RoutingParams rp = routing_params_;
     rp.bias = router_biases_[layer].data();
-    ops_.route(rp, logits_.data(), n, expert_ids, expert_weights);
-    ops_.count_ids(expert_ids, n * k, bins_, counts_ops_.data() + layer * bins_);
+    ops_.route_from(router, xn, n, rp, logits_.data(), expert_ids, expert_weights,
+                    counts_ops_.data() + layer * bins_);
     if (layer_split_[layer]) {
         // The hidden rows beside the routing, so that run_host's one copy brings all three down.
         if (!ops_.host_memory()) {
@@ -230,12 +229,12 @@ void FeedForward::shared(std::size_t layer, const float* xn, std::size_t n, floa
     if (const OpsBuffer<float>& g = shared_gates_[layer]; g.size() > 0) {
         // Qwen2-MoE: each token's shared output × sigmoid(gate · x), the sigmoid computed by the
         // router over one expert (as DeepSeek-V3's scores: fp64, rounded; no correction).
-        ops_.linear(Matrix{g.data(), DType::f32, 1, g.size()}, xn, n, shared_logits_.data());
         RoutingParams p;
         p.experts = 1;
         p.k = 1;
         p.sigmoid = true;
-        ops_.route(p, shared_logits_.data(), n, shared_ids_.data(), shared_weights_.data());
+        ops_.route_from(Matrix{g.data(), DType::f32, 1, g.size()}, xn, n, p, shared_logits_.data(),
+                        shared_ids_.data(), shared_weights_.data(), nullptr);
         single = MoeRouting{shared_ids_.data(), shared_weights_.data(), 1};
     }
     timed(profile_, ops_, &LayerTimes::ops_experts,

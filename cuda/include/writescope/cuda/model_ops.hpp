@@ -24,6 +24,9 @@
 //   an expert), the inputs gathered and rounded once, gate and up GEMMs per used expert, SwiGLU
 //   in fp32 rounded to the weight dtype, the down GEMM into one fp32 partial row per pair, then
 //   y += Σ_j weight · partial in slot order (deterministic: no float atomics).
+// - route_from of up to 8 tokens: one kernel, the router's fp32 products (a warp per slice of
+//   a row, fp32 sums, the slices summed in order), then the routing of each token by one warp
+//   (route's steps) and the counts; more tokens: linear, route and count_ids.
 // - rms_norm and route: one block per row / token; rotary: one thread per rotated pair;
 //   finish_rows: one warp per row (its norm, rotation and rounding in one pass); the
 //   mean of squares, the softmax normaliser and cos/sin are computed in fp64 and rounded to fp32
@@ -106,6 +109,12 @@ struct CudaModelOpsOptions {
     // with the rounding kernel ahead, was the faster on the H200 (docs/perf.md, "A decode
     // layer's kernels at batch 1").
     std::size_t dense_gemv_alone_bytes = std::size_t{64} << 20;
+    // route_from of up to 8 tokens in one kernel (the logits, the routing and the counts);
+    // false: linear, route and count_ids one after another (cuBLAS for the logits). The logits'
+    // sums run in another order. Off by default until it has run on a GPU (written 2026-12-07
+    // when no machine came: docs/perf.md, "The router in one kernel"); the GPU tests turn it
+    // on, and the benchmarks' --fused-router.
+    bool fused_router = false;
     // Sized for a model's widest shapes (model::op_limits): hidden, FFN, experts per call and
     // per token.
     void fit(const model::OpLimits& lim) noexcept {
@@ -149,6 +158,11 @@ class CudaModelOps final : public model::ModelOps {
     void add_bias(float* y, const model::Vector& b, std::size_t rows) override;
     void route(const model::RoutingParams& p, const float* logits, std::size_t n,
                std::int32_t* experts, float* weights) override;
+    // One kernel for up to 8 tokens (with CudaModelOpsOptions::fused_router) over an fp32 router of
+    // 16-byte aligned rows whose width is a multiple of 4; else linear, route and count_ids.
+    void route_from(const model::Matrix& router, const float* x, std::size_t n,
+                    const model::RoutingParams& p, float* logits, std::int32_t* experts,
+                    float* weights, std::uint32_t* counts) override;
     void to_dtype(const float* x, std::size_t n, DType t, void* y) override;
     void copy_2d(const float* src, std::size_t src_stride, float* dst, std::size_t dst_stride,
                  std::size_t rows, std::size_t cols) override;

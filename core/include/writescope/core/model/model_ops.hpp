@@ -193,6 +193,20 @@ class ModelOps {
     // experts (n, p.k), weights (n, p.k) from logits (n, p.experts).
     virtual void route(const RoutingParams& p, const float* logits, std::size_t n,
                        std::int32_t* experts, float* weights) = 0;
+    // A MoE layer's routing from its input: logits (n, p.experts) = x (n, router.cols) ·
+    // routerᵀ (router fp32, p.experts rows), then route() of them into experts and weights, then
+    // count_ids() of the n · p.k experts into counts (p.experts bins; null: not counted), as the
+    // three calls compute them one after another. Ops may do it in one pass (one kernel on a
+    // GPU for a few tokens); the logits are then linear()'s up to the order of its sums, and the
+    // routing is route()'s of those logits up to the order of the softmax normaliser's fp64
+    // additions.
+    virtual void route_from(const Matrix& router, const float* x, std::size_t n,
+                            const RoutingParams& p, float* logits, std::int32_t* experts,
+                            float* weights, std::uint32_t* counts) {
+        linear(router, x, n, logits);
+        route(p, logits, n, experts, weights);
+        if (counts) count_ids(experts, n * p.k, p.experts, counts);
+    }
     // n fp32 values rounded into y in dtype t (the query and the new K/V for the engine).
     virtual void to_dtype(const float* x, std::size_t n, DType t, void* y) = 0;
     // dst[r · dst_stride + c] = src[r · src_stride + c] for r < rows, c < cols (per-head slices).
