@@ -83,8 +83,9 @@ void launch_route(const RouteArgs& a, void* stream);
 // them) into `partial`; the last CTA to finish sums each row's slices in order, writes the
 // logits, routes each token with one warp (route_token) and counts the chosen experts.
 // plan_router fills per and parts, or says the kernel does not take the call: more than
-// kRouterTokens tokens, cols not a multiple of 4, w or x not 16-byte aligned, more than
-// kRouterPieces (row, slice) pieces or more shared memory than a CTA has by default.
+// kRouterTokens tokens or 32 experts per token, cols not a multiple of 4, w or x not 16-byte
+// aligned, more than kRouterPieces (row, slice) pieces or more shared memory than a CTA has by
+// default.
 constexpr std::size_t kRouterTokens = 8;
 constexpr std::size_t kRouterPieces = 8192;
 struct RouterArgs {

@@ -102,8 +102,9 @@ __global__ void __launch_bounds__(kWarps * 32) router_kernel(const RouterArgs a)
 
 bool plan_router(RouterArgs& a) noexcept {
     const RouteArgs& r = a.route;
-    if (r.n == 0 || r.n > kRouterTokens || r.experts == 0 || a.cols == 0 || a.cols % 4 != 0)
-        return false;
+    if (r.n == 0 || r.n > kRouterTokens || r.experts == 0 || r.k > 32 || a.cols == 0 ||
+        a.cols % 4 != 0)
+        return false;  // (a lane counts each chosen expert: k ≤ 32)
     if (reinterpret_cast<std::uintptr_t>(a.w) % 16 != 0 ||
         reinterpret_cast<std::uintptr_t>(a.x) % 16 != 0)
         return false;
