@@ -14,11 +14,14 @@
 #     (Mixtral and Qwen3, 8 layers, 8K, batches 1 and 4); graphs: decode at full depth, 32K x 1,
 #     with CUDA graphs and with every kernel launched, alternating (Qwen3 and DeepSeek; the
 #     files are many: tar them under $OUT, at most 8 files come back);
+#   router: 4-layer decode (context 1024, batches 1 and 4, every expert on the GPU) with the
+#     router kernel (--fused-router) and without it, alternating, ROUTER_ROUNDS rounds (default 3);
 #   profile: the kernels of decode steps timed one by one under Nsight Compute (PROFILE_MODELS,
 #     default the three; 4 layers, batch 1, every expert on the GPU and half of them, kernels
 #     launched one by one), summed per kernel by tests/bench/kernel_times.py, beside the same
 #     steps' times without the profiler (PROFILE_SHARES: the expert shares, default "1 0.5";
-#     PROFILE_BATCH, PROFILE_CONTEXT: default 1 and 1024, e.g. 32768 for attention over a long G);
+#     PROFILE_BATCH, PROFILE_CONTEXT: default 1 and 1024, e.g. 32768 for attention over a long G;
+#     PROFILE_ARGS: more model-decode arguments, e.g. --fused-router);
 #   GPU_TESTS: the GPU test programs the test phase runs (default: test-gpu-model-ops
 #     test-gpu-runtime test-gpu; test-cpu-model always runs there)
 #   DECODE_ARGS: extra arguments for model-decode (default: the three models, context 1024)
@@ -137,6 +140,19 @@ if [[ $PHASES == *halves* ]]; then
     grep -E "ctx|tracked" "$OUT/generate-halves-$lp.txt"
   done
 fi
+if [[ $PHASES == *router* ]]; then
+  for r in $(seq "${ROUTER_ROUNDS:-3}"); do
+    for v in fused unfused; do
+      flag=""
+      if [[ $v == fused ]]; then flag="--fused-router"; fi
+      # shellcheck disable=SC2086
+      "$BENCH" model-decode --models qwen3-30b-a3b,deepseek-v2-lite,mixtral-8x7b --layers 4 \
+        --batch 1,4 --context 1024 --gpu 1 --steps 16 $flag > "$OUT/router-$v-$r.txt" 2>&1
+      echo "router $v round $r rc=$?"
+      grep -E "ms/step" "$OUT/router-$v-$r.txt" | cut -c1-160
+    done
+  done
+fi
 if [[ $PHASES == *graphs* ]]; then
   # Decode at full depth with CUDA graphs (split layers recorded around their host part)
   # against every kernel launched, in the order on, off, off, on so that the host memory's
@@ -160,9 +176,10 @@ if [[ $PHASES == *profile* ]]; then
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   for m in ${PROFILE_MODELS:-qwen3-30b-a3b mixtral-8x7b deepseek-v2-lite}; do
     for share in ${PROFILE_SHARES:-1 0.5}; do
+      # shellcheck disable=SC2206
       args=(model-decode --models "$m" --layers 4 --batch "${PROFILE_BATCH:-1}"
         --context "${PROFILE_CONTEXT:-1024}"
-        --gpu "$share" --no-graphs --steps 4)
+        --gpu "$share" --no-graphs --steps 4 ${PROFILE_ARGS:-})
       "$BENCH" "${args[@]}" > "$OUT/profile-$m-$share-plain.txt" 2>&1
       grep -E "ms/step" "$OUT/profile-$m-$share-plain.txt" | cut -c1-120
       "$NCU" --profile-from-start off --clock-control none --metrics gpu__time_duration.sum \
