@@ -24,9 +24,9 @@
 //   an expert), the inputs gathered and rounded once, gate and up GEMMs per used expert, SwiGLU
 //   in fp32 rounded to the weight dtype, the down GEMM into one fp32 partial row per pair, then
 //   y += Σ_j weight · partial in slot order (deterministic: no float atomics).
-// - route_from of up to 8 tokens: one kernel, the router's fp32 products (a warp per slice of
-//   a row, fp32 sums, the slices summed in order), then the routing of each token by one warp
-//   (route's steps) and the counts; more tokens: linear, route and count_ids.
+// - route_from of up to 8 tokens, with fused_router: one kernel, the router's fp32 products (a
+//   warp per slice of a row, fp32 sums, the slices summed in order), then the routing of each
+//   token by one warp (route's steps) and the counts; else linear, route and count_ids.
 // - rms_norm and route: one block per row / token; rotary: one thread per rotated pair;
 //   finish_rows: one warp per row (its norm, rotation and rounding in one pass); the
 //   mean of squares, the softmax normaliser and cos/sin are computed in fp64 and rounded to fp32
