@@ -97,7 +97,7 @@ struct RouterArgs {
     float* partial;         // (route.n, route.experts, parts) fp32 scratch
     unsigned* ticket;       // 0 between calls (the last CTA sets it back)
     std::uint32_t* counts;  // (route.experts) or null: += 1 per chosen expert
-    float* logits;          // (route.n, route.experts) fp32 written (route.logits unused)
+    float* logits;          // (route.n, route.experts) fp32 written (route.logits: the same)
     RouteArgs route;
 };
 bool plan_router(RouterArgs& a) noexcept;

@@ -102,6 +102,15 @@ cudaDataType_t cuda_type(DType d) noexcept {
     return CUDA_R_32F;
 }
 
+// n bytes at p zeroed on the ops' stream, and waited for: a cudaMemset would run on the default
+// stream, which the ops' non-blocking stream does not wait for, so work enqueued next on it
+// (an upload's fill) could land first and be zeroed after it (docs/perf.md, 2026-12-07 16:45).
+// The wait also covers other streams that read the bytes later. Set-up, not a step's path.
+cudaError_t zero_on(cudaStream_t stream, void* p, std::size_t n) noexcept {
+    const cudaError_t e = cudaMemsetAsync(p, 0, n, stream);
+    return e == cudaSuccess ? cudaStreamSynchronize(stream) : e;
+}
+
 // A device allocation owned by the ops (cudaFree at destruction).
 struct DevMem {
     void* p = nullptr;
@@ -265,8 +274,7 @@ struct CudaModelOps::Impl {
             const std::size_t partial = detail::kRouterTokens * detail::kRouterPieces * 4;
             router_ws = take(partial + 256, "router workspace");
             router_ticket = reinterpret_cast<unsigned*>(router_ws.as<std::byte>() + partial);
-            check(cudaMemsetAsync(router_ticket, 0, 4, stream), "router ticket: cudaMemsetAsync");
-            check(cudaStreamSynchronize(stream), "router ticket: cudaStreamSynchronize");
+            check(zero_on(stream, router_ticket, 4), "router ticket: zeroing");
         }
         void* pinned = nullptr;
         check(cudaMallocHost(&pinned, (o.max_experts + 2) * 4), "cudaMallocHost");
@@ -1125,14 +1133,9 @@ void* CudaModelOps::allocate(std::size_t bytes) {
     void* p = nullptr;
     const std::size_t n = (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256;
     check(cudaMalloc(&p, n), "cudaMalloc");
-    // Zeroed on the ops' stream, and waited for: a cudaMemset would run on the default stream,
-    // which this non-blocking stream does not wait for, so an upload enqueued next (OpsBuffer's
-    // fill) could land first and be zeroed after it: the likely cause of the one runtime seen
-    // with wrong logits in every prompt (docs/perf.md, 2026-12-07 16:45). The wait also covers
-    // other streams that read the buffer later. Set-up, not a step's path.
-    cudaError_t e = cudaMemsetAsync(p, 0, n, impl_->stream);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(impl_->stream);
-    if (e != cudaSuccess) {
+    // Zeroed on the ops' stream (zero_on): a zeroing on the default stream raced OpsBuffer's
+    // fill, the cause of the one runtime seen with wrong logits in every prompt.
+    if (const cudaError_t e = zero_on(impl_->stream, p, n); e != cudaSuccess) {
         cudaFree(p);
         check(e, "cudaMemsetAsync");
     }
